@@ -1,0 +1,59 @@
+"""msgpack encoding with bounded decoding. Never pickle: only plain msgpack types cross."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+# Major bumps break readers; minor bumps only add keys, which readers ignore.
+PROTOCOL_VERSION = (1, 0)
+
+# A single event or control message never needs more than this; larger input is refused.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class ProtocolError(ValueError):
+    """Input that is not a valid torchscope message. The text is one line for the user."""
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise ProtocolError(f"msgpack extension type {code} is not allowed")
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
+    """Decode one msgpack object; any malformed input raises ProtocolError."""
+    if len(data) > max_bytes:
+        raise ProtocolError(f"message of {len(data)} bytes exceeds the {max_bytes}-byte limit")
+    try:
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=False,  # int keys are harmless; containers cannot be keys anyway
+            ext_hook=_refuse_ext,
+            max_str_len=max_bytes,
+            max_bin_len=max_bytes,
+            max_array_len=max_bytes,
+            max_map_len=max_bytes // 2,
+            max_ext_len=0,
+        )
+    except ProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types for bad bytes
+        raise ProtocolError(f"malformed msgpack: {exc.__class__.__name__}: {exc}") from None
+
+
+def check_version(version: Any) -> None:
+    """Refuse data written by an incompatible major version, with a clear message."""
+    if not (isinstance(version, (list, tuple)) and len(version) == 2):
+        raise ProtocolError(f"missing or malformed protocol version: {version!r}")
+    major = version[0]
+    if major != PROTOCOL_VERSION[0]:
+        raise ProtocolError(
+            f"protocol version {major}.{version[1]} is not supported by this torchscope "
+            f"(it reads {PROTOCOL_VERSION[0]}.x); upgrade torchscope to read it"
+        )

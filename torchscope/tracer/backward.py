@@ -1,0 +1,123 @@
+"""Backward: hooks on every autograd node reachable from the roots of one backward call.
+
+Nodes are identified through ``node.metadata`` (a dict that lives on the C++ node), never by
+holding the Python wrapper: wrappers keep saved tensors alive. Hook closures capture plain data
+only, so a graph and its hooks are freed together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.autograd.graph import get_gradient_edge
+
+if TYPE_CHECKING:
+    from torchscope.tracer.session import Tracer
+
+NODE_ID = "torchscope.id"  # our stable id for the node
+NODE_OP = "torchscope.op"  # seq of the forward op that created it
+NODE_SRC = "torchscope.src"  # source line of that op
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    id: int
+    name: str
+    op_seq: int | None
+    source: str | None
+    param: str | None
+    next: list[list[int] | None] = field(default_factory=list)
+    executed: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "op_seq": self.op_seq,
+            "source": self.source,
+            "param": self.param,
+            "next": self.next,
+            "executed": self.executed,
+        }
+
+
+def node_name(node: Any) -> str:
+    """``MulBackward0``, ``AccumulateGrad``: C++ namespaces dropped."""
+    return node.name().rsplit("::", 1)[-1]
+
+
+def root_tensors(call: str, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors a backward call starts from."""
+    if call == "Tensor.backward":
+        roots: Any = args[0] if args else kwargs.get("self")
+    elif call == "torch.autograd.grad":
+        roots = args[0] if args else kwargs.get("outputs")
+    else:
+        roots = args[0] if args else kwargs.get("tensors")
+    if isinstance(roots, torch.Tensor):
+        return [roots]
+    return [t for t in (roots or ()) if isinstance(t, torch.Tensor)]
+
+
+class NodeHooks:
+    """Installs a post-hook on each reachable node for one backward call, then removes them."""
+
+    def __init__(self, tracer: Tracer, call: str, roots: list[torch.Tensor]) -> None:
+        self.tracer = tracer
+        self.call = call
+        self.nodes: list[NodeInfo] = []
+        self.root_ids: list[int] = []
+        self._handles: list[Any] = []
+        self._install(roots)
+
+    def _install(self, roots: list[torch.Tensor]) -> None:
+        tracer = self.tracer
+        seen: set[int] = set()
+        todo = []
+        for t in roots:
+            if not t.requires_grad:
+                continue
+            node = get_gradient_edge(t).node
+            self.root_ids.append(tracer.node_id(node))
+            todo.append(node)
+        while todo:
+            node = todo.pop()
+            nid = tracer.node_id(node)
+            if nid in seen:
+                continue
+            seen.add(nid)
+            md = node.metadata
+            name = node_name(node)
+            param = tracer.modules.param_name(node.variable) if name == "AccumulateGrad" else None
+            info = NodeInfo(nid, name, md.get(NODE_OP), md.get(NODE_SRC), param)
+            for nxt, input_nr in node.next_functions:
+                if nxt is None:
+                    info.next.append(None)
+                else:
+                    info.next.append([tracer.node_id(nxt), input_nr])
+                    todo.append(nxt)
+            self.nodes.append(info)
+            self._handles.append(node.register_hook(self._make_hook(info)))
+
+    def _make_hook(self, info: NodeInfo):
+        tracer = self.tracer
+
+        def hook(grad_inputs, grad_outputs):
+            info.executed = True
+            tracer.on_grad(info, grad_inputs, grad_outputs)
+
+        return hook
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def graph(self) -> dict[str, Any]:
+        return {
+            "call": self.call,
+            "roots": self.root_ids,
+            "nodes": [n.as_dict() for n in self.nodes],
+        }

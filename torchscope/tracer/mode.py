@@ -1,0 +1,118 @@
+"""Forward ops: a TorchFunctionMode that sees one event per torch API call."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.overrides import TorchFunctionMode, resolve_name
+
+if TYPE_CHECKING:
+    from torchscope.tracer.session import Tracer
+
+BACKWARD_CALLS: dict[Any, str] = {
+    torch.Tensor.backward: "Tensor.backward",
+    torch.autograd.backward: "torch.autograd.backward",
+    torch.autograd.grad: "torch.autograd.grad",
+}
+
+# Attribute reads that produce a new tensor are real ops; every other property access
+# (shape, grad, requires_grad, grad_fn, ...) is metadata noise.
+_TENSOR_PROPERTIES = {"T", "mT", "H", "mH", "real", "imag"}
+_NOISE = {
+    f"Tensor.{n}"
+    for n in """
+    dim ndimension size stride numel nelement is_contiguous data_ptr element_size storage_offset
+    __len__ __repr__ __format__ __hash__ is_floating_point is_complex get_device __bool__
+    __index__ __int__ __float__ __complex__ item tolist untyped_storage _is_view is_set_to
+    __reduce_ex__ __deepcopy__ __array__ numpy register_hook register_post_accumulate_grad_hook
+    retain_grad requires_grad_ __iter__ __contains__ __dir__ is_shared is_pinned _typed_storage
+    storage __setstate__ __getstate__ _version __torch_function__ has_names is_inference
+    """.split()
+}
+
+_names: dict[Any, str | None] = {}
+
+
+def _resolve(func: Any) -> str | None:
+    name = resolve_name(func) or getattr(func, "__qualname__", None) or repr(func)
+    if name.startswith("torch.Tensor."):
+        name = name[6:]
+    if name.endswith((".__get__", ".__set__", ".__delete__")):
+        attr = name.rsplit(".", 2)[-2]
+        return (
+            name[: -len(".__get__")]
+            if name.endswith(".__get__") and attr in _TENSOR_PROPERTIES
+            else None
+        )
+    return None if name in _NOISE else name
+
+
+def op_name(func: Any) -> str | None:
+    """Qualified API name (``Tensor.mul``, ``torch.nn.functional.linear``) or None for noise."""
+    try:
+        return _names[func]
+    except KeyError:
+        name = _names[func] = _resolve(func)
+        return name
+    except TypeError:  # unhashable callable
+        return _resolve(func)
+
+
+class ForwardMode(TorchFunctionMode):
+    """Hands every non-noise torch call to the tracer; never alters args or results."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        super().__init__()
+        self.tracer = tracer
+        self.enabled = True
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        if kwargs is None:
+            kwargs = {}
+        if not self.enabled:
+            return func(*args, **kwargs)
+        name = op_name(func)
+        if name is None:
+            return func(*args, **kwargs)
+        tracer = self.tracer
+        if func in BACKWARD_CALLS:
+            return tracer.run_backward(BACKWARD_CALLS[func], func, args, kwargs)
+        try:
+            pending = tracer.before_op(name, args, kwargs)
+        except Exception as exc:
+            tracer.report_error("forward op (before)", exc)
+            pending = None
+        result = func(*args, **kwargs)
+        if pending is not None:
+            try:
+                tracer.after_op(pending, args, result)
+            except Exception as exc:
+                tracer.report_error("forward op (after)", exc)
+        return result
+
+
+def iter_tensors(args: tuple, kwargs: dict):
+    """Tensors among call arguments, one level into lists and tuples (``torch.cat([a, b])``)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    yield b
+    for a in kwargs.values():
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    yield b
+
+
+def result_tensors(result: Any) -> list[torch.Tensor]:
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, (list, tuple)):
+        return [r for r in result if isinstance(r, torch.Tensor)]
+    return []

@@ -1,0 +1,88 @@
+"""The innermost ``nn.Module`` around each op, and qualified names of parameters.
+
+Global module hooks keep a per-thread stack of module paths. Names come from the outermost
+module that was called (the root): ``blocks.3.attn.proj``; the root itself is ``""``.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+from torch import nn
+from torch.nn.modules import module as module_mod
+
+
+class ModuleTracker:
+    def __init__(self) -> None:
+        self._names: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+        self._indexed_roots: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+        # id(param) -> (weakref to param, qualified name); ids are checked against the weakref.
+        self._params: dict[int, tuple[weakref.ref, str]] = {}
+        self._local = threading.local()
+        self._handles: list = []
+
+    # -- hooks ---------------------------------------------------------------------------
+    def install(self) -> None:
+        if self._handles:
+            return
+        self._handles = [
+            module_mod.register_module_forward_pre_hook(self._enter),
+            module_mod.register_module_forward_hook(self._exit, always_call=True),
+        ]
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._local = threading.local()
+
+    def _stack(self) -> list[str]:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def _enter(self, module: nn.Module, args: object) -> None:
+        stack = self._stack()
+        name = self._names.get(module)
+        if name is None:
+            name = self._name_unknown(module, stack)
+        stack.append(name)
+
+    def _exit(self, module: nn.Module, args: object, output: object) -> None:
+        stack = self._stack()
+        if stack:
+            stack.pop()
+
+    def _name_unknown(self, module: nn.Module, stack: list[str]) -> str:
+        if not stack:
+            self.index_root(module)
+            return self._names.get(module, "")
+        # A module built or attached after its root was indexed, or one called from a module
+        # that does not own it: name it after its caller so it is still findable.
+        return (
+            f"{stack[-1]}.<{type(module).__name__}>" if stack[-1] else f"<{type(module).__name__}>"
+        )
+
+    def index_root(self, root: nn.Module) -> None:
+        """Name every submodule and parameter of ``root`` (done once per root)."""
+        if root in self._indexed_roots:
+            return
+        self._indexed_roots.add(root)
+        for name, mod in root.named_modules(remove_duplicate=False):
+            self._names.setdefault(mod, name)
+        for name, p in root.named_parameters(remove_duplicate=False):
+            self._params.setdefault(id(p), (weakref.ref(p), name))
+
+    # -- queries -------------------------------------------------------------------------
+    def current(self) -> str:
+        stack = getattr(self._local, "stack", None)
+        return stack[-1] if stack else ""
+
+    def param_name(self, t: torch.Tensor) -> str | None:
+        entry = self._params.get(id(t))
+        if entry is not None and entry[0]() is t:
+            return entry[1]
+        return None

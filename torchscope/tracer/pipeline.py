@@ -1,0 +1,124 @@
+"""Events on their way out: wait for their numbers, get checked for NaN origins, reach sinks.
+
+The training thread appends events; at a step boundary (or when the batch is big or old) it
+*seals* the batch, which starts one asynchronous device-to-host copy per dtype, and *delivers*
+every sealed batch whose copy has landed. Delivery runs on the training thread on purpose: a
+second Python thread doing this work would fight the training thread for the GIL at every
+torch call (each one releases it), which costs more than the work itself. A watchdog thread
+only steps in when the training thread has gone quiet (a long op, a hang), so the file never
+falls more than about a second behind.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from torchscope.protocol.events import Event
+from torchscope.tracer.alerts import origin_alert
+from torchscope.tracer.summary import SealedBatch, Summarizer
+
+Sink = Callable[[list[Event]], None]
+
+
+class EventPipeline:
+    def __init__(
+        self,
+        summarizer: Summarizer,
+        sinks: list[Sink],
+        next_seq: Callable[[], int],
+        *,
+        batch_summaries: int = 4096,
+        seal_seconds: float = 0.5,
+        on_error: Callable[[str, BaseException], None] | None = None,
+        on_idle: Callable[[], None] | None = None,
+    ) -> None:
+        self.summarizer = summarizer
+        self.sinks = sinks
+        self.next_seq = next_seq
+        self.batch_summaries = batch_summaries
+        self.seal_seconds = seal_seconds
+        self.on_error = on_error or _print_error
+        self._on_idle = on_idle
+        # Guards the open batch, the sealed queue and delivery order; re-entrant because a
+        # sink or an error report may add an event while a flush is running.
+        self.lock = threading.RLock()
+        self._events: list[Event] = []
+        self._sealed: deque[tuple[list[Event], SealedBatch | None]] = deque()
+        self.last_flush = time.monotonic()
+        self._closing = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="torchscope-flush", daemon=True)
+        self._watchdog.start()
+
+    def add(self, event: Event) -> None:
+        """Queue an event; the caller holds ``lock`` (it just summarised the event's tensors)."""
+        self._events.append(event)
+        if len(self.summarizer.batch) >= self.batch_summaries or (
+            time.monotonic() - self.last_flush >= self.seal_seconds
+        ):
+            self.flush()
+
+    def flush(self, wait: bool = False) -> None:
+        """Seal the open batch and deliver every sealed batch that is ready (all if ``wait``)."""
+        with self.lock:
+            self.last_flush = time.monotonic()
+            events, self._events = self._events, []
+            batch = self.summarizer.take_batch()
+            if events or len(batch):
+                try:
+                    sealed = SealedBatch(batch) if len(batch) else None
+                except Exception as exc:  # never let a transfer problem reach the job
+                    self.on_error("sealing summaries", exc)
+                    sealed = None
+                self._sealed.append((events, sealed))
+            while self._sealed:
+                events, sealed = self._sealed[0]
+                if sealed is not None and not wait and not sealed.ready():
+                    break
+                self._sealed.popleft()
+                self._deliver(events, sealed)
+
+    def close(self) -> None:
+        self._closing.set()
+        self._watchdog.join()
+        self.flush(wait=True)
+
+    def _deliver(self, events: list[Event], sealed: SealedBatch | None) -> None:
+        try:
+            if sealed is not None:
+                sealed.resolve()
+            out = self._with_alerts(events)
+        except Exception as exc:
+            self.on_error("resolving summaries", exc)
+            out = events
+        for sink in self.sinks:
+            try:
+                sink(out)
+            except Exception as exc:
+                self.on_error(f"event sink {getattr(sink, '__qualname__', sink)}", exc)
+
+    def _with_alerts(self, events: list[Event]) -> list[Event]:
+        out: list[Event] = []
+        for ev in events:
+            out.append(ev)
+            alert = origin_alert(ev, self.next_seq)
+            if alert is not None:
+                out.append(alert)
+        return out
+
+    def _watch(self) -> None:
+        while not self._closing.wait(0.25):
+            try:
+                if time.monotonic() - self.last_flush >= 2 * self.seal_seconds:
+                    self.flush(wait=True)
+                if self._on_idle is not None:
+                    self._on_idle()
+            except Exception as exc:
+                self.on_error("background flush", exc)
+
+
+def _print_error(where: str, exc: BaseException) -> None:
+    print(f"torchscope: {where}: {exc}", file=sys.stderr)

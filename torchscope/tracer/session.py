@@ -1,0 +1,462 @@
+"""The tracer: one object that owns the mode, the hooks, the step counter and the event flow."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import torch
+from torch._C._autograd import _get_sequence_nr
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from torchscope.protocol.codec import PROTOCOL_VERSION
+from torchscope.protocol.events import ERROR, GRAD, GRAPH, OP, SESSION, STEP, Event, Trace
+from torchscope.tracer.backward import (
+    NODE_ID,
+    NODE_OP,
+    NODE_SRC,
+    NodeHooks,
+    NodeInfo,
+    node_name,
+    root_tensors,
+)
+from torchscope.tracer.mode import ForwardMode, iter_tensors, result_tensors
+from torchscope.tracer.modules import ModuleTracker
+from torchscope.tracer.pipeline import EventPipeline, Sink
+from torchscope.tracer.source import user_frame
+from torchscope.tracer.steps import parse_steps
+from torchscope.tracer.summary import Summarizer, SummaryMemo
+
+_current: Tracer | None = None
+
+
+def current_tracer() -> Tracer | None:
+    return _current
+
+
+class Tracer:
+    """Traces forward ops and backward nodes of the thread that starts it.
+
+    Use ``torchscope.trace(...)`` rather than building one directly.
+    """
+
+    def __init__(
+        self,
+        record: str | os.PathLike | None = None,
+        *,
+        steps: str | int | None = None,
+        values: int = 16,
+        keep: bool | int = True,
+        optimizer_steps: bool = True,
+        metadata: dict[str, Any] | None = None,
+        sinks: list[Sink] = (),  # type: ignore[assignment]
+    ) -> None:
+        self.steps = parse_steps(steps)
+        self.record = os.fspath(record) if record is not None else None
+        self.optimizer_steps = optimizer_steps
+        self.metadata = dict(metadata or {})
+        max_events = None if keep is True else (int(keep) if keep else 0)
+        self.trace = Trace()
+        if max_events:
+            self.trace.events = deque(maxlen=max_events)  # type: ignore[assignment]
+        self._keep = bool(keep)
+        self.summarizer = Summarizer(values)
+        self.memo = SummaryMemo()
+        self.modules = ModuleTracker()
+        self.mode = ForwardMode(self)
+        self.step_index = 0
+        self.step_traced = False
+        self._seq = itertools.count()
+        self._node_ids = itertools.count(1)
+        self._backward_index = 0
+        self._errors_seen: set[tuple[str, str]] = set()
+        self._owner = threading.get_ident()
+        self._mode_pushed = False
+        self._optimizer_hook: Any = None
+        self._writer: Any = None
+        self._extra_sinks = list(sinks)
+        self.pipeline: EventPipeline | None = None
+        self._last_chunk = time.monotonic()
+        self.started = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> Tracer:
+        global _current
+        if self.started:
+            return self
+        if _current is not None:
+            raise RuntimeError("torchscope is already tracing in this process")
+        session = self._session_event()
+        sinks: list[Sink] = list(self._extra_sinks)
+        if self._keep:
+            sinks.insert(0, self.trace.events.extend)
+        if self.record is not None:
+            from torchscope.protocol.tracefile import TraceWriter
+
+            self._writer = TraceWriter(self.record, metadata={"session": dict(session)})
+            sinks.append(self._writer.write)
+        self.pipeline = EventPipeline(
+            self.summarizer, sinks, self.next_seq, on_error=self.report_error, on_idle=self._tick
+        )
+        self._owner = threading.get_ident()
+        _current = self
+        self.started = True
+        with self.pipeline.lock:
+            self.pipeline.add(session)
+        if self.optimizer_steps:
+            self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        self._begin_step()
+        return self
+
+    def stop(self) -> None:
+        global _current
+        if not self.started:
+            return
+        self.started = False
+        try:
+            self._set_active(False)
+            if self._optimizer_hook is not None:
+                self._optimizer_hook.remove()
+                self._optimizer_hook = None
+            self.modules.remove()
+            assert self.pipeline is not None
+            self.pipeline.close()
+            if self._writer is not None:
+                self._writer.close()
+        finally:
+            _current = None
+
+    def __enter__(self) -> Tracer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- results ---------------------------------------------------------------------------
+    @property
+    def events(self) -> list[Event]:
+        return list(self.trace.events)
+
+    @property
+    def ops(self) -> list[Event]:
+        return self.trace.ops
+
+    @property
+    def grads(self) -> list[Event]:
+        return self.trace.grads
+
+    @property
+    def graphs(self) -> list[Event]:
+        return self.trace.graphs
+
+    @property
+    def alerts(self) -> list[Event]:
+        return self.trace.alerts
+
+    @property
+    def errors(self) -> list[Event]:
+        return self.trace.errors
+
+    def grads_of(self, node: str) -> list[Event]:
+        return self.trace.grads_of(node)
+
+    # -- steps -----------------------------------------------------------------------------
+    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.advance_step()
+
+    def advance_step(self) -> None:
+        """End the current step and begin the next one."""
+        if not self.started:
+            return
+        try:
+            assert self.pipeline is not None
+            self.pipeline.flush()
+            # A fresh step forgets old summaries: code that updates weights through `.data` or
+            # numpy bypasses the version counter the memo trusts within a step.
+            self.memo.clear()
+            self.step_index += 1
+            self._begin_step()
+        except Exception as exc:
+            self.report_error("advancing the step", exc)
+
+    def _begin_step(self) -> None:
+        traced = self.step_index in self.steps
+        self._backward_index = 0
+        self._set_active(traced)
+        if traced:
+            self._emit(Event(kind=STEP, seq=self.next_seq(), step=self.step_index, t=time.time()))
+
+    def _set_active(self, active: bool) -> None:
+        """Enter or leave the traced state; untraced steps run with no mode and no hooks."""
+        self.step_traced = active
+        if active:
+            self.modules.install()
+        else:
+            self.modules.remove()
+        self.mode.enabled = active
+        on_owner = threading.get_ident() == self._owner
+        if active and not self._mode_pushed and on_owner:
+            self.mode.__enter__()
+            self._mode_pushed = True
+        elif not active and self._mode_pushed and on_owner and self._mode_on_top():
+            self.mode.__exit__(None, None, None)
+            self._mode_pushed = False
+
+    def _mode_on_top(self) -> bool:
+        n = torch._C._len_torch_function_stack()
+        return n > 0 and torch._C._get_function_stack_at(n - 1) is self.mode
+
+    # -- events ----------------------------------------------------------------------------
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    def _emit(self, event: Event) -> None:
+        assert self.pipeline is not None
+        with self.pipeline.lock:
+            self.pipeline.add(event)
+
+    def _tick(self) -> None:
+        """Watchdog thread, a few times a second: buffered file events reach the disk."""
+        if self._writer is not None and time.monotonic() - self._last_chunk >= 0.5:
+            self._writer.flush()
+            self._last_chunk = time.monotonic()
+
+    def report_error(self, where: str, exc: BaseException) -> None:
+        """An error inside the tracer: said once per place and kind, never raised to the job."""
+        key = (where, type(exc).__name__)
+        if key in self._errors_seen:
+            return
+        self._errors_seen.add(key)
+        message = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+        print(
+            f"torchscope: internal error in {where}: {message} (tracing continues; reported once)",
+            file=sys.stderr,
+        )
+        try:
+            if self.pipeline is not None:
+                self._emit(
+                    Event(
+                        kind=ERROR,
+                        seq=self.next_seq(),
+                        step=self.step_index,
+                        where=where,
+                        message=message,
+                    )
+                )
+        except Exception:
+            pass
+
+    def _session_event(self) -> Event:
+        main = sys.modules.get("__main__")
+        return Event(
+            kind=SESSION,
+            seq=self.next_seq(),
+            step=self.step_index,
+            protocol=list(PROTOCOL_VERSION),
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            argv=list(sys.argv),
+            script=getattr(main, "__file__", None),
+            cwd=os.getcwd(),
+            started=time.time(),
+            rank=_env_int("RANK"),
+            world_size=_env_int("WORLD_SIZE"),
+            torch=torch.__version__,
+            python=sys.version.split()[0],
+            steps=self.steps.text,
+            values=self.summarizer.value_limit,
+            **self.metadata,
+        )
+
+    # -- per op ----------------------------------------------------------------------------
+    def summary_of(self, t: torch.Tensor, aliases: list[torch.Tensor] = ()) -> dict:  # type: ignore[assignment]
+        """Summary of ``t`` as it is now.
+
+        Reused when this very value was summarised before, or shared with one of ``aliases``
+        (tensors of the same event) when ``t`` is a reordering of the same memory.
+        """
+        memo = self.memo
+        s = memo.get(t)
+        if s is None:
+            for a in aliases:
+                base = memo.get(a)
+                if base is not None:
+                    s = self.summarizer.alias_summary(t, a, base)
+                    if s is not None:
+                        break
+            else:
+                s = self.summarizer.summarize(t)
+            if s is None:
+                s = self.summarizer.summarize(t)
+            memo.put(t, s)
+        return s
+
+    def before_op(self, name: str, args: tuple, kwargs: dict) -> tuple:
+        grad_was = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
+            with self.pipeline.lock:  # type: ignore[union-attr]
+                tensors = list(iter_tensors(args, kwargs))
+                inputs = [self.summary_of(t) for t in tensors]
+        finally:
+            torch._C._set_grad_enabled(grad_was)
+        return name, tensors, inputs, _get_sequence_nr(), time.perf_counter_ns()
+
+    def after_op(self, pending: tuple, args: tuple, result: Any) -> None:
+        name, in_tensors, inputs, seq_lo, t0 = pending
+        t1 = time.perf_counter_ns()
+        outs = result_tensors(result)
+        if not outs:
+            # In-place calls like __setitem__ return None; their output is the first argument.
+            if result is None and args and isinstance(args[0], torch.Tensor):
+                outs = [args[0]]
+            else:
+                return
+        seq_hi = _get_sequence_nr()
+        seq = self.next_seq()
+        frame = user_frame(1)
+        source = f"{frame[0]}:{frame[1]}" if frame else None
+        nodes: list[dict] = []
+        if seq_hi != seq_lo:
+            for out in outs:
+                gf = out.grad_fn
+                if gf is not None:
+                    self._tag_nodes(gf, seq_lo, seq_hi, seq, source, nodes)
+        gf0 = outs[0].grad_fn
+        grad_was = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
+            with self.pipeline.lock:  # type: ignore[union-attr]
+                # A view's output shares its input's stats when the input is unchanged (the
+                # memo checks its version); an in-place op's output is summarised afresh.
+                outputs = [self.summary_of(t, in_tensors) for t in outs]
+                self.pipeline.add(  # type: ignore[union-attr]
+                    Event(
+                        kind=OP,
+                        seq=seq,
+                        step=self.step_index,
+                        name=name,
+                        module=self.modules.current(),
+                        source=source,
+                        function=frame[2] if frame else None,
+                        inputs=inputs,
+                        outputs=outputs,
+                        grad_fn=node_name(gf0) if gf0 is not None else None,
+                        nodes=nodes,
+                        duration_us=(t1 - t0) / 1000,
+                        thread=_thread_name(),
+                    )
+                )
+        finally:
+            torch._C._set_grad_enabled(grad_was)
+
+    def node_id(self, node: Any) -> int:
+        md = node.metadata
+        nid = md.get(NODE_ID)
+        if nid is None:
+            nid = md[NODE_ID] = next(self._node_ids)
+        return nid
+
+    def _tag_nodes(
+        self, root: Any, lo: int, hi: int, seq: int, source: str | None, out: list
+    ) -> None:
+        """Tag the nodes this call created: their sequence numbers fall in [lo, hi)."""
+        todo = [root]
+        while todo:
+            node = todo.pop()
+            if not lo <= node._sequence_nr() < hi:
+                continue
+            md = node.metadata
+            if NODE_OP in md:
+                continue
+            md[NODE_OP] = seq
+            md[NODE_SRC] = source
+            out.append({"id": self.node_id(node), "name": node_name(node)})
+            todo.extend(n for n, _ in node.next_functions if n is not None)
+
+    # -- backward --------------------------------------------------------------------------
+    def run_backward(self, call: str, func: Any, args: tuple, kwargs: dict) -> Any:
+        hooks = None
+        try:
+            hooks = NodeHooks(self, call, root_tensors(call, args, kwargs))
+            self._backward_index += 1
+            frame = user_frame(1)
+        except Exception as exc:
+            self.report_error("installing backward hooks", exc)
+            if hooks is not None:
+                hooks.remove()
+                hooks = None
+        try:
+            return func(*args, **kwargs)
+        finally:
+            if hooks is not None:
+                try:
+                    hooks.remove()
+                    self._emit(
+                        Event(
+                            kind=GRAPH,
+                            seq=self.next_seq(),
+                            step=self.step_index,
+                            backward=self._backward_index,
+                            source=f"{frame[0]}:{frame[1]}" if frame else None,
+                            **hooks.graph(),
+                        )
+                    )
+                except Exception as exc:
+                    self.report_error("removing backward hooks", exc)
+
+    def on_grad(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> None:
+        """Post-hook of one node: runs on the thread that executes the node."""
+        try:
+            grad_was = torch.is_grad_enabled()
+            torch._C._set_grad_enabled(False)
+            try:
+                with self.pipeline.lock:  # type: ignore[union-attr]
+                    go = [None if g is None else self.summary_of(g) for g in grad_outputs]
+                    # TBackward0 and friends send on a reordered view of what they received.
+                    outs = [g for g in grad_outputs if g is not None]
+                    gi = [None if g is None else self.summary_of(g, outs) for g in grad_inputs]
+                    self.pipeline.add(  # type: ignore[union-attr]
+                        Event(
+                            kind=GRAD,
+                            seq=self.next_seq(),
+                            step=self.step_index,
+                            backward=self._backward_index,
+                            node=info.name,
+                            node_id=info.id,
+                            op_seq=info.op_seq,
+                            source=info.source,
+                            param=info.param,
+                            grad_inputs=gi,
+                            grad_outputs=go,
+                            thread=_thread_name(),
+                        )
+                    )
+            finally:
+                torch._C._set_grad_enabled(grad_was)
+        except Exception as exc:
+            self.report_error("backward hook", exc)
+
+
+_thread_names: dict[int, str] = {}
+
+
+def _thread_name() -> str:
+    ident = threading.get_ident()
+    name = _thread_names.get(ident)
+    if name is None:
+        name = _thread_names[ident] = threading.current_thread().name
+    return name
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None

@@ -1,0 +1,48 @@
+"""Which line of the user's code made a call: the first frame outside torch and torchscope."""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import CodeType
+
+import torch
+
+import torchscope
+
+_LIBRARY_DIRS = tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, torchscope)
+)
+# Code objects are immortal for the life of the program in practice; caching the verdict per
+# code object keeps the frame walk to a few dict lookups per op.
+_internal: dict[CodeType, bool] = {}
+
+
+def _is_internal(code: CodeType) -> bool:
+    verdict = _internal.get(code)
+    if verdict is None:
+        filename = code.co_filename
+        verdict = filename.startswith(_LIBRARY_DIRS) or filename.startswith("<frozen ")
+        _internal[code] = verdict
+    return verdict
+
+
+def user_frame(depth: int = 2) -> tuple[str, int, str] | None:
+    """(path, line, function) of the innermost user frame above the caller, or None."""
+    frame = sys._getframe(depth)
+    while frame is not None:
+        if not _is_internal(frame.f_code):
+            return frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name
+        frame = frame.f_back
+    return None
+
+
+def user_stack(depth: int = 2, limit: int = 32) -> list[tuple[str, int, str]]:
+    """The user's frames, innermost first (library frames left out)."""
+    out = []
+    frame = sys._getframe(depth)
+    while frame is not None and len(out) < limit:
+        if not _is_internal(frame.f_code):
+            out.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    return out

@@ -1,0 +1,70 @@
+"""Which training steps to trace: ``"0-9"``, ``"5"``, ``"every:100"``, or a comma list."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class StepSpecError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class StepSelection:
+    """A set of step indices; ``None`` spec means every step."""
+
+    ranges: tuple[tuple[int, int | None], ...] = ()  # inclusive bounds, None = open end
+    every: tuple[int, ...] = ()
+    all_steps: bool = False
+    text: str = field(default="all", compare=False)
+
+    def __contains__(self, step: int) -> bool:
+        if self.all_steps:
+            return True
+        for lo, hi in self.ranges:
+            if step >= lo and (hi is None or step <= hi):
+                return True
+        return any(step % n == 0 for n in self.every)
+
+    def last(self) -> int | None:
+        """The last selected step, or None when the selection never ends."""
+        if self.all_steps or self.every or any(hi is None for _, hi in self.ranges):
+            return None
+        return max((hi for _, hi in self.ranges), default=None)  # type: ignore[type-var]
+
+
+ALL_STEPS = StepSelection(all_steps=True)
+
+
+def parse_steps(spec: str | int | None) -> StepSelection:
+    """Parse a step spec; raises StepSpecError with a one-line message on bad input."""
+    if spec is None or spec == "all":
+        return ALL_STEPS
+    if isinstance(spec, int):
+        spec = str(spec)
+    ranges: list[tuple[int, int | None]] = []
+    every: list[int] = []
+    for part in (p.strip() for p in spec.split(",")):
+        try:
+            if part.startswith("every:"):
+                n = int(part[6:])
+                if n <= 0:
+                    raise ValueError
+                every.append(n)
+            elif "-" in part:
+                lo_s, hi_s = part.split("-", 1)
+                lo = int(lo_s)
+                hi = int(hi_s) if hi_s else None
+                if lo < 0 or (hi is not None and hi < lo):
+                    raise ValueError
+                ranges.append((lo, hi))
+            else:
+                n = int(part)
+                if n < 0:
+                    raise ValueError
+                ranges.append((n, n))
+        except ValueError:
+            raise StepSpecError(
+                f"bad step spec {part!r} in {spec!r}: use N, A-B, A-, every:N or a comma list"
+            ) from None
+    return StepSelection(tuple(ranges), tuple(every), False, spec)

@@ -1,0 +1,332 @@
+"""Tensor summaries that never force a host-device sync on the hot path.
+
+A summary's numbers start life as device scalars. They wait in a ``PendingBatch``; when a step
+ends, a buffer fills or time passes, the batch is *sealed* (one stack per dtype and one
+asynchronous copy to the host) and later *resolved* into plain floats. On CUDA that is one
+non-blocking copy per batch instead of one sync per tensor; on the CPU the copy is free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import weakref
+from typing import Any
+
+import torch
+
+_FAST_DTYPES = (torch.float32, torch.float64)
+_dtype_names: dict[torch.dtype, str] = {}
+_device_names: dict[torch.device, str] = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = _dtype_names[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+def _device_name(device: torch.device) -> str:
+    name = _device_names.get(device)
+    if name is None:
+        name = _device_names[device] = str(device)
+    return name
+
+
+def tensor_meta(t: torch.Tensor) -> dict[str, Any]:
+    """Shape, dtype and device: what every summary carries, safe for any tensor kind."""
+    if t.is_nested:
+        meta: dict[str, Any] = {"shape": None, "nested": True}
+    else:
+        meta = {"shape": list(t.shape)}
+    meta["dtype"] = _dtype_name(t.dtype)
+    meta["device"] = _device_name(t.device)
+    if t.layout is not torch.strided:
+        meta["layout"] = str(t.layout).removeprefix("torch.")
+    cls = type(t)
+    if cls is not torch.Tensor and cls is not torch.nn.Parameter:
+        meta["type"] = f"{cls.__module__}.{cls.__qualname__}"
+    return meta
+
+
+def _stat_view(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
+    """The real floating tensor to reduce, or None when stats make no sense for this kind.
+
+    Returns the tensor and a note for the reader ("abs" for complex, "dequantized").
+    """
+    cls = type(t)
+    # Subclasses (DTensor, FakeTensor, ...) may run collectives or have no data: metadata only.
+    if cls is not torch.Tensor and cls is not torch.nn.Parameter:
+        return None, None
+    if t.is_nested or t.layout is not torch.strided or t.device.type == "meta" or t.numel() == 0:
+        return None, None
+    note = None
+    if t.is_quantized:
+        t, note = t.dequantize(), "dequantized"
+    if t.is_complex():
+        t, note = t.abs(), "abs"
+    if t.dtype not in _FAST_DTYPES:
+        t = t.to(torch.float32 if t.is_floating_point() else torch.float64)
+    return t, note
+
+
+def _dense_view(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with its dims reordered so that it is contiguous when that is possible.
+
+    Reductions over a transposed tensor (the grad a TBackward0 sends on) run several times
+    slower than over the same memory in order; the stats do not depend on the order.
+    """
+    if x.is_contiguous():
+        return x
+    order = sorted(range(x.dim()), key=x.stride().__getitem__, reverse=True)
+    y = x.permute(order)
+    return y if y.is_contiguous() else x
+
+
+class PendingBatch:
+    """Summaries whose numbers are still tensors, in the order they were made.
+
+    ``entries`` rows: (summary, numel, stat dtype, stat index, counts or count index,
+    value location or None, values are integers).
+    """
+
+    def __init__(self) -> None:
+        self.entries: list[tuple] = []
+        self.scalars: dict[torch.dtype, list[torch.Tensor]] = {}
+        self.values: dict[torch.dtype, list[torch.Tensor]] = {}
+        self.value_len: dict[torch.dtype, int] = {}
+        self.counts: list[torch.Tensor] = []
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+class Summarizer:
+    """Builds summary dicts for tensors, queueing their numbers in the current batch."""
+
+    def __init__(self, value_limit: int = 16) -> None:
+        self.value_limit = value_limit
+        self.batch = PendingBatch()
+
+    def summarize(self, t: torch.Tensor) -> dict[str, Any]:
+        cls = type(t)
+        dtype = t.dtype
+        device = t.device
+        if (
+            (cls is torch.Tensor or cls is torch.nn.Parameter)
+            and dtype in _FAST_DTYPES
+            and t.layout is torch.strided
+            and not t.is_nested
+            and device.type != "meta"
+        ):
+            # The common case, kept free of the checks below: it runs for every tensor.
+            summary: dict[str, Any] = {
+                "shape": list(t.shape),
+                "dtype": _dtype_name(dtype),
+                "device": _device_name(device),
+            }
+            numel = t.numel()
+            if numel == 0:
+                summary["stats"] = None
+            else:
+                summary["stats"] = {}  # filled when the batch resolves
+                self._queue(summary, t, t, numel)
+            return summary
+        summary = tensor_meta(t)
+        x, note = _stat_view(t)
+        if x is None:
+            summary["stats"] = None
+            return summary
+        summary["stats"] = {}
+        if note:
+            summary["stats_of"] = note
+        self._queue(summary, x, t, x.numel())
+        return summary
+
+    def _queue(self, summary: dict, x: torch.Tensor, t: torch.Tensor, numel: int) -> None:
+        """Launch the reductions for ``x`` (``t``'s real floating form) and queue them."""
+        x = _dense_view(x)
+        batch = self.batch
+        mn, mx = torch.aminmax(x)
+        total = x.sum()
+        flat = x.view(-1) if x.is_contiguous() else x.reshape(-1)
+        dtype = flat.dtype
+        scalars = batch.scalars.get(dtype)
+        if scalars is None:
+            scalars = batch.scalars[dtype] = []
+        at = len(scalars)
+        scalars += (mn, mx, total, torch.dot(flat, flat))
+        counts: Any
+        if flat.device.type == "cpu":
+            # Reading a host scalar costs no sync; a finite sum proves there is no NaN or Inf,
+            # so the (slow) counting kernels run only for tensors that need them.
+            counts = (0, 0) if math.isfinite(total.item()) else _count_bad(flat)
+        else:
+            counts = len(batch.counts)
+            batch.counts.append(torch.stack((flat.isnan().sum(), flat.isinf().sum())))
+        value_at = None
+        int_values = False
+        if numel <= self.value_limit:
+            src = t if not t.is_complex() else torch.view_as_real(t)
+            vals = src.detach().reshape(-1)
+            if vals.dtype not in _FAST_DTYPES:
+                int_values = not vals.is_floating_point()
+                vals = vals.to(torch.float64 if int_values else torch.float32)
+            vdt = vals.dtype
+            vat = batch.value_len.get(vdt, 0)
+            batch.values.setdefault(vdt, []).append(vals)
+            batch.value_len[vdt] = vat + vals.numel()
+            value_at = (vdt, vat, vals.numel())
+        batch.entries.append((summary, numel, dtype, at, counts, value_at, int_values))
+
+    def alias_summary(self, t: torch.Tensor, base: torch.Tensor, base_summary: dict) -> dict | None:
+        """A summary of ``t`` that shares ``base_summary``'s stats when both tensors are, right
+        now, the same block of memory in another order (a transpose, a view, a detach).
+
+        Stats do not depend on element order, so the reductions need not run again. Small
+        tensors, whose summaries list values in order, are not shared.
+        """
+        try:
+            if (
+                t.data_ptr() != base.data_ptr()
+                or base_summary.get("stats") is None
+                or t.dtype != base.dtype
+                or t.numel() != base.numel()
+                or t.numel() <= self.value_limit
+                or not _dense_view(t).is_contiguous()
+                or not _dense_view(base).is_contiguous()
+            ):
+                return None
+        except RuntimeError:  # tensors without storage (sparse, subclasses) have no data_ptr
+            return None
+        summary = tensor_meta(t)
+        summary["stats"] = base_summary["stats"]  # the same dict: filled once, seen by both
+        return summary
+
+    def take_batch(self) -> PendingBatch:
+        batch, self.batch = self.batch, PendingBatch()
+        return batch
+
+
+def _count_bad(flat: torch.Tensor) -> tuple[int, int]:
+    return int(flat.isnan().sum()), int(flat.isinf().sum())
+
+
+class SealedBatch:
+    """A batch whose numbers are on their way to (or already in) host memory."""
+
+    def __init__(self, batch: PendingBatch) -> None:
+        self.entries = batch.entries
+        self._ready: Any = None
+        # Sealing may happen at a step boundary, where the tracer's own mode is active: its
+        # stacks must not be traced as user ops.
+        with torch._C.DisableTorchFunction():
+            self.scalars = {dt: self._to_host(torch.stack(ts)) for dt, ts in batch.scalars.items()}
+            self.values = {dt: self._to_host(torch.cat(ts)) for dt, ts in batch.values.items()}
+            self.counts = self._to_host(torch.stack(batch.counts)) if batch.counts else None
+
+    def _to_host(self, t: torch.Tensor) -> torch.Tensor:
+        if t.device.type == "cpu":
+            return t
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.device.type == "cuda")
+        host.copy_(t, non_blocking=True)
+        if t.device.type == "cuda":
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        return host
+
+    def ready(self) -> bool:
+        """True once the host copy has landed (always on the CPU)."""
+        return self._ready is None or self._ready.query()
+
+    def resolve(self) -> None:
+        """Turn every pending summary into plain numbers (blocks only until the copy lands)."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        scalars = {dt: t.tolist() for dt, t in self.scalars.items()}
+        values = {dt: t.tolist() for dt, t in self.values.items()}
+        counts = self.counts.tolist() if self.counts is not None else []
+        for summary, numel, dt, i, bad, value_at, int_values in self.entries:
+            mn, mx, total, sq = scalars[dt][i : i + 4]
+            nan, inf = bad if isinstance(bad, tuple) else counts[bad]
+            summary["stats"].update(_moments(numel, mn, mx, total, sq, nan, inf))
+            if value_at is not None:
+                vdt, at, n = value_at
+                vals = values[vdt][at : at + n]
+                if int_values:
+                    vals = [int(v) for v in vals]
+                summary["values"] = vals
+        self.entries = []
+
+
+def _moments(n: int, mn: float, mx: float, total: float, sq: float, nan: int, inf: int) -> dict:
+    mean = total / n
+    # Variance from the two sums: one pass, no extra kernel; clamped because rounding can make
+    # it a hair negative for near-constant tensors.
+    if n > 1 and math.isfinite(sq) and math.isfinite(mean):
+        var = max(sq - n * mean * mean, 0.0) / (n - 1)
+        std = math.sqrt(var)
+    elif n == 1:
+        std = 0.0
+    else:
+        std = math.nan
+    norm = math.sqrt(sq) if sq >= 0 else math.nan
+    return {
+        "min": mn,
+        "max": mx,
+        "mean": mean,
+        "std": std,
+        "norm": norm,
+        "nan": int(nan),
+        "inf": int(inf),
+    }
+
+
+def is_finite(summary: dict | None) -> bool | None:
+    """True/False once resolved; None when the summary has no stats to judge by."""
+    if not summary:
+        return None
+    stats = summary.get("stats")
+    if not stats or "nan" not in stats:
+        return None
+    return stats["nan"] == 0 and stats["inf"] == 0
+
+
+class SummaryMemo:
+    """Recent summaries by tensor identity and version: each tensor value is summarised once.
+
+    An op's output is usually the next op's input, and a node's grad_input is usually the next
+    node's grad_output (the very same object). Entries hold weak references only, so the memo
+    never keeps a tensor alive; the version check catches in-place changes.
+    """
+
+    def __init__(self, max_entries: int = 200_000) -> None:
+        self.max_entries = max_entries
+        self._entries: dict[int, tuple[weakref.ref, int, dict]] = {}
+
+    def get(self, t: torch.Tensor) -> dict | None:
+        entry = self._entries.get(id(t))
+        if entry is None or entry[0]() is not t:
+            return None
+        try:
+            return entry[2] if entry[1] == t._version else None
+        except RuntimeError:  # inference tensors have no version counter
+            return None
+
+    def put(self, t: torch.Tensor, summary: dict) -> None:
+        # Inference tensors have no version counter; some subclasses refuse weak references.
+        with contextlib.suppress(RuntimeError, TypeError):
+            self._entries[id(t)] = (weakref.ref(t), t._version, summary)
+            if len(self._entries) > self.max_entries:
+                self.prune()
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def prune(self) -> None:
+        """Forget tensors that no longer exist; keeps a huge step's memo bounded."""
+        self._entries = {k: e for k, e in self._entries.items() if e[0]() is not None}
+
+    def __len__(self) -> int:
+        return len(self._entries)
