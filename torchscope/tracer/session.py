@@ -84,6 +84,8 @@ class Tracer:
         self.pipeline: EventPipeline | None = None
         self._last_chunk = time.monotonic()
         self.started = False
+        self._outer: Tracer | None = None
+        self._nested_sinks: list[Sink] = []
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> Tracer:
@@ -91,7 +93,7 @@ class Tracer:
         if self.started:
             return self
         if _current is not None:
-            raise RuntimeError("torchscope is already tracing in this process")
+            return self._start_nested(_current)
         session = self._session_event()
         sinks: list[Sink] = list(self._extra_sinks)
         if self._keep:
@@ -114,11 +116,45 @@ class Tracer:
         self._begin_step()
         return self
 
+    def _start_nested(self, outer: Tracer) -> Tracer:
+        """``trace()`` inside a traced run (``torchscope run`` of a script that calls it):
+        the outer tracer keeps tracing and this one collects what it emits meanwhile."""
+        sinks: list[Sink] = []
+        if self._keep:
+            sinks.append(self.trace.events.extend)
+        if self.record is not None:
+            from torchscope.protocol.tracefile import TraceWriter
+
+            self._writer = TraceWriter(self.record, metadata={"nested_in": outer.record})
+            sinks.append(self._writer.write)
+        self._outer = outer
+        self._nested_sinks = sinks
+        assert outer.pipeline is not None
+        with outer.pipeline.lock:
+            outer.pipeline.flush(wait=True)  # what came before belongs to the outer run only
+            outer.pipeline.sinks.extend(sinks)
+        self.started = True
+        return self
+
+    def _stop_nested(self) -> None:
+        outer = self._outer
+        assert outer.pipeline is not None
+        with outer.pipeline.lock:
+            outer.pipeline.flush(wait=True)
+            for sink in self._nested_sinks:
+                outer.pipeline.sinks.remove(sink)
+        if self._writer is not None:
+            self._writer.close()
+        self._outer = None
+
     def stop(self) -> None:
         global _current
         if not self.started:
             return
         self.started = False
+        if self._outer is not None:
+            self._stop_nested()
+            return
         try:
             self._set_active(False)
             if self._optimizer_hook is not None:
@@ -254,7 +290,7 @@ class Tracer:
 
     def _session_event(self) -> Event:
         main = sys.modules.get("__main__")
-        return Event(
+        fields = dict(
             kind=SESSION,
             seq=self.next_seq(),
             step=self.step_index,
@@ -271,8 +307,9 @@ class Tracer:
             python=sys.version.split()[0],
             steps=self.steps.text,
             values=self.summarizer.value_limit,
-            **self.metadata,
         )
+        fields.update(self.metadata)
+        return Event(fields)
 
     # -- per op ----------------------------------------------------------------------------
     def summary_of(self, t: torch.Tensor, aliases: list[torch.Tensor] = ()) -> dict:  # type: ignore[assignment]

@@ -1,0 +1,3 @@
+from torchscope.cli import main
+
+raise SystemExit(main())

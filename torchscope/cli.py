@@ -1,0 +1,249 @@
+"""``torchscope`` command line: run a script traced, dump a trace file.
+
+Every user mistake ends in one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from torchscope import __version__
+from torchscope.protocol.events import KINDS
+
+
+class UsageError(Exception):
+    """A mistake in how torchscope was called; its text is the one line the user sees."""
+
+
+def _fail(message: str) -> int:
+    print(f"torchscope: error: {message}", file=sys.stderr)
+    return 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+# -- run -------------------------------------------------------------------------------------
+RUN_USAGE = """\
+usage: torchscope run [--record FILE] [--steps SPEC] [--values N] [--quiet]
+                      (SCRIPT | -m MODULE) [ARGS ...]
+
+Run a Python script (or module, like `python -m`) with every forward op and backward node
+traced. Options must come before the script; everything after it goes to the script.
+
+  --record FILE   write a trace file (replay it with `torchscope dump FILE`)
+  --steps SPEC    steps to trace: N, A-B, A-, every:N, or a comma list (default: all)
+  --values N      keep the values of tensors with at most N elements (default 16)
+  --quiet         no torchscope lines on stderr
+"""
+
+
+@dataclass
+class RunOptions:
+    record: str | None = None
+    steps: str | None = None
+    values: int = 16
+    quiet: bool = False
+    module: str | None = None
+    script: str | None = None
+    args: list[str] = field(default_factory=list)
+
+
+def parse_run(argv: Sequence[str]) -> RunOptions:
+    """Options up to the script (or ``-m MODULE``); the rest belongs to the script."""
+    opts = RunOptions()
+    it = iter(argv)
+    for tok in it:
+        name, eq, inline = tok.partition("=")
+        if name in ("--record", "--steps", "--values", "-m"):
+            value = inline if eq else next(it, None)
+            if value is None or value == "":
+                raise UsageError(f"{name} needs a value (see 'torchscope run --help')")
+            if name == "--record":
+                opts.record = value
+            elif name == "--steps":
+                opts.steps = value
+            elif name == "--values":
+                try:
+                    opts.values = int(value)
+                except ValueError:
+                    raise UsageError(f"--values takes a whole number, not {value!r}") from None
+                if opts.values < 0:
+                    raise UsageError("--values must not be negative")
+            else:
+                opts.module = value
+                opts.args = list(it)
+                return opts
+        elif tok == "--quiet":
+            opts.quiet = True
+        elif tok in ("-h", "--help"):
+            print(RUN_USAGE, end="")
+            raise SystemExit(0)
+        elif tok.startswith("-") and tok != "-":
+            raise UsageError(
+                f"unknown option {tok!r} for run; options go before the script "
+                "(see 'torchscope run --help')"
+            )
+        else:
+            opts.script = tok
+            opts.args = list(it)
+            return opts
+    raise UsageError("run needs a script or -m MODULE (see 'torchscope run --help')")
+
+
+def cmd_run(opts: RunOptions) -> int:
+    from torchscope.tracer.steps import StepSpecError, parse_steps
+
+    try:
+        parse_steps(opts.steps)
+    except StepSpecError as exc:
+        raise UsageError(str(exc)) from None
+    if opts.script is not None and not os.path.isfile(opts.script):
+        raise UsageError(f"no such script: {opts.script}")
+
+    import runpy
+
+    from torchscope.protocol.tracefile import TraceFileError
+    from torchscope.tracer.session import Tracer
+
+    script = os.path.abspath(opts.script) if opts.script else None
+    tracer = Tracer(
+        opts.record,
+        steps=opts.steps,
+        values=opts.values,
+        keep=False,
+        metadata={
+            "script": script or opts.module,
+            "argv": [opts.script or opts.module, *opts.args],
+        },
+    )
+    target = opts.script or f"-m {opts.module}"
+    sys.argv = [opts.script or opts.module or "", *opts.args]
+    if opts.script is not None:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(opts.script)))
+    else:
+        sys.path.insert(0, os.getcwd())
+    try:
+        tracer.start()
+    except TraceFileError as exc:
+        raise UsageError(str(exc)) from None
+    if not opts.quiet:
+        where = f", recording to {opts.record}" if opts.record else ""
+        print(f"torchscope: tracing {target} (steps: {tracer.steps.text}){where}", file=sys.stderr)
+    code = 0
+    try:
+        if opts.module is not None:
+            runpy.run_module(opts.module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(opts.script, run_name="__main__")  # type: ignore[arg-type]
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException as exc:  # the script's own error: show it as Python would
+        _print_user_traceback(exc)
+        code = 1
+    finally:
+        tracer.stop()
+    if not opts.quiet:
+        steps = tracer.step_index + 1
+        saved = ""
+        if opts.record:
+            n = tracer._writer.events_written if tracer._writer is not None else 0
+            saved = f"; {n} events written to {opts.record}"
+        print(f"torchscope: {steps} step(s) seen{saved}", file=sys.stderr)
+    return code
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _print_user_traceback(exc: BaseException) -> None:
+    """The script's traceback without the frames of torchscope and runpy above it."""
+    tb = exc.__traceback__
+    here = os.path.dirname(os.path.abspath(__file__))
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename.startswith(here)
+        or os.path.basename(tb.tb_frame.f_code.co_filename) == "runpy.py"
+        or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
+    ):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb)
+
+
+# -- dump ------------------------------------------------------------------------------------
+def cmd_dump(args: argparse.Namespace) -> int:
+    from torchscope.dump import render
+    from torchscope.protocol.tracefile import TraceFileError, TraceReader
+
+    try:
+        reader = TraceReader(args.file)
+    except TraceFileError as exc:
+        return _fail(f"{args.file}: {exc}")
+    with reader:
+        events = reader.iter_events(step=args.step)
+        if args.kind:
+            wanted = set(args.kind)
+            events = (e for e in events if e["kind"] in wanted)
+        out = sys.stdout
+        try:
+            for line in render(events, args.format):
+                out.write(line + "\n")
+            out.flush()
+        except TraceFileError as exc:
+            out.flush()
+            return _fail(f"{args.file}: {exc}")
+        except BrokenPipeError:  # `torchscope dump t.tsc | head`
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 0
+        if reader.truncated:
+            print(
+                f"torchscope: {args.file} was cut short at byte {reader.truncated_at} "
+                f"(the writer did not finish); showing the {len(reader)} events before it",
+                file=sys.stderr,
+            )
+    return 0
+
+
+# -- entry point -----------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="torchscope", description="Live step-through debugger for PyTorch.")
+    parser.add_argument("--version", action="version", version=f"torchscope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.add_parser("run", help="run a script traced (see 'torchscope run --help')", add_help=False)
+    dump = sub.add_parser("dump", help="print the events of a trace file")
+    dump.add_argument("file", help="trace file written by --record")
+    dump.add_argument("--format", choices=("text", "jsonl"), default="text")
+    dump.add_argument(
+        "--kind", action="append", choices=KINDS, help="only events of this kind (repeatable)"
+    )
+    dump.add_argument("--step", type=int, help="only events of this step")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] == "run":
+            return cmd_run(parse_run(argv[1:]))
+        args = build_parser().parse_args(argv)
+        if args.command == "dump":
+            return cmd_dump(args)
+        build_parser().print_help()
+        return 0 if not argv else 2
+    except UsageError as exc:
+        return _fail(str(exc))

@@ -1,0 +1,133 @@
+"""Render trace events for people (a text table) and for programs (JSON lines)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from torchscope.protocol.events import ALERT, ERROR, GRAD, GRAPH, OP, SESSION, STEP, Event
+
+
+def _json_safe(obj: Any) -> Any:
+    """JSON has no NaN/Infinity: write them as the strings "nan", "inf", "-inf"."""
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return "nan"
+        if math.isinf(obj):
+            return "inf" if obj > 0 else "-inf"
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, bytes):
+        return obj.hex()
+    return obj
+
+
+def to_jsonl(event: Event) -> str:
+    return json.dumps(_json_safe(event), separators=(",", ":"), allow_nan=False)
+
+
+def _num(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "nan"
+        return f"{x:.4g}"
+    return str(x)
+
+
+def compact_stat(summary: dict | None) -> str:
+    """``norm=1.23`` plus NaN/Inf flags: one cell of the table."""
+    if summary is None:
+        return "None"
+    stats = summary.get("stats")
+    if not stats:
+        return summary.get("dtype", "?")
+    values = summary.get("values")
+    if values is not None and len(values) == 1:
+        text = _num(values[0])
+    else:
+        text = f"norm={_num(stats.get('norm'))}"
+    flags = []
+    if stats.get("nan"):
+        flags.append(f"NaN:{stats['nan']}")
+    if stats.get("inf"):
+        flags.append(f"Inf:{stats['inf']}")
+    return text + (" " + " ".join(flags) if flags else "")
+
+
+def shape_text(summary: dict | None) -> str:
+    if summary is None:
+        return "-"
+    shape = summary.get("shape")
+    return "?" if shape is None else "[" + ",".join(map(str, shape)) + "]"
+
+
+def short_source(source: str | None, cwd: str | None = None) -> str:
+    if not source:
+        return ""
+    path, _, line = source.rpartition(":")
+    cwd = cwd or os.getcwd()
+    if os.path.isabs(path) and path.startswith(cwd + os.sep):
+        path = os.path.relpath(path, cwd)
+    return f"{path}:{line}"
+
+
+def text_line(ev: Event) -> str:
+    kind = ev.get("kind")
+    head = f"{ev.get('seq', '?'):>7} {ev.get('step', '-')!s:>5} "
+    if kind == OP:
+        outs = ev.get("outputs") or []
+        shapes = " ".join(shape_text(s) for s in outs)
+        stat = " ".join(compact_stat(s) for s in outs)
+        return (
+            f"{head}op    {ev.get('name', ''):<34} {ev.get('module', '') or '-':<22} "
+            f"{shapes:<16} {stat:<22} {short_source(ev.get('source'))}"
+        )
+    if kind == GRAD:
+        gi = ", ".join(compact_stat(s) for s in ev.get("grad_inputs") or [])
+        go = ", ".join(compact_stat(s) for s in ev.get("grad_outputs") or [])
+        made_by = f"op {ev['op_seq']}" if ev.get("op_seq") is not None else ""
+        param = ev.get("param") or made_by
+        return (
+            f"{head}grad  {ev.get('node', ''):<34} {param:<22} "
+            f"in: ({go})  out: ({gi})  {short_source(ev.get('source'))}"
+        )
+    if kind == ALERT:
+        return f"{head}ALERT {ev.get('message', '')}"
+    if kind == GRAPH:
+        nodes = ev.get("nodes") or []
+        ran = sum(1 for n in nodes if n.get("executed"))
+        return (
+            f"{head}graph {ev.get('call', '')}: {len(nodes)} nodes, {ran} executed, "
+            f"{len(nodes) - ran} not executed  {short_source(ev.get('source'))}"
+        )
+    if kind == STEP:
+        return f"{head}step  ---- step {ev.get('step')} ----"
+    if kind == SESSION:
+        return (
+            f"{head}session pid {ev.get('pid')} {ev.get('script') or ''} "
+            f"torch {ev.get('torch')} steps {ev.get('steps')}"
+        )
+    if kind == ERROR:
+        return f"{head}error {ev.get('where', '')}: {ev.get('message', '')}"
+    return f"{head}{kind}"
+
+
+TEXT_HEADER = f"{'seq':>7} {'step':>5} kind  {'name':<34} {'module / param':<22} details"
+
+
+def render(events: Iterable[Event], fmt: str) -> Iterator[str]:
+    if fmt == "text":
+        yield TEXT_HEADER
+        for ev in events:
+            yield text_line(ev)
+    else:
+        for ev in events:
+            yield to_jsonl(ev)
