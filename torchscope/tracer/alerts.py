@@ -30,19 +30,35 @@ def _all_finite(summaries: list) -> bool:
     return all(is_finite(s) is not False for s in summaries)
 
 
-def origin_alert(event: Event, next_seq: Callable[[], int]) -> Event | None:
-    """An alert event when ``event`` is where a NaN/Inf originates, else None."""
+def origin_alert(
+    event: Event, next_seq: Callable[[], int], tainted: set[int] | None = None
+) -> Event | None:
+    """An alert event when ``event`` is where a NaN/Inf originates, else None.
+
+    ``tainted`` collects the seqs of forward ops that saw a NaN/Inf (in or out). A backward
+    node made by such an op computes from those saved values: its NaN is the forward one
+    arriving, not a new origin, so it is not reported (nor, step after step, once the
+    weights are NaN).
+    """
     kind = event["kind"]
     if kind == OP:
         ins, outs = event["inputs"], event["outputs"]
         where, label = "forward", event["name"]
     elif kind == GRAD:
+        if tainted and event.get("op_seq") in tainted:
+            return None
         ins, outs = event["grad_outputs"], event["grad_inputs"]
         where, label = "backward", event["node"]
     else:
         return None
     bad = _bad_kind(outs)
-    if bad is None or not _all_finite(ins):
+    if bad is None:
+        if tainted is not None and kind == OP and not _all_finite(ins):
+            tainted.add(event["seq"])
+        return None
+    if tainted is not None and kind == OP:
+        tainted.add(event["seq"])
+    if not _all_finite(ins):
         return None
     source = event.get("source")
     at = f" at {source}" if source else ""

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 NODE_ID = "torchscope.id"  # our stable id for the node
 NODE_OP = "torchscope.op"  # seq of the forward op that created it
 NODE_SRC = "torchscope.src"  # source line of that op
+NODE_RUN = "torchscope.run"  # run_id of the tracer whose op seq NODE_OP is
 
 
 @dataclass(slots=True)
@@ -70,7 +71,11 @@ class NodeHooks:
         self.nodes: list[NodeInfo] = []
         self.root_ids: list[int] = []
         self._handles: list[Any] = []
-        self._install(roots)
+        try:
+            self._install(roots)
+        except BaseException:
+            self.remove()  # no half-hooked graph: its hooks would fire in this and later calls
+            raise
 
     def _install(self, roots: list[torch.Tensor]) -> None:
         tracer = self.tracer
@@ -91,7 +96,9 @@ class NodeHooks:
             md = node.metadata
             name = node_name(node)
             param = tracer.modules.param_name(node.variable) if name == "AccumulateGrad" else None
-            info = NodeInfo(nid, name, md.get(NODE_OP), md.get(NODE_SRC), param)
+            # An op seq of an earlier run names no op of this one; the source line still holds.
+            op_seq = md.get(NODE_OP) if md.get(NODE_RUN) == tracer.run_id else None
+            info = NodeInfo(nid, name, op_seq, md.get(NODE_SRC), param)
             for nxt, input_nr in node.next_functions:
                 if nxt is None:
                     info.next.append(None)

@@ -38,6 +38,8 @@ def _resolve(func: Any) -> str | None:
     name = resolve_name(func) or getattr(func, "__qualname__", None) or repr(func)
     if name.startswith("torch.Tensor."):
         name = name[6:]
+    elif name.startswith("_VariableFunctionsClass."):  # torch._foreach_add_ and other privates
+        name = "torch." + name[24:]
     if name.endswith((".__get__", ".__set__", ".__delete__")):
         attr = name.rsplit(".", 2)[-2]
         return (

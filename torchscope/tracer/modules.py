@@ -71,10 +71,18 @@ class ModuleTracker:
         if root in self._indexed_roots:
             return
         self._indexed_roots.add(root)
+        # Only modules nobody named yet become roots, so a root named here contains any root
+        # indexed before it (a submodule called on its own first): the outer names win. Within
+        # one root, a shared module or parameter keeps its first name.
+        seen: set[int] = set()
         for name, mod in root.named_modules(remove_duplicate=False):
-            self._names.setdefault(mod, name)
+            if id(mod) not in seen:
+                seen.add(id(mod))
+                self._names[mod] = name
         for name, p in root.named_parameters(remove_duplicate=False):
-            self._params.setdefault(id(p), (weakref.ref(p), name))
+            if id(p) not in seen:
+                seen.add(id(p))
+                self._params[id(p)] = (weakref.ref(p), name)
 
     # -- queries -------------------------------------------------------------------------
     def current(self) -> str:

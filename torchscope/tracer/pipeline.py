@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from torchscope.protocol.events import Event
+from torchscope.protocol.events import STEP, Event
 from torchscope.tracer.alerts import origin_alert
 from torchscope.tracer.summary import SealedBatch, Summarizer
 
@@ -49,6 +49,7 @@ class EventPipeline:
         self._events: list[Event] = []
         self._sealed: deque[tuple[list[Event], SealedBatch | None]] = deque()
         self.last_flush = time.monotonic()
+        self._tainted: set[int] = set()  # forward ops that saw NaN/Inf, this step (see alerts)
         self._closing = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="torchscope-flush", daemon=True)
         self._watchdog.start()
@@ -104,7 +105,9 @@ class EventPipeline:
         out: list[Event] = []
         for ev in events:
             out.append(ev)
-            alert = origin_alert(ev, self.next_seq)
+            if ev["kind"] == STEP:
+                self._tainted.clear()
+            alert = origin_alert(ev, self.next_seq, self._tainted)
             if alert is not None:
                 out.append(alert)
         return out

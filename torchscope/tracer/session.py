@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import socket
@@ -20,6 +21,7 @@ from torchscope.protocol.events import ERROR, GRAD, GRAPH, OP, SESSION, STEP, Ev
 from torchscope.tracer.backward import (
     NODE_ID,
     NODE_OP,
+    NODE_RUN,
     NODE_SRC,
     NodeHooks,
     NodeInfo,
@@ -34,6 +36,10 @@ from torchscope.tracer.steps import parse_steps
 from torchscope.tracer.summary import Summarizer, SummaryMemo
 
 _current: Tracer | None = None
+# Node ids live in node metadata, which outlives a tracer (a graph built under one run and
+# backpropagated under the next): ids are unique per process, and op links carry their run.
+_node_ids = itertools.count(1)
+_runs = itertools.count(1)
 
 
 def current_tracer() -> Tracer | None:
@@ -73,7 +79,8 @@ class Tracer:
         self.step_index = 0
         self.step_traced = False
         self._seq = itertools.count()
-        self._node_ids = itertools.count(1)
+        self._node_ids = _node_ids
+        self.run_id = next(_runs)
         self._backward_index = 0
         self._errors_seen: set[tuple[str, str]] = set()
         self._owner = threading.get_ident()
@@ -204,7 +211,9 @@ class Tracer:
 
     # -- steps -----------------------------------------------------------------------------
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self.advance_step()
+        # The hook is global: an optimizer stepping on another thread is not this run's step.
+        if threading.get_ident() == self._owner:
+            self.advance_step()
 
     def advance_step(self) -> None:
         """End the current step and begin the next one."""
@@ -270,10 +279,12 @@ class Tracer:
             return
         self._errors_seen.add(key)
         message = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
-        print(
-            f"torchscope: internal error in {where}: {message} (tracing continues; reported once)",
-            file=sys.stderr,
-        )
+        with contextlib.suppress(Exception):  # a closed or broken stderr must not reach the job
+            print(
+                f"torchscope: internal error in {where}: {message} (tracing continues; "
+                "reported once)",
+                file=sys.stderr,
+            )
         try:
             if self.pipeline is not None:
                 self._emit(
@@ -303,7 +314,7 @@ class Tracer:
             started=time.time(),
             rank=_env_int("RANK"),
             world_size=_env_int("WORLD_SIZE"),
-            torch=torch.__version__,
+            torch=str(torch.__version__),  # plain str, as it reads back from a file
             python=sys.version.split()[0],
             steps=self.steps.text,
             values=self.summarizer.value_limit,
@@ -413,6 +424,7 @@ class Tracer:
             if NODE_OP in md:
                 continue
             md[NODE_OP] = seq
+            md[NODE_RUN] = self.run_id
             md[NODE_SRC] = source
             out.append({"id": self.node_id(node), "name": node_name(node)})
             todo.extend(n for n, _ in node.next_functions if n is not None)

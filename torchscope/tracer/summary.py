@@ -16,6 +16,10 @@ from typing import Any
 import torch
 
 _FAST_DTYPES = (torch.float32, torch.float64)
+# Tensors inside torch.func transforms (vmap's batched, grad's tracking wrappers) look like
+# plain tensors, but their reductions cannot leave the transform (`.item()` raises, stacking
+# them later fails for the whole batch): they get metadata only.
+_is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
 _dtype_names: dict[torch.dtype, str] = {}
 _device_names: dict[torch.device, str] = {}
 
@@ -53,14 +57,17 @@ def tensor_meta(t: torch.Tensor) -> dict[str, Any]:
 def _stat_view(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
     """The real floating tensor to reduce, or None when stats make no sense for this kind.
 
-    Returns the tensor and a note for the reader ("abs" for complex, "dequantized").
+    Returns the tensor and a note for the reader ("abs" for complex, "dequantized"; "empty"
+    with no tensor for one without elements).
     """
     cls = type(t)
     # Subclasses (DTensor, FakeTensor, ...) may run collectives or have no data: metadata only.
     if cls is not torch.Tensor and cls is not torch.nn.Parameter:
         return None, None
-    if t.is_nested or t.layout is not torch.strided or t.device.type == "meta" or t.numel() == 0:
+    if t.is_nested or t.layout is not torch.strided or t.device.type == "meta" or _is_wrapped(t):
         return None, None
+    if t.numel() == 0:
+        return None, "empty"
     note = None
     if t.is_quantized:
         t, note = t.dequantize(), "dequantized"
@@ -119,6 +126,7 @@ class Summarizer:
             and t.layout is torch.strided
             and not t.is_nested
             and device.type != "meta"
+            and not _is_wrapped(t)
         ):
             # The common case, kept free of the checks below: it runs for every tensor.
             summary: dict[str, Any] = {
@@ -129,6 +137,7 @@ class Summarizer:
             numel = t.numel()
             if numel == 0:
                 summary["stats"] = None
+                summary["values"] = []  # all of its (no) values: as for any small tensor
             else:
                 summary["stats"] = {}  # filled when the batch resolves
                 self._queue(summary, t, t, numel)
@@ -137,6 +146,8 @@ class Summarizer:
         x, note = _stat_view(t)
         if x is None:
             summary["stats"] = None
+            if note == "empty":
+                summary["values"] = []
             return summary
         summary["stats"] = {}
         if note:
@@ -149,35 +160,51 @@ class Summarizer:
         x = _dense_view(x)
         batch = self.batch
         mn, mx = torch.aminmax(x)
-        total = x.sum()
-        flat = x.view(-1) if x.is_contiguous() else x.reshape(-1)
-        dtype = flat.dtype
+        # Moments of x - min: one pass each, and no catastrophic cancellation when the spread
+        # is tiny next to the mean (LayerNorm weights near 1) or the values huge (1e20
+        # squared overflows float32; the host recombines in float64, see _moments).
+        shifted = (x - mn).reshape(-1)
+        total = shifted.sum()
+        dtype = shifted.dtype
         scalars = batch.scalars.get(dtype)
         if scalars is None:
             scalars = batch.scalars[dtype] = []
         at = len(scalars)
-        scalars += (mn, mx, total, torch.dot(flat, flat))
+        scalars += (mn, mx, total, torch.dot(shifted, shifted))
         counts: Any
-        if flat.device.type == "cpu":
+        if x.device.type == "cpu":
             # Reading a host scalar costs no sync; a finite sum proves there is no NaN or Inf,
             # so the (slow) counting kernels run only for tensors that need them.
-            counts = (0, 0) if math.isfinite(total.item()) else _count_bad(flat)
+            counts = (0, 0) if math.isfinite(total.item()) else _count_bad(x)
         else:
             counts = len(batch.counts)
-            batch.counts.append(torch.stack((flat.isnan().sum(), flat.isinf().sum())))
+            batch.counts.append(torch.stack((x.isnan().sum(), x.isinf().sum())))
         value_at = None
         int_values = False
         if numel <= self.value_limit:
-            src = t if not t.is_complex() else torch.view_as_real(t)
-            vals = src.detach().reshape(-1)
-            if vals.dtype not in _FAST_DTYPES:
-                int_values = not vals.is_floating_point()
-                vals = vals.to(torch.float64 if int_values else torch.float32)
-            vdt = vals.dtype
-            vat = batch.value_len.get(vdt, 0)
-            batch.values.setdefault(vdt, []).append(vals)
-            batch.value_len[vdt] = vat + vals.numel()
-            value_at = (vdt, vat, vals.numel())
+            src = t.detach()
+            if src.is_quantized:
+                src = src.dequantize()
+            elif src.is_complex():
+                src = torch.view_as_real(src.resolve_conj())
+            vals = src.reshape(-1)
+            # The values must be taken now: a later in-place op on ``t`` must not show up in
+            # this summary. On the CPU reading them costs no sync and no kernel.
+            if vals.device.type == "cpu":
+                summary["values"] = (
+                    vals.tolist() if vals.dtype is not torch.bool else list(map(int, vals.tolist()))
+                )
+            else:
+                if vals.dtype not in _FAST_DTYPES:
+                    int_values = not vals.is_floating_point()
+                    vals = vals.to(torch.float64 if int_values else torch.float32)
+                else:
+                    vals = vals.clone()  # a view of ``t`` otherwise, read when the batch resolves
+                vdt = vals.dtype
+                vat = batch.value_len.get(vdt, 0)
+                batch.values.setdefault(vdt, []).append(vals)
+                batch.value_len[vdt] = vat + vals.numel()
+                value_at = (vdt, vat, vals.numel())
         batch.entries.append((summary, numel, dtype, at, counts, value_at, int_values))
 
     def alias_summary(self, t: torch.Tensor, base: torch.Tensor, base_summary: dict) -> dict | None:
@@ -209,8 +236,8 @@ class Summarizer:
         return batch
 
 
-def _count_bad(flat: torch.Tensor) -> tuple[int, int]:
-    return int(flat.isnan().sum()), int(flat.isinf().sum())
+def _count_bad(x: torch.Tensor) -> tuple[int, int]:
+    return int(x.isnan().sum()), int(x.isinf().sum())
 
 
 class SealedBatch:
@@ -261,17 +288,22 @@ class SealedBatch:
 
 
 def _moments(n: int, mn: float, mx: float, total: float, sq: float, nan: int, inf: int) -> dict:
-    mean = total / n
-    # Variance from the two sums: one pass, no extra kernel; clamped because rounding can make
-    # it a hair negative for near-constant tensors.
-    if n > 1 and math.isfinite(sq) and math.isfinite(mean):
-        var = max(sq - n * mean * mean, 0.0) / (n - 1)
-        std = math.sqrt(var)
-    elif n == 1:
-        std = 0.0
+    """Stats from min, max and the sums of ``x - min`` and ``(x - min)**2`` (in float64)."""
+    if not (math.isfinite(mn) and math.isfinite(total) and math.isfinite(sq)):
+        mean = std = norm = math.nan
+        if inf and not nan:
+            # Infinite values but no NaN: the norm is infinite, and so is the mean unless both
+            # signs of infinity are present.
+            norm = math.inf
+            if mn > -math.inf:
+                mean = math.inf
+            elif mx < math.inf:
+                mean = -math.inf
     else:
-        std = math.nan
-    norm = math.sqrt(sq) if sq >= 0 else math.nan
+        mean = mn + total / n
+        # Clamped: rounding can make a near-constant tensor's variance a hair negative.
+        std = math.sqrt(max(sq - total * total / n, 0.0) / (n - 1)) if n > 1 else 0.0
+        norm = math.sqrt(max(sq + 2.0 * mn * total + n * mn * mn, 0.0))
     return {
         "min": mn,
         "max": mx,

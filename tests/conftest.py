@@ -1,0 +1,47 @@
+"""Shared fixtures. torch is imported only for the tracer tests: other tests (protocol, TUI)
+must keep running, and proving things, without it."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _is_tracer_test(request: pytest.FixtureRequest) -> bool:
+    module = getattr(request.node, "module", None)
+    return module is not None and module.__name__.rsplit(".", 1)[-1].startswith("test_tracer_")
+
+
+@pytest.fixture(autouse=True)
+def _tracer_isolation(request: pytest.FixtureRequest):
+    """One CPU thread, and after each tracer test: no tracer left running, no mode left on the
+    torch function stack, no global module or optimizer hooks left behind."""
+    if not _is_tracer_test(request):
+        yield
+        return
+    import torch
+    from torch.nn.modules import module as module_mod
+    from torch.optim import optimizer as optim_mod
+
+    from torchscope.tracer import session
+
+    torch.set_num_threads(1)
+    fwd_hooks = len(module_mod._global_forward_hooks)
+    pre_hooks = len(module_mod._global_forward_pre_hooks)
+    opt_hooks = len(optim_mod._global_optimizer_post_hooks)
+    yield
+    problems = []
+    if session.current_tracer() is not None:
+        session.current_tracer().stop()
+        problems.append("a tracer was left running")
+    n = torch._C._len_torch_function_stack()
+    if n:
+        while torch._C._len_torch_function_stack():
+            torch._C._pop_torch_function_stack()
+        problems.append(f"{n} torch function mode(s) left on the stack")
+    if len(module_mod._global_forward_hooks) != fwd_hooks:
+        problems.append("global forward hooks left behind")
+    if len(module_mod._global_forward_pre_hooks) != pre_hooks:
+        problems.append("global forward pre-hooks left behind")
+    if len(optim_mod._global_optimizer_post_hooks) != opt_hooks:
+        problems.append("optimizer step hooks left behind")
+    assert not problems, "; ".join(problems)

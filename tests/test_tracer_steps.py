@@ -1,0 +1,162 @@
+"""Step boundaries and step selection: untraced steps run with no mode and no hooks."""
+
+from __future__ import annotations
+
+import models
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.modules import module as module_mod
+
+import torchscope
+from torchscope.tracer.steps import StepSpecError
+
+
+def tracing_state() -> tuple[int, int, int]:
+    """(function modes on the stack, global forward hooks, global forward pre-hooks)."""
+    return (
+        torch._C._len_torch_function_stack(),
+        len(module_mod._global_forward_hooks),
+        len(module_mod._global_forward_pre_hooks),
+    )
+
+
+def train(n: int, *, manual: bool = False, **trace):
+    model = models.mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    idle = tracing_state()
+    states = []
+    with torchscope.trace(optimizer_steps=not manual, **trace) as tr:
+        for _ in range(n):
+            states.append(tracing_state())
+            opt.zero_grad()
+            F.mse_loss(model(torch.randn(2, 8)), torch.zeros(2, 4)).backward()
+            opt.step()
+            if manual:
+                torchscope.step()
+    assert tracing_state() == idle
+    return tr, states, idle
+
+
+def event_steps(tr) -> dict[str, set[int]]:
+    out: dict[str, set[int]] = {}
+    for e in tr.events:
+        if e.kind != "session":
+            out.setdefault(e.kind, set()).add(e.step)
+    return out
+
+
+def test_step_advances_at_optimizer_step():
+    tr, states, idle = train(3)
+    assert [e.step for e in tr.trace.steps] == [0, 1, 2, 3]
+    assert tr.step_index == 3
+    assert event_steps(tr) == {
+        "step": {0, 1, 2, 3},
+        "op": {0, 1, 2},
+        "grad": {0, 1, 2},
+        "graph": {0, 1, 2},
+    }
+    for step in range(3):
+        ops = [o for o in tr.ops if o.step == step]
+        assert ops[0].name == "torch.randn"  # each step starts with its own forward
+        assert len([g for g in tr.graphs if g.step == step]) == 1
+    # traced: our mode and our two module hooks are installed
+    assert all(s == (idle[0] + 1, idle[1] + 1, idle[2] + 1) for s in states)
+    steps = [e for e in tr.events if e.kind == "step"]
+    assert all(isinstance(e.t, float) for e in steps)
+
+
+@pytest.mark.parametrize(
+    ("spec", "traced"),
+    [
+        ("2-3", {2, 3}),
+        ("every:2", {0, 2, 4}),
+        (4, {4}),
+        ("1,3-", {1, 3, 4, 5}),
+        ("all", set(range(6))),
+    ],
+)
+def test_step_selection(spec, traced):
+    tr, states, idle = train(6, steps=spec)
+    kinds = event_steps(tr)
+    assert kinds["op"] == kinds["grad"] == kinds["graph"] == traced
+    assert kinds["step"] - {6} == traced  # step 6 begins (and may be traced) at the last step()
+    for step, state in enumerate(states):
+        if step in traced:
+            assert state == (idle[0] + 1, idle[1] + 1, idle[2] + 1), step
+        else:
+            # untraced steps: nothing on the function mode stack, no global module hooks
+            assert state == idle, step
+    assert tr.trace.session.steps == str(spec)
+
+
+def test_manual_steps():
+    tr, states, idle = train(4, manual=True, steps="1-2")
+    assert event_steps(tr)["op"] == {1, 2}
+    assert tr.step_index == 4
+    assert [s[0] for s in states] == [idle[0], idle[0] + 1, idle[0] + 1, idle[0]]
+    # without torchscope.step(), optimizer steps do not count when optimizer_steps=False
+    model = models.mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with torchscope.trace(optimizer_steps=False) as tr3:
+        for _ in range(3):
+            model(torch.randn(1, 8)).sum().backward()
+            opt.step()
+    assert tr3.step_index == 0 and event_steps(tr3)["op"] == {0}
+
+
+def test_step_outside_a_trace_is_a_no_op():
+    torchscope.step()
+    assert torch._C._len_torch_function_stack() == 0
+
+
+def test_bad_specs():
+    for bad in ("x", "3-1", "every:0", "-2", "every:x"):
+        with pytest.raises(StepSpecError):
+            torchscope.trace(steps=bad)
+    assert issubclass(StepSpecError, ValueError)
+
+
+def test_nested_trace_collects_what_the_outer_one_emits_meanwhile():
+    with torchscope.trace() as outer:
+        torch.ones(1) + 1
+        with torchscope.trace() as inner:
+            torch.zeros(2) * 3
+        assert torch._C._len_torch_function_stack() == 1  # the outer one still traces
+        torch.ones(1) - 1
+    assert [o.name for o in outer.ops] == [
+        "torch.ones",
+        "Tensor.add",
+        "torch.zeros",
+        "Tensor.mul",
+        "torch.ones",
+        "Tensor.sub",
+    ]
+    assert [o.name for o in inner.ops] == ["torch.zeros", "Tensor.mul"]
+    with torchscope.trace() as again:  # a new one starts once the first stopped
+        torch.ones(1) + 1
+    assert [o.name for o in again.ops] == ["torch.ones", "Tensor.add"]
+
+
+def test_untraced_first_step_then_traced_backward_only_hooks_in_traced_steps():
+    model = models.mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with torchscope.trace(steps="1") as tr:
+        for _ in range(3):
+            loss = model(torch.randn(1, 8)).sum()
+            loss.backward()
+            opt.step()
+    assert [g.step for g in tr.graphs] == [1]
+    acc = [g.param for g in tr.grads if g.node == "AccumulateGrad"]
+    assert sorted(acc) == sorted(n for n, _ in model.named_parameters())
+
+
+def test_keep_newest_n():
+    with torchscope.trace(keep=5) as tr:
+        for i in range(20):
+            torch.full((2,), float(i)) * 2
+    assert len(tr.events) == 5
+    assert [o.outputs[0]["values"] for o in tr.ops][-1] == [38.0, 38.0]
+    with torchscope.trace(keep=False) as tr:
+        torch.ones(3) * 2
+    assert tr.events == [] and tr.ops == []

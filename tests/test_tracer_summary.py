@@ -1,0 +1,212 @@
+"""Tensor summaries: every kind of tensor is summarised without crashing, and says what makes
+sense for it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import torchscope
+
+
+class Tagged(torch.Tensor):
+    """A trivial tensor subclass."""
+
+
+def summarize(t: torch.Tensor, values: int = 16) -> dict:
+    """The tracer's summary of ``t`` as an op input (``t.detach()`` accepts any tensor kind)."""
+    with torchscope.trace(values=values) as tr:
+        t.detach()
+    assert tr.errors == []
+    (op,) = tr.ops
+    assert op.name == "Tensor.detach"
+    return op.inputs[0]
+
+
+def check_stats(s: dict, ref: torch.Tensor) -> None:
+    ref = ref.double()
+    st = s["stats"]
+    assert st["min"] == pytest.approx(ref.min().item(), rel=1e-6)
+    assert st["max"] == pytest.approx(ref.max().item(), rel=1e-6)
+    assert st["mean"] == pytest.approx(ref.mean().item(), rel=1e-5, abs=1e-6)
+    if ref.numel() > 1:
+        assert st["std"] == pytest.approx(ref.std().item(), rel=1e-4, abs=1e-6)
+    assert st["norm"] == pytest.approx(ref.norm().item(), rel=1e-5)
+    assert st["nan"] == 0 and st["inf"] == 0
+
+
+def test_float_stats_match_torch():
+    torch.manual_seed(0)
+    t = torch.randn(37, 5) * 3 + 1
+    s = summarize(t)
+    assert (s["shape"], s["dtype"], s["device"]) == ([37, 5], "float32", "cpu")
+    check_stats(s, t)
+    assert "values" not in s
+    # non-contiguous, expanded and float64 inputs read the same numbers
+    check_stats(summarize(t.t()), t)
+    check_stats(summarize(t[::2, 1:]), t[::2, 1:])
+    e = torch.tensor([1.0, -2.0, 4.0]).expand(6, 3)
+    check_stats(summarize(e), e.contiguous())
+    check_stats(summarize(t.double()), t.double())
+
+
+def test_nan_and_inf_counts():
+    t = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), float("nan"), 2.0] * 5)
+    st = summarize(t)["stats"]
+    assert (st["nan"], st["inf"]) == (10, 10)
+    t = torch.full((100,), 2.0)
+    t[7] = float("-inf")
+    st = summarize(t)["stats"]
+    assert (st["nan"], st["inf"], st["min"]) == (0, 1, -math.inf)
+
+
+def test_int_and_bool_tensors():
+    s = summarize(torch.tensor([3, -1, 4, 1, 5]))
+    assert s["dtype"] == "int64" and s["values"] == [3, -1, 4, 1, 5]
+    assert all(type(v) is int for v in s["values"])
+    check_stats(s, torch.tensor([3.0, -1, 4, 1, 5]))
+    s = summarize(torch.tensor([True, False, True, True]))
+    assert s["dtype"] == "bool" and s["values"] == [1, 0, 1, 1]
+    assert all(type(v) is int for v in s["values"])
+    assert s["stats"]["mean"] == 0.75 and (s["stats"]["min"], s["stats"]["max"]) == (0, 1)
+    s = summarize(torch.tensor([250, 3], dtype=torch.uint8))
+    assert s["values"] == [250, 3] and s["stats"]["max"] == 250
+
+
+def test_complex_stats_of_abs():
+    z = torch.tensor([3 + 4j, 1 - 1j, -2j])
+    s = summarize(z)
+    assert s["dtype"] == "complex64" and s["stats_of"] == "abs"
+    check_stats(s, z.abs())
+    assert s["values"] == [3.0, 4.0, 1.0, -1.0, 0.0, -2.0]  # (re, im) pairs
+    c = summarize(z.conj())  # a lazily conjugated view reads as its true values
+    assert c["values"] == [3.0, -4.0, 1.0, 1.0, 0.0, 2.0]
+    assert summarize(z.conj().imag)["values"] == [-4.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision(dtype):
+    t = torch.tensor([1.5, -2.0, 0.25], dtype=dtype)
+    s = summarize(t)
+    assert s["dtype"] == str(dtype).removeprefix("torch.")
+    assert s["values"] == [1.5, -2.0, 0.25]
+    check_stats(s, t.float())
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_sparse_meta_nested_subclass_have_no_stats():
+    sparse = summarize(torch.eye(3).to_sparse())
+    assert sparse["layout"] == "sparse_coo" and sparse["stats"] is None
+    assert sparse["shape"] == [3, 3] and "values" not in sparse
+    csr = summarize(torch.eye(3).to_sparse_csr())
+    assert csr["layout"] == "sparse_csr" and csr["stats"] is None
+    meta = summarize(torch.empty(4, 2, device="meta"))
+    assert meta == {"shape": [4, 2], "dtype": "float32", "device": "meta", "stats": None}
+    nested = summarize(torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]))
+    assert nested["nested"] is True and nested["shape"] is None and nested["stats"] is None
+    jagged = summarize(
+        torch.nested.nested_tensor([torch.ones(2, 4), torch.ones(3, 4)], layout=torch.jagged)
+    )
+    assert jagged["nested"] is True and jagged["stats"] is None
+    sub = summarize(torch.arange(3.0).as_subclass(Tagged))
+    assert sub["type"] == f"{__name__}.Tagged" and sub["stats"] is None
+    assert sub["shape"] == [3] and "values" not in sub
+    param = summarize(torch.nn.Parameter(torch.ones(2)))
+    assert "type" not in param and param["values"] == [1.0, 1.0]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_quantized_dequantized():
+    q = torch.quantize_per_tensor(torch.tensor([0.5, 1.0, -0.2]), 0.1, 10, torch.quint8)
+    s = summarize(q)
+    assert s["dtype"] == "quint8" and s["stats_of"] == "dequantized"
+    assert s["values"] == pytest.approx([0.5, 1.0, -0.2])
+    check_stats(s, q.dequantize())
+
+
+def test_zero_element_and_zero_dim():
+    for t in (torch.empty(0, 3), torch.empty(0, dtype=torch.long)):
+        s = summarize(t)
+        assert s["shape"] == list(t.shape) and s["stats"] is None and s["values"] == []
+    s = summarize(torch.tensor(2.5))
+    assert s["shape"] == [] and s["values"] == [2.5]
+    assert s["stats"] == {
+        "min": 2.5,
+        "max": 2.5,
+        "mean": 2.5,
+        "std": 0.0,
+        "norm": 2.5,
+        "nan": 0,
+        "inf": 0,
+    }
+
+
+@pytest.mark.parametrize("limit", [0, 1, 4, 16])
+def test_values_iff_numel_within_limit(limit):
+    for n in range(0, 20, 3):
+        t = torch.arange(float(n))
+        s = summarize(t, values=limit)
+        if n <= limit:
+            assert s["values"] == t.tolist()
+        else:
+            assert "values" not in s
+    assert ("values" in summarize(torch.tensor(1), values=limit)) == (limit >= 1)
+
+
+def test_inference_mode_tensors():
+    with torch.inference_mode():
+        t = torch.ones(3) * 2
+    s = summarize(t)
+    assert s["values"] == [2.0, 2.0, 2.0]
+    with torchscope.trace() as tr, torch.inference_mode():
+        (torch.ones(2) + 1).sum()
+    assert [o.name for o in tr.ops] == ["torch.ones", "Tensor.add", "Tensor.sum"]
+    assert tr.ops[-1].outputs[0]["values"] == [4.0] and tr.errors == []
+
+
+def test_functorch_transforms_do_not_break_the_batch(capfd):
+    """vmap / func.grad wrap tensors: summaries must not call .item() on them or stack their
+    reductions later (that used to fail the whole batch, leaving every summary empty)."""
+    x = torch.randn(4, 3)
+    w = torch.randn(3)
+    with torchscope.trace() as tr:
+        a = torch.ones(2) * 3
+        y = torch.vmap(lambda r: (r * w).sum())(x)
+        g = torch.func.grad(lambda ww: (x @ ww).sin().sum())(w)
+        b = a + 1
+    assert torch.allclose(y, x @ w)
+    assert torch.allclose(g, x.t() @ (x @ w).cos())
+    assert tr.errors == [] and "torchscope" not in capfd.readouterr().err
+    ops = tr.ops
+    assert ops[1].outputs[0]["values"] == [3.0, 3.0] and ops[1].outputs[0]["stats"]["max"] == 3
+    assert ops[-1].outputs[0]["values"] == b.tolist() and ops[-1].outputs[0]["stats"]["min"] == 4
+    # every summary is resolved: stats are either None or complete
+    for o in ops:
+        for s in o.inputs + o.outputs:
+            assert s["stats"] is None or set(s["stats"]) >= {"min", "max", "norm"}
+
+
+def test_memo_sees_in_place_changes():
+    """A tensor summarised, changed in place, then used again shows its new value."""
+    with torchscope.trace() as tr:
+        a = torch.zeros(3)
+        b = a + 1
+        a.fill_(5)
+        c = a + 1
+        a.data.mul_(2)  # through .data: bumps no version counter a shares
+        torchscope.step()
+        d = a + 1
+    assert [o.name for o in tr.ops] == [
+        "torch.zeros",
+        "Tensor.add",
+        "Tensor.fill_",
+        "Tensor.add",
+        "Tensor.mul_",
+        "Tensor.add",
+    ]
+    assert tr.ops[1].inputs[0]["values"] == [0.0] * 3
+    assert tr.ops[3].inputs[0]["values"] == [5.0] * 3
+    assert tr.ops[5].inputs[0]["values"] == [10.0] * 3  # a new step forgets old summaries
+    assert (b + c + d).tolist() == [18.0] * 3
