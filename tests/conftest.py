@@ -3,7 +3,16 @@ must keep running, and proving things, without it."""
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
+
+# Every session a test starts (in this process or in subprocesses, which inherit the
+# environment) registers in a private runtime dir, never in the user's real one.
+_RUNTIME = tempfile.mkdtemp(prefix="torchscope-test-")
+os.chmod(_RUNTIME, 0o700)
+os.environ["TORCHSCOPE_RUNTIME_DIR"] = _RUNTIME
 
 
 def _is_tracer_test(request: pytest.FixtureRequest) -> bool:
@@ -28,6 +37,7 @@ def _tracer_isolation(request: pytest.FixtureRequest):
     fwd_hooks = len(module_mod._global_forward_hooks)
     pre_hooks = len(module_mod._global_forward_pre_hooks)
     opt_hooks = len(optim_mod._global_optimizer_post_hooks)
+    opt_pre_hooks = len(optim_mod._global_optimizer_pre_hooks)
     yield
     problems = []
     if session.current_tracer() is not None:
@@ -44,4 +54,6 @@ def _tracer_isolation(request: pytest.FixtureRequest):
         problems.append("global forward pre-hooks left behind")
     if len(optim_mod._global_optimizer_post_hooks) != opt_hooks:
         problems.append("optimizer step hooks left behind")
+    if len(optim_mod._global_optimizer_pre_hooks) != opt_pre_hooks:
+        problems.append("optimizer step pre-hooks left behind")
     assert not problems, "; ".join(problems)

@@ -215,3 +215,68 @@ def test_sigkill_while_recording_leaves_a_readable_file(tmp_path: Path) -> None:
     assert set(old_steps) <= steps_on_disk
     seqs = [e["seq"] for e in events]
     assert seqs == sorted(seqs) and len(seqs) == len(set(seqs))
+
+
+SLOW_TRAINING = """
+import time, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+print("started", flush=True)
+for step in range(30):
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    time.sleep(0.1)
+"""
+
+
+def test_ls_finds_a_live_run_and_record_captures_it_until_the_end(tmp_path: Path) -> None:
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_TRAINING)
+    job = subprocess.Popen(
+        [sys.executable, "-m", "torchscope", "run", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert job.stdout is not None and job.stdout.readline().strip() == "started"
+        listing = torchscope("ls")
+        assert listing.returncode == 0
+        (row,) = [line for line in listing.stdout.splitlines() if line.split()[0] == str(job.pid)]
+        assert "slow.py" in row and "ipc://" in row
+        out = tmp_path / "live.tsc"
+        rec = torchscope("record", str(job.pid), "-o", str(out), "--quiet")
+        assert rec.returncode == 0, rec.stderr
+        assert job.wait(timeout=60) == 0
+    finally:
+        job.kill()
+    events = jsonl(torchscope("dump", str(out), "--format", "jsonl").stdout)
+    grads = [e for e in events if e["kind"] == "grad"]
+    steps = sorted({e["step"] for e in grads})
+    assert steps[-1] == 29 and len(steps) >= 20  # joined late, then every step to the end
+    assert {g["param"] for g in grads if g["node"] == "AccumulateGrad"} == {
+        "0.weight",
+        "0.bias",
+        "2.weight",
+        "2.bias",
+    }
+    seqs = [e["seq"] for e in events if e["kind"] != "alert"]
+    assert len(seqs) == len(set(seqs)), "no event recorded twice"
+
+
+def test_record_unreachable_target_is_one_line(tmp_path: Path) -> None:
+    res = torchscope(
+        "record",
+        "ipc://" + str(tmp_path / "nobody.control"),
+        "-o",
+        "x.tsc",
+        "--timeout",
+        "0.3",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.tsc").exists()

@@ -108,3 +108,62 @@ def test_nan_in_backward_of_a_finite_forward():
     (alert,) = tr.alerts
     assert (alert.what, alert.where, alert.name) == ("nan", "backward", "SqrtBackward0")
     assert alert.source == line_of(f, "torch.sqrt")
+
+
+def test_nan_written_into_a_weight_by_the_optimizer_is_reported_once_by_name():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=1e38)  # the update overflows: Inf, then NaN
+    with torchscope.trace() as tr:
+        for _ in range(4):
+            opt.zero_grad()
+            model(torch.randn(3, 4) * 1e3).pow(2).mean().backward()
+            opt.step()
+    inputs = [a for a in tr.alerts if a.where == "input"]
+    assert inputs, tr.alerts
+    names = [a.name for a in inputs]
+    assert len(names) == len(set(names)), "a bad weight is reported once, not every step"
+    assert all(n.startswith("parameter ") for n in names)
+    params = {n for n, _ in model.named_parameters()}
+    assert {n.removeprefix("parameter ") for n in names} <= params
+    first = inputs[0]
+    op = next(o for o in tr.ops if o.seq == first.event_seq)
+    bad = [s for s in op.inputs if s.get("param") == first.name.removeprefix("parameter ")]
+    assert bad and (bad[0]["stats"]["nan"] or bad[0]["stats"]["inf"])
+
+
+def test_nan_in_the_input_data_is_reported_at_its_first_use():
+    model = nn.Linear(3, 1)
+    x = torch.tensor([[1.0, float("nan"), 2.0]])
+    with torchscope.trace() as tr:
+        model(x).sum().backward()
+    (alert,) = [a for a in tr.alerts if a.where == "input"]
+    assert alert.what == "nan" and "input 0 of torch.nn.functional.linear" in alert.name
+    assert [a for a in tr.alerts if a.where == "forward"] == []
+
+
+class MaskedAttention(nn.Module):
+    def __init__(self, mask_everything: bool) -> None:
+        super().__init__()
+        self.mask_everything = mask_everything
+
+    def forward(self, scores):
+        mask = torch.ones_like(scores, dtype=torch.bool).triu(1)
+        if self.mask_everything:
+            mask[0] = True
+        masked = scores.masked_fill(mask, float("-inf"))
+        return torch.softmax(masked, dim=-1)  # a fully masked row: NaN
+
+
+@pytest.mark.parametrize("mask_everything", [False, True])
+def test_intentional_inf_mask_is_not_an_alert_but_a_fully_masked_row_is(mask_everything):
+    attn = MaskedAttention(mask_everything)
+    with torchscope.trace() as tr:
+        attn(torch.randn(3, 3))
+    forward = [a for a in tr.alerts if a.where == "forward"]
+    if not mask_everything:
+        assert forward == []
+    else:
+        (alert,) = forward
+        assert alert.what == "nan" and alert.name == "torch.softmax"
+        assert alert.source == line_of(MaskedAttention.forward, "torch.softmax")

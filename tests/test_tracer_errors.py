@@ -49,7 +49,7 @@ def error_lines(err: str) -> list[str]:
         (ModuleTracker, "current", ["forward op (after)"]),
         # torch.randn has no tensor inputs: its first failure is on its output
         (Summarizer, "summarize", ["forward op (after)", "forward op (before)", "backward hook"]),
-        (ModuleTracker, "param_name", ["installing backward hooks"]),
+        (ModuleTracker, "param_name", ["forward op (before)", "installing backward hooks"]),
         (alerts, "_bad_kind", ["resolving summaries"]),
     ],
     ids=["module-current", "summarize", "param-name", "alerts"],
@@ -57,7 +57,7 @@ def error_lines(err: str) -> list[str]:
 def test_internal_error_is_reported_once_and_harmless(monkeypatch, capfd, target, name, where):
     ref_losses, ref_params, _ = train(trace=False)
     if target is alerts:
-        monkeypatch.setattr(pipeline, "origin_alert", boom)
+        monkeypatch.setattr(pipeline.AlertDetector, "check", boom)
     else:
         monkeypatch.setattr(target, name, boom)
     losses, params, tr = train()
@@ -84,7 +84,7 @@ def test_failed_hook_install_leaves_no_hooks_behind(monkeypatch):
         out.backward(retain_graph=True)
         out.backward()
     assert tr.grads == [] and tr.graphs == []
-    assert [e.where for e in tr.errors] == ["installing backward hooks"]
+    assert [e.where for e in tr.errors] == ["forward op (before)", "installing backward hooks"]
     assert torch.allclose(x.grad, 2 * 3 * (x * 3).exp().detach())
 
 

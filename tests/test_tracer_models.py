@@ -228,7 +228,7 @@ def test_foreach_optimizer_ops_are_named_as_torch_functions():
     opt = torch.optim.Adam(model.parameters(), foreach=True)
     model(torch.randn(2, 8)).sum().backward()
     before = [p.detach().clone() for p in model.parameters()]
-    with torchscope.trace() as tr:
+    with torchscope.trace(optimizer_ops=True) as tr:
         opt.step()
     names = {o.name for o in tr.ops}
     assert {"torch._foreach_add_", "torch._foreach_addcdiv_"} <= names

@@ -22,7 +22,9 @@ def summarize(t: torch.Tensor, values: int = 16) -> dict:
     assert tr.errors == []
     (op,) = tr.ops
     assert op.name == "Tensor.detach"
-    return op.inputs[0]
+    summary = dict(op.inputs[0])
+    assert summary.pop("external") is True  # no traced op made it
+    return summary
 
 
 def check_stats(s: dict, ref: torch.Tensor) -> None:
@@ -210,3 +212,35 @@ def test_memo_sees_in_place_changes():
     assert tr.ops[3].inputs[0]["values"] == [5.0] * 3
     assert tr.ops[5].inputs[0]["values"] == [10.0] * 3  # a new step forgets old summaries
     assert (b + c + d).tolist() == [18.0] * 3
+
+
+def test_batched_path_gives_the_same_summaries_as_reading_at_once():
+    """CUDA tensors always take the batched path (stack, async copy, resolve later); on a
+    machine without a GPU ``host_now=False`` sends host tensors the same way."""
+    from torchscope.tracer.summary import SealedBatch, Summarizer
+
+    torch.manual_seed(0)
+    tensors = [
+        torch.randn(64, 32),
+        torch.randn(32, 64).t(),
+        torch.tensor([1.0, float("nan"), float("inf"), -2.0]),
+        torch.arange(10),
+        torch.tensor([True, False, True]),
+        1 + 1e-4 * torch.randn(1000, dtype=torch.float64),
+        torch.randn(5, dtype=torch.complex64),
+    ]
+    now = Summarizer(host_now=True)
+    later = Summarizer(host_now=False)
+    expected = [now.summarize(t) for t in tensors]
+    pending = [later.summarize(t) for t in tensors]
+    assert all(s["stats"] == {} for s in pending)  # nothing read yet
+    sealed = SealedBatch(later.take_batch())
+    assert sealed.ready()
+    sealed.resolve()
+    for got, want in zip(pending, expected, strict=True):
+        assert got.keys() == want.keys()
+        for key, value in want["stats"].items():
+            # float32 sums in another order (x - min there): equal to float32 precision
+            tol = 1e-9 if want["dtype"] == "float64" else 2e-5
+            assert got["stats"][key] == pytest.approx(value, nan_ok=True, rel=tol, abs=tol), key
+        assert got.get("values") == pytest.approx(want.get("values"), nan_ok=True)

@@ -23,6 +23,7 @@ def trace(
     values: int = 16,
     keep: bool | int = True,
     optimizer_steps: bool = True,
+    optimizer_ops: bool = False,
 ) -> Tracer:
     """Trace the code in a ``with`` block on this thread.
 
@@ -31,10 +32,20 @@ def trace(
     values: tensors with at most this many elements keep their values in the summary.
     keep: keep events in memory (``tr.ops``, ``tr.grads``); an int keeps only the newest N.
     optimizer_steps: advance the step index at every ``optimizer.step()``.
+    optimizer_ops: also trace the ops inside ``optimizer.step()`` (off by default: they are
+        many and rarely what you look for; a NaN the update writes into a weight is still
+        reported, at the weight's next use).
     """
     from torchscope.tracer.session import Tracer
 
-    return Tracer(record, steps=steps, values=values, keep=keep, optimizer_steps=optimizer_steps)
+    return Tracer(
+        record,
+        steps=steps,
+        values=values,
+        keep=keep,
+        optimizer_steps=optimizer_steps,
+        optimizer_ops=optimizer_ops,
+    )
 
 
 def step() -> None:

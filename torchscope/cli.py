@@ -32,8 +32,8 @@ class _Parser(argparse.ArgumentParser):
 
 # -- run -------------------------------------------------------------------------------------
 RUN_USAGE = """\
-usage: torchscope run [--record FILE] [--steps SPEC] [--values N] [--quiet]
-                      (SCRIPT | -m MODULE) [ARGS ...]
+usage: torchscope run [--record FILE] [--steps SPEC] [--values N] [--no-live]
+                      [--optimizer-ops] [--quiet] (SCRIPT | -m MODULE) [ARGS ...]
 
 Run a Python script (or module, like `python -m`) with every forward op and backward node
 traced. Options must come before the script; everything after it goes to the script.
@@ -41,6 +41,8 @@ traced. Options must come before the script; everything after it goes to the scr
   --record FILE   write a trace file (replay it with `torchscope dump FILE`)
   --steps SPEC    steps to trace: N, A-B, A-, every:N, or a comma list (default: all)
   --values N      keep the values of tensors with at most N elements (default 16)
+  --no-live       do not stream to UIs (`torchscope tui` finds live sessions)
+  --optimizer-ops also trace the ops inside optimizer.step()
   --quiet         no torchscope lines on stderr
 """
 
@@ -51,6 +53,8 @@ class RunOptions:
     steps: str | None = None
     values: int = 16
     quiet: bool = False
+    live: bool = True
+    optimizer_ops: bool = False
     module: str | None = None
     script: str | None = None
     args: list[str] = field(default_factory=list)
@@ -83,6 +87,10 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
                 return opts
         elif tok == "--quiet":
             opts.quiet = True
+        elif tok == "--no-live":
+            opts.live = False
+        elif tok == "--optimizer-ops":
+            opts.optimizer_ops = True
         elif tok in ("-h", "--help"):
             print(RUN_USAGE, end="")
             raise SystemExit(0)
@@ -119,6 +127,8 @@ def cmd_run(opts: RunOptions) -> int:
         steps=opts.steps,
         values=opts.values,
         keep=False,
+        live=opts.live,
+        optimizer_ops=opts.optimizer_ops,
         metadata={
             "script": script or opts.module,
             "argv": [opts.script or opts.module, *opts.args],
@@ -136,6 +146,8 @@ def cmd_run(opts: RunOptions) -> int:
         raise UsageError(str(exc)) from None
     if not opts.quiet:
         where = f", recording to {opts.record}" if opts.record else ""
+        if tracer.publisher is not None:
+            where += f"; live: torchscope tui {os.getpid()}"
         print(f"torchscope: tracing {target} (steps: {tracer.steps.text}){where}", file=sys.stderr)
     code = 0
     try:
@@ -219,6 +231,113 @@ def cmd_dump(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- ls, record ------------------------------------------------------------------------------
+def cmd_ls(args: argparse.Namespace) -> int:
+    """Live sessions on this machine; each is asked for its step (briefly)."""
+    import datetime
+
+    from torchscope.protocol import endpoints as ep
+    from torchscope.protocol.client import SessionClient, SessionRefused, SessionUnreachable
+
+    try:
+        records = ep.list_sessions()
+    except ep.EndpointError as exc:
+        return _fail(str(exc))
+    if not records:
+        print("no running torchscope sessions (start one with `torchscope run SCRIPT`)")
+        return 0
+    print(f"{'PID':>7} {'RANK':>4} {'STEP':>6} {'STARTED':<19} {'SCRIPT':<28} ENDPOINTS")
+    for rec in records:
+        step = "?"
+        try:
+            with SessionClient() as client:
+                hello = client.connect(rec, timeout=args.timeout)
+                step = str(hello.get("step"))
+        except (SessionUnreachable, SessionRefused, ep.EndpointError):
+            pass
+        started = datetime.datetime.fromtimestamp(rec.started).strftime("%Y-%m-%d %H:%M:%S")
+        rank = "-" if rec.rank is None else str(rec.rank)
+        script = os.path.basename(rec.script or "") or "?"
+        print(
+            f"{rec.pid:>7} {rank:>4} {step:>6} {started:<19} {script:<28} "
+            f"events {rec.events}  control {rec.control}"
+        )
+    return 0
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    """Capture a live session into a trace file, headless, with a progress line."""
+    from torchscope.protocol import endpoints as ep
+    from torchscope.protocol.client import SessionClient, SessionRefused, SessionUnreachable
+    from torchscope.protocol.events import STEP
+    from torchscope.protocol.tracefile import TraceFileError, TraceWriter
+
+    client = SessionClient()
+    try:
+        client.connect(ep.resolve(args.target), timeout=args.timeout)
+        snap = client.snapshot(args.snapshot)
+    except (SessionUnreachable, SessionRefused, ep.EndpointError) as exc:
+        client.close()
+        return _fail(str(exc))
+    session = snap.get("session") or {}
+    try:
+        writer = TraceWriter(args.output, metadata={"session": session, "recorded_live": True})
+    except TraceFileError as exc:
+        client.close()
+        return _fail(str(exc))
+    progress = _Progress(enabled=not args.quiet)
+    steps = set()
+    written = 0
+    try:
+        events = snap.get("events") or []
+        while True:
+            if events:
+                writer.write(events)
+                written += len(events)
+                steps.update(e["step"] for e in events if e.get("kind") == STEP)
+                progress.show(
+                    f"recording pid {session.get('pid', '?')}: {written} events, "
+                    f"{len(steps)} traced steps, step {client.step}, {client.dropped} dropped"
+                )
+            if client.ended or not client.alive:
+                break
+            events = client.recv_events(200)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        writer.close()
+        client.close()
+    progress.done(
+        f"torchscope: {written} events written to {args.output}"
+        + ("" if client.ended else " (stopped before the job ended)")
+    )
+    return 0
+
+
+class _Progress:
+    """One status line on stderr, rewritten in place at most ~10 times a second."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        import time
+
+        self._clock = time.monotonic
+        self.enabled = enabled and sys.stderr.isatty()
+        self._last = 0.0
+        self._shown = False
+
+    def show(self, text: str) -> None:
+        if self.enabled and self._clock() - self._last >= 0.1:
+            self._last = self._clock()
+            sys.stderr.write("\r\033[K" + text)
+            sys.stderr.flush()
+            self._shown = True
+
+    def done(self, text: str) -> None:
+        if self._shown:
+            sys.stderr.write("\r\033[K")
+        print(text, file=sys.stderr)
+
+
 # -- entry point -----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="torchscope", description="Live step-through debugger for PyTorch.")
@@ -232,6 +351,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--kind", action="append", choices=KINDS, help="only events of this kind (repeatable)"
     )
     dump.add_argument("--step", type=int, help="only events of this step")
+    ls = sub.add_parser("ls", help="list live torchscope sessions on this machine")
+    ls.add_argument("--timeout", type=float, default=0.5, help="seconds to wait for each session")
+    record = sub.add_parser("record", help="record a live session into a trace file")
+    record.add_argument("target", nargs="?", help="pid or control endpoint (default: the only one)")
+    record.add_argument("-o", "--output", required=True, help="trace file to write")
+    record.add_argument("--snapshot", type=int, default=10_000, help="recent events to start with")
+    record.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the job")
+    record.add_argument("--quiet", action="store_true", help="no progress line")
     return parser
 
 
@@ -243,6 +370,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command == "dump":
             return cmd_dump(args)
+        if args.command == "ls":
+            return cmd_ls(args)
+        if args.command == "record":
+            return cmd_record(args)
         build_parser().print_help()
         return 0 if not argv else 2
     except UsageError as exc:

@@ -1,78 +1,149 @@
-"""Where NaN/Inf first appears: an op or node whose inputs are finite but whose outputs are not.
+"""Where NaN/Inf first appears, judged on resolved events (plain numbers).
 
-Runs on resolved events (plain numbers), off the training thread. Every op downstream of the
-origin also has non-finite outputs, but its inputs are not finite, so it is not reported.
+- An op or node whose inputs are all finite but whose outputs are not is where that NaN/Inf
+  first appears.
+- An Inf made on purpose (a call given an infinite scalar, like the ``masked_fill(mask,
+  -inf)`` of causal attention) is not an alert, and its outputs count as finite for the ops
+  that use them: a fully masked row turning into NaN in ``softmax`` is reported there.
+- A non-finite tensor that enters from outside the traced ops (input data, a parameter the
+  optimizer wrote) is reported at its first use.
+
+Every op downstream of an origin also has non-finite outputs, but its inputs are not finite
+either, so it is not reported.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from torchscope.protocol.events import ALERT, GRAD, OP, Event
-from torchscope.tracer.summary import is_finite
+from torchscope.protocol.events import ALERT, GRAD, OP, STEP, Event
 
 
-def _bad_kind(summaries: list) -> str | None:
-    """'nan' or 'inf' when any summary holds one (NaN wins), else None."""
+INF_INTENDED = "inf_intended"  # summary flag: its Infs come from an infinite scalar argument
+
+
+def _bad(summary: dict | None) -> str | None:
+    """'nan', 'inf' or None for one summary (a summary without stats is never blamed)."""
+    stats = summary.get("stats") if summary else None
+    if not stats or "nan" not in stats:
+        return None
+    if stats["nan"]:
+        return "nan"
+    if stats["inf"] and not summary.get(INF_INTENDED):  # type: ignore[union-attr]
+        return "inf"
+    return None
+
+
+def _worst(summaries: list) -> str | None:
     kind = None
     for s in summaries:
-        stats = s.get("stats") if s else None
-        if stats and "nan" in stats:
-            if stats["nan"]:
-                return "nan"
-            if stats["inf"]:
-                kind = "inf"
+        bad = _bad(s)
+        if bad == "nan":
+            return "nan"
+        kind = kind or bad
     return kind
 
 
-def _all_finite(summaries: list) -> bool:
-    # A summary without stats (subclass, sparse, ...) cannot be blamed: count it as finite.
-    return all(is_finite(s) is not False for s in summaries)
-
-
-def origin_alert(
-    event: Event, next_seq: Callable[[], int], tainted: set[int] | None = None
-) -> Event | None:
-    """An alert event when ``event`` is where a NaN/Inf originates, else None.
-
-    ``tainted`` collects the seqs of forward ops that saw a NaN/Inf (in or out). A backward
-    node made by such an op computes from those saved values: its NaN is the forward one
-    arriving, not a new origin, so it is not reported (nor, step after step, once the
-    weights are NaN).
-    """
-    kind = event["kind"]
+def _sides(event: dict) -> tuple[list, list] | None:
+    """(inputs, outputs) of an op; for a node, what arrives and what it sends on."""
+    kind = event.get("kind")
     if kind == OP:
-        ins, outs = event["inputs"], event["outputs"]
-        where, label = "forward", event["name"]
-    elif kind == GRAD:
-        if tainted and event.get("op_seq") in tainted:
-            return None
-        ins, outs = event["grad_outputs"], event["grad_inputs"]
-        where, label = "backward", event["node"]
-    else:
+        return event.get("inputs") or [], event.get("outputs") or []
+    if kind == GRAD:
+        return event.get("grad_outputs") or [], event.get("grad_inputs") or []
+    return None
+
+
+def origin_kind(event: dict) -> str | None:
+    """'nan' or 'inf' when this op or node is where that value first appears, else None."""
+    sides = _sides(event)
+    if sides is None:
         return None
-    bad = _bad_kind(outs)
-    if bad is None:
-        if tainted is not None and kind == OP and not _all_finite(ins):
-            tainted.add(event["seq"])
+    ins, outs = sides
+    out_bad = _worst(outs)
+    if out_bad is None or _worst(ins) is not None:
         return None
-    if tainted is not None and kind == OP:
-        tainted.add(event["seq"])
-    if not _all_finite(ins):
+    if out_bad == "inf" and event.get("inf_arg"):
         return None
-    source = event.get("source")
-    at = f" at {source}" if source else ""
-    noun = "NaN" if bad == "nan" else "Inf"
-    return Event(
-        kind=ALERT,
-        seq=next_seq(),
-        step=event["step"],
-        what=bad,
-        where=where,
-        event_seq=event["seq"],
-        name=label,
-        module=event.get("module", ""),
-        source=source,
-        node_id=event.get("node_id"),
-        message=f"{noun} first appears in {label} ({where}){at}",
-    )
+    return out_bad
+
+
+class AlertDetector:
+    """Checks each resolved event in order; keeps a little state per step."""
+
+    def __init__(self, next_seq: Callable[[], int]) -> None:
+        self.next_seq = next_seq
+        # Forward ops that saw NaN/Inf this step (in or out). A backward node made by one
+        # computes from those saved values: its NaN is the forward one arriving, not a new
+        # origin (nor, step after step, once the weights are NaN).
+        self._tainted: set[int] = set()
+        self._reported_inputs: set[int] = set()  # ids of external summaries, this step
+        self._reported_params: set[str] = set()  # a NaN weight stays NaN: say it once
+
+    def check(self, event: Event) -> list[Event]:
+        kind = event["kind"]
+        if kind == STEP:
+            self._tainted.clear()
+            self._reported_inputs.clear()
+            return []
+        if kind == OP:
+            alerts = self._external_inputs(event)
+            sides = _sides(event)
+            assert sides is not None
+            if event.get("inf_arg") and _worst(sides[0]) is None:
+                for s in sides[1]:
+                    if _bad(s) == "inf":
+                        s[INF_INTENDED] = True
+            if _worst(sides[0]) or _worst(sides[1]):
+                self._tainted.add(event["seq"])
+            what = origin_kind(event)
+            if what is not None:
+                alerts.append(self._alert(event, what, "forward", event["name"]))
+            return alerts
+        if kind == GRAD:
+            if event.get("op_seq") in self._tainted:
+                return []
+            what = origin_kind(event)
+            if what is not None:
+                return [self._alert(event, what, "backward", event["node"])]
+        return []
+
+    def _external_inputs(self, event: Event) -> list[Event]:
+        out = []
+        for i, s in enumerate(event.get("inputs") or []):
+            if not s or not s.get("external"):
+                continue
+            what = _bad(s)
+            if what is None or id(s) in self._reported_inputs:
+                continue
+            self._reported_inputs.add(id(s))
+            param = s.get("param")
+            if param is not None:
+                if param in self._reported_params:
+                    continue
+                self._reported_params.add(param)
+                label = f"parameter {param}"
+            else:
+                label = f"input {i} of {event['name']} (from outside the traced ops)"
+            out.append(self._alert(event, what, "input", label))
+        return out
+
+    def _alert(self, event: Event, what: str, where: str, label: str) -> Event:
+        source = event.get("source")
+        at = f" at {source}" if source else ""
+        noun = "NaN" if what == "nan" else "Inf"
+        verb = "enters as" if where == "input" else "first appears in"
+        return Event(
+            kind=ALERT,
+            seq=self.next_seq(),
+            step=event["step"],
+            what=what,
+            where=where,
+            event_seq=event["seq"],
+            name=label,
+            module=event.get("module", ""),
+            source=source,
+            node_id=event.get("node_id"),
+            param=event.get("param"),
+            message=f"{noun} {verb} {label} ({where}){at}",
+        )

@@ -88,7 +88,7 @@ class ForwardMode(TorchFunctionMode):
         result = func(*args, **kwargs)
         if pending is not None:
             try:
-                tracer.after_op(pending, args, result)
+                tracer.after_op(pending, args, kwargs, result)
             except Exception as exc:
                 tracer.report_error("forward op (after)", exc)
         return result

@@ -17,8 +17,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from torchscope.protocol.events import STEP, Event
-from torchscope.tracer.alerts import origin_alert
+from torchscope.protocol.events import Event
+from torchscope.tracer.alerts import AlertDetector
 from torchscope.tracer.summary import SealedBatch, Summarizer
 
 Sink = Callable[[list[Event]], None]
@@ -49,7 +49,7 @@ class EventPipeline:
         self._events: list[Event] = []
         self._sealed: deque[tuple[list[Event], SealedBatch | None]] = deque()
         self.last_flush = time.monotonic()
-        self._tainted: set[int] = set()  # forward ops that saw NaN/Inf, this step (see alerts)
+        self.alerts = AlertDetector(next_seq)
         self._closing = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="torchscope-flush", daemon=True)
         self._watchdog.start()
@@ -105,11 +105,7 @@ class EventPipeline:
         out: list[Event] = []
         for ev in events:
             out.append(ev)
-            if ev["kind"] == STEP:
-                self._tainted.clear()
-            alert = origin_alert(ev, self.next_seq, self._tainted)
-            if alert is not None:
-                out.append(alert)
+            out.extend(self.alerts.check(ev))
         return out
 
     def _watch(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import socket
 import sys
@@ -14,7 +15,10 @@ from typing import Any
 
 import torch
 from torch._C._autograd import _get_sequence_nr
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
 from torchscope.protocol.codec import PROTOCOL_VERSION
 from torchscope.protocol.events import ERROR, GRAD, GRAPH, OP, SESSION, STEP, Event, Trace
@@ -60,12 +64,17 @@ class Tracer:
         values: int = 16,
         keep: bool | int = True,
         optimizer_steps: bool = True,
+        optimizer_ops: bool = False,
+        live: bool | None = None,
         metadata: dict[str, Any] | None = None,
         sinks: list[Sink] = (),  # type: ignore[assignment]
     ) -> None:
         self.steps = parse_steps(steps)
         self.record = os.fspath(record) if record is not None else None
         self.optimizer_steps = optimizer_steps
+        self.optimizer_ops = optimizer_ops
+        self.live = os.environ.get("TORCHSCOPE_LIVE") == "1" if live is None else live
+        self.publisher: Any = None
         self.metadata = dict(metadata or {})
         max_events = None if keep is True else (int(keep) if keep else 0)
         self.trace = Trace()
@@ -86,6 +95,7 @@ class Tracer:
         self._owner = threading.get_ident()
         self._mode_pushed = False
         self._optimizer_hook: Any = None
+        self._optimizer_pre_hook: Any = None
         self._writer: Any = None
         self._extra_sinks = list(sinks)
         self.pipeline: EventPipeline | None = None
@@ -110,6 +120,8 @@ class Tracer:
 
             self._writer = TraceWriter(self.record, metadata={"session": dict(session)})
             sinks.append(self._writer.write)
+        if self.live:
+            self._start_publisher(session, sinks)
         self.pipeline = EventPipeline(
             self.summarizer, sinks, self.next_seq, on_error=self.report_error, on_idle=self._tick
         )
@@ -120,8 +132,23 @@ class Tracer:
             self.pipeline.add(session)
         if self.optimizer_steps:
             self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        if not self.optimizer_ops:
+            self._optimizer_pre_hook = register_optimizer_step_pre_hook(self._before_optimizer_step)
         self._begin_step()
         return self
+
+    def _start_publisher(self, session: Event, sinks: list[Sink]) -> None:
+        """Stream events to UIs; a job whose live view cannot start still runs, traced."""
+        from torchscope.tracer.publisher import EventPublisher  # pyzmq only when live
+
+        try:
+            self.publisher = EventPublisher(session, sndhwm=100).start()
+        except Exception as exc:  # unsafe runtime dir, bad TORCHSCOPE_BIND, bind failure
+            print(f"torchscope: live view disabled: {exc}", file=sys.stderr)
+            self.publisher = None
+            return
+        self.publisher.note_step(self.step_index)
+        sinks.append(self.publisher)
 
     def _start_nested(self, outer: Tracer) -> Tracer:
         """``trace()`` inside a traced run (``torchscope run`` of a script that calls it):
@@ -164,15 +191,19 @@ class Tracer:
             return
         try:
             self._set_active(False)
-            if self._optimizer_hook is not None:
-                self._optimizer_hook.remove()
-                self._optimizer_hook = None
+            for hook in (self._optimizer_hook, self._optimizer_pre_hook):
+                if hook is not None:
+                    hook.remove()
+            self._optimizer_hook = self._optimizer_pre_hook = None
             self.modules.remove()
             assert self.pipeline is not None
             self.pipeline.close()
             if self._writer is not None:
                 self._writer.close()
         finally:
+            if self.publisher is not None:
+                self.publisher.close()  # after the pipeline: the last events go before "bye"
+                self.publisher = None
             _current = None
 
     def __enter__(self) -> Tracer:
@@ -210,6 +241,13 @@ class Tracer:
         return self.trace.grads_of(node)
 
     # -- steps -----------------------------------------------------------------------------
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # The update's own ops (one or more per parameter) are not the model's ops; skipping
+        # them halves a small model's cost. A NaN the update writes into a weight is still
+        # caught: it shows up as a non-finite parameter at its first use (an input alert).
+        if threading.get_ident() == self._owner:
+            self.mode.enabled = False
+
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # The hook is global: an optimizer stepping on another thread is not this run's step.
         if threading.get_ident() == self._owner:
@@ -226,6 +264,8 @@ class Tracer:
             # numpy bypasses the version counter the memo trusts within a step.
             self.memo.clear()
             self.step_index += 1
+            if self.publisher is not None:
+                self.publisher.note_step(self.step_index)  # untraced steps show progress too
             self._begin_step()
         except Exception as exc:
             self.report_error("advancing the step", exc)
@@ -345,18 +385,31 @@ class Tracer:
             memo.put(t, s)
         return s
 
+    def input_summary(self, t: torch.Tensor) -> dict:
+        """Summary of an op's input; one no traced op produced is marked ``external`` (input
+        data, a parameter) and named when it is a parameter, for the input alerts."""
+        s = self.memo.get(t)
+        if s is None:
+            s = self.summarizer.summarize(t)
+            s["external"] = True
+            param = self.modules.param_name(t)
+            if param is not None:
+                s["param"] = param
+            self.memo.put(t, s)
+        return s
+
     def before_op(self, name: str, args: tuple, kwargs: dict) -> tuple:
         grad_was = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
             with self.pipeline.lock:  # type: ignore[union-attr]
                 tensors = list(iter_tensors(args, kwargs))
-                inputs = [self.summary_of(t) for t in tensors]
+                inputs = [self.input_summary(t) for t in tensors]
         finally:
             torch._C._set_grad_enabled(grad_was)
         return name, tensors, inputs, _get_sequence_nr(), time.perf_counter_ns()
 
-    def after_op(self, pending: tuple, args: tuple, result: Any) -> None:
+    def after_op(self, pending: tuple, args: tuple, kwargs: dict, result: Any) -> None:
         name, in_tensors, inputs, seq_lo, t0 = pending
         t1 = time.perf_counter_ns()
         outs = result_tensors(result)
@@ -377,30 +430,31 @@ class Tracer:
                 if gf is not None:
                     self._tag_nodes(gf, seq_lo, seq_hi, seq, source, nodes)
         gf0 = outs[0].grad_fn
+        event = Event(
+            kind=OP,
+            seq=seq,
+            step=self.step_index,
+            name=name,
+            module=self.modules.current(),
+            source=source,
+            function=frame[2] if frame else None,
+            inputs=inputs,
+            outputs=None,
+            grad_fn=node_name(gf0) if gf0 is not None else None,
+            nodes=nodes,
+            duration_us=(t1 - t0) / 1000,
+            thread=_thread_name(),
+        )
+        if _has_inf_scalar(args, kwargs):
+            event["inf_arg"] = True  # an Inf it makes is on purpose (masked_fill(m, -inf))
         grad_was = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
             with self.pipeline.lock:  # type: ignore[union-attr]
                 # A view's output shares its input's stats when the input is unchanged (the
                 # memo checks its version); an in-place op's output is summarised afresh.
-                outputs = [self.summary_of(t, in_tensors) for t in outs]
-                self.pipeline.add(  # type: ignore[union-attr]
-                    Event(
-                        kind=OP,
-                        seq=seq,
-                        step=self.step_index,
-                        name=name,
-                        module=self.modules.current(),
-                        source=source,
-                        function=frame[2] if frame else None,
-                        inputs=inputs,
-                        outputs=outputs,
-                        grad_fn=node_name(gf0) if gf0 is not None else None,
-                        nodes=nodes,
-                        duration_us=(t1 - t0) / 1000,
-                        thread=_thread_name(),
-                    )
-                )
+                event["outputs"] = [self.summary_of(t, in_tensors) for t in outs]
+                self.pipeline.add(event)  # type: ignore[union-attr]
         finally:
             torch._C._set_grad_enabled(grad_was)
 
@@ -491,6 +545,16 @@ class Tracer:
                 torch._C._set_grad_enabled(grad_was)
         except Exception as exc:
             self.report_error("backward hook", exc)
+
+
+def _has_inf_scalar(args: tuple, kwargs: dict) -> bool:
+    for a in args:
+        if type(a) is float and (a == math.inf or a == -math.inf):
+            return True
+    for a in kwargs.values():
+        if type(a) is float and (a == math.inf or a == -math.inf):
+            return True
+    return False
 
 
 _thread_names: dict[int, str] = {}

@@ -112,8 +112,11 @@ class PendingBatch:
 class Summarizer:
     """Builds summary dicts for tensors, queueing their numbers in the current batch."""
 
-    def __init__(self, value_limit: int = 16) -> None:
+    def __init__(self, value_limit: int = 16, *, host_now: bool = True) -> None:
         self.value_limit = value_limit
+        # False sends host tensors through the batched path too (how CUDA tensors always go):
+        # tests use it to cover that path on machines without a GPU.
+        self.host_now = host_now
         self.batch = PendingBatch()
 
     def summarize(self, t: torch.Tensor) -> dict[str, Any]:
@@ -160,25 +163,30 @@ class Summarizer:
         x = _dense_view(x)
         batch = self.batch
         mn, mx = torch.aminmax(x)
-        # Moments of x - min: one pass each, and no catastrophic cancellation when the spread
-        # is tiny next to the mean (LayerNorm weights near 1) or the values huge (1e20
-        # squared overflows float32; the host recombines in float64, see _moments).
-        shifted = (x - mn).reshape(-1)
-        total = shifted.sum()
-        dtype = shifted.dtype
-        scalars = batch.scalars.get(dtype)
-        if scalars is None:
-            scalars = batch.scalars[dtype] = []
-        at = len(scalars)
-        scalars += (mn, mx, total, torch.dot(shifted, shifted))
-        counts: Any
-        if x.device.type == "cpu":
-            # Reading a host scalar costs no sync; a finite sum proves there is no NaN or Inf,
-            # so the (slow) counting kernels run only for tensors that need them.
-            counts = (0, 0) if math.isfinite(total.item()) else _count_bad(x)
+        if self.host_now and x.device.type == "cpu":
+            # Host memory: reading numbers costs no sync, so they are read at once (cheaper
+            # than stacking them for a batched copy) and the rare hard case gets a second pass.
+            summary["stats"].update(_host_moments(x, numel, mn.item(), mx.item()))
+            at, counts = -1, None
         else:
-            counts = len(batch.counts)
-            batch.counts.append(torch.stack((x.isnan().sum(), x.isinf().sum())))
+            # Moments of x - min: no catastrophic cancellation when the spread is tiny next to
+            # the mean (LayerNorm weights near 1) or the values huge (1e20 squared overflows
+            # float32); the host recombines them in float64 (see _moments).
+            shifted = (x - mn).reshape(-1)
+            total = shifted.sum()
+            scalars = batch.scalars.get(shifted.dtype)
+            if scalars is None:
+                scalars = batch.scalars[shifted.dtype] = []
+            at = len(scalars)
+            scalars += (mn, mx, total, torch.dot(shifted, shifted))
+            if x.device.type == "cpu":
+                # A finite sum proves there is no NaN or Inf, so the (slow) counting kernels
+                # run only for tensors that need them.
+                counts = (0, 0) if math.isfinite(total.item()) else _count_bad(x)
+            else:
+                counts = len(batch.counts)
+                batch.counts.append(torch.stack((x.isnan().sum(), x.isinf().sum())))
+        dtype = x.dtype
         value_at = None
         int_values = False
         if numel <= self.value_limit:
@@ -205,7 +213,8 @@ class Summarizer:
                 batch.values.setdefault(vdt, []).append(vals)
                 batch.value_len[vdt] = vat + vals.numel()
                 value_at = (vdt, vat, vals.numel())
-        batch.entries.append((summary, numel, dtype, at, counts, value_at, int_values))
+        if at >= 0 or value_at is not None:
+            batch.entries.append((summary, numel, dtype, at, counts, value_at, int_values))
 
     def alias_summary(self, t: torch.Tensor, base: torch.Tensor, base_summary: dict) -> dict | None:
         """A summary of ``t`` that shares ``base_summary``'s stats when both tensors are, right
@@ -234,6 +243,29 @@ class Summarizer:
     def take_batch(self) -> PendingBatch:
         batch, self.batch = self.batch, PendingBatch()
         return batch
+
+
+def _host_moments(x: torch.Tensor, n: int, mn: float, mx: float) -> dict[str, Any]:
+    """Stats of a host tensor: plain sums first, shifted sums when those would cancel."""
+    flat = x.reshape(-1)
+    total, sq = flat.sum().item(), torch.dot(flat, flat).item()
+    if not math.isfinite(total):
+        return _moments(n, mn, mx, math.nan, math.nan, *_count_bad(x))
+    # float32 sums carry ~7 digits; if the variance is under 1e-4 of the mean square, most of
+    # them cancel, so sum x - min instead (its spread is the data's spread).
+    if not math.isfinite(sq) or (sq - total * total / n) < 1e-4 * sq:
+        shifted = (flat - mn).reshape(-1)
+        return _moments(n, mn, mx, shifted.sum().item(), torch.dot(shifted, shifted).item(), 0, 0)
+    mean = total / n
+    return {
+        "min": mn,
+        "max": mx,
+        "mean": mean,
+        "std": math.sqrt(max(sq - total * mean, 0.0) / (n - 1)) if n > 1 else 0.0,
+        "norm": math.sqrt(sq),
+        "nan": 0,
+        "inf": 0,
+    }
 
 
 def _count_bad(x: torch.Tensor) -> tuple[int, int]:
@@ -275,9 +307,10 @@ class SealedBatch:
         values = {dt: t.tolist() for dt, t in self.values.items()}
         counts = self.counts.tolist() if self.counts is not None else []
         for summary, numel, dt, i, bad, value_at, int_values in self.entries:
-            mn, mx, total, sq = scalars[dt][i : i + 4]
-            nan, inf = bad if isinstance(bad, tuple) else counts[bad]
-            summary["stats"].update(_moments(numel, mn, mx, total, sq, nan, inf))
+            if i >= 0:  # else the stats were read at once
+                mn, mx, total, sq = scalars[dt][i : i + 4]
+                nan, inf = bad if isinstance(bad, tuple) else counts[bad]
+                summary["stats"].update(_moments(numel, mn, mx, total, sq, nan, inf))
             if value_at is not None:
                 vdt, at, n = value_at
                 vals = values[vdt][at : at + n]

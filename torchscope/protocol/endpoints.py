@@ -1,0 +1,507 @@
+"""Where a traced job listens, and how a UI finds it.
+
+Each traced process binds two ZeroMQ sockets (events PUB, control ROUTER) and writes a small
+JSON record into a per-user registry, ``<runtime_dir>/sessions/``, so that ``torchscope ls`` and
+the UI can find it without being told an address. Security rests on the runtime directory:
+it is private (0700, ours), so only our user can reach the ``ipc://`` sockets inside it. TCP is
+allowed on loopback only until CURVE lands; every bind goes through :func:`check_bind_address`.
+
+Imports neither torch nor textual nor zmq.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import ipaddress
+import json
+import os
+import socket
+import stat
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_RUNTIME_DIR = "TORCHSCOPE_RUNTIME_DIR"
+ENV_BIND = "TORCHSCOPE_BIND"
+
+# Linux's sockaddr_un.sun_path is 108 bytes including the NUL; libzmq refuses longer paths
+# with an obscure "File name too long". We say it ourselves (macOS allows only 103).
+MAX_IPC_PATH = 103 if sys.platform == "darwin" else 107
+
+# A registry record is a few hundred bytes; anything much bigger is not ours.
+MAX_RECORD_BYTES = 64 * 1024
+
+RECORD_VERSION = 1
+
+
+class EndpointError(RuntimeError):
+    """A runtime directory, registry or address we refuse to use. The text is one line."""
+
+
+# -- the private runtime directory ------------------------------------------------------------
+def _uid() -> int | None:
+    return os.getuid() if hasattr(os, "getuid") else None
+
+
+def _xdg_usable(base: str) -> bool:
+    """``$XDG_RUNTIME_DIR`` is only worth using when it is a directory of ours we can write."""
+    try:
+        st = os.stat(base)
+    except OSError:
+        return False
+    uid = _uid()
+    return (
+        stat.S_ISDIR(st.st_mode)
+        and (uid is None or st.st_uid == uid)
+        and os.access(base, os.W_OK | os.X_OK)
+    )
+
+
+def _private_dir(path: Path) -> Path:
+    """Create ``path`` with mode 0700, or check that the existing one is ours and private.
+
+    We never "fix" a directory we did not create: a foreign or shared directory may be a trap
+    (another user could read our sockets or plant records), so we refuse and say why.
+    """
+    created = False
+    try:
+        os.mkdir(path, 0o700)
+        created = True
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        try:
+            os.makedirs(path.parent, 0o700, exist_ok=True)
+            os.mkdir(path, 0o700)
+            created = True
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise EndpointError(
+                f"cannot create torchscope runtime directory {path}: {exc.strerror or exc}"
+            ) from None
+    except OSError as exc:
+        raise EndpointError(
+            f"cannot create torchscope runtime directory {path}: {exc.strerror or exc}"
+        ) from None
+    try:
+        st = os.lstat(path)  # lstat: a symlink planted by someone else must not be followed
+    except OSError as exc:
+        raise EndpointError(f"cannot inspect {path}: {exc.strerror or exc}") from None
+    hint = f"remove it or set {ENV_RUNTIME_DIR} to a private directory"
+    if stat.S_ISLNK(st.st_mode):
+        raise EndpointError(f"refusing to use {path}: it is a symbolic link; {hint}")
+    if not stat.S_ISDIR(st.st_mode):
+        raise EndpointError(f"refusing to use {path}: it is not a directory; {hint}")
+    uid = _uid()
+    if uid is not None and st.st_uid != uid:
+        raise EndpointError(
+            f"refusing to use {path}: it is owned by uid {st.st_uid}, not by you (uid {uid}); "
+            f"{hint}"
+        )
+    if created and stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)  # an odd umask may have taken owner bits away; this one is ours
+    elif uid is not None and st.st_mode & 0o077:
+        raise EndpointError(
+            f"refusing to use {path}: its mode is {stat.S_IMODE(st.st_mode):04o}, so other "
+            f"users can reach it; run 'chmod 700 {path}' or {hint}"
+        )
+    return path
+
+
+def runtime_dir() -> Path:
+    """This user's private torchscope directory, created 0700 if needed.
+
+    ``$TORCHSCOPE_RUNTIME_DIR`` if set, else ``$XDG_RUNTIME_DIR/torchscope`` when that base is
+    usable, else ``/tmp/torchscope-<uid>``. Raises EndpointError rather than use a directory
+    that is not ours or is open to other users.
+    """
+    override = os.environ.get(ENV_RUNTIME_DIR)
+    if override:
+        path = Path(override).expanduser().absolute()
+    else:
+        xdg = os.environ.get("XDG_RUNTIME_DIR")
+        if xdg and os.path.isabs(xdg) and _xdg_usable(xdg):
+            path = Path(xdg) / "torchscope"
+        else:
+            # Literally /tmp, not $TMPDIR: ipc paths must stay short (see MAX_IPC_PATH).
+            uid = _uid()
+            path = Path("/tmp") / f"torchscope-{uid if uid is not None else getpass.getuser()}"
+    return _private_dir(path)
+
+
+def sessions_dir() -> Path:
+    """``<runtime_dir>/sessions``, where each running traced process has one JSON record."""
+    return _private_dir(runtime_dir() / "sessions")
+
+
+# -- addresses --------------------------------------------------------------------------------
+def _split_tcp(addr: str) -> tuple[str, str | None]:
+    """``tcp://HOST[:PORT]`` → (HOST without brackets, PORT or None)."""
+    rest = addr[len("tcp://") :]
+    if rest.startswith("["):
+        host, sep, tail = rest[1:].partition("]")
+        if not sep or (tail and not tail.startswith(":")):
+            raise EndpointError(f"malformed tcp address {addr!r}")
+        return host, (tail[1:] if tail else None)
+    if rest.count(":") > 1:
+        raise EndpointError(f"malformed tcp address {addr!r}: put an IPv6 host in [brackets]")
+    host, sep, port = rest.partition(":")
+    return host, (port if sep else None)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # an interface name or hostname might mean any address: not provably safe
+
+
+def check_bind_address(addr: str) -> str:
+    """Validate an endpoint this process is about to *bind*; return it normalised.
+
+    ``ipc://PATH`` (short enough for a Unix socket) and ``tcp://`` on a loopback address are
+    allowed. Anything else reachable from other machines needs CURVE, which is not there yet:
+    the one place to extend when it is.
+    """
+    if not isinstance(addr, str) or not addr:
+        raise EndpointError(f"not an endpoint: {addr!r}")
+    if addr.startswith("ipc://"):
+        path = addr[len("ipc://") :]
+        if not path or path == "*":
+            raise EndpointError(f"ipc endpoint {addr!r} needs a socket path")
+        if len(os.fsencode(path)) > MAX_IPC_PATH:
+            raise EndpointError(
+                f"ipc socket path {path} is longer than {MAX_IPC_PATH} bytes, the limit for "
+                f"Unix sockets; set {ENV_RUNTIME_DIR} to a shorter directory"
+            )
+        return addr
+    if addr.startswith("tcp://"):
+        host, port = _split_tcp(addr)
+        if port is None or not (port == "*" or (port.isdigit() and 0 < int(port) < 65536)):
+            raise EndpointError(f"tcp address {addr!r} needs a port (1-65535) or ':*'")
+        if not _is_loopback(host):
+            raise EndpointError(
+                f"binding {addr} requires CURVE keys; torchscope does not support them yet, so "
+                f"bind a loopback address (tcp://127.0.0.1) or ipc:// and use an SSH tunnel"
+            )
+        if host == "localhost":
+            host = "127.0.0.1"  # libzmq binds interfaces or literal addresses, not host names
+        return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+    scheme = addr.split("://", 1)[0] if "://" in addr else addr
+    raise EndpointError(f"unsupported endpoint {addr!r} ({scheme}): use ipc:// or tcp://")
+
+
+def default_endpoints(pid: int | None = None, rank: int | None = None) -> tuple[str, str]:
+    """(events, control) endpoints this process should bind.
+
+    Default: ``ipc://<runtime_dir>/<pid>[-<rank>].events|.control``. With
+    ``TORCHSCOPE_BIND=tcp://127.0.0.1[:PORT]``: loopback TCP, events on a random port, control
+    on PORT (+ rank, so the ranks of one host do not collide) or a random one. The actual
+    random ports are known after binding; the UI learns them from the registry or ``hello``.
+    """
+    pid = os.getpid() if pid is None else pid
+    bind = os.environ.get(ENV_BIND, "").strip()
+    if not bind or bind in ("ipc", "ipc://"):
+        name = f"{pid}" if rank is None else f"{pid}-{rank}"
+        base = runtime_dir() / name
+        return (
+            check_bind_address(f"ipc://{base}.events"),
+            check_bind_address(f"ipc://{base}.control"),
+        )
+    if bind.startswith("tcp://"):
+        host, port = _split_tcp(bind)
+        hostpart = f"[{host}]" if ":" in host else host
+        if port in (None, "", "*"):
+            control_port = "*"
+        elif port.isdigit():
+            control_port = str(int(port) + (rank or 0))
+        else:
+            raise EndpointError(f"{ENV_BIND}={bind!r}: the port must be a number")
+        return (
+            check_bind_address(f"tcp://{hostpart}:*"),
+            check_bind_address(f"tcp://{hostpart}:{control_port}"),
+        )
+    raise EndpointError(
+        f"{ENV_BIND}={bind!r} is not understood: use tcp://127.0.0.1[:PORT] or leave it unset"
+    )
+
+
+def ipc_path(endpoint: str | None) -> Path | None:
+    """The socket file of an ``ipc://`` endpoint, else None."""
+    if endpoint and endpoint.startswith("ipc://"):
+        return Path(endpoint[len("ipc://") :])
+    return None
+
+
+# -- session records --------------------------------------------------------------------------
+def _opt_int(d: dict, key: str, lo: int) -> int | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        raise ValueError(f"{key!r} must be an integer >= {lo} or null")
+    return v
+
+
+def _opt_str(d: dict, key: str) -> str | None:
+    v = d.get(key)
+    if v is not None and not isinstance(v, str):
+        raise ValueError(f"{key!r} must be a string or null")
+    return v
+
+
+@dataclass(kw_only=True)
+class SessionRecord:
+    """One traced process as the registry knows it.
+
+    ``pid`` 0 means unknown: a record built from a bare endpoint by :func:`resolve`.
+    ``events`` None means "ask the control socket" (``hello`` names it).
+    """
+
+    pid: int = 0
+    rank: int | None = None
+    world_size: int | None = None
+    script: str | None = None
+    argv: list[str] = field(default_factory=list)
+    host: str = ""
+    started: float = 0.0
+    events: str | None = None
+    control: str = ""
+    path: str | None = None  # the registry file; not stored inside it
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        del d["path"]
+        d["v"] = RECORD_VERSION
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any, path: str | None = None) -> SessionRecord:
+        """Build from untrusted data (a registry file); ValueError with one line if invalid."""
+        if not isinstance(d, dict):
+            raise ValueError(f"session record is a {type(d).__name__}, expected an object")
+        if d.get("v", RECORD_VERSION) != RECORD_VERSION:
+            raise ValueError(f"session record version {d.get('v')!r} is not supported")
+        pid = d.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            raise ValueError("'pid' must be a positive integer")
+        argv = d.get("argv", [])
+        if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+            raise ValueError("'argv' must be a list of strings")
+        started = d.get("started", 0.0)
+        if not isinstance(started, (int, float)) or isinstance(started, bool):
+            raise ValueError("'started' must be a number")
+        control = d.get("control")
+        if not isinstance(control, str) or not control.startswith(("ipc://", "tcp://")):
+            raise ValueError("'control' must be an ipc:// or tcp:// endpoint")
+        events = _opt_str(d, "events")
+        if events is not None and not events.startswith(("ipc://", "tcp://")):
+            raise ValueError("'events' must be an ipc:// or tcp:// endpoint or null")
+        return cls(
+            pid=pid,
+            rank=_opt_int(d, "rank", 0),
+            world_size=_opt_int(d, "world_size", 1),
+            script=_opt_str(d, "script"),
+            argv=list(argv),
+            host=_opt_str(d, "host") or "",
+            started=float(started),
+            events=events,
+            control=control,
+            path=path,
+        )
+
+    @classmethod
+    def from_session(
+        cls, session: dict[str, Any], *, events: str | None, control: str
+    ) -> SessionRecord:
+        """Record of this process, from the tracer's ``session`` event."""
+
+        def num(key: str) -> int | None:
+            v = session.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+        argv = session.get("argv")
+        started = session.get("started")
+        return cls(
+            pid=num("pid") or os.getpid(),
+            rank=num("rank"),
+            world_size=num("world_size"),
+            script=session.get("script") if isinstance(session.get("script"), str) else None,
+            argv=[str(a) for a in argv] if isinstance(argv, (list, tuple)) else list(sys.argv),
+            host=session.get("host") if isinstance(session.get("host"), str) else _hostname(),
+            started=float(started) if isinstance(started, (int, float)) else time.time(),
+            events=events,
+            control=control,
+        )
+
+    def describe(self) -> str:
+        """Short one-line label: ``pid 123 rank 0 train.py``."""
+        parts = [f"pid {self.pid}" if self.pid else self.control]
+        if self.rank is not None:
+            parts.append(f"rank {self.rank}")
+        if self.script:
+            parts.append(os.path.basename(self.script))
+        return " ".join(parts)
+
+
+def _hostname() -> str:
+    try:
+        return socket.gethostname()
+    except OSError:
+        return ""
+
+
+def _record_name(record: SessionRecord) -> str:
+    return f"{record.pid}-{record.rank or 0}.json"
+
+
+def register(record: SessionRecord) -> Path:
+    """Write ``record`` into the registry atomically (temp file, mode 0600, rename).
+
+    Readers never see a half-written file: they only look at ``*.json`` names, and the rename
+    replaces the old file in one step. Sets and returns ``record.path``.
+    """
+    directory = sessions_dir()
+    final = directory / _record_name(record)
+    tmp = directory / f".{final.name}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+    data = json.dumps(record.to_dict()).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    record.path = str(final)
+    return final
+
+
+def unregister(record: SessionRecord) -> None:
+    """Remove ``record``'s registry file, if it is still there (and still this process's)."""
+    path = Path(record.path) if record.path else None
+    if path is None:
+        try:
+            path = sessions_dir() / _record_name(record)
+        except EndpointError:
+            return
+    try:
+        current = _read_record(path)
+        if current is not None and current.pid != record.pid:
+            return  # another process reused the name; not ours to remove
+        path.unlink()
+    except OSError:
+        pass
+    record.path = None
+
+
+def _read_record(path: Path) -> SessionRecord | None:
+    """The record in ``path``; None if it is unreadable or invalid."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(MAX_RECORD_BYTES + 1)
+        if len(data) > MAX_RECORD_BYTES:
+            return None
+        return SessionRecord.from_dict(json.loads(data), path=str(path))
+    except (OSError, ValueError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None
+
+
+def _process_start_time(pid: int) -> float | None:
+    """Unix time at which ``pid`` started (Linux /proc), or None when unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat_line = fh.read()
+        # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+        fields = stat_line[stat_line.rindex(b")") + 2 :].split()
+        ticks = int(fields[19])  # field 22 overall: starttime, in clock ticks after boot
+        with open("/proc/stat", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"btime "):
+                    return int(line.split()[1]) + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def pid_alive(pid: int, started: float | None = None) -> bool:
+    """Whether ``pid`` runs, and (if ``started`` is given) is not a newer process that
+    happens to reuse the number of a dead one."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, belongs to someone else
+    except OSError:
+        return False
+    if started:
+        began = _process_start_time(pid)
+        # The session event is written after the process started; a process that began
+        # later than the record is another one with the same pid. (2 s of slack: clock ticks.)
+        if began is not None and began > started + 2.0:
+            return False
+    return True
+
+
+def list_sessions() -> list[SessionRecord]:
+    """Live session records, oldest first. Deletes records of dead processes and files that
+    do not parse (a crashed job cannot clean up after itself)."""
+    directory = sessions_dir()
+    here = _hostname()
+    records: list[SessionRecord] = []
+    for path in sorted(directory.glob("*.json")):
+        rec = _read_record(path)
+        stale = rec is None or (rec.host in ("", here) and not pid_alive(rec.pid, rec.started))
+        if stale:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            continue
+        assert rec is not None
+        records.append(rec)
+    records.sort(key=lambda r: (r.started, r.pid, r.rank or 0))
+    return records
+
+
+def resolve(target: str | None) -> SessionRecord:
+    """Which session a user means.
+
+    None: the one running session (EndpointError if there are none or several); digits: the
+    session of that pid; ``ipc://...`` / ``tcp://...``: a control endpoint, returned as a record
+    with only ``control`` set.
+    """
+    if target is not None and not isinstance(target, str):
+        raise EndpointError(f"session target must be a string, not {type(target).__name__}")
+    if target is not None:
+        target = target.strip()
+        if target.startswith(("ipc://", "tcp://")):
+            return SessionRecord(control=target)
+    records = list_sessions()
+    if target is None or target == "":
+        if not records:
+            raise EndpointError("no running torchscope session found")
+        if len(records) > 1:
+            listing = ", ".join(r.describe() for r in records)
+            raise EndpointError(
+                f"{len(records)} torchscope sessions are running ({listing}); pick one by pid"
+            )
+        return records[0]
+    if target.isdigit():
+        pid = int(target)
+        matches = [r for r in records if r.pid == pid]
+        if not matches:
+            listing = ", ".join(r.describe() for r in records) or "none"
+            raise EndpointError(f"no torchscope session with pid {pid} (running: {listing})")
+        return min(matches, key=lambda r: r.rank or 0)
+    raise EndpointError(
+        f"cannot tell which session {target!r} means: give a pid, an ipc:// or tcp:// "
+        f"control endpoint, or nothing"
+    )

@@ -1,0 +1,560 @@
+"""Live stream of a traced job to UIs: an event sink plus one background thread with the sockets.
+
+The training thread only ever appends a list to a bounded deque (``__call__``): no packing, no
+socket calls, no waiting on a UI. One daemon thread owns every ZeroMQ socket (they are not
+thread-safe) and does the rest:
+
+* XPUB (events): frames of at most ``frame_events`` events, sent with NOBLOCK and
+  ``XPUB_NODROP`` so a full queue is *reported* (zmq.Again) instead of silently dropped; the
+  events of a frame that does not fit are counted in ``dropped``. Frames are only packed when
+  somebody is subscribed (XPUB tells us about subscriptions).
+* ROUTER (control): ``hello`` / ``snapshot`` / ``ping`` requests, each validated by
+  :func:`torchscope.protocol.frames.parse_request`; a malformed request gets an error reply
+  and bumps ``bad_requests``, nothing else happens.
+* a ring of the last ``ring`` events for snapshots, heartbeats every second, and "bye" at close.
+
+Snapshot consistency (zguide "Clone"): events enter the ring and a frame in the same step on
+this thread, so a snapshot's ``frame`` number says exactly which frames it covers; the client
+drops frames up to it. (Sequence numbers cannot do this exactly: alerts are numbered when
+they are delivered, after the events that follow them.)
+
+Imports neither torch nor textual.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import os
+import socket
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any
+
+import zmq
+
+from torchscope.protocol import endpoints as ep
+from torchscope.protocol.codec import MAX_MESSAGE_BYTES, pack
+from torchscope.protocol.frames import (
+    BYE,
+    HEARTBEAT,
+    RequestError,
+    error_reply,
+    events_frame,
+    ok_reply,
+    one_line,
+    parse_request,
+    status_frame,
+)
+
+# Subscriptions whose topic starts with this byte are client tokens, not interest in data:
+# 0xC1 is never the first byte of a msgpack message, so no frame ever matches them.
+TOKEN_PREFIX = b"\xc1"
+# Bounds on what peers can make us remember.
+MAX_TOPICS = 4096
+CONTROL_MAX_MSG = 1024 * 1024  # ROUTER MAXMSGSIZE: a bigger message drops its connection
+SUBSCRIBE_MAX_MSG = 4096  # XPUB MAXMSGSIZE: subscriptions are tiny
+REQUESTS_PER_TURN = 100  # control messages handled before publishing again
+EVENTS_PER_TURN = 20_000  # events framed before looking at control again
+
+
+class EventPublisher:
+    """Sink that streams events to UIs. ``start()`` binds and registers; ``close()`` undoes it.
+
+    ``session`` is the tracer's session event (sent in ``hello`` and snapshots). Endpoints
+    default to :func:`torchscope.protocol.endpoints.default_endpoints`. The sink never blocks
+    and never raises; at most ``max_pending`` events wait for the thread, older ones are dropped
+    and counted.
+    """
+
+    def __init__(
+        self,
+        session: dict[str, Any],
+        *,
+        events_endpoint: str | None = None,
+        control_endpoint: str | None = None,
+        register: bool = True,
+        ring: int = 10_000,
+        max_pending: int = 100_000,
+        frame_events: int = 1000,
+        sndhwm: int = 1000,
+        heartbeat: float = 1.0,
+        close_linger_ms: int = 200,
+    ) -> None:
+        self.session = dict(session)
+        rank = self.session.get("rank")
+        self.rank: int | None = rank if isinstance(rank, int) else None
+        pid = self.session.get("pid")
+        self.pid: int = pid if isinstance(pid, int) and pid > 0 else os.getpid()
+        if events_endpoint is None or control_endpoint is None:
+            default_events, default_control = ep.default_endpoints(self.pid, self.rank)
+            events_endpoint = events_endpoint or default_events
+            control_endpoint = control_endpoint or default_control
+        self.endpoints: tuple[str, str] = (
+            ep.check_bind_address(events_endpoint),
+            ep.check_bind_address(control_endpoint),
+        )
+        self.record = ep.SessionRecord.from_session(
+            self.session, events=self.endpoints[0], control=self.endpoints[1]
+        )
+        self._register = register
+        self.ring_size = max(0, int(ring))
+        self.max_pending = max(1, int(max_pending))
+        self.frame_events = max(1, int(frame_events))
+        self.sndhwm = max(1, int(sndhwm))
+        self.heartbeat_interval = heartbeat
+        self.close_linger_ms = close_linger_ms
+
+        # Counters, each written by one side only (no lost updates without a shared lock):
+        # the sink (under _lock) and the publisher thread. Read anywhere.
+        self.events_total = 0  # events handed to the sink
+        self._dropped_queue = 0  # sink side: pushed out of the bounded queue
+        self._dropped_send = 0  # thread side: frames the socket would not take, or unencodable
+        self.frames_sent = 0  # messages that made it onto the events socket
+        self.events_sent = 0
+        self.requests = 0
+        self.bad_requests = 0
+        self.errors = 0
+        self.step: int | None = (
+            self.session.get("step") if isinstance(self.session.get("step"), int) else None
+        )
+
+        self._lock = threading.Lock()
+        self._pending: deque[list[Any]] = deque()
+        self._pending_count = 0
+        self._ring: deque[Any] = deque(maxlen=self.ring_size)
+        self._frame = 0  # number of the last message sent (or tried) on the events socket
+        self._topics: set[bytes] = set()
+        self._tokens: set[bytes] = set()
+        self._has_subscriber = False
+        self._errors_seen: set[str] = set()
+        # Wake-up: the sink pokes a socketpair the thread polls, at most once per turn.
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._poked = False
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._start_error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._owner_pid = os.getpid()
+        self._closed = False
+        self._accepting = False
+        self._bound_ipc: list[str] = []
+
+    # -- training-thread side ------------------------------------------------------------------
+    def __call__(self, events: list[Any]) -> None:
+        """Sink: queue ``events`` for the publisher thread. O(1) amortised, never blocks on I/O,
+        never raises. Safe to call from several threads (the tracer's watchdog flushes too)."""
+        if not self._accepting or not events:
+            return
+        try:
+            n = len(events)
+            with self._lock:
+                self.events_total += n
+                if n > self.max_pending:  # one giant batch: keep its newest part
+                    self._dropped_queue += n - self.max_pending
+                    events = events[-self.max_pending :]
+                    n = len(events)
+                self._pending.append(events)
+                self._pending_count += n
+                # Bounded: a publisher that cannot keep up loses the oldest events, counted.
+                while self._pending_count > self.max_pending:
+                    old = self._pending.popleft()
+                    self._pending_count -= len(old)
+                    self._dropped_queue += len(old)
+            if not self._poked:
+                self._poked = True
+                # Non-blocking; a full buffer (OSError) means the thread is awake anyway.
+                self._wake_w.send(b"\0")
+        except Exception:
+            pass  # never into the job
+
+    def note_step(self, step: int) -> None:
+        """The job's current step, reported by hello, snapshots and heartbeats."""
+        self.step = step
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> EventPublisher:
+        """Bind the sockets (on the publisher thread), register the session, return self.
+
+        Raises EndpointError / zmq.ZMQError with a clear message if binding fails; the tracer
+        should then carry on without a live stream.
+        """
+        if self._thread is not None:
+            return self
+        self._thread = threading.Thread(target=self._run, name="torchscope-publisher", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._start_error is not None:
+            self._thread.join()
+            self._close_wake()
+            self._closed = True
+            err = self._start_error
+            if isinstance(err, zmq.ZMQError):
+                raise ep.EndpointError(f"cannot bind torchscope live endpoints: {err}") from None
+            raise err
+        self.record.events, self.record.control = self.endpoints
+        if self._register:
+            try:
+                ep.register(self.record)
+            except (OSError, ep.EndpointError) as exc:
+                # The stream still works for a UI told the endpoint; say why `ls` cannot see it.
+                self._report("registering the session", exc)
+        self._accepting = True
+        # A forked child (DataLoader workers) inherits this object but not the thread or the
+        # sockets: it must neither queue events nor touch the parent's sockets and registry.
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _disown(ref))
+        # Interpreter exit without stop(): still say bye, still leave no registry file behind.
+        atexit.register(self.close)
+        return self
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Publish what is queued (without waiting for slow UIs), send "bye", unregister, close
+        the sockets. Returns within about ``close_linger_ms`` even when a UI is stuck or gone.
+        Idempotent. Does nothing in a forked child (the sockets belong to the parent)."""
+        if self._closed or os.getpid() != self._owner_pid:
+            return
+        self._closed = True
+        self._accepting = False
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.close)
+        self._stop.set()
+        self._poke()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._register and self.record.path:
+            ep.unregister(self.record)
+        for path in self._bound_ipc:
+            # libzmq removes the socket files it created; this covers the cases it does not.
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        self._close_wake()
+
+    def __enter__(self) -> EventPublisher:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def dropped(self) -> int:
+        """Events that never reached the events socket (queue overflow, full socket queue)."""
+        return self._dropped_queue + self._dropped_send
+
+    @property
+    def pending(self) -> int:
+        """Events queued by the sink and not yet taken by the publisher thread."""
+        return self._pending_count
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def subscribed(self) -> bool:
+        """Whether some UI is subscribed to the events socket (as the thread last saw it)."""
+        return self._has_subscriber
+
+    # -- publisher thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        ctx: zmq.Context | None = None
+        pub = router = None
+        try:
+            ctx = zmq.Context()
+            pub = ctx.socket(zmq.XPUB)
+            router = ctx.socket(zmq.ROUTER)
+            for s in (pub, router):
+                s.setsockopt(zmq.LINGER, 0)
+            pub.setsockopt(zmq.SNDHWM, self.sndhwm)
+            pub.setsockopt(zmq.XPUB_NODROP, 1)  # full queue → zmq.Again, which we count
+            pub.setsockopt(zmq.MAXMSGSIZE, SUBSCRIBE_MAX_MSG)
+            router.setsockopt(zmq.MAXMSGSIZE, CONTROL_MAX_MSG)
+            router.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished UI: drop its reply
+            router.setsockopt(zmq.SNDHWM, 100)  # a UI that never reads its replies
+            actual = []
+            for s, addr in ((pub, self.endpoints[0]), (router, self.endpoints[1])):
+                if addr.startswith("tcp://["):
+                    s.setsockopt(zmq.IPV6, 1)
+                s.bind(addr)
+                bound = s.getsockopt_string(zmq.LAST_ENDPOINT)
+                actual.append(bound)
+                path = ep.ipc_path(bound)
+                if path is not None:
+                    self._bound_ipc.append(str(path))
+            self.endpoints = (actual[0], actual[1])
+        except BaseException as exc:
+            self._start_error = exc
+            for s in (pub, router):
+                if s is not None:
+                    s.close(linger=0)
+            if ctx is not None:
+                ctx.term()
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            self._loop(pub, router)
+        finally:
+            try:
+                self._finish(pub)
+            except Exception as exc:
+                self._report("closing the live stream", exc)
+            pub.close(linger=self.close_linger_ms if self._has_subscriber else 0)
+            router.close(linger=0)
+            ctx.term()  # returns once the bounded linger above has passed
+
+    def _loop(self, pub: zmq.Socket, router: zmq.Socket) -> None:
+        poller = zmq.Poller()
+        poller.register(pub, zmq.POLLIN)
+        poller.register(router, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        wake_fd = self._wake_r.fileno()  # the poller reports plain sockets by descriptor
+        next_beat = time.monotonic() + self.heartbeat_interval
+        busy = False
+        while not self._stop.is_set():
+            try:
+                wait = 0 if busy else max(0.0, min(0.25, next_beat - time.monotonic()))
+                ready = dict(poller.poll(int(wait * 1000)))
+                if wake_fd in ready:
+                    self._drain_wake()
+                if pub in ready:
+                    self._read_subscriptions(pub)
+                if router in ready:
+                    self._serve(router, pub)
+                busy = self._pump(pub)
+                now = time.monotonic()
+                if now >= next_beat:
+                    next_beat = now + self.heartbeat_interval
+                    if self._has_subscriber:
+                        self._send_status(pub, HEARTBEAT)
+            except Exception as exc:  # a bug here must not kill the stream, nor the job
+                self._report("the live stream", exc)
+                time.sleep(0.05)
+
+    def _finish(self, pub: zmq.Socket) -> None:
+        """Last turn: what the job produced up to close() goes out (best effort), then bye."""
+        self._read_subscriptions(pub)
+        while self._pump(pub):
+            pass
+        if self._has_subscriber:
+            self._send_status(pub, BYE)
+
+    # -- events --------------------------------------------------------------------------------
+    def _pump(self, pub: zmq.Socket) -> bool:
+        """Move queued events into the ring and out as frames; True if more are waiting."""
+        self._poked = False  # before taking: a sink call from now on pokes again
+        taken = 0
+        buf: list[Any] = []
+        more = False
+        while True:
+            with self._lock:
+                if not self._pending:
+                    break
+                if taken >= EVENTS_PER_TURN:
+                    more = True
+                    break
+                batch = self._pending.popleft()
+                self._pending_count -= len(batch)
+            taken += len(batch)
+            if self.ring_size:
+                self._ring.extend(batch)
+            if self._has_subscriber:
+                buf.extend(batch)
+                while len(buf) >= self.frame_events:
+                    self._send_events(pub, buf[: self.frame_events])
+                    del buf[: self.frame_events]
+        if buf:
+            # Not held back to fill a frame: the ring already has these events, so a snapshot
+            # taken from now on must find them covered by a frame number.
+            self._send_events(pub, buf)
+        return more
+
+    def _send_events(self, pub: zmq.Socket, events: list[Any]) -> None:
+        self._frame += 1
+        try:
+            data = pack(
+                events_frame(frame=self._frame, rank=self.rank, dropped=self.dropped, events=events)
+            )
+        except Exception as exc:  # an event the codec cannot encode: find it, keep the rest
+            self._report("encoding events", exc)
+            good = [e for e in events if _packable(e)]
+            self._dropped_send += len(events) - len(good)
+            if not good:
+                return
+            data = pack(
+                events_frame(frame=self._frame, rank=self.rank, dropped=self.dropped, events=good)
+            )
+            events = good
+        if self._send(pub, data):
+            self.events_sent += len(events)
+        else:
+            self._dropped_send += len(events)
+
+    def _send_status(self, pub: zmq.Socket, kind: str) -> None:
+        self._frame += 1
+        msg = status_frame(
+            kind,
+            frame=self._frame,
+            rank=self.rank,
+            dropped=self.dropped,
+            step=self.step if isinstance(self.step, int) else None,
+            events_total=self.events_total,
+            pid=self.pid,
+            t=time.time(),
+        )
+        self._send(pub, pack(msg))
+
+    def _send(self, pub: zmq.Socket, data: bytes) -> bool:
+        try:
+            pub.send(data, zmq.NOBLOCK, copy=len(data) < 65536)
+        except zmq.Again:  # some subscriber's queue is full: never wait for it
+            return False
+        self.frames_sent += 1
+        return True
+
+    def _read_subscriptions(self, pub: zmq.Socket) -> None:
+        """XPUB hands us (un)subscriptions: b"\\x01topic" / b"\\x00topic". Without XPUB_VERBOSE
+        it passes the first subscriber of a topic and the last to leave, so a set tracks it."""
+        for _ in range(1000):
+            try:
+                msg = pub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if not msg or msg[0] not in (0, 1):
+                continue  # an XSUB peer may send anything; we only act on subscriptions
+            topic = bytes(msg[1:])
+            target = self._tokens if topic.startswith(TOKEN_PREFIX) else self._topics
+            if msg[0] == 1:
+                if len(target) < MAX_TOPICS:
+                    target.add(topic)
+            else:
+                target.discard(topic)
+        self._has_subscriber = bool(self._topics)
+
+    # -- control -------------------------------------------------------------------------------
+    def _serve(self, router: zmq.Socket, pub: zmq.Socket) -> None:
+        for _ in range(REQUESTS_PER_TURN):
+            try:
+                parts = router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            # DEALER: [identity, payload]; REQ: [identity, b"", payload]. Anything else: error.
+            if len(parts) == 3 and parts[1] == b"":
+                envelope, payload = parts[:2], parts[2]
+            elif len(parts) == 2:
+                envelope, payload = parts[:1], parts[1]
+            else:
+                self.bad_requests += 1
+                self._reply(router, parts[:1], error_reply(None, "expected one message frame"))
+                continue
+            self.requests += 1
+            try:
+                req = parse_request(payload)
+            except RequestError as exc:
+                self.bad_requests += 1
+                self._reply(router, envelope, error_reply(exc.request_id, str(exc)))
+                continue
+            try:
+                handler = getattr(self, f"_cmd_{req.cmd}", None)
+                if handler is None:
+                    reply = error_reply(req.id, f"command '{req.cmd}' is not supported by this job")
+                else:
+                    reply = ok_reply(req.id, handler(req.args, pub))
+                data = pack(reply)
+            except Exception as exc:
+                self._report(f"answering '{req.cmd}'", exc)
+                data = pack(error_reply(req.id, f"internal error: {type(exc).__name__}: {exc}"))
+            self._reply(router, envelope, data)
+
+    def _reply(self, router: zmq.Socket, envelope: list[bytes], reply: dict | bytes) -> None:
+        data = reply if isinstance(reply, bytes) else pack(reply)
+        # The UI went away or never reads its replies: its problem, not the job's.
+        with contextlib.suppress(zmq.ZMQError):
+            router.send_multipart([*envelope, data], zmq.NOBLOCK)
+
+    def _counters(self) -> dict[str, Any]:
+        return {
+            "step": self.step if isinstance(self.step, int) else None,
+            "frame": self._frame,
+            "dropped": self.dropped,
+            "events_total": self.events_total,
+        }
+
+    def _cmd_hello(self, args: dict[str, Any], pub: zmq.Socket) -> dict[str, Any]:
+        result = {
+            "session": self.session,
+            "events_endpoint": self.endpoints[0],
+            "pid": self.pid,
+            "rank": self.rank,
+            **self._counters(),
+        }
+        token = args.get("sub")
+        if token is not None:
+            self._read_subscriptions(pub)  # it may have arrived since this turn's poll
+            result["subscribed"] = TOKEN_PREFIX + token.encode() in self._tokens
+        return result
+
+    def _cmd_snapshot(self, args: dict[str, Any], pub: zmq.Socket) -> dict[str, Any]:
+        n = min(args["max_events"], len(self._ring))
+        events = list(itertools.islice(self._ring, len(self._ring) - n, None))
+        result = {"session": self.session, "events": events, "truncated": False, **self._counters()}
+        # Keep the reply decodable by the client's limit: halve (keeping the newest) until so.
+        while events and len(pack(result)) > MAX_MESSAGE_BYTES // 2:
+            events = events[len(events) // 2 :]
+            result["events"] = events
+            result["truncated"] = True
+        return result
+
+    def _cmd_ping(self, args: dict[str, Any], pub: zmq.Socket) -> dict[str, Any]:
+        return {"t": time.time()}
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _poke(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except OSError:
+            pass
+
+    def _close_wake(self) -> None:
+        for s in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                s.close()
+
+    def _report(self, where: str, exc: BaseException) -> None:
+        """Say a problem once per place and kind on stderr; never raise it."""
+        self.errors += 1
+        key = f"{where}:{type(exc).__name__}"
+        if key in self._errors_seen:
+            return
+        self._errors_seen.add(key)
+        print(
+            f"torchscope: live stream: {where}: {one_line(f'{type(exc).__name__}: {exc}')} "
+            "(the job continues; reported once)",
+            file=sys.stderr,
+        )
+
+
+def _disown(ref: weakref.ref[EventPublisher]) -> None:
+    pub = ref()
+    if pub is not None:
+        pub._accepting = False
+        pub._closed = True
+
+
+def _packable(event: Any) -> bool:
+    try:
+        pack(event)
+        return True
+    except Exception:
+        return False
