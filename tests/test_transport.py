@@ -409,15 +409,10 @@ def test_client_reports_refusals_and_unreachable(publishers, clients, rt: Path) 
     c.connect(None)
     with pytest.raises(ProtocolError, match="unknown command"):
         c.request("launch")  # checked locally first
-    # A command the protocol knows but this tracer cannot answer: a one-line refusal.
-    from torchscope.protocol import frames
-
-    frames.register_command("pause", frames.fields())
-    try:
-        with pytest.raises(SessionRefused, match="pause: command 'pause' is not supported"):
-            c.request("pause")
-    finally:
-        del frames.COMMANDS["pause"], frames.RESULTS["pause"]
+    # A command the protocol knows but this publisher serves no handler for (a job without
+    # step-through control): a one-line refusal.
+    with pytest.raises(SessionRefused, match="pause: command 'pause' is not supported"):
+        c.request("pause")
     gone = clients()
     with pytest.raises(SessionUnreachable, match="no socket file"):
         gone.connect(f"ipc://{rt}/999999.control")

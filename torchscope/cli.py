@@ -31,9 +31,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 # -- run -------------------------------------------------------------------------------------
-RUN_USAGE = """\
-usage: torchscope run [--record FILE] [--steps SPEC] [--values N] [--no-live]
-                      [--optimizer-ops] [--quiet] (SCRIPT | -m MODULE) [ARGS ...]
+RUN_USAGE = r"""usage: torchscope run [--record FILE] [--steps SPEC] [--values N] [--no-live]
+                      [--break-on COND] [--wait] [--lease SECONDS] [--optimizer-ops]
+                      [--quiet] (SCRIPT | -m MODULE) [ARGS ...]
 
 Run a Python script (or module, like `python -m`) with every forward op and backward node
 traced. Options must come before the script; everything after it goes to the script.
@@ -42,6 +42,14 @@ traced. Options must come before the script; everything after it goes to the scr
   --steps SPEC    steps to trace: N, A-B, A-, every:N, or a comma list (default: all)
   --values N      keep the values of tensors with at most N elements (default 16)
   --no-live       do not stream to UIs (`torchscope tui` finds live sessions)
+  --break-on COND pause where COND holds (repeatable); conditions joined by ',' all
+                  must hold: nan, inf (where it first appears), anynan, op:REGEX,
+                  module:REGEX, line:FILE:LINE, gradnorm:X, step:N, from:N
+                  e.g. --break-on nan --break-on 'op:^Tensor.div$'
+                       --break-on 'module:^blocks\.3\.,nan'
+  --wait          pause before the first op until a UI connects
+  --lease SECONDS a paused job resumes by itself when no UI has answered for this
+                  long (default 10)
   --optimizer-ops also trace the ops inside optimizer.step()
   --quiet         no torchscope lines on stderr
 """
@@ -55,6 +63,9 @@ class RunOptions:
     quiet: bool = False
     live: bool = True
     optimizer_ops: bool = False
+    breakpoints: list[dict] = field(default_factory=list)
+    wait: bool = False
+    lease: float = 10.0
     module: str | None = None
     script: str | None = None
     args: list[str] = field(default_factory=list)
@@ -66,7 +77,7 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
     it = iter(argv)
     for tok in it:
         name, eq, inline = tok.partition("=")
-        if name in ("--record", "--steps", "--values", "-m"):
+        if name in ("--record", "--steps", "--values", "--break-on", "--lease", "-m"):
             value = inline if eq else next(it, None)
             if value is None or value == "":
                 raise UsageError(f"{name} needs a value (see 'torchscope run --help')")
@@ -74,6 +85,15 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
                 opts.record = value
             elif name == "--steps":
                 opts.steps = value
+            elif name == "--break-on":
+                opts.breakpoints.append(_break_spec(value))
+            elif name == "--lease":
+                try:
+                    opts.lease = float(value)
+                except ValueError:
+                    raise UsageError(f"--lease takes seconds, not {value!r}") from None
+                if not opts.lease > 0:
+                    raise UsageError("--lease must be more than 0 seconds")
             elif name == "--values":
                 try:
                     opts.values = int(value)
@@ -89,6 +109,8 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
             opts.quiet = True
         elif tok == "--no-live":
             opts.live = False
+        elif tok == "--wait":
+            opts.wait = True
         elif tok == "--optimizer-ops":
             opts.optimizer_ops = True
         elif tok in ("-h", "--help"):
@@ -104,6 +126,15 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
             opts.args = list(it)
             return opts
     raise UsageError("run needs a script or -m MODULE (see 'torchscope run --help')")
+
+
+def _break_spec(text: str) -> dict:
+    from torchscope.tracer.stepper import BreakpointError, parse_break_spec
+
+    try:
+        return parse_break_spec(text)
+    except BreakpointError as exc:
+        raise UsageError(f"--break-on: {exc}") from None
 
 
 def cmd_run(opts: RunOptions) -> int:
@@ -129,6 +160,9 @@ def cmd_run(opts: RunOptions) -> int:
         keep=False,
         live=opts.live,
         optimizer_ops=opts.optimizer_ops,
+        breakpoints=opts.breakpoints,
+        wait=opts.wait,
+        lease=opts.lease,
         metadata={
             "script": script or opts.module,
             "argv": [opts.script or opts.module, *opts.args],

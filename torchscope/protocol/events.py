@@ -16,7 +16,9 @@ GRAD = "grad"
 GRAPH = "graph"
 ALERT = "alert"
 ERROR = "error"
-KINDS = (SESSION, STEP, OP, GRAD, GRAPH, ALERT, ERROR)
+PAUSE = "pause"  # the job stopped at an op or node (step-through)
+RESUME = "resume"  # ... and went on: "by" says what let it go (continue, step, lease, ...)
+KINDS = (SESSION, STEP, OP, GRAD, GRAPH, ALERT, ERROR, PAUSE, RESUME)
 
 
 class Event(dict):

@@ -280,6 +280,44 @@ register_command(
 register_command("ping", fields(), fields({"t": Float()}, extra=True))
 
 
+# Step-through control (the tracer answers these only when it runs a stepper). Every reply
+# carries the stepper's state, so the UI never has to guess whether the job is paused.
+_STATE = fields({"state": Map()}, extra=True)
+for _name in ("pause", "step", "continue", "detach", "state", "break_list"):
+    register_command(_name, fields(), _STATE)
+register_command("next", fields(), _STATE)
+register_command(
+    "break_add",
+    fields(
+        {
+            "op": Str(1000, default=None, nullable=True),
+            "module": Str(1000, default=None, nullable=True),
+            "source": Str(4096, default=None, nullable=True),
+            "nan": Str(16, re.compile(r"nan|inf|anynan"), default=None, nullable=True),
+            "grad_norm": Float(default=None, nullable=True),
+            "step": Int(0, 2**62, default=None, nullable=True),
+            "from_step": Int(0, 2**62, default=None, nullable=True),
+            "enabled": Bool(default=True),
+        }
+    ),
+    _STATE,
+)
+register_command("break_enable", fields({"bp": Int(1, 2**31), "enabled": Bool()}), _STATE)
+register_command("break_delete", fields({"bp": Int(1, 2**31)}), _STATE)
+register_command(
+    "inspect",
+    fields(
+        {
+            "group": Str(32, re.compile(r"[a-z_]+")),
+            "index": Int(0, 100_000),
+            "start": Int(0, 2**62, default=0),
+            "count": Int(0, 100_000, default=1000),
+        }
+    ),
+    fields(extra=True),
+)
+
+
 @dataclass(frozen=True)
 class Request:
     id: int

@@ -18,7 +18,6 @@ from collections.abc import Callable
 
 from torchscope.protocol.events import ALERT, GRAD, OP, STEP, Event
 
-
 INF_INTENDED = "inf_intended"  # summary flag: its Infs come from an infinite scalar argument
 
 
@@ -79,12 +78,16 @@ class AlertDetector:
         self._tainted: set[int] = set()
         self._reported_inputs: set[int] = set()  # ids of external summaries, this step
         self._reported_params: set[str] = set()  # a NaN weight stays NaN: say it once
+        # seq -> "nan"/"inf" for this step's events that were found to be origins (forward,
+        # backward or where a bad input enters): what a `nan` breakpoint stops at.
+        self.origins: dict[int, str] = {}
 
     def check(self, event: Event) -> list[Event]:
         kind = event["kind"]
         if kind == STEP:
             self._tainted.clear()
             self._reported_inputs.clear()
+            self.origins.clear()
             return []
         if kind == OP:
             alerts = self._external_inputs(event)
@@ -129,6 +132,7 @@ class AlertDetector:
         return out
 
     def _alert(self, event: Event, what: str, where: str, label: str) -> Event:
+        self.origins.setdefault(event["seq"], what)
         source = event.get("source")
         at = f" at {source}" if source else ""
         noun = "NaN" if what == "nan" else "Inf"

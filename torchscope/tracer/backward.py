@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 NODE_ID = "torchscope.id"  # our stable id for the node
 NODE_OP = "torchscope.op"  # seq of the forward op that created it
 NODE_SRC = "torchscope.src"  # source line of that op
+NODE_MOD = "torchscope.mod"  # module path around that op
 NODE_RUN = "torchscope.run"  # run_id of the tracer whose op seq NODE_OP is
 
 
@@ -29,6 +30,7 @@ class NodeInfo:
     op_seq: int | None
     source: str | None
     param: str | None
+    module: str = ""
     next: list[list[int] | None] = field(default_factory=list)
     executed: bool = False
 
@@ -39,6 +41,7 @@ class NodeInfo:
             "op_seq": self.op_seq,
             "source": self.source,
             "param": self.param,
+            "module": self.module,
             "next": self.next,
             "executed": self.executed,
         }
@@ -79,6 +82,8 @@ class NodeHooks:
 
     def _install(self, roots: list[torch.Tensor]) -> None:
         tracer = self.tracer
+        # Pre-hooks only when someone may pause in this backward: they cost a call per node.
+        stepping = tracer.stepper is not None and tracer.stepper.active
         seen: set[int] = set()
         todo = []
         for t in roots:
@@ -98,7 +103,7 @@ class NodeHooks:
             param = tracer.modules.param_name(node.variable) if name == "AccumulateGrad" else None
             # An op seq of an earlier run names no op of this one; the source line still holds.
             op_seq = md.get(NODE_OP) if md.get(NODE_RUN) == tracer.run_id else None
-            info = NodeInfo(nid, name, op_seq, md.get(NODE_SRC), param)
+            info = NodeInfo(nid, name, op_seq, md.get(NODE_SRC), param, md.get(NODE_MOD, ""))
             for nxt, input_nr in node.next_functions:
                 if nxt is None:
                     info.next.append(None)
@@ -107,6 +112,16 @@ class NodeHooks:
                     todo.append(nxt)
             self.nodes.append(info)
             self._handles.append(node.register_hook(self._make_hook(info)))
+            if stepping:
+                self._handles.append(node.register_prehook(self._make_prehook(info)))
+
+    def _make_prehook(self, info: NodeInfo):
+        tracer = self.tracer
+
+        def prehook(grad_outputs):
+            tracer.on_grad_pre(info, grad_outputs)
+
+        return prehook
 
     def _make_hook(self, info: NodeInfo):
         tracer = self.tracer

@@ -85,12 +85,18 @@ class ForwardMode(TorchFunctionMode):
         except Exception as exc:
             tracer.report_error("forward op (before)", exc)
             pending = None
+        stepper = tracer.stepper
+        if pending is not None and stepper is not None and stepper.active:
+            tracer.pause_before_op(pending)
         result = func(*args, **kwargs)
         if pending is not None:
             try:
-                tracer.after_op(pending, args, kwargs, result)
+                done = tracer.after_op(pending, args, kwargs, result)
             except Exception as exc:
                 tracer.report_error("forward op (after)", exc)
+                done = None
+            if done is not None and stepper is not None and stepper.active:
+                tracer.pause_after_op(pending, *done)
         return result
 
 

@@ -33,6 +33,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -145,6 +146,11 @@ class EventPublisher:
         self._closed = False
         self._accepting = False
         self._bound_ipc: list[str] = []
+        # Extra commands the tracer serves (step-through control): name -> handler(args).
+        # Handlers run on this thread; they must be quick and thread-safe.
+        self.commands: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+        # Called for every valid request: any message from a UI proves it is alive (lease).
+        self.on_request: Callable[[], None] | None = None
 
     # -- training-thread side ------------------------------------------------------------------
     def __call__(self, events: list[Any]) -> None:
@@ -460,12 +466,21 @@ class EventPublisher:
                 self.bad_requests += 1
                 self._reply(router, envelope, error_reply(exc.request_id, str(exc)))
                 continue
+            if self.on_request is not None:
+                with contextlib.suppress(Exception):
+                    self.on_request()
             try:
                 handler = getattr(self, f"_cmd_{req.cmd}", None)
-                if handler is None:
-                    reply = error_reply(req.id, f"command '{req.cmd}' is not supported by this job")
-                else:
+                extra = self.commands.get(req.cmd)
+                if handler is not None:
                     reply = ok_reply(req.id, handler(req.args, pub))
+                elif extra is not None:
+                    try:
+                        reply = ok_reply(req.id, extra(req.args))
+                    except ValueError as exc:  # a refused command (bad breakpoint, not paused)
+                        reply = error_reply(req.id, str(exc))
+                else:
+                    reply = error_reply(req.id, f"command '{req.cmd}' is not supported by this job")
                 data = pack(reply)
             except Exception as exc:
                 self._report(f"answering '{req.cmd}'", exc)

@@ -21,9 +21,21 @@ from torch.optim.optimizer import (
 )
 
 from torchscope.protocol.codec import PROTOCOL_VERSION
-from torchscope.protocol.events import ERROR, GRAD, GRAPH, OP, SESSION, STEP, Event, Trace
+from torchscope.protocol.events import (
+    ERROR,
+    GRAD,
+    GRAPH,
+    OP,
+    PAUSE,
+    RESUME,
+    SESSION,
+    STEP,
+    Event,
+    Trace,
+)
 from torchscope.tracer.backward import (
     NODE_ID,
+    NODE_MOD,
     NODE_OP,
     NODE_RUN,
     NODE_SRC,
@@ -35,7 +47,8 @@ from torchscope.tracer.backward import (
 from torchscope.tracer.mode import ForwardMode, iter_tensors, result_tensors
 from torchscope.tracer.modules import ModuleTracker
 from torchscope.tracer.pipeline import EventPipeline, Sink
-from torchscope.tracer.source import user_frame
+from torchscope.tracer.source import thread_stack, user_frame
+from torchscope.tracer.stepper import AFTER, BEFORE, PausePoint, Stepper
 from torchscope.tracer.steps import parse_steps
 from torchscope.tracer.summary import Summarizer, SummaryMemo
 
@@ -66,6 +79,10 @@ class Tracer:
         optimizer_steps: bool = True,
         optimizer_ops: bool = False,
         live: bool | None = None,
+        breakpoints: list[dict[str, Any]] = (),  # type: ignore[assignment]
+        wait: bool = False,
+        lease: float = 10.0,
+        stepping: bool = False,
         metadata: dict[str, Any] | None = None,
         sinks: list[Sink] = (),  # type: ignore[assignment]
     ) -> None:
@@ -75,6 +92,12 @@ class Tracer:
         self.optimizer_ops = optimizer_ops
         self.live = os.environ.get("TORCHSCOPE_LIVE") == "1" if live is None else live
         self.publisher: Any = None
+        # Step-through control, whenever a UI could attach or the job was told where to stop.
+        self.stepper: Stepper | None = None
+        if self.live or breakpoints or wait or stepping:
+            self.stepper = Stepper(lease_seconds=lease, wait_for_ui=wait)
+            for spec in breakpoints:
+                self.stepper.add_breakpoint(spec)
         self.metadata = dict(metadata or {})
         max_events = None if keep is True else (int(keep) if keep else 0)
         self.trace = Trace()
@@ -149,6 +172,40 @@ class Tracer:
             return
         self.publisher.note_step(self.step_index)
         sinks.append(self.publisher)
+        if self.stepper is not None:
+            self._serve_stepping(self.publisher, self.stepper)
+
+    def _serve_stepping(self, publisher: Any, stepper: Stepper) -> None:
+        """Control commands of step-through debugging (run on the publisher's thread)."""
+
+        def answer(action: Any) -> Any:
+            def handle(args: dict[str, Any]) -> dict[str, Any]:
+                action(args)
+                return {"state": stepper.state()}
+
+            return handle
+
+        def add(args: dict[str, Any]) -> None:
+            stepper.add_breakpoint({k: v for k, v in args.items() if v is not None})
+
+        publisher.commands.update(
+            {
+                "pause": answer(lambda a: stepper.request_pause()),
+                "step": answer(lambda a: stepper.request_step()),
+                "next": answer(lambda a: stepper.request_next(self.step_index)),
+                "continue": answer(lambda a: stepper.request_continue()),
+                "detach": answer(lambda a: stepper.detach()),
+                "state": answer(lambda a: None),
+                "break_list": answer(lambda a: None),
+                "break_add": answer(add),
+                "break_enable": answer(lambda a: stepper.set_enabled(a["bp"], a["enabled"])),
+                "break_delete": answer(lambda a: stepper.delete_breakpoint(a["bp"])),
+                "inspect": lambda a: stepper.inspect(
+                    a["group"], a["index"], a["start"], a["count"]
+                ),
+            }
+        )
+        publisher.on_request = stepper.contact
 
     def _start_nested(self, outer: Tracer) -> Tracer:
         """``trace()`` inside a traced run (``torchscope run`` of a script that calls it):
@@ -409,7 +466,10 @@ class Tracer:
             torch._C._set_grad_enabled(grad_was)
         return name, tensors, inputs, _get_sequence_nr(), time.perf_counter_ns()
 
-    def after_op(self, pending: tuple, args: tuple, kwargs: dict, result: Any) -> None:
+    def after_op(
+        self, pending: tuple, args: tuple, kwargs: dict, result: Any
+    ) -> tuple[Event, list[torch.Tensor]] | None:
+        """Record the op; returns its event and output tensors (for the stepper)."""
         name, in_tensors, inputs, seq_lo, t0 = pending
         t1 = time.perf_counter_ns()
         outs = result_tensors(result)
@@ -418,24 +478,25 @@ class Tracer:
             if result is None and args and isinstance(args[0], torch.Tensor):
                 outs = [args[0]]
             else:
-                return
+                return None
         seq_hi = _get_sequence_nr()
         seq = self.next_seq()
         frame = user_frame(1)
         source = f"{frame[0]}:{frame[1]}" if frame else None
         nodes: list[dict] = []
+        module = self.modules.current()
         if seq_hi != seq_lo:
             for out in outs:
                 gf = out.grad_fn
                 if gf is not None:
-                    self._tag_nodes(gf, seq_lo, seq_hi, seq, source, nodes)
+                    self._tag_nodes(gf, seq_lo, seq_hi, seq, source, module, nodes)
         gf0 = outs[0].grad_fn
         event = Event(
             kind=OP,
             seq=seq,
             step=self.step_index,
             name=name,
-            module=self.modules.current(),
+            module=module,
             source=source,
             function=frame[2] if frame else None,
             inputs=inputs,
@@ -457,6 +518,7 @@ class Tracer:
                 self.pipeline.add(event)  # type: ignore[union-attr]
         finally:
             torch._C._set_grad_enabled(grad_was)
+        return event, outs
 
     def node_id(self, node: Any) -> int:
         md = node.metadata
@@ -466,7 +528,7 @@ class Tracer:
         return nid
 
     def _tag_nodes(
-        self, root: Any, lo: int, hi: int, seq: int, source: str | None, out: list
+        self, root: Any, lo: int, hi: int, seq: int, source: str | None, module: str, out: list
     ) -> None:
         """Tag the nodes this call created: their sequence numbers fall in [lo, hi)."""
         todo = [root]
@@ -480,6 +542,7 @@ class Tracer:
             md[NODE_OP] = seq
             md[NODE_RUN] = self.run_id
             md[NODE_SRC] = source
+            md[NODE_MOD] = module
             out.append({"id": self.node_id(node), "name": node_name(node)})
             todo.extend(n for n, _ in node.next_functions if n is not None)
 
@@ -516,6 +579,44 @@ class Tracer:
 
     def on_grad(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> None:
         """Post-hook of one node: runs on the thread that executes the node."""
+        event = self._grad_event(info, grad_inputs, grad_outputs)
+        stepper = self.stepper
+        if event is not None and stepper is not None and stepper.active:
+            tensors = {"grad_outputs": list(grad_outputs), "grad_inputs": list(grad_inputs)}
+            self.pause_point(AFTER, event, tensors)
+
+    def on_grad_pre(self, info: NodeInfo, grad_outputs: tuple) -> None:
+        """Pre-hook of one node (installed only while stepping): before the node runs."""
+        stepper = self.stepper
+        if stepper is None or not stepper.active:
+            return
+        try:
+            with self.pipeline.lock:  # type: ignore[union-attr]
+                go = [None if g is None else self.summary_of(g) for g in grad_outputs]
+            stub = self._grad_fields(info, go, None)
+        except Exception as exc:
+            self.report_error("backward pre-hook", exc)
+            return
+        self.pause_point(BEFORE, stub, {"grad_outputs": list(grad_outputs)})
+
+    def _grad_fields(self, info: NodeInfo, go: list, gi: list | None) -> Event:
+        return Event(
+            kind=GRAD,
+            seq=self.next_seq() if gi is not None else None,
+            step=self.step_index,
+            backward=self._backward_index,
+            node=info.name,
+            node_id=info.id,
+            op_seq=info.op_seq,
+            module=info.module,
+            source=info.source,
+            param=info.param,
+            grad_inputs=gi,
+            grad_outputs=go,
+            thread=_thread_name(),
+        )
+
+    def _grad_event(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> Event | None:
         try:
             grad_was = torch.is_grad_enabled()
             torch._C._set_grad_enabled(False)
@@ -525,33 +626,79 @@ class Tracer:
                     # TBackward0 and friends send on a reordered view of what they received.
                     outs = [g for g in grad_outputs if g is not None]
                     gi = [None if g is None else self.summary_of(g, outs) for g in grad_inputs]
-                    self.pipeline.add(  # type: ignore[union-attr]
-                        Event(
-                            kind=GRAD,
-                            seq=self.next_seq(),
-                            step=self.step_index,
-                            backward=self._backward_index,
-                            node=info.name,
-                            node_id=info.id,
-                            op_seq=info.op_seq,
-                            source=info.source,
-                            param=info.param,
-                            grad_inputs=gi,
-                            grad_outputs=go,
-                            thread=_thread_name(),
-                        )
-                    )
+                    event = self._grad_fields(info, go, gi)
+                    self.pipeline.add(event)  # type: ignore[union-attr]
             finally:
                 torch._C._set_grad_enabled(grad_was)
         except Exception as exc:
             self.report_error("backward hook", exc)
+            return None
+        return event
+
+    # -- step-through ----------------------------------------------------------------------
+    def _origin_of(self, event: dict) -> str | None:
+        seq = event.get("seq")
+        return self.pipeline.alerts.origins.get(seq) if seq is not None else None  # type: ignore[union-attr]
+
+    def pause_before_op(self, pending: tuple) -> None:
+        name, _in_tensors, inputs, _, _ = pending
+        try:
+            frame = user_frame(1)
+            stub = Event(
+                kind=OP,
+                seq=None,
+                step=self.step_index,
+                name=name,
+                module=self.modules.current(),
+                source=f"{frame[0]}:{frame[1]}" if frame else None,
+                function=frame[2] if frame else None,
+                inputs=inputs,
+                outputs=None,
+            )
+        except Exception as exc:
+            self.report_error("pausing before an op", exc)
+            return
+        self.pause_point(BEFORE, stub, {"inputs": list(pending[1])})
+
+    def pause_after_op(self, pending: tuple, event: Event, outs: list[torch.Tensor]) -> None:
+        self.pause_point(AFTER, event, {"inputs": list(pending[1]), "outputs": outs})
+
+    def pause_point(self, phase: str, event: Event, tensors: dict[str, list]) -> None:
+        """Ask the stepper whether to stop here; if so, block this thread until told to go.
+
+        Never raises into the job: a failure here is reported and the job runs on.
+        """
+        stepper = self.stepper
+        pipeline = self.pipeline
+        if stepper is None or pipeline is None:
+            return
+        try:
+            # Value conditions (NaN, gradient norm) need this event's numbers now: a sync, paid
+            # only while such a breakpoint could match here.
+            if phase == AFTER and stepper.needs_stats(event):
+                pipeline.flush(wait=True)
+            reason = stepper.should_pause(phase, event, self._origin_of)
+            if reason is None:
+                return
+            pipeline.flush(wait=True)  # everything up to here reaches the UI and the file
+            point = PausePoint(phase, event, tensors, thread_stack(self._owner), reason)
+            self._emit(
+                Event(kind=PAUSE, seq=self.next_seq(), step=self.step_index, **point.describe())
+            )
+            pipeline.flush(wait=True)
+        except Exception as exc:
+            self.report_error("deciding whether to pause", exc)
+            return
+        resumed_by = stepper.at_point(point)  # blocks the training thread
+        try:
+            self._emit(Event(kind=RESUME, seq=self.next_seq(), step=self.step_index, by=resumed_by))
+            pipeline.flush(wait=True)
+        except Exception as exc:
+            self.report_error("resuming", exc)
 
 
 def _has_inf_scalar(args: tuple, kwargs: dict) -> bool:
-    for a in args:
-        if type(a) is float and (a == math.inf or a == -math.inf):
-            return True
-    for a in kwargs.values():
+    for a in (*args, *kwargs.values()):
         if type(a) is float and (a == math.inf or a == -math.inf):
             return True
     return False

@@ -37,10 +37,11 @@ def user_frame(depth: int = 2) -> tuple[str, int, str] | None:
     return None
 
 
-def user_stack(depth: int = 2, limit: int = 32) -> list[tuple[str, int, str]]:
-    """The user's frames, innermost first (library frames left out)."""
-    out = []
-    frame = sys._getframe(depth)
+def thread_stack(ident: int, limit: int = 32) -> list[tuple[str, int, str]]:
+    """User frames of thread ``ident``, innermost first: the training thread's stack even when
+    asked from another thread (backward hooks run on autograd's own thread on CUDA)."""
+    frame = sys._current_frames().get(ident)
+    out: list[tuple[str, int, str]] = []
     while frame is not None and len(out) < limit:
         if not _is_internal(frame.f_code):
             out.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))

@@ -1,0 +1,454 @@
+"""Step-through debugging: breakpoints, pause/step/next/continue, inspection, the lease.
+
+In-process tests run the "training" on a worker thread (the thread that starts tracing is the
+one that pauses) and drive the stepper from the test thread, the way the control thread does.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from torchscope.tracer.session import Tracer
+from torchscope.tracer.stepper import BreakpointError, parse_break_spec
+
+
+def line_of(func: Callable, needle: str) -> str:
+    lines, first = inspect.getsourcelines(func)
+    (i,) = [i for i, s in enumerate(lines) if needle in s]
+    return f"{inspect.getsourcefile(func)}:{first + i}"
+
+
+class Job(threading.Thread):
+    """Runs ``body`` traced on its own thread; the test thread plays the UI."""
+
+    def __init__(self, body: Callable[[], object], **tracer_args: object) -> None:
+        super().__init__(daemon=True)
+        self.body = body
+        self.tracer = Tracer(live=False, **tracer_args)  # type: ignore[arg-type]
+        self.result: object = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with self.tracer:
+                self.result = self.body()
+        except BaseException as exc:  # surfaced by finish()
+            self.error = exc
+
+    @property
+    def stepper(self):
+        return self.tracer.stepper
+
+    def wait_paused(self, timeout: float = 10.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            point = self.stepper.paused
+            if point is not None:
+                return point.describe()
+            assert self.is_alive(), f"job ended without pausing ({self.error!r})"
+            time.sleep(0.005)
+        raise AssertionError("the job did not pause")
+
+    def wait_running(self, previous: dict, timeout: float = 10.0) -> None:
+        """Until the pause ``previous`` is over (the job may pause again right after)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            point = self.stepper.paused
+            if point is None or point.since != previous["since"]:
+                return
+            time.sleep(0.005)
+        raise AssertionError("the job did not resume")
+
+    def finish(self, timeout: float = 30.0):
+        self.join(timeout)
+        assert not self.is_alive(), "the job is still running"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def name_of(point: dict) -> str:
+    ev = point["event"]
+    return ev.get("name") or ev.get("node")
+
+
+def two_layer(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    h = torch.relu(x @ w)
+    out = (h / 2).sum()
+    out.backward()
+    return out
+
+
+def make_inputs():
+    torch.manual_seed(0)
+    return torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)
+
+
+def test_break_spec_parsing():
+    assert parse_break_spec("nan") == {"nan": "nan"}
+    assert parse_break_spec("op:^Tensor.div$") == {"op": "^Tensor.div$"}
+    assert parse_break_spec(r"module:^blocks\.3\.,nan") == {"module": r"^blocks\.3\.", "nan": "nan"}
+    assert parse_break_spec("op:a{1,3},step:4") == {"op": "a{1,3}", "step": 4}
+    assert parse_break_spec("line:train.py:12,from:2") == {"source": "train.py:12", "from_step": 2}
+    assert parse_break_spec("gradnorm:1e3") == {"grad_norm": 1000.0}
+    for bad in ("", "nope", "op:(", "step:x", "line:12", "gradnorm:big", "nan,infinity"):
+        with pytest.raises(BreakpointError) as err:
+            parse_break_spec(bad)
+        assert "\n" not in str(err.value)
+
+
+def test_op_breakpoint_pauses_before_then_step_shows_outputs_then_continue():
+    x, w = make_inputs()
+    job = Job(lambda: two_layer(x, w), breakpoints=[{"op": r"^torch\.relu$"}])
+    job.start()
+    before = job.wait_paused()
+    assert (before["phase"], name_of(before), before["reason"]) == (
+        "before",
+        "torch.relu",
+        "breakpoint 1",
+    )
+    assert before["event"]["source"] == line_of(two_layer, "torch.relu")
+    assert before["event"]["inputs"][0]["shape"] == [3, 5]
+    assert before["stack"][0][0].endswith("test_stepping.py")  # the training thread's frames
+    with pytest.raises(BreakpointError, match="no 'outputs'"):
+        job.stepper.inspect("outputs", 0)
+    ins = job.stepper.inspect("inputs", 0, start=0, count=4)
+    assert ins["values"] == pytest.approx((x @ w).reshape(-1)[:4].tolist())
+
+    job.stepper.request_step()  # the same op, run: its outputs
+    job.wait_running(before)
+    after = job.wait_paused()
+    assert (after["phase"], name_of(after), after["reason"]) == ("after", "torch.relu", "step")
+    out = job.stepper.inspect("outputs", 0, count=100)
+    assert out["shape"] == [3, 5] and min(out["values"]) >= 0.0 and out["numel"] == 15
+
+    job.stepper.request_step()  # one more op, complete
+    job.wait_running(after)
+    nxt = job.wait_paused()
+    assert (nxt["phase"], name_of(nxt)) == ("after", "Tensor.div")
+
+    job.stepper.request_continue()
+    result = job.finish()
+    assert torch.equal(result, (torch.relu(x @ w) / 2).sum().detach())
+    kinds = [e.kind for e in job.tracer.events]
+    assert kinds.count("pause") == 3 and kinds.count("resume") == 3
+
+
+def test_step_walks_into_backward_node_by_node():
+    x, w = make_inputs()
+    job = Job(lambda: two_layer(x, w), breakpoints=[{"op": "^SumBackward0$"}])
+    job.start()
+    first = job.wait_paused()
+    # a node breakpoint by name stops before the node runs: what arrives is known
+    assert (first["phase"], name_of(first)) == ("before", "SumBackward0")
+    assert first["event"]["grad_outputs"][0]["values"] == [1.0]
+    assert job.stepper.inspect("grad_outputs", 0)["values"] == [1.0]
+    seen = []
+    point = first
+    for _ in range(4):
+        job.stepper.request_step()
+        job.wait_running(point)
+        point = job.wait_paused()
+        seen.append((point["phase"], name_of(point)))
+    assert seen == [
+        ("after", "SumBackward0"),
+        ("after", "DivBackward0"),
+        ("after", "ReluBackward0"),
+        ("after", "MmBackward0"),
+    ]
+    gi = job.stepper.inspect("grad_inputs", 1, count=1000)  # MmBackward0's grad for w
+    job.stepper.request_continue()
+    job.finish()
+    assert gi["values"] == pytest.approx(w.grad.reshape(-1).tolist())
+
+
+def nan_model(x: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    z = torch.log(y - 100.0)  # NaN: log of a negative number
+    return (z * 3).sum()
+
+
+def test_nan_breakpoint_stops_at_the_origin_only():
+    x = torch.randn(5)
+    job = Job(lambda: nan_model(x), breakpoints=[parse_break_spec("nan")])
+    job.start()
+    point = job.wait_paused()
+    assert (point["phase"], name_of(point)) == ("after", "torch.log")
+    assert point["event"]["source"] == line_of(nan_model, "torch.log")
+    assert point["event"]["outputs"][0]["stats"]["nan"] == 5
+    job.stepper.request_continue()
+    job.finish()
+    assert [e.kind for e in job.tracer.events].count("pause") == 1  # not the downstream ops
+
+
+def test_anynan_stops_at_every_op_with_nan_and_conditions_combine():
+    x = torch.randn(5)
+    job = Job(lambda: nan_model(x), breakpoints=[parse_break_spec("anynan,op:^Tensor")])
+    job.start()
+    names = []
+    for _ in range(2):
+        point = job.wait_paused()
+        names.append(name_of(point))
+        job.stepper.request_continue()
+        job.wait_running(point)
+    job.finish()
+    assert names == ["Tensor.mul", "Tensor.sum"]  # torch.log has NaN but is not Tensor.*
+
+
+def test_source_line_grad_norm_and_step_conditions():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train():
+        for _ in range(3):
+            opt.zero_grad()
+            loss = model(torch.randn(8, 4) * 10).pow(2).mean()
+            loss.backward()
+            opt.step()
+
+    line = line_of(train, "model(torch.randn")
+    job = Job(
+        train,
+        breakpoints=[
+            {"source": line.rsplit("/", 1)[-1], "module": "^1$", "step": 1},
+            {"grad_norm": 1.0, "from_step": 2},
+        ],
+    )
+    job.start()
+    first = job.wait_paused()
+    assert first["reason"] == "breakpoint 1" and first["event"]["step"] == 1
+    assert first["event"]["module"] == "1" and name_of(first) == "torch.nn.functional.linear"
+    job.stepper.request_continue()
+    job.wait_running(first)
+    # the same line and module also name the backward nodes that op created: they stop too
+    nodes = []
+    point = job.wait_paused()
+    while point["reason"] == "breakpoint 1":
+        assert point["phase"] == "before" and point["event"]["module"] == "1"
+        nodes.append(name_of(point))
+        job.stepper.request_continue()
+        job.wait_running(point)
+        point = job.wait_paused()
+    assert sorted(nodes) == ["AddmmBackward0", "TBackward0"]
+    second = point
+    assert second["reason"] == "breakpoint 2" and second["event"]["step"] == 2
+    assert second["event"]["kind"] == "grad"
+    norms = [
+        s["stats"]["norm"]
+        for s in second["event"]["grad_inputs"] + second["event"]["grad_outputs"]
+        if s
+    ]
+    assert max(norms) > 1.0
+    job.stepper.detach()  # forgets every breakpoint: no more stops
+    job.finish()
+    assert job.stepper.breakpoints == {}
+
+
+def test_pause_request_and_next_step():
+    torch.manual_seed(0)
+    w = torch.randn(4, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=0.1)
+    go = threading.Event()
+
+    def train():
+        for step in range(3):
+            if step == 1:
+                go.wait(10)
+            (w * 2).sum().backward()
+            opt.step()
+
+    job = Job(train, stepping=True)
+    job.start()
+    time.sleep(0.1)
+    job.stepper.request_pause()
+    go.set()
+    point = job.wait_paused()
+    assert point["reason"] == "paused" and point["event"]["step"] == 1
+    job.stepper.request_next(job.tracer.step_index)
+    job.wait_running(point)
+    nxt = job.wait_paused()
+    assert nxt["reason"] == "next step" and nxt["event"]["step"] == 2 and nxt["phase"] == "before"
+    job.stepper.request_continue()
+    job.finish()
+
+
+def test_lease_resumes_a_job_nobody_attends(capfd):
+    x, w = make_inputs()
+    job = Job(lambda: two_layer(x, w), breakpoints=[{"op": "relu"}], lease=0.5)
+    t0 = time.monotonic()
+    job.start()
+    job.finish()
+    assert 0.4 < time.monotonic() - t0 < 10
+    resumes = [e for e in job.tracer.events if e.kind == "resume"]
+    assert [e.by for e in resumes] == ["lease"]
+    assert "resumed by itself after 0.5 s: no UI is attached" in capfd.readouterr().err
+
+
+def test_wait_blocks_before_the_first_op_until_a_ui_arrives():
+    x, w = make_inputs()
+    job = Job(lambda: two_layer(x, w), wait=True, lease=0.5)
+    job.start()
+    point = job.wait_paused()
+    assert point["phase"] == "before" and point["reason"] == "waiting for a UI"
+    time.sleep(1.0)  # longer than the lease: --wait is not subject to it before a UI comes
+    assert job.stepper.paused is not None
+    job.stepper.contact()
+    job.stepper.request_continue()
+    job.finish()
+
+
+# -- over the wire: a real job, a real control channel ----------------------------------------
+NAN_JOB = """
+import torch
+torch.manual_seed(0)
+x = torch.randn(4, 3, requires_grad=True)
+for step in range(3):
+    y = torch.log(x - 10.0)  # NaN origin
+    y.sum().backward()
+print("finished", flush=True)
+"""
+
+UI_THAT_DIES = """
+import sys, time
+from torchscope.protocol.client import SessionClient
+for _ in range(300):  # the job may not have registered yet
+    c = SessionClient()
+    try:
+        c.connect(sys.argv[1])
+        break
+    except Exception:
+        c.close()
+        time.sleep(0.1)
+while c.request("state")["state"]["paused"] is None:
+    time.sleep(0.05)
+print("paused", flush=True)
+time.sleep(60)  # killed while the job waits on us
+"""
+
+
+def _job(tmp_path, *args: str):
+    import subprocess
+    import sys
+
+    script = tmp_path / "nanjob.py"
+    script.write_text(NAN_JOB)
+    return subprocess.Popen(
+        [sys.executable, "-m", "torchscope", "run", *args, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_paused(client, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = client.request("state")["state"]
+        if state["paused"] is not None:
+            return state
+        time.sleep(0.05)
+    raise AssertionError("the job did not pause")
+
+
+def _connect(pid: int, timeout: float = 30.0):
+    from torchscope.protocol.client import SessionClient, SessionUnreachable
+    from torchscope.protocol.endpoints import EndpointError
+
+    deadline = time.monotonic() + timeout
+    while True:
+        client = SessionClient()
+        try:
+            client.connect(str(pid))
+            return client
+        except (SessionUnreachable, EndpointError):
+            client.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_break_on_nan_over_the_wire_step_continue_and_bad_messages(tmp_path):
+    import zmq
+
+    from torchscope.protocol.client import SessionRefused
+    from torchscope.protocol.codec import pack
+
+    job = _job(tmp_path, "--break-on", "nan", "--lease", "30")
+    client = _connect(job.pid)
+    try:
+        state = _wait_paused(client)
+        point = state["paused"]
+        assert point["event"]["name"] == "torch.log" and point["phase"] == "after"
+        assert point["event"]["source"].endswith("nanjob.py:6")
+        assert point["stack"][0][0].endswith("nanjob.py") and point["stack"][0][1] == 6
+        got = client.request("inspect", group="outputs", index=0, count=3)
+        assert got["numel"] == 12 and len(got["values"]) == 3
+
+        # malformed and refused messages: an error each, and nothing changes
+        raw = zmq.Context.instance().socket(zmq.DEALER)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.connect(client.control_endpoint)
+        for junk in (b"", b"\xff\xfe", b"\x93\x01\x02\x03", b"\x81\xa1v\xc0" * 10, b"x" * 70000):
+            raw.send(junk)
+        replies = []
+        poller = zmq.Poller()
+        poller.register(raw, zmq.POLLIN)
+        while len(replies) < 4 and poller.poll(2000):
+            replies.append(raw.recv())
+        raw.close()
+        assert len(replies) >= 4
+        for bad in (
+            {"cmd": "break_add", "op": "("},
+            {"cmd": "break_enable", "bp": 99, "enabled": True},
+            {"cmd": "inspect", "group": "nothing", "index": 0},
+        ):
+            cmd = bad.pop("cmd")
+            with pytest.raises(SessionRefused):
+                client.request(cmd, **bad)
+        assert pack(client.request("state")["state"]) == pack(state)  # NaN-safe equality
+
+        client.request("step")
+        nxt = _wait_paused(client)  # the op after torch.log, complete
+        assert nxt["paused"]["event"]["name"] == "Tensor.sum"
+        client.request("detach")
+        out, _err = job.communicate(timeout=60)
+        assert job.returncode == 0 and "finished" in out
+    finally:
+        client.close()
+        job.kill()
+
+
+def test_killed_ui_while_paused_lets_the_job_finish(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    job = _job(tmp_path, "--break-on", "nan", "--lease", "2")
+    ui_script = tmp_path / "ui.py"
+    ui_script.write_text(UI_THAT_DIES)
+    ui = subprocess.Popen(
+        [sys.executable, str(ui_script), str(job.pid)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        line = ""
+        while time.monotonic() < deadline and not line:
+            line = ui.stdout.readline().strip()
+        assert line == "paused"
+        ui.send_signal(signal.SIGKILL)
+        ui.wait(10)
+        t0 = time.monotonic()
+        out, err = job.communicate(timeout=60)
+        assert job.returncode == 0 and "finished" in out
+        assert time.monotonic() - t0 < 30
+        assert "resumed by itself after 2 s" in err
+    finally:
+        ui.kill()
+        job.kill()

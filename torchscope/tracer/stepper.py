@@ -1,0 +1,434 @@
+"""Step-through control: pause the training thread at ops and nodes, breakpoints, the lease.
+
+The training thread calls :meth:`Stepper.at_point` at four kinds of places: before and after
+each forward op (inside the mode) and before and after each backward node (inside its pre-
+and post-hook). When the stepper decides to pause, that thread blocks right there until the UI
+says continue, step or next, or until the UI stops heartbeating for ``lease_seconds``: a job
+never stays paused because its UI died.
+
+Everything the UI calls (``request_*``, breakpoints, ``inspect``) runs on the control thread
+and only touches state under ``self._cv``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+BEFORE = "before"
+AFTER = "after"
+
+# What the training thread does next when it is not paused.
+RUN = "run"  # until a breakpoint or a pause request
+PAUSE = "pause"  # at the next point
+STEP = "step"  # at the next "after" point: one op or node, complete
+NEXT = "next"  # at the first point of a later training step
+
+NAN_CONDITIONS = ("nan", "inf", "anynan")
+MAX_INSPECT = 100_000
+
+
+class BreakpointError(ValueError):
+    """A breakpoint spec that cannot work; the text is one line for the user."""
+
+
+@dataclass
+class Breakpoint:
+    """Conditions that all must hold (AND). Absent conditions always hold."""
+
+    id: int
+    op: str | None = None  # regex over the op or node name
+    module: str | None = None  # regex over the module path
+    source: str | None = None  # "file:line" (file may be a path suffix)
+    nan: str | None = None  # "nan" / "inf": where it first appears; "anynan": anywhere
+    grad_norm: float | None = None  # a node's gradient norm above this
+    step: int | None = None  # only on this step
+    from_step: int | None = None  # from this step on
+    enabled: bool = True
+    hits: int = 0
+    _op: re.Pattern | None = field(default=None, repr=False)
+    _module: re.Pattern | None = field(default=None, repr=False)
+
+    KEYS = ("op", "module", "source", "nan", "grad_norm", "step", "from_step", "enabled")
+
+    @classmethod
+    def from_spec(cls, bp_id: int, spec: dict[str, Any]) -> Breakpoint:
+        unknown = set(spec) - set(cls.KEYS)
+        if unknown:
+            raise BreakpointError(f"unknown breakpoint condition(s): {', '.join(sorted(unknown))}")
+        bp = cls(bp_id, **{k: spec[k] for k in cls.KEYS if spec.get(k) is not None})
+        if not any(getattr(bp, k) is not None for k in cls.KEYS[:-1]):
+            raise BreakpointError("a breakpoint needs at least one condition")
+        for name in ("op", "module"):
+            pattern = getattr(bp, name)
+            if pattern is not None:
+                if not isinstance(pattern, str):
+                    raise BreakpointError(f"{name} must be a regular expression string")
+                try:
+                    setattr(bp, f"_{name}", re.compile(pattern))
+                except re.error as exc:
+                    raise BreakpointError(f"bad {name} regex {pattern!r}: {exc}") from None
+        if bp.source is not None:
+            file, sep, line = str(bp.source).rpartition(":")
+            if not sep or not file or not line.isdigit():
+                raise BreakpointError(f"source must be FILE:LINE, not {bp.source!r}")
+        if bp.nan is not None and bp.nan not in NAN_CONDITIONS:
+            raise BreakpointError(f"nan must be one of {', '.join(NAN_CONDITIONS)}")
+        if bp.grad_norm is not None and not isinstance(bp.grad_norm, (int, float)):
+            raise BreakpointError("grad_norm must be a number")
+        for name in ("step", "from_step"):
+            value = getattr(bp, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise BreakpointError(f"{name} must be a step number")
+        return bp
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in self.KEYS if getattr(self, k) is not None}
+        out["id"] = self.id
+        out["hits"] = self.hits
+        return out
+
+    @property
+    def needs_stats(self) -> bool:
+        """Conditions on values can only be judged once the outputs exist (the after point)."""
+        return self.nan is not None or self.grad_norm is not None
+
+    def static_match(self, event: dict[str, Any]) -> bool:
+        """Conditions that need no tensor values: name, module, source line, step."""
+        step = event.get("step", 0)
+        if self.step is not None and step != self.step:
+            return False
+        if self.from_step is not None and step < self.from_step:
+            return False
+        name = event.get("name") or event.get("node") or ""
+        if self._op is not None and not self._op.search(name):
+            return False
+        if self._module is not None and not self._module.search(event.get("module") or ""):
+            return False
+        if self.source is not None:
+            src = event.get("source") or ""
+            if not (src == self.source or src.endswith("/" + self.source)):
+                return False
+        return True
+
+    def value_match(self, event: dict[str, Any], origin: str | None) -> bool:
+        """Conditions on resolved stats (the event's summaries must be resolved). ``origin`` is
+        the alert verdict for this event: "nan"/"inf" where that value first appears."""
+        if self.nan is not None:
+            if self.nan == "anynan":
+                if not _any_bad(event):
+                    return False
+            elif origin != self.nan:
+                return False
+        if self.grad_norm is not None:
+            if event.get("kind") != "grad":
+                return False
+            norms = [
+                s["stats"].get("norm", 0.0)
+                for s in (event.get("grad_inputs") or []) + (event.get("grad_outputs") or [])
+                if s and s.get("stats")
+            ]
+            if not any(n > self.grad_norm or n != n for n in norms):
+                return False
+        return True
+
+
+def _any_bad(event: dict[str, Any]) -> bool:
+    key = "outputs" if event.get("kind") == "op" else "grad_inputs"
+    for s in event.get(key) or []:
+        stats = s.get("stats") if s else None
+        if stats and (stats.get("nan") or stats.get("inf")):
+            return True
+    return False
+
+
+_BREAK_KEYS = (
+    "nan",
+    "inf",
+    "anynan",
+    "op:",
+    "module:",
+    "line:",
+    "source:",
+    "gradnorm:",
+    "step:",
+    "from:",
+)
+_BREAK_SPLIT = re.compile(r",(?=(?:" + "|".join(re.escape(k) for k in _BREAK_KEYS) + "))")
+
+
+def parse_break_spec(text: str) -> dict[str, Any]:
+    """``--break-on`` text to a breakpoint spec; conditions joined by "," all must hold.
+
+    ``nan`` / ``inf`` (where it first appears), ``anynan``, ``op:REGEX``, ``module:REGEX``,
+    ``line:FILE:LINE``, ``gradnorm:X``, ``step:N``, ``from:N``. A regex may contain commas;
+    only a comma followed by a condition name splits.
+    """
+    spec: dict[str, Any] = {}
+    for part in _BREAK_SPLIT.split(text.strip()):
+        key, sep, value = part.partition(":")
+        try:
+            if part in NAN_CONDITIONS:
+                spec["nan"] = part
+            elif sep and key in ("op", "module"):
+                spec[key] = value
+            elif sep and key in ("line", "source"):
+                spec["source"] = value
+            elif sep and key == "gradnorm":
+                spec["grad_norm"] = float(value)
+            elif sep and key in ("step", "from"):
+                spec["step" if key == "step" else "from_step"] = int(value)
+            else:
+                raise ValueError
+        except ValueError:
+            raise BreakpointError(
+                f"bad breakpoint condition {part!r}: use nan, inf, anynan, op:REGEX, "
+                "module:REGEX, line:FILE:LINE, gradnorm:X, step:N or from:N, joined by ','"
+            ) from None
+    Breakpoint.from_spec(0, spec)  # validate now, with the same rules the UI's get
+    return spec
+
+
+@dataclass
+class PausePoint:
+    """Where the training thread is blocked: the event and the live tensors behind it."""
+
+    phase: str
+    event: dict[str, Any]
+    tensors: dict[str, list[Any]]  # "inputs"/"outputs" or "grad_outputs"/"grad_inputs"
+    stack: list[tuple[str, int, str]]
+    reason: str
+    since: float = field(default_factory=time.time)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase,
+            "event": self.event,
+            "reason": self.reason,
+            "stack": [list(f) for f in self.stack],
+            "since": self.since,
+        }
+
+
+class Stepper:
+    def __init__(
+        self,
+        *,
+        lease_seconds: float = 10.0,
+        wait_for_ui: bool = False,
+        note: Callable[[str], None] | None = None,
+    ) -> None:
+        self.lease_seconds = lease_seconds
+        self._note = note or (lambda text: print(f"torchscope: {text}", file=sys.stderr))
+        self._cv = threading.Condition()
+        self._mode = PAUSE if wait_for_ui else RUN
+        self._next_after_step: int | None = None
+        self._waiting_for_ui = wait_for_ui
+        self._attached = False
+        self._last_contact = 0.0
+        self._resume_reason: str | None = None
+        self._next_id = 1
+        self.breakpoints: dict[int, Breakpoint] = {}
+        self.paused: PausePoint | None = None
+        self.auto_resumed = 0
+        # Read on every op by the training thread: a plain attribute, kept current under _cv.
+        self.active = self._mode != RUN
+
+    def _refresh(self) -> None:
+        self.active = self._mode != RUN or any(bp.enabled for bp in self.breakpoints.values())
+
+    # -- what the training thread asks ---------------------------------------------------
+    def needs_stats(self, event: dict[str, Any]) -> bool:
+        """Whether deciding at this after point needs the event's numbers now (a sync)."""
+        return any(
+            bp.enabled and bp.needs_stats and bp.static_match(event)
+            for bp in list(self.breakpoints.values())
+        )
+
+    def should_pause(
+        self,
+        phase: str,
+        event: dict[str, Any],
+        origin: Callable[[dict], str | None] = lambda e: None,
+    ) -> str | None:
+        """The reason to pause at this point, or None. ``origin(event)`` gives the alert
+        verdict ("nan"/"inf"/None) once the event's numbers are resolved."""
+        mode = self._mode
+        if mode == PAUSE:
+            return "waiting for a UI" if self._waiting_for_ui else "paused"
+        if mode == STEP and phase == AFTER:
+            return "step"
+        if mode == NEXT and event.get("step", 0) > (self._next_after_step or 0):
+            return "next step"
+        for bp in list(self.breakpoints.values()):
+            if not bp.enabled or not bp.static_match(event):
+                continue
+            # Name/line breakpoints stop before the op runs; value conditions once it has.
+            if bp.needs_stats:
+                if phase == AFTER and bp.value_match(event, origin(event)):
+                    bp.hits += 1
+                    return f"breakpoint {bp.id}"
+            elif phase == BEFORE:
+                bp.hits += 1
+                return f"breakpoint {bp.id}"
+        return None
+
+    def at_point(self, point: PausePoint) -> str:
+        """Block the calling (training) thread until the UI lets it go or the lease ends.
+
+        Returns what resumed it: "continue", "step", "next", "detach" or "lease".
+        """
+        with self._cv:
+            self.paused = point
+            self._mode = RUN  # the step/next/pause request that brought us here is used up
+            self._next_after_step = None
+            self._resume_reason = None
+            # --wait: no lease until the first UI arrives; that is what was asked for.
+            while self._waiting_for_ui and not self._attached and self._resume_reason is None:
+                self._cv.wait(0.5)
+            self._waiting_for_ui = False
+            start = time.monotonic()
+            while self._resume_reason is None:
+                since = max(self._last_contact, start) if self._attached else start
+                left = self.lease_seconds - (time.monotonic() - since)
+                if left <= 0:
+                    self.auto_resumed += 1
+                    who = "its UI stopped responding" if self._attached else "no UI is attached"
+                    self._note(
+                        f"paused job resumed by itself after {self.lease_seconds:g} s: {who}"
+                    )
+                    self._attached = False
+                    self._resume_reason = "lease"
+                    break
+                self._cv.wait(min(left, 0.5))
+            reason, self._resume_reason = self._resume_reason, None
+            self.paused = None
+            self._refresh()
+            return reason
+
+    # -- what the UI asks (control thread) -------------------------------------------------
+    def contact(self) -> None:
+        """Any message from the UI: it is alive (renews the lease)."""
+        with self._cv:
+            self._attached = True
+            self._last_contact = time.monotonic()
+            self._cv.notify_all()
+
+    def request_pause(self) -> None:
+        with self._cv:
+            if self.paused is None:
+                self._mode = PAUSE
+                self._refresh()
+
+    def request_continue(self) -> None:
+        self._resume(RUN, "continue")
+
+    def request_step(self) -> None:
+        self._resume(STEP, "step")
+
+    def request_next(self, current_step: int) -> None:
+        with self._cv:
+            self._next_after_step = current_step
+        self._resume(NEXT, "next")
+
+    def _resume(self, mode: str, why: str) -> None:
+        with self._cv:
+            self._mode = mode
+            if self.paused is not None:
+                self._resume_reason = why
+            self._refresh()
+            self._cv.notify_all()
+
+    def detach(self) -> None:
+        """The UI leaves: forget every breakpoint and let the job run."""
+        with self._cv:
+            self.breakpoints.clear()
+            self._attached = False
+            self._waiting_for_ui = False
+            self._mode = RUN
+            self._next_after_step = None
+            if self.paused is not None:
+                self._resume_reason = "detach"
+            self._refresh()
+            self._cv.notify_all()
+
+    def add_breakpoint(self, spec: dict[str, Any]) -> dict[str, Any]:
+        with self._cv:
+            bp = Breakpoint.from_spec(self._next_id, spec)
+            self._next_id += 1
+            self.breakpoints[bp.id] = bp
+            self._refresh()
+            return bp.to_dict()
+
+    def set_enabled(self, bp_id: int, enabled: bool) -> dict[str, Any]:
+        with self._cv:
+            bp = self._get(bp_id)
+            bp.enabled = enabled
+            self._refresh()
+            return bp.to_dict()
+
+    def delete_breakpoint(self, bp_id: int) -> None:
+        with self._cv:
+            self._get(bp_id)
+            del self.breakpoints[bp_id]
+            self._refresh()
+
+    def _get(self, bp_id: int) -> Breakpoint:
+        bp = self.breakpoints.get(bp_id)
+        if bp is None:
+            raise BreakpointError(f"no breakpoint {bp_id}")
+        return bp
+
+    def state(self) -> dict[str, Any]:
+        with self._cv:
+            return {
+                "paused": self.paused.describe() if self.paused is not None else None,
+                "mode": self._mode,
+                "breakpoints": [bp.to_dict() for bp in self.breakpoints.values()],
+                "auto_resumed": self.auto_resumed,
+            }
+
+    def inspect(self, group: str, index: int, start: int = 0, count: int = 1000) -> dict[str, Any]:
+        """Values of one tensor at the pause point: flat slice ``[start, start+count)``."""
+        with self._cv:
+            point = self.paused
+            if point is None:
+                raise BreakpointError("the job is not paused")
+            tensors = point.tensors.get(group)
+            if tensors is None:
+                have = ", ".join(point.tensors) or "nothing"
+                raise BreakpointError(f"no {group!r} at this point (have {have})")
+            if not 0 <= index < len(tensors):
+                raise BreakpointError(f"{group} has {len(tensors)} tensors, not index {index}")
+            t = tensors[index]
+        if t is None:
+            return {"group": group, "index": index, "values": None}
+        return _slice_values(t, group, index, start, max(0, min(count, MAX_INSPECT)))
+
+
+def _slice_values(t: Any, group: str, index: int, start: int, count: int) -> dict[str, Any]:
+    import torch  # the stepper is only ever used beside a live tracer
+
+    with torch._C.DisableTorchFunction(), torch.no_grad():
+        flat = t.detach().reshape(-1)
+        n = flat.numel()
+        part = flat[start : start + count]
+        if part.is_complex():
+            part = torch.view_as_real(part).reshape(-1)
+        if part.dtype == torch.bool:
+            part = part.to(torch.uint8)
+        values = part.cpu().tolist()
+    return {
+        "group": group,
+        "index": index,
+        "shape": list(t.shape),
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "numel": n,
+        "start": start,
+        "values": values,
+    }
