@@ -347,11 +347,13 @@ def _job(tmp_path, *args: str):
     )
 
 
-def _wait_paused(client, timeout: float = 30.0) -> dict:
+def _wait_paused(client, timeout: float = 30.0, after: dict | None = None) -> dict:
+    """The job's state once it is paused (at a pause other than ``after``'s)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        state = client.request("state")["state"]
-        if state["paused"] is not None:
+        state = client.request("state", timeout=10)["state"]
+        paused = state["paused"]
+        if paused is not None and (after is None or paused["since"] != after["paused"]["since"]):
             return state
         time.sleep(0.05)
     raise AssertionError("the job did not pause")
@@ -415,7 +417,7 @@ def test_break_on_nan_over_the_wire_step_continue_and_bad_messages(tmp_path):
         assert pack(client.request("state")["state"]) == pack(state)  # NaN-safe equality
 
         client.request("step")
-        nxt = _wait_paused(client)  # the op after torch.log, complete
+        nxt = _wait_paused(client, after=state)  # the op after torch.log, complete
         assert nxt["paused"]["event"]["name"] == "Tensor.sum"
         client.request("detach")
         out, _err = job.communicate(timeout=60)

@@ -11,8 +11,10 @@ import torch.nn.functional as F
 import torchscope
 
 
-def training_loop(steps: int, seed: int, out: list, barrier: threading.Barrier | None = None):
-    model = models.mlp(seed)
+def training_loop(
+    steps: int, seed: int, out: list, barrier: threading.Barrier | None = None, model=None
+):
+    model = model if model is not None else models.mlp(seed)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(seed)
     for i in range(steps):
@@ -32,9 +34,12 @@ def test_other_threads_are_not_traced(capfd):
     errors: list[BaseException] = []
     barrier = threading.Barrier(2)
 
+    # Built here: model init seeds the global RNG, which two threads must not do at once.
+    other_model, my_model = models.mlp(1), models.mlp(2)
+
     def worker():
         try:
-            training_loop(20, seed=1, out=other, barrier=barrier)
+            training_loop(20, seed=1, out=other, barrier=barrier, model=other_model)
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -42,7 +47,7 @@ def test_other_threads_are_not_traced(capfd):
     mine: list[float] = []
     with torchscope.trace() as tr:
         t.start()
-        training_loop(3, seed=2, out=mine, barrier=barrier)
+        training_loop(3, seed=2, out=mine, barrier=barrier, model=my_model)
         t.join()
     assert errors == []
     assert other == ref  # the untraced thread computed exactly what it computes alone

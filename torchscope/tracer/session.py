@@ -50,7 +50,18 @@ from torchscope.tracer.pipeline import EventPipeline, Sink
 from torchscope.tracer.source import thread_stack, user_frame
 from torchscope.tracer.stepper import AFTER, BEFORE, PausePoint, Stepper
 from torchscope.tracer.steps import parse_steps
-from torchscope.tracer.summary import Summarizer, SummaryMemo
+from torchscope.tracer.summary import Summarizer, SummaryMemo, tensor_meta
+
+UNINITIALIZED_OPS = frozenset(
+    {
+        "torch.empty",
+        "torch.empty_like",
+        "torch.empty_strided",
+        "torch.empty_permuted",
+        "Tensor.new_empty",
+        "Tensor.new_empty_strided",
+    }
+)
 
 _current: Tracer | None = None
 # Node ids live in node metadata, which outlives a tracer (a graph built under one run and
@@ -514,11 +525,23 @@ class Tracer:
             with self.pipeline.lock:  # type: ignore[union-attr]
                 # A view's output shares its input's stats when the input is unchanged (the
                 # memo checks its version); an in-place op's output is summarised afresh.
-                event["outputs"] = [self.summary_of(t, in_tensors) for t in outs]
+                if name in UNINITIALIZED_OPS:
+                    # Whatever bytes the allocator hands out: stats of them mean nothing, and
+                    # a NaN among them is not an alert.
+                    event["outputs"] = [self._uninitialized(t) for t in outs]
+                else:
+                    event["outputs"] = [self.summary_of(t, in_tensors) for t in outs]
                 self.pipeline.add(event)  # type: ignore[union-attr]
         finally:
             torch._C._set_grad_enabled(grad_was)
         return event, outs
+
+    def _uninitialized(self, t: torch.Tensor) -> dict:
+        s = tensor_meta(t)
+        s["stats"] = None
+        s["uninitialized"] = True
+        self.memo.put(t, s)
+        return s
 
     def node_id(self, node: Any) -> int:
         md = node.metadata
