@@ -13,6 +13,8 @@ import pytest
 _RUNTIME = tempfile.mkdtemp(prefix="torchscope-test-")
 os.chmod(_RUNTIME, 0o700)
 os.environ["TORCHSCOPE_RUNTIME_DIR"] = _RUNTIME
+# ... and no CURVE keys a user made with `torchscope keys` change what tests see.
+os.environ["TORCHSCOPE_KEYS_DIR"] = tempfile.mkdtemp(prefix="torchscope-test-keys-")
 
 
 def _is_tracer_test(request: pytest.FixtureRequest) -> bool:

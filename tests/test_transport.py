@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from torchscope.protocol import client as client_mod
 from torchscope.protocol import endpoints as ep
+from torchscope.protocol import frames
 from torchscope.protocol.client import SessionClient, SessionRefused, SessionUnreachable
 from torchscope.protocol.codec import ProtocolError, pack
 from torchscope.protocol.frames import (
@@ -504,7 +505,7 @@ def _check_parse(raw: bytes) -> None:
         assert "\n" not in str(exc) and len(str(exc)) <= 300
         assert exc.request_id is None or 0 <= exc.request_id < 2**63
         return
-    assert req.cmd in ("hello", "snapshot", "ping") and 0 <= req.id < 2**63
+    assert req.cmd in frames.COMMANDS and 0 <= req.id < 2**63
     if req.cmd == "snapshot":
         assert 0 <= req.args["max_events"] <= 100_000
 

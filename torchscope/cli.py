@@ -137,6 +137,20 @@ def _break_spec(text: str) -> dict:
         raise UsageError(f"--break-on: {exc}") from None
 
 
+def _check_public_bind() -> None:
+    """A public TORCHSCOPE_BIND without CURVE keys refuses to start (it would expose pause and
+    tensor reads to the network); other endpoint trouble only turns the live view off."""
+    from torchscope.protocol import endpoints as ep
+    from torchscope.protocol.security import SecurityError
+
+    try:
+        ep.default_endpoints()
+    except SecurityError as exc:
+        raise UsageError(str(exc)) from None
+    except ep.EndpointError:
+        pass
+
+
 def cmd_run(opts: RunOptions) -> int:
     from torchscope.tracer.steps import StepSpecError, parse_steps
 
@@ -146,6 +160,9 @@ def cmd_run(opts: RunOptions) -> int:
         raise UsageError(str(exc)) from None
     if opts.script is not None and not os.path.isfile(opts.script):
         raise UsageError(f"no such script: {opts.script}")
+
+    if opts.live:
+        _check_public_bind()
 
     import runpy
 
@@ -385,6 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--kind", action="append", choices=KINDS, help="only events of this kind (repeatable)"
     )
     dump.add_argument("--step", type=int, help="only events of this step")
+    keys = sub.add_parser("keys", help="create CURVE keys, needed to bind a public address")
+    keys.add_argument("--force", action="store_true", help="replace existing keys")
     ls = sub.add_parser("ls", help="list live torchscope sessions on this machine")
     ls.add_argument("--timeout", type=float, default=0.5, help="seconds to wait for each session")
     record = sub.add_parser("record", help="record a live session into a trace file")
@@ -406,6 +425,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_dump(args)
         if args.command == "ls":
             return cmd_ls(args)
+        if args.command == "keys":
+            from torchscope.protocol.security import cli_keys
+
+            return cli_keys(args)
         if args.command == "record":
             return cmd_record(args)
         build_parser().print_help()

@@ -12,6 +12,11 @@ Joining a running job without gaps or duplicates (zguide "Clone")::
         for frame in client.recv(100):   # frames covered by the snapshot are skipped
             ...
 
+A tcp endpoint that is not loopback (a job bound to a public address) is reached with CURVE:
+this machine's client key pair and the job's public key, from the key directory (see
+:mod:`torchscope.protocol.security`). A job bound to ``0.0.0.0`` names its events endpoint
+``tcp://0.0.0.0:PORT``; the client connects to that port on the host it reached control on.
+
 Imports neither torch nor textual.
 """
 
@@ -29,6 +34,7 @@ from typing import Any
 import zmq
 
 from torchscope.protocol import endpoints as ep
+from torchscope.protocol import security
 from torchscope.protocol.codec import MAX_MESSAGE_BYTES, ProtocolError
 from torchscope.protocol.events import Event
 from torchscope.protocol.frames import (
@@ -47,6 +53,8 @@ ALIVE_SECONDS = 3.0  # no frame for this long (heartbeats come every second): no
 MAX_FRAMES_PER_RECV = 10_000
 # One recv() call drains for at most this long, so a UI that fell behind stays responsive.
 MAX_RECV_SECONDS = 0.2
+# A job bound to one of these hosts listens on every interface; "hello" names it as bound.
+ANY_HOSTS = frozenset({"0.0.0.0", "::", "*", ""})
 
 
 class SessionUnreachable(ConnectionError):
@@ -60,9 +68,14 @@ class SessionRefused(RuntimeError):
 class SessionClient:
     """Connection to one traced process."""
 
-    def __init__(self, context: zmq.Context | None = None, *, rcvhwm: int = 1000) -> None:
+    def __init__(
+        self, context: zmq.Context | None = None, *, rcvhwm: int = 1000, curve: bool | None = None
+    ) -> None:
         self._ctx = context or zmq.Context.instance()
         self._rcvhwm = rcvhwm
+        # CURVE on tcp endpoints: None = when not loopback; True/False = always/never.
+        self._curve = curve
+        self._client_keys: security.ClientKeys | None = None
         self._ids = itertools.count(1)
         self.dealer: zmq.Socket | None = None
         self.sub: zmq.Socket | None = None
@@ -103,15 +116,21 @@ class SessionClient:
             raise SessionUnreachable(
                 f"torchscope session at {record.control} is gone (no socket file)"
             )
-        self.dealer = self._socket(zmq.DEALER)
+        curve = self._uses_curve(record.control)
+        self.dealer = self._socket(zmq.DEALER, record.control if curve else None)
         self.dealer.connect(record.control)
         deadline = time.monotonic() + timeout
-        info = self.hello(timeout=timeout)
-        self.events_endpoint = info.get("events_endpoint") or record.events
-        if not self.events_endpoint:
+        try:
+            info = self.hello(timeout=timeout)
+        except SessionUnreachable as exc:
+            raise SessionUnreachable(f"{exc}{_hint(record.control, curve)}") from None
+        advertised = info.get("events_endpoint") or record.events
+        if not advertised:
             raise SessionUnreachable(f"session at {record.control} names no events endpoint")
+        self.events_endpoint = reachable_endpoint(advertised, record.control)
+        curve = self._uses_curve(advertised) or self._uses_curve(self.events_endpoint)
         token = secrets.token_hex(8)
-        self.sub = self._socket(zmq.SUB)
+        self.sub = self._socket(zmq.SUB, self.events_endpoint if curve else None)
         self.sub.setsockopt(zmq.RCVHWM, self._rcvhwm)
         # Everything, plus a topic no frame matches: when the publisher reports seeing that
         # one, our subscription to everything (sent before it on the same pipe) is in place.
@@ -138,10 +157,22 @@ class SessionClient:
         self.step = None
         self._last_seen = None
 
-    def _socket(self, kind: int) -> zmq.Socket:
+    def _uses_curve(self, endpoint: str) -> bool:
+        if self._curve is None:
+            return ep.is_public_tcp(endpoint)
+        return self._curve and endpoint.startswith("tcp://")
+
+    def _socket(self, kind: int, curve_endpoint: str | None = None) -> zmq.Socket:
+        """A socket with our limits; a CURVE client when ``curve_endpoint`` is given (keys are
+        loaded then: SecurityError, an EndpointError, when they are missing)."""
+        if curve_endpoint is not None and self._client_keys is None:
+            self._client_keys = security.load_client_keys(endpoint=curve_endpoint)
         s = self._ctx.socket(kind)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # bound what a peer can make us hold
+        if curve_endpoint is not None:
+            assert self._client_keys is not None
+            security.configure_client(s, self._client_keys)
         return s
 
     def close(self) -> None:
@@ -292,6 +323,37 @@ class SessionClient:
             and self._last_seen is not None
             and time.monotonic() - self._last_seen <= ALIVE_SECONDS
         )
+
+
+def reachable_endpoint(endpoint: str, control: str) -> str:
+    """``endpoint`` as named by a job, made connectable: a tcp endpoint bound to every
+    interface (``tcp://0.0.0.0:PORT``) becomes PORT on the host ``control`` reached."""
+    if not (endpoint.startswith("tcp://") and control.startswith("tcp://")):
+        return endpoint
+    try:
+        host, port = ep._split_tcp(endpoint)
+        control_host, _ = ep._split_tcp(control)
+    except ep.EndpointError:
+        return endpoint
+    if host not in ANY_HOSTS or port is None:
+        return endpoint
+    hostpart = f"[{control_host}]" if ":" in control_host else control_host
+    return f"tcp://{hostpart}:{port}"
+
+
+def _hint(control: str, curve: bool) -> str:
+    """What else an unanswered hello may mean, on tcp."""
+    if curve:
+        return (
+            "; with CURVE, also check that this machine's client.key is in the job's "
+            "authorized_clients and that server.key is the job's"
+        )
+    if control.startswith("tcp://"):
+        return (
+            "; a job bound to a public address answers only CURVE clients: connect to that "
+            "address, with keys from `torchscope keys`"
+        )
+    return ""
 
 
 @contextlib.contextmanager

@@ -3,10 +3,11 @@
 Each traced process binds two ZeroMQ sockets (events PUB, control ROUTER) and writes a small
 JSON record into a per-user registry, ``<runtime_dir>/sessions/``, so that ``torchscope ls`` and
 the UI can find it without being told an address. Security rests on the runtime directory:
-it is private (0700, ours), so only our user can reach the ``ipc://`` sockets inside it. TCP is
-allowed on loopback only until CURVE lands; every bind goes through :func:`check_bind_address`.
+it is private (0700, ours), so only our user can reach the ``ipc://`` sockets inside it. TCP on
+loopback is plain; a non-loopback TCP bind needs CURVE keys (:mod:`torchscope.protocol.security`);
+every bind goes through :func:`check_bind_address`.
 
-Imports neither torch nor textual nor zmq.
+Imports neither torch nor textual nor zmq (a non-loopback bind loads keys, which uses zmq).
 """
 
 from __future__ import annotations
@@ -162,12 +163,26 @@ def _is_loopback(host: str) -> bool:
         return False  # an interface name or hostname might mean any address: not provably safe
 
 
-def check_bind_address(addr: str) -> str:
+def is_public_tcp(addr: str | None) -> bool:
+    """Whether ``addr`` is a tcp endpoint other machines may reach (not provably loopback):
+    such an endpoint is bound, and connected to, with CURVE."""
+    if not addr or not addr.startswith("tcp://"):
+        return False
+    try:
+        host, _ = _split_tcp(addr)
+    except EndpointError:
+        return True
+    return not _is_loopback(host)
+
+
+def check_bind_address(addr: str, *, server_keys: Any = None) -> str:
     """Validate an endpoint this process is about to *bind*; return it normalised.
 
     ``ipc://PATH`` (short enough for a Unix socket) and ``tcp://`` on a loopback address are
-    allowed. Anything else reachable from other machines needs CURVE, which is not there yet:
-    the one place to extend when it is.
+    allowed as they are. Anything reachable from other machines needs CURVE keys: allowed
+    when ``server_keys`` (a ``security.ServerKeys``) is given or the key directory holds valid
+    ones (the publisher then binds it as a CURVE server); else a one-line EndpointError
+    (``security.SecurityError``) saying to run ``torchscope keys``.
     """
     if not isinstance(addr, str) or not addr:
         raise EndpointError(f"not an endpoint: {addr!r}")
@@ -185,11 +200,10 @@ def check_bind_address(addr: str) -> str:
         host, port = _split_tcp(addr)
         if port is None or not (port == "*" or (port.isdigit() and 0 < int(port) < 65536)):
             raise EndpointError(f"tcp address {addr!r} needs a port (1-65535) or ':*'")
-        if not _is_loopback(host):
-            raise EndpointError(
-                f"binding {addr} requires CURVE keys; torchscope does not support them yet, so "
-                f"bind a loopback address (tcp://127.0.0.1) or ipc:// and use an SSH tunnel"
-            )
+        if not _is_loopback(host) and server_keys is None:
+            from torchscope.protocol import security  # imports zmq: only for public binds
+
+            security.load_server_keys(endpoint=addr)
         if host == "localhost":
             host = "127.0.0.1"  # libzmq binds interfaces or literal addresses, not host names
         return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
@@ -204,6 +218,8 @@ def default_endpoints(pid: int | None = None, rank: int | None = None) -> tuple[
     ``TORCHSCOPE_BIND=tcp://127.0.0.1[:PORT]``: loopback TCP, events on a random port, control
     on PORT (+ rank, so the ranks of one host do not collide) or a random one. The actual
     random ports are known after binding; the UI learns them from the registry or ``hello``.
+    ``TORCHSCOPE_BIND=tcp://0.0.0.0:PORT`` (any non-loopback host) is the same with CURVE, and
+    refused without keys (see :func:`check_bind_address`).
     """
     pid = os.getpid() if pid is None else pid
     bind = os.environ.get(ENV_BIND, "").strip()
@@ -223,12 +239,12 @@ def default_endpoints(pid: int | None = None, rank: int | None = None) -> tuple[
             control_port = str(int(port) + (rank or 0))
         else:
             raise EndpointError(f"{ENV_BIND}={bind!r}: the port must be a number")
-        return (
-            check_bind_address(f"tcp://{hostpart}:*"),
-            check_bind_address(f"tcp://{hostpart}:{control_port}"),
-        )
+        # Control first: a refusal then names the address the user wrote.
+        control = check_bind_address(f"tcp://{hostpart}:{control_port}")
+        return check_bind_address(f"tcp://{hostpart}:*"), control
     raise EndpointError(
-        f"{ENV_BIND}={bind!r} is not understood: use tcp://127.0.0.1[:PORT] or leave it unset"
+        f"{ENV_BIND}={bind!r} is not understood: use tcp://127.0.0.1[:PORT] (or a public "
+        f"address, with CURVE keys: `torchscope keys`) or leave it unset"
     )
 
 

@@ -12,6 +12,9 @@ thread-safe) and does the rest:
   :func:`torchscope.protocol.frames.parse_request`; a malformed request gets an error reply
   and bumps ``bad_requests``, nothing else happens.
 * a ring of the last ``ring`` events for snapshots, heartbeats every second, and "bye" at close.
+* a socket bound to a non-loopback tcp address is a CURVE server, and a ZAP authenticator
+  (pyzmq ``zmq.auth``) in this thread's context admits only the client keys in
+  ``authorized_clients/`` (see :mod:`torchscope.protocol.security`); ipc and loopback: plain.
 
 Snapshot consistency (zguide "Clone"): events enter the ring and a frame in the same step on
 this thread, so a snapshot's ``frame`` number says exactly which frames it covers; the client
@@ -39,6 +42,7 @@ from typing import Any
 import zmq
 
 from torchscope.protocol import endpoints as ep
+from torchscope.protocol import security
 from torchscope.protocol.codec import MAX_MESSAGE_BYTES, pack
 from torchscope.protocol.frames import (
     BYE,
@@ -98,6 +102,12 @@ class EventPublisher:
         self.endpoints: tuple[str, str] = (
             ep.check_bind_address(events_endpoint),
             ep.check_bind_address(control_endpoint),
+        )
+        # A non-loopback tcp endpoint is bound as a CURVE server that admits only the UIs in
+        # authorized_clients/ (check_bind_address refused it above if there are no keys).
+        public = [e for e in self.endpoints if ep.is_public_tcp(e)]
+        self._curve: security.ServerKeys | None = (
+            security.load_server_keys(endpoint=public[0]) if public else None
         )
         self.record = ep.SessionRecord.from_session(
             self.session, events=self.endpoints[0], control=self.endpoints[1]
@@ -270,9 +280,11 @@ class EventPublisher:
     # -- publisher thread ----------------------------------------------------------------------
     def _run(self) -> None:
         ctx: zmq.Context | None = None
-        pub = router = None
+        pub = router = auth = None
         try:
             ctx = zmq.Context()
+            if self._curve is not None:  # the ZAP handler must be there before any client
+                auth = security.start_authenticator(ctx, self._curve)
             pub = ctx.socket(zmq.XPUB)
             router = ctx.socket(zmq.ROUTER)
             for s in (pub, router):
@@ -287,6 +299,8 @@ class EventPublisher:
             for s, addr in ((pub, self.endpoints[0]), (router, self.endpoints[1])):
                 if addr.startswith("tcp://["):
                     s.setsockopt(zmq.IPV6, 1)
+                if self._curve is not None and ep.is_public_tcp(addr):
+                    security.configure_server(s, self._curve)
                 s.bind(addr)
                 bound = s.getsockopt_string(zmq.LAST_ENDPOINT)
                 actual.append(bound)
@@ -299,6 +313,8 @@ class EventPublisher:
             for s in (pub, router):
                 if s is not None:
                     s.close(linger=0)
+            if auth is not None:
+                auth.stop()
             if ctx is not None:
                 ctx.term()
             self._ready.set()
@@ -313,6 +329,8 @@ class EventPublisher:
                 self._report("closing the live stream", exc)
             pub.close(linger=self.close_linger_ms if self._has_subscriber else 0)
             router.close(linger=0)
+            if auth is not None:
+                auth.stop()
             ctx.term()  # returns once the bounded linger above has passed
 
     def _loop(self, pub: zmq.Socket, router: zmq.Socket) -> None:

@@ -1,0 +1,468 @@
+"""CURVE keys: what a job needs to bind a public address, and what a UI needs to reach it.
+
+Loopback TCP and ``ipc://`` endpoints are private to this machine (ipc: to this user) and stay
+unencrypted. A non-loopback TCP endpoint is reachable from the network, so it is bound only as
+a ZeroMQ CURVE server (encrypted, and the job proves who it is) with a ZAP authenticator that
+admits only the client public keys in ``authorized_clients/`` (pyzmq's ``zmq.auth``).
+
+Key directory (``$TORCHSCOPE_KEYS_DIR``, else ``$XDG_CONFIG_HOME/torchscope/keys``, else
+``~/.config/torchscope/keys``), mode 0700, written by ``torchscope keys``::
+
+    server.key_secret   the job's key pair (0600)       stays on the job's machine
+    server.key          the job's public key (0644)     every UI machine needs a copy
+    client.key_secret   a UI's key pair (0600)          the UI machine needs it
+    client.key          that UI's public key (0644)
+    authorized_clients/ (0700) public keys of the UIs a job admits: ``*.key`` files
+
+Loading refuses (``SecurityError``, one line, saying what to do) a directory other users can
+reach, a secret file other users can read, a file that is not a valid certificate, a secret
+that does not match its public key, and a server with no authorized client.
+
+Imports neither torch nor textual; zmq only when keys are made, loaded or used.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torchscope.protocol.endpoints import EndpointError
+
+if TYPE_CHECKING:
+    import zmq
+    from zmq.auth.thread import ThreadAuthenticator
+
+ENV_KEYS_DIR = "TORCHSCOPE_KEYS_DIR"
+SERVER = "server"
+CLIENT = "client"
+AUTHORIZED_DIR = "authorized_clients"
+PUBLIC_SUFFIX = ".key"  # zmq.auth's convention: public certificates are *.key
+SECRET_SUFFIX = ".key_secret"
+ZAP_DOMAIN = "torchscope"
+DIR_MODE = 0o700
+PUBLIC_MODE = 0o644
+SECRET_MODE = 0o600
+MAX_CERT_BYTES = 64 * 1024  # a certificate is ~300 bytes; anything much bigger is not one
+EXAMPLE_BIND = "tcp://0.0.0.0:5555"
+
+
+class SecurityError(EndpointError):
+    """Keys missing, unsafe or invalid. The text is one line and says what to do.
+
+    An EndpointError, so everything that reports a bad endpoint reports this too."""
+
+
+@dataclass(frozen=True)
+class KeyPaths:
+    """Where :func:`generate_keys` put the keys."""
+
+    directory: Path
+    server_public: Path
+    server_secret: Path
+    client_public: Path
+    client_secret: Path
+    authorized_dir: Path
+    authorized_client: Path  # the copy of client.key that authorizes it
+
+
+@dataclass(frozen=True)
+class ServerKeys:
+    """What a job binding a public address needs. Keys are z85 text (40 bytes)."""
+
+    public: bytes
+    secret: bytes = field(repr=False)
+    authorized: frozenset[bytes]  # client public keys admitted
+    authorized_dir: Path
+    directory: Path
+
+
+@dataclass(frozen=True)
+class ClientKeys:
+    """What a UI connecting to a public address needs. Keys are z85 text (40 bytes)."""
+
+    public: bytes
+    secret: bytes = field(repr=False)
+    server_public: bytes
+    directory: Path
+
+
+# -- where --------------------------------------------------------------------------------------
+def keys_dir() -> Path:
+    """The key directory (not created, not checked)."""
+    override = os.environ.get(ENV_KEYS_DIR)
+    if override:
+        return Path(override).expanduser().absolute()
+    base = os.environ.get("XDG_CONFIG_HOME")
+    if base and os.path.isabs(base):
+        return Path(base) / "torchscope" / "keys"
+    try:
+        home = Path.home()
+    except RuntimeError:  # no $HOME and no passwd entry
+        raise SecurityError(
+            f"cannot tell where CURVE keys live (no home directory): set {ENV_KEYS_DIR}"
+        ) from None
+    return home / ".config" / "torchscope" / "keys"
+
+
+def _dir(directory: str | os.PathLike[str] | None) -> Path:
+    return keys_dir() if directory is None else Path(directory).expanduser().absolute()
+
+
+def _uid() -> int | None:
+    return os.getuid() if hasattr(os, "getuid") else None
+
+
+def _check_dir(path: Path, forbidden: int, hint_mode: int) -> None:
+    """``path`` is a directory of ours without the ``forbidden`` mode bits."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise SecurityError(f"cannot use key directory {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise SecurityError(f"refusing CURVE keys in {path}: it is not a directory")
+    uid = _uid()
+    if uid is None:
+        return
+    if st.st_uid != uid:
+        raise SecurityError(
+            f"refusing CURVE keys in {path}: it is owned by uid {st.st_uid}, not by you (uid {uid})"
+        )
+    if st.st_mode & forbidden:
+        raise SecurityError(
+            f"refusing CURVE keys in {path}: its mode is {stat.S_IMODE(st.st_mode):04o}, so other "
+            f"users can reach it; run 'chmod {hint_mode:o} {path}'"
+        )
+
+
+def _make_private_dir(path: Path) -> None:
+    """Create ``path`` (and missing parents) mode 0700, or check the existing one."""
+    try:
+        os.makedirs(path.parent, DIR_MODE, exist_ok=True)
+        os.mkdir(path, DIR_MODE)
+        os.chmod(path, DIR_MODE)  # whatever the umask took away, this one is ours
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise SecurityError(f"cannot create key directory {path}: {exc.strerror or exc}") from None
+    _check_dir(path, 0o077, DIR_MODE)
+
+
+# -- reading certificates -------------------------------------------------------------------
+def _valid_key(key: bytes | None) -> bool:
+    from zmq.utils import z85
+
+    if key is None or len(key) != 40:
+        return False
+    try:
+        return len(z85.decode(key)) == 32
+    except Exception:
+        return False
+
+
+def _read_cert(path: Path, *, secret: bool) -> tuple[bytes, bytes | None]:
+    """(public, secret) of a certificate file; FileNotFoundError if there is none."""
+    import zmq
+    from zmq.auth import load_certificate
+
+    st = os.stat(path)  # FileNotFoundError: the caller says which keys are missing
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_CERT_BYTES:
+        raise SecurityError(f"{path} is not a CURVE certificate file")
+    uid = _uid()
+    if secret and uid is not None:
+        if st.st_uid != uid:
+            raise SecurityError(
+                f"refusing {path}: it is owned by uid {st.st_uid}, not by you (uid {uid})"
+            )
+        if st.st_mode & 0o077:
+            raise SecurityError(
+                f"refusing {path}: its mode is {stat.S_IMODE(st.st_mode):04o}, so other users "
+                f"can read the secret key; run 'chmod 600 {path}'"
+            )
+    try:
+        public, secret_key = load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise SecurityError(f"{path} is not a CURVE certificate: {exc}") from None
+    if not _valid_key(public):
+        raise SecurityError(f"{path} holds no valid CURVE public key")
+    if secret:
+        if not _valid_key(secret_key):
+            raise SecurityError(f"{path} holds no valid CURVE secret key")
+        assert secret_key is not None
+        if zmq.curve_public(secret_key) != public:
+            raise SecurityError(f"{path}: the secret key does not match the public key")
+    return public, secret_key if secret else None
+
+
+def load_authorized(directory: str | os.PathLike[str] | None = None) -> frozenset[bytes]:
+    """Client public keys (z85) in ``<keys>/authorized_clients/*.key``; empty if none.
+
+    Every ``*.key`` file there must be a valid certificate: zmq.auth's loader would otherwise
+    fail on it and admit nobody, silently, so we refuse to start and name the file.
+    """
+    adir = _dir(directory) / AUTHORIZED_DIR
+    if not adir.exists():
+        return frozenset()
+    _check_dir(adir, 0o022, DIR_MODE)  # others must not be able to add a key
+    keys = set()
+    for path in sorted(adir.glob("*" + PUBLIC_SUFFIX)):
+        try:
+            public, _ = _read_cert(path, secret=False)
+        except FileNotFoundError:
+            continue  # removed while we looked
+        keys.add(public)
+    return frozenset(keys)
+
+
+def _missing_server(endpoint: str | None, where: Path) -> SecurityError:
+    what = f"binding {endpoint}" if endpoint else "binding a public address"
+    return SecurityError(f"{what} requires CURVE keys: run `torchscope keys` (looked in {where})")
+
+
+def _context(endpoint: str | None, exc: SecurityError, verb: str) -> SecurityError:
+    return SecurityError(f"{verb} {endpoint}: {exc}") if endpoint else exc
+
+
+def load_server_keys(
+    directory: str | os.PathLike[str] | None = None, *, endpoint: str | None = None
+) -> ServerKeys:
+    """The job's key pair and the authorized client keys; SecurityError (one line) if they are
+    missing, unsafe or invalid. ``endpoint`` only words the message."""
+    d = _dir(directory)
+    secret_path = d / (SERVER + SECRET_SUFFIX)
+    if not secret_path.exists():
+        raise _missing_server(endpoint, d)
+    try:
+        _check_dir(d, 0o077, DIR_MODE)
+        public, secret = _read_cert(secret_path, secret=True)
+        authorized = load_authorized(d)
+    except FileNotFoundError:  # removed while we looked
+        raise _missing_server(endpoint, d) from None
+    except SecurityError as exc:
+        raise _context(endpoint, exc, "binding") from None
+    if not authorized:
+        raise _context(
+            endpoint,
+            SecurityError(
+                f"no UI is authorized: {d / AUTHORIZED_DIR} holds no *.key file; run "
+                f"`torchscope keys` or copy a UI machine's client.key there"
+            ),
+            "binding",
+        )
+    assert secret is not None
+    return ServerKeys(
+        public=public,
+        secret=secret,
+        authorized=authorized,
+        authorized_dir=d / AUTHORIZED_DIR,
+        directory=d,
+    )
+
+
+def load_client_keys(
+    directory: str | os.PathLike[str] | None = None, *, endpoint: str | None = None
+) -> ClientKeys:
+    """This UI's key pair and the job's public key; SecurityError (one line) naming what to
+    copy where if they are missing. ``endpoint`` only words the message."""
+    d = _dir(directory)
+    secret_path = d / (CLIENT + SECRET_SUFFIX)
+    server_path = d / (SERVER + PUBLIC_SUFFIX)
+    what = f"connecting to {endpoint}" if endpoint else "connecting to a public address"
+    missing = SecurityError(
+        f"{what} requires CURVE keys: copy server.key, client.key and client.key_secret from "
+        f"the job's machine (made there by `torchscope keys`) into {d}"
+    )
+    if not secret_path.exists() or not server_path.exists():
+        raise missing
+    try:
+        _check_dir(d, 0o077, DIR_MODE)
+        public, secret = _read_cert(secret_path, secret=True)
+        server_public, _ = _read_cert(server_path, secret=False)
+    except FileNotFoundError:
+        raise missing from None
+    except SecurityError as exc:
+        raise _context(endpoint, exc, "connecting to") from None
+    assert secret is not None
+    return ClientKeys(public=public, secret=secret, server_public=server_public, directory=d)
+
+
+# -- making keys ----------------------------------------------------------------------------
+def _paths(d: Path) -> KeyPaths:
+    adir = d / AUTHORIZED_DIR
+    return KeyPaths(
+        directory=d,
+        server_public=d / (SERVER + PUBLIC_SUFFIX),
+        server_secret=d / (SERVER + SECRET_SUFFIX),
+        client_public=d / (CLIENT + PUBLIC_SUFFIX),
+        client_secret=d / (CLIENT + SECRET_SUFFIX),
+        authorized_dir=adir,
+        authorized_client=adir / (CLIENT + PUBLIC_SUFFIX),
+    )
+
+
+def generate_keys(directory: str | os.PathLike[str] | None = None, force: bool = False) -> KeyPaths:
+    """Create a server and a client key pair (zmq.auth.create_certificates) in the key
+    directory, and authorize the client (its public key copied into ``authorized_clients/``).
+
+    Public files 0644, secret files 0600, directories 0700. Refuses (SecurityError) to replace
+    existing keys unless ``force``; other keys in ``authorized_clients/`` are kept either way.
+    Files are written into a private temporary directory and renamed into place, so a reader
+    never sees half a key and the secret is never readable by others, whatever the umask.
+    """
+    from zmq.auth import create_certificates
+
+    paths = _paths(_dir(directory))
+    d = paths.directory
+    _make_private_dir(d)
+    targets = (
+        paths.server_public,
+        paths.server_secret,
+        paths.client_public,
+        paths.client_secret,
+        paths.authorized_client,
+    )
+    existing = [p for p in targets if os.path.lexists(p)]
+    if existing and not force:
+        names = ", ".join(str(p.relative_to(d)) for p in existing)
+        raise SecurityError(
+            f"CURVE keys already exist in {d} ({names}); run `torchscope keys --force` to "
+            f"replace them (UIs holding the old keys will then be refused)"
+        )
+    _make_private_dir(paths.authorized_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=".new-", dir=d))  # 0700
+    try:
+        made = {}
+        for name in (SERVER, CLIENT):
+            public, secret = create_certificates(tmp, name)
+            os.chmod(secret, SECRET_MODE)
+            os.chmod(public, PUBLIC_MODE)
+            made[name] = (Path(public), Path(secret))
+        authorized = tmp / "authorized.key"
+        shutil.copyfile(made[CLIENT][0], authorized)
+        os.chmod(authorized, PUBLIC_MODE)
+        # Secrets first, public keys after: a half-done run never leaves a public key whose
+        # secret is gone. The authorizing copy goes last.
+        os.replace(made[SERVER][1], paths.server_secret)
+        os.replace(made[CLIENT][1], paths.client_secret)
+        os.replace(made[SERVER][0], paths.server_public)
+        os.replace(made[CLIENT][0], paths.client_public)
+        os.replace(authorized, paths.authorized_client)
+    except OSError as exc:
+        raise SecurityError(f"cannot write CURVE keys in {d}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return paths
+
+
+# -- using keys on sockets --------------------------------------------------------------------
+def configure_server(sock: zmq.Socket, keys: ServerKeys) -> None:
+    """Make ``sock`` a CURVE server that asks the ZAP handler (see :func:`start_authenticator`)
+    about every client, and refuses clients when no handler answers. Call before ``bind``."""
+    import zmq
+
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+    sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
+    # Without this, a CURVE server whose context has no ZAP handler admits any client key.
+    sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+    sock.setsockopt(zmq.CURVE_SERVER, 1)
+
+
+def configure_client(sock: zmq.Socket, keys: ClientKeys) -> None:
+    """Make ``sock`` a CURVE client that only talks to the job holding ``server.key``'s
+    secret. Call before ``connect``."""
+    import zmq
+
+    sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server_public)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+
+
+def start_authenticator(context: zmq.Context, keys: ServerKeys) -> ThreadAuthenticator:
+    """A ZAP handler in ``context`` admitting exactly ``keys.authorized``. Start it before
+    binding; ``stop()`` it before terminating the context. Keys added to the directory later
+    are seen by the next job, not this one."""
+    from zmq.auth.thread import ThreadAuthenticator
+
+    auth = ThreadAuthenticator(context)
+    auth.start()
+    try:
+        auth.configure_curve(domain=ZAP_DOMAIN, location=str(keys.authorized_dir))
+        loaded = frozenset(auth.certs.get(ZAP_DOMAIN, {}))
+        if loaded != keys.authorized:  # the directory changed since we checked it
+            raise SecurityError(
+                f"{keys.authorized_dir} changed while it was being read; start the job again"
+            )
+    except BaseException:
+        auth.stop()
+        raise
+    return auth
+
+
+# -- `torchscope keys` ------------------------------------------------------------------------
+def generate_and_describe(
+    force: bool = False, directory: str | os.PathLike[str] | None = None
+) -> str:
+    """Make the keys (see :func:`generate_keys`) and return what to tell the user."""
+    p = generate_keys(directory, force=force)
+    d = p.directory
+    return "\n".join(
+        [
+            f"torchscope: CURVE keys written to {d}",
+            f"  {p.server_secret.name:<18} the job's key pair: keep it on the job's machine (0600)",
+            f"  {p.server_public.name:<18} the job's public key: every UI machine needs a copy",
+            f"  {p.client_secret.name:<18} a UI's key pair (0600)",
+            f"  {p.client_public.name:<18} that UI's public key, authorized by its copy in "
+            f"{p.authorized_client}",
+            "",
+            "Bind a public address (a job refuses to without these keys):",
+            f"  TORCHSCOPE_BIND={EXAMPLE_BIND} torchscope run train.py",
+            "Loopback and ipc:// endpoints stay as they were, without CURVE.",
+            "",
+            "Watch from another machine (UIHOST): copy the job's public key and the UI key pair",
+            "there, privately (or into its $TORCHSCOPE_KEYS_DIR):",
+            "  ssh UIHOST 'mkdir -p -m 700 ~/.config/torchscope/keys'",
+            f"  scp -p {p.server_public} {p.client_public} {p.client_secret} "
+            "UIHOST:.config/torchscope/keys/",
+            "then on UIHOST:  torchscope tui tcp://JOBHOST:5555",
+            "",
+            "A UI machine with its own key pair: run `torchscope keys` there, copy its client.key",
+            f"into {p.authorized_dir}/NAME.key here, and restart the job.",
+        ]
+    )
+
+
+def cli_keys(args: Any) -> int:
+    """``torchscope keys [--force]``: make keys and say how to use them; 2 on failure."""
+    try:
+        text = generate_and_describe(force=bool(getattr(args, "force", False)))
+    except SecurityError as exc:
+        print(f"torchscope: error: {exc}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
+
+
+__all__ = [
+    "AUTHORIZED_DIR",
+    "ENV_KEYS_DIR",
+    "ClientKeys",
+    "KeyPaths",
+    "SecurityError",
+    "ServerKeys",
+    "cli_keys",
+    "configure_client",
+    "configure_server",
+    "generate_and_describe",
+    "generate_keys",
+    "keys_dir",
+    "load_authorized",
+    "load_client_keys",
+    "load_server_keys",
+    "start_authenticator",
+]
