@@ -389,6 +389,18 @@ class _Progress:
         print(text, file=sys.stderr)
 
 
+# -- tui -------------------------------------------------------------------------------------
+def cmd_tui(args: argparse.Namespace) -> int:
+    from torchscope.tui.app import run_tui
+    from torchscope.tui.sources import SourceError, open_source
+
+    try:
+        source = open_source(args.target)  # trace file, pid, endpoint, or the only live session
+    except SourceError as exc:
+        return _fail(str(exc))
+    return run_tui(source, max_events=args.max_events)
+
+
 # -- entry point -----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="torchscope", description="Live step-through debugger for PyTorch.")
@@ -402,6 +414,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--kind", action="append", choices=KINDS, help="only events of this kind (repeatable)"
     )
     dump.add_argument("--step", type=int, help="only events of this step")
+    for name, target_help in (
+        ("tui", "trace file, pid or control endpoint (default: the only running session)"),
+        ("replay", "trace file"),
+    ):
+        tui = sub.add_parser(
+            name,
+            help="the terminal UI on a live session or a trace file"
+            if name == "tui"
+            else "the terminal UI on a trace file (same as tui FILE)",
+        )
+        tui.add_argument("target", nargs="?" if name == "tui" else None, help=target_help)
+        tui.add_argument(
+            "--max-events", type=int, default=250_000, help="events kept in memory (default 250k)"
+        )
     keys = sub.add_parser("keys", help="create CURVE keys, needed to bind a public address")
     keys.add_argument("--force", action="store_true", help="replace existing keys")
     ls = sub.add_parser("ls", help="list live torchscope sessions on this machine")
@@ -425,6 +451,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_dump(args)
         if args.command == "ls":
             return cmd_ls(args)
+        if args.command in ("tui", "replay"):
+            return cmd_tui(args)
         if args.command == "keys":
             from torchscope.protocol.security import cli_keys
 

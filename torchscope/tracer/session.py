@@ -426,6 +426,8 @@ class Tracer:
             python=sys.version.split()[0],
             steps=self.steps.text,
             values=self.summarizer.value_limit,
+            # A UI that had to drop old steps reloads them from here.
+            record=os.path.abspath(self.record) if self.record else None,
         )
         fields.update(self.metadata)
         return Event(fields)
@@ -727,15 +729,16 @@ def _has_inf_scalar(args: tuple, kwargs: dict) -> bool:
     return False
 
 
-_thread_names: dict[int, str] = {}
+_thread_local = threading.local()
 
 
 def _thread_name() -> str:
-    ident = threading.get_ident()
-    name = _thread_names.get(ident)
-    if name is None:
-        name = _thread_names[ident] = threading.current_thread().name
-    return name
+    # Per-thread cache (not by ident: a new thread may reuse a dead one's ident).
+    try:
+        return _thread_local.name
+    except AttributeError:
+        _thread_local.name = threading.current_thread().name
+        return _thread_local.name
 
 
 def _env_int(name: str) -> int | None:

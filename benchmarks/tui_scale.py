@@ -1,0 +1,408 @@
+"""How the terminal UI scales. No torch needed.
+
+    python benchmarks/tui_scale.py                 # all three parts, prints a table
+    python benchmarks/tui_scale.py --events 200000 --live-seconds 3   # a quicker run
+
+(a) replay: a synthetic 1,000,000-event trace written with TraceWriter (MLP-shaped op, grad
+    and graph events). Time from app start to the first screen with the first step's events
+    painted, using FileSource, and the peak RSS it added (the file is ~540 MB: a UI that loaded
+    it would need gigabytes). Then the same file with its index cut off, which makes the
+    reader scan chunk headers and report progress.
+(b) live: 50,000 events/s for 10 s through ScriptedSource -> inbox -> 30 Hz batched apply, the
+    path LiveSource uses; sustained events/s applied, backlog, and RSS (the store is bounded).
+(c) latency: one step with 100,000 events; keypress to repainted screen for down, page down,
+    and filter keystrokes, median and p95 (Pilot, headless; the screen is re-rendered in full
+    after each key, which is more than a terminal repaint costs).
+
+Each measurement runs in a fresh process, so one part's memory does not hide another's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1]))
+
+
+def rss_mb() -> float:
+    """Current resident set size (Linux /proc), in MB."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# -- fixtures -------------------------------------------------------------------------------
+
+
+def write_trace(path: Path, events: int, layers: int = 200) -> int:
+    from torchscope.protocol.tracefile import TraceWriter
+    from torchscope.tui.synthetic import events_per_step, iter_trace
+
+    steps = max(1, events // events_per_step(layers))
+    with TraceWriter(path, metadata={"synthetic": True}, chunk_events=4096) as w:
+        buf = []
+        for ev in iter_trace(steps, layers):
+            buf.append(ev)
+            if len(buf) >= 4096:
+                w.write(buf)
+                buf = []
+        w.write(buf)
+        written = w.events_written
+    return written
+
+
+def strip_index(src: Path, dst: Path) -> None:
+    """A copy of a closed trace without its trailer: readers must scan it."""
+    shutil.copyfile(src, dst)
+    size = dst.stat().st_size
+    os.truncate(dst, size - 16)  # the 16-byte trailer that points at the index
+
+
+# -- child processes ------------------------------------------------------------------------
+
+
+async def _first_screen(path: str) -> dict:
+    base_rss = rss_mb()
+    t0 = time.perf_counter()
+    from torchscope.tui.app import TorchscopeApp
+    from torchscope.tui.sources import FileSource
+
+    progress_calls = []
+    source = FileSource(path)
+    app = TorchscopeApp(source)
+    orig = app.inbox.put
+
+    def put(*item):
+        if item and item[0] == "progress":
+            progress_calls.append(item[3])
+        orig(*item)
+
+    app.inbox.put = put  # type: ignore[method-assign]
+    async with app.run_test(size=(160, 45)) as pilot:
+        while app.main.timeline.row_count() == 0:
+            await asyncio.sleep(0.002)
+        app.screen_text()  # force a full render of the screen, as a first paint
+        first = time.perf_counter() - t0
+        rss_first = rss_mb()
+        # Keys while the background counting pass decodes chunks (it shares the GIL).
+        t1 = time.perf_counter()
+        lat = []
+        for i in range(20):
+            lat.append(await key_latency(app, pilot, "up" if i % 2 else "down"))
+            await asyncio.sleep(0.1)
+        while source.reader is None or any(not i.counted for i in app.store.steps.values()):
+            await pilot.pause(0.05)
+            if time.perf_counter() - t1 > 120:
+                break
+        counted = time.perf_counter() - t1
+        steps = len(app.store.order)
+        resident = app.store.resident_events
+    # The counting child has been waited for by now: its peak RSS, separately.
+    child_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return {
+        "child_peak_mb": child_peak,
+        "first_screen_s": first,
+        "rss_delta_first_mb": rss_first - base_rss,
+        "peak_rss_delta_mb": peak_mb() - base_rss,
+        "count_pass_s": counted,
+        "steps": steps,
+        "resident_events": resident,
+        "key_ms_during_pass": (1000 * statistics.median(lat), 1000 * _p95(lat)),
+        "progress_callbacks": len(progress_calls),
+        "progress_labels": sorted(set(progress_calls)),
+        "file_mb": os.path.getsize(path) / 2**20,
+    }
+
+
+def _renumbered(pool: list[dict], steps: int | None = None):
+    """Endless (or ``steps``-long) stream of steps cut from ``pool``, with fresh seq/step."""
+    from torchscope.protocol.events import Event
+
+    seq = 0
+    for step in itertools.count() if steps is None else range(steps):
+        for ev in pool:
+            e = Event(ev)
+            e["seq"] = seq
+            e["step"] = step
+            seq += 1
+            yield e
+
+
+async def _live(rate: int, seconds: float, max_events: int) -> dict:
+    from torchscope.tui.app import TorchscopeApp
+    from torchscope.tui.sources import ScriptedSource
+    from torchscope.tui.synthetic import make_trace
+
+    pool = [e for e in make_trace(1, 200)[1:]]  # one step of ~2.2k events, no session
+    base_rss = rss_mb()
+    source = ScriptedSource(_renumbered(pool), rate=rate, reloadable=False)
+    app = TorchscopeApp(source, max_events=max_events)
+    samples = []
+    async with app.run_test(size=(160, 45)) as pilot:
+        await pilot.pause(0.2)
+        start_applied = app.store.events_applied
+        t0 = time.perf_counter()
+        lat = []
+        while (now := time.perf_counter()) - t0 < seconds:
+            lat.append(await key_latency(app, pilot, "up" if len(lat) % 2 else "down"))
+            await asyncio.sleep(0.2)
+            samples.append((now - t0, app.store.events_applied, rss_mb()))
+        elapsed = time.perf_counter() - t0
+        applied = app.store.events_applied - start_applied
+        backlog = app.inbox.pending_events
+        ui_dropped = app.inbox.dropped
+        resident = app.store.resident_events
+        evictions = app.store.evictions
+        steps = len(app.store.order)
+    return {
+        "offered_eps": rate,
+        "applied_eps": applied / elapsed,
+        "backlog_events": backlog,
+        "ui_dropped": ui_dropped,
+        "resident_events": resident,
+        "max_events": max_events,
+        "evicted_steps": evictions,
+        "steps": steps,
+        "rss_delta_end_mb": samples[-1][2] - base_rss if samples else 0,
+        "peak_rss_delta_mb": peak_mb() - base_rss,
+        "key_latency_ms_median": 1000 * statistics.median(lat) if lat else None,
+        "key_latency_ms_p95": 1000 * _p95(lat) if lat else None,
+    }
+
+
+def _p95(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(0.95 * (len(xs) - 1)))]
+
+
+async def key_latency(app, pilot, key: str) -> float:
+    """Keypress to repainted screen: send the key as the terminal driver would, wait until the
+    screen and every widget processed it and the messages it caused, then render the whole
+    screen (a real repaint redraws only changed lines, so this is an upper bound). Pilot's own
+    ``press`` is not used for timing: it sleeps until the process looks idle."""
+    import unicodedata
+
+    from textual import events
+
+    char = key if len(key) == 1 else None
+    if key == "slash":
+        char = "/"
+    elif len(key) > 1:
+        try:
+            char = unicodedata.lookup(key.upper().replace("_", " "))
+        except KeyError:
+            char = None
+    t = time.perf_counter()
+    ev = events.Key(key, char)
+    ev.set_sender(app)
+    app._driver.send_message(ev)
+    await pilot._wait_for_screen()
+    await pilot._wait_for_screen()
+    app.screen_text()
+    return time.perf_counter() - t
+
+
+async def _latency(n_events: int, presses: int) -> dict:
+    from torchscope.tui.app import TorchscopeApp
+    from torchscope.tui.sources import ScriptedSource
+    from torchscope.tui.synthetic import events_per_step, make_trace
+
+    layers = max(1, n_events // (events_per_step(1000) // 1000))
+    events = make_trace(1, layers)
+    source = ScriptedSource(events, mode="replay")
+    app = TorchscopeApp(source)
+    out: dict = {}
+    async with app.run_test(size=(160, 45)) as pilot:
+        while app.store.data(0) is None or len(app.store.data(0).rows) < n_events * 0.9:
+            await pilot.pause(0.05)
+        await pilot.pause(0.3)
+        out["events_in_step"] = len(app.store.data(0))
+        out["rows"] = app.main.timeline.row_count()
+
+        async def measure(keys: list[str]) -> list[float]:
+            lat = []
+            for k in keys:
+                lat.append(await key_latency(app, pilot, k))
+                await asyncio.sleep(0.01)
+            return lat
+
+        for name, keys in (
+            ("down", ["down"] * presses),
+            ("page down", ["pagedown"] * presses),
+            ("end/home", ["end", "home"] * (presses // 2)),
+        ):
+            lat = await measure(keys)
+            out[name] = (statistics.median(lat) * 1000, _p95(lat) * 1000)
+        await pilot.press("slash")
+        chars = list("gelu") + ["backspace"] * 4 + list("blocks.1") + ["left_square_bracket"]
+        lat = await measure(chars)
+        out["filter keystroke"] = (statistics.median(lat) * 1000, _p95(lat) * 1000)
+        out["filter rows"] = app.main.timeline.row_count()
+        await pilot.press("escape")
+        # jump op -> node in a 100k step
+        await pilot.press("home")
+        lat = await measure(["enter", "backspace"] * 5)
+        out["enter/backspace jump"] = (statistics.median(lat) * 1000, _p95(lat) * 1000)
+        lat = await measure(["g", "g"] * 3)
+        out["graph toggle (g)"] = (statistics.median(lat) * 1000, _p95(lat) * 1000)
+    return out
+
+
+def child(argv: list[str]) -> None:
+    what = argv[0]
+    if what == "first":
+        res = asyncio.run(_first_screen(argv[1]))
+    elif what == "live":
+        res = asyncio.run(_live(int(argv[1]), float(argv[2]), int(argv[3])))
+    elif what == "latency":
+        res = asyncio.run(_latency(int(argv[1]), int(argv[2])))
+    else:
+        raise SystemExit(f"unknown child {what}")
+    print("RESULT " + json.dumps(res))
+
+
+def run_child(*args: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, str(HERE), "--child", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"child {args} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+
+
+# -- main -----------------------------------------------------------------------------------
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2:])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=1_000_000, help="events in the replay file")
+    ap.add_argument("--rate", type=int, default=50_000, help="live events per second")
+    ap.add_argument("--live-seconds", type=float, default=10.0)
+    ap.add_argument("--max-events", type=int, default=250_000, help="store bound (live)")
+    ap.add_argument("--step-events", type=int, default=100_000, help="events in one step (c)")
+    ap.add_argument("--presses", type=int, default=40)
+    ap.add_argument("--dir", default=None, help="where to keep the trace (reused if present)")
+    ap.add_argument("--only", choices=["replay", "live", "latency"], default=None)
+    args = ap.parse_args()
+
+    rows: list[tuple[str, str, str]] = []
+    workdir = Path(args.dir or os.path.join(tempfile.gettempdir(), "torchscope-bench"))
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    if args.only in (None, "replay"):
+        trace = workdir / f"synthetic-{args.events}.tsc"
+        if not trace.exists():
+            t = time.perf_counter()
+            n = write_trace(trace, args.events)
+            print(f"wrote {n:,} events to {trace} in {time.perf_counter() - t:.1f} s", flush=True)
+        noindex = workdir / f"synthetic-{args.events}-noindex.tsc"
+        strip_index(trace, noindex)
+        for label, path in (("indexed", trace), ("no index", noindex)):
+            r = run_child("first", str(path))
+            rows += [
+                (f"replay {label}: first screen", f"{r['first_screen_s']:.2f} s", "< 2 s"),
+                (
+                    f"replay {label}: RSS added at first screen / peak",
+                    f"{r['rss_delta_first_mb']:.0f} / {r['peak_rss_delta_mb']:.0f} MB",
+                    f"file {r['file_mb']:.0f} MB",
+                ),
+                (
+                    f"replay {label}: background count pass (child process)",
+                    f"{r['count_pass_s']:.1f} s",
+                    f"{r['steps']} steps; {r['resident_events']:,} events resident; "
+                    f"child peak RSS {r['child_peak_mb']:.0f} MB",
+                ),
+                (
+                    f"replay {label}: keypress latency during the pass",
+                    "{:.1f} / {:.1f} ms".format(*r["key_ms_during_pass"]),
+                    "median / p95",
+                ),
+            ]
+            if label == "no index":
+                rows.append(
+                    (
+                        "replay no index: progress reports",
+                        str(r["progress_callbacks"]),
+                        ", ".join(r["progress_labels"]),
+                    )
+                )
+        noindex.unlink(missing_ok=True)
+
+    if args.only in (None, "live"):
+        r = run_child("live", str(args.rate), str(args.live_seconds), str(args.max_events))
+        rows += [
+            (
+                f"live {args.rate:,} ev/s for {args.live_seconds:g} s: applied",
+                f"{r['applied_eps']:,.0f} ev/s",
+                f"backlog {r['backlog_events']:,}, ui-dropped {r['ui_dropped']:,}",
+            ),
+            (
+                "live: memory (RSS added, end / peak)",
+                f"{r['rss_delta_end_mb']:.0f} / {r['peak_rss_delta_mb']:.0f} MB",
+                f"{r['resident_events']:,} resident (bound {r['max_events']:,}), "
+                f"{r['evicted_steps']} steps evicted",
+            ),
+            (
+                "live: keypress latency while ingesting",
+                f"{r['key_latency_ms_median']:.1f} / {r['key_latency_ms_p95']:.1f} ms",
+                "median / p95",
+            ),
+        ]
+
+    if args.only in (None, "latency"):
+        r = run_child("latency", str(args.step_events), str(args.presses))
+        for key in (
+            "down",
+            "page down",
+            "end/home",
+            "filter keystroke",
+            "enter/backspace jump",
+            "graph toggle (g)",
+        ):
+            med, p95 = r[key]
+            rows.append(
+                (
+                    f"{r['events_in_step']:,}-event step: {key}",
+                    f"{med:.1f} / {p95:.1f} ms",
+                    "median / p95, < 100 ms" if key != "graph toggle (g)" else "median / p95",
+                )
+            )
+
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    print()
+    print(f"{'measure'.ljust(w0)}  {'result'.ljust(w1)}  notes")
+    print(f"{'-' * w0}  {'-' * w1}  -----")
+    for a, b, c in rows:
+        print(f"{a.ljust(w0)}  {b.ljust(w1)}  {c}")
+
+
+if __name__ == "__main__":
+    main()

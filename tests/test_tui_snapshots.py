@@ -1,0 +1,82 @@
+"""Snapshot tests of the main screen, the detail of a backward node and the graph view.
+
+Deterministic: synthetic events (no timestamps), replay mode, fixed terminal size. Update with
+``pytest tests/test_tui_snapshots.py --snapshot-update`` after checking the new SVGs by eye.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from torchscope.tui.app import TorchscopeApp
+from torchscope.tui.sources import ScriptedSource
+from torchscope.tui.synthetic import make_trace
+
+pytest.importorskip("pytest_textual_snapshot")
+
+SIZE = (130, 36)
+
+
+def app() -> TorchscopeApp:
+    return TorchscopeApp(ScriptedSource(make_trace(3, 4, nan_step=1), mode="replay"))
+
+
+async def until(pilot, cond, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        await pilot.pause(0.02)
+
+
+def loaded(step: int = 0):
+    async def run_before(pilot) -> None:
+        a = pilot.app
+        await until(pilot, lambda: len(a.store.order) == 3 and a.main.current_step is not None)
+        if step != a.main.current_step:
+            a.main.show_step(step)
+        await until(pilot, lambda: a.main.timeline.row_count() > 0)
+        await pilot.pause(0.3)  # the throttled detail refresh
+
+    return run_before
+
+
+def on_row(name: str, step: int = 0):
+    async def run_before(pilot) -> None:
+        await loaded(step)(pilot)
+        tl = pilot.app.main.timeline
+        index = next(i for i in range(tl.row_count()) if tl.row(i).name == name)
+        tl.move_cursor(index, user=True, center=True)
+        await pilot.pause(0.1)
+
+    return run_before
+
+
+def test_main_screen(snap_compare):
+    assert snap_compare(app(), terminal_size=SIZE, run_before=loaded())
+
+
+def test_detail_of_a_backward_node_with_a_none_gradient(snap_compare):
+    # blocks.0.fc's AddmmBackward0 sends None to the data input: shown as None, explicitly.
+    async def run_before(pilot) -> None:
+        await loaded()(pilot)
+        tl = pilot.app.main.timeline
+        index = max(i for i in range(tl.row_count()) if tl.row(i).name == "AddmmBackward0")
+        tl.move_cursor(index, user=True, center=True)
+        pilot.app.main.detail.focus()
+        await pilot.pause(0.1)
+        pilot.app.main.detail.scroll_end(animate=False)
+        await pilot.pause(0.1)
+
+    assert snap_compare(app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_graph_view(snap_compare):
+    assert snap_compare(
+        app(), terminal_size=SIZE, run_before=on_row("torch.nn.functional.gelu"), press=["g"]
+    )
+
+
+def test_alert_step_and_help(snap_compare):
+    assert snap_compare(app(), terminal_size=SIZE, run_before=loaded(1), press=["question_mark"])

@@ -1,0 +1,92 @@
+"""The UI in a real terminal (tmux): keys in, screen out, exit code. Skipped without tmux."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from torchscope.protocol.tracefile import TraceWriter
+from torchscope.tui.synthetic import make_trace
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tmux(*args: str) -> str:
+    return subprocess.run(
+        ["tmux", *args], capture_output=True, text=True, check=True, timeout=10
+    ).stdout
+
+
+def screen(session: str) -> str:
+    return tmux("capture-pane", "-p", "-t", session)
+
+
+def wait_for(session: str, text: str, timeout: float = 15.0) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        out = screen(session)
+        if text in out:
+            return out
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{text!r} never appeared; screen:\n{out}")
+        time.sleep(0.1)
+
+
+def test_replay_in_a_real_terminal(tmp_path: Path) -> None:
+    trace = tmp_path / "t.tsc"
+    with TraceWriter(trace) as w:
+        w.write(make_trace(3, 3, nan_step=1))
+    done = tmp_path / "rc"
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from torchscope.tui import run_tui, FileSource\n"
+        f"rc = run_tui(FileSource({str(trace)!r}))\n"
+        f"open({str(done)!r}, 'w').write(str(rc))\n"
+    )
+    script = tmp_path / "ui.py"
+    script.write_text(code)
+    session = f"tstui-{uuid.uuid4().hex[:8]}"
+    # COLUMNS/LINES (set by pytest plugins) would override the terminal's real size.
+    env = f"env -u COLUMNS -u LINES PYTHONPATH={ROOT} TERM=xterm-256color"
+    tmux(
+        "new-session",
+        "-d",
+        "-s",
+        session,
+        "-x",
+        "150",
+        "-y",
+        "40",
+        f"{env} {sys.executable} {script}",
+    )
+    try:
+        out = wait_for(session, "F.linear")
+        assert "REPLAY t.tsc" in out and "Steps" in out
+        tmux("send-keys", "-t", session, "]")  # next step: the one with the NaN
+        wait_for(session, "Step 1")
+        tmux("send-keys", "-t", session, "/")
+        wait_for(session, "over name, module")
+        tmux("send-keys", "-t", session, "gelu", "Enter")
+        out = wait_for(session, "/gelu/")
+        assert "GeluBackward0" in out and "F.layer_norm" not in out
+        tmux("send-keys", "-t", session, "?")
+        wait_for(session, "torchscope — keys")
+        tmux("send-keys", "-t", session, "Escape")
+        time.sleep(0.3)
+        tmux("send-keys", "-t", session, "q")
+        deadline = time.monotonic() + 10
+        while not done.exists():
+            assert time.monotonic() < deadline, screen(session)
+            time.sleep(0.1)
+        assert done.read_text() == "0"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    assert os.path.exists(trace)

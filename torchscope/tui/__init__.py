@@ -1,0 +1,55 @@
+"""The torchscope terminal UI (Textual). Imports no torch: it runs on a laptop looking at a
+cluster job or at a trace file.
+
+``run_tui(source)`` runs it on an event source: ``FileSource(path)`` (replay),
+``LiveSource(control_endpoint)`` (a running job) or ``ScriptedSource(events)`` (tests);
+``open_source(target)`` picks one for a command-line argument.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torchscope.tui.app import TorchscopeApp, run_tui
+    from torchscope.tui.sources import (
+        EventSource,
+        FileSource,
+        LiveSource,
+        ScriptedSource,
+        SourceError,
+        open_source,
+    )
+
+__all__ = [
+    "EventSource",
+    "FileSource",
+    "LiveSource",
+    "ScriptedSource",
+    "SourceError",
+    "TorchscopeApp",
+    "open_source",
+    "run_tui",
+]
+
+_SOURCES = {
+    "EventSource",
+    "FileSource",
+    "LiveSource",
+    "ScriptedSource",
+    "SourceError",
+    "open_source",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: the data layer (sources, store) is usable without importing textual.
+    if name in ("TorchscopeApp", "run_tui"):
+        from torchscope.tui import app
+
+        return getattr(app, name)
+    if name in _SOURCES:
+        from torchscope.tui import sources
+
+        return getattr(sources, name)
+    raise AttributeError(f"module 'torchscope.tui' has no attribute {name!r}")

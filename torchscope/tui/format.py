@@ -1,0 +1,184 @@
+"""Plain-text pieces the widgets share: numbers, stats, shapes, sparklines, source context.
+
+No textual imports; the table cells of ``torchscope dump`` (compact_stat, shape_text,
+short_source) are reused, not re-implemented.
+"""
+
+from __future__ import annotations
+
+import linecache
+import math
+import os
+from typing import Any
+
+from torchscope.dump import compact_stat, shape_text, short_source
+
+__all__ = [
+    "SPARK",
+    "compact_stat",
+    "fnum",
+    "mean_std",
+    "range_bar",
+    "shape_text",
+    "shapes_text",
+    "short_name",
+    "short_source",
+    "source_context",
+    "sparkline",
+    "stat_text",
+]
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+_PREFIXES = (("torch.nn.functional.", "F."),)
+
+
+def short_name(name: str) -> str:
+    """``torch.nn.functional.linear`` -> ``F.linear``: the timeline's name column."""
+    for long, short in _PREFIXES:
+        if name.startswith(long):
+            return short + name[len(long) :]
+    return name
+
+
+def fnum(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "nan"
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+        return f"{x:.4g}"
+    return str(x)
+
+
+def _flags(stats: dict) -> str:
+    out = []
+    if stats.get("nan"):
+        out.append(f"NaN:{stats['nan']}")
+    if stats.get("inf"):
+        out.append(f"Inf:{stats['inf']}")
+    return (" " + " ".join(out)) if out else ""
+
+
+def mean_std(summary: dict | None) -> str:
+    """``mean±std`` (the single value for one-element tensors), plus NaN/Inf counts."""
+    if summary is None:
+        return "None"
+    stats = summary.get("stats")
+    if not isinstance(stats, dict) or not stats:
+        return str(summary.get("dtype", "?"))
+    values = summary.get("values")
+    if isinstance(values, list) and len(values) == 1:
+        text = fnum(values[0])
+    else:
+        text = f"{fnum(stats.get('mean'))}±{fnum(stats.get('std'))}"
+    return text + _flags(stats)
+
+
+def stat_text(summary: dict | None, mode: str = "norm") -> str:
+    """One stat cell: ``norm=1.2`` (mode "norm") or ``0.1±0.3`` (mode "mean")."""
+    if summary is not None and not isinstance(summary, dict):
+        return "?"
+    if mode == "mean":
+        return mean_std(summary)
+    return compact_stat(summary)
+
+
+def shapes_text(summaries: Any) -> str:
+    if not isinstance(summaries, list) or not summaries:
+        return "-"
+    return " ".join(shape_text(s) if isinstance(s, dict) or s is None else "?" for s in summaries)
+
+
+def sparkline(values: Any, width: int | None = None) -> str:
+    """Values as a row of block characters, scaled between their min and max (non-finite
+    values shown as ``!``)."""
+    if not isinstance(values, list) or not values:
+        return ""
+    nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if len(nums) != len(values):
+        nums = [float(v) if isinstance(v, (int, float)) else math.nan for v in values]
+    if width is not None and len(nums) > width > 0:
+        step = len(nums) / width
+        nums = [nums[int(i * step)] for i in range(width)]
+    finite = [v for v in nums if math.isfinite(v)]
+    if not finite:
+        return "!" * len(nums)
+    lo, hi = min(finite), max(finite)
+    span = hi - lo
+    out = []
+    for v in nums:
+        if not math.isfinite(v):
+            out.append("!")
+        elif span == 0:
+            out.append(SPARK[len(SPARK) // 2])
+        else:
+            out.append(SPARK[min(len(SPARK) - 1, int((v - lo) / span * len(SPARK)))])
+    return "".join(out)
+
+
+def range_bar(stats: dict, width: int = 24) -> str:
+    """Where mean±std lies between min and max: ``├──[═══]─────┤``."""
+    try:
+        lo, hi = float(stats["min"]), float(stats["max"])
+        mean, std = float(stats["mean"]), float(stats["std"])
+    except (KeyError, TypeError, ValueError):
+        return ""
+    if not all(math.isfinite(v) for v in (lo, hi, mean, std)) or width < 5:
+        return ""
+    inner = width - 2
+    if hi <= lo:
+        return "├" + "═" * inner + "┤"
+
+    def pos(v: float) -> int:
+        return max(0, min(inner - 1, int((v - lo) / (hi - lo) * inner)))
+
+    a, b = pos(mean - std), pos(mean + std)
+    m = pos(mean)
+    cells = ["─"] * inner
+    for i in range(a, b + 1):
+        cells[i] = "═"
+    cells[m] = "┼"
+    return "├" + "".join(cells) + "┤"
+
+
+def resolve_source(source: str | None, cwd: str | None = None) -> tuple[str, int] | None:
+    """``(path on this machine, line)`` for an event's ``path:line``, or None when the file is
+    not here. Relative paths are tried against the job's working directory and ours."""
+    if not source:
+        return None
+    path, _, line = source.rpartition(":")
+    if not path or not line.isdigit():
+        return None
+    candidates = [path]
+    if not os.path.isabs(path) and cwd:
+        candidates.insert(0, os.path.join(cwd, path))
+    if cwd and os.path.isabs(path) and path.startswith(cwd.rstrip(os.sep) + os.sep):
+        candidates.append(os.path.relpath(path, cwd))  # a checkout at another place
+    for cand in candidates:
+        if os.path.isfile(cand):
+            return cand, int(line)
+    return None
+
+
+def source_context(
+    source: str | None, cwd: str | None = None, radius: int = 3
+) -> list[tuple[int, str, bool]] | None:
+    """Lines ``[line-radius, line+radius]`` of the source as ``(number, text, is_target)``,
+    or None when the file cannot be read here."""
+    found = resolve_source(source, cwd)
+    if found is None:
+        return None
+    path, line = found
+    try:
+        lines = linecache.getlines(path)
+    except Exception:
+        return None
+    if not lines or line < 1 or line > len(lines):
+        return None
+    lo, hi = max(1, line - radius), min(len(lines), line + radius)
+    return [(n, lines[n - 1].rstrip("\n"), n == line) for n in range(lo, hi + 1)]

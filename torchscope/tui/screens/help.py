@@ -1,0 +1,54 @@
+"""``?``: the keys, and what the screens show."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+KEYS: list[tuple[str, str]] = [
+    ("↑↓ pgup pgdn", "move in the focused list; home/end: first/last (mouse: click, wheel)"),
+    ("enter", "op → its backward node(s); node → the op that created it; alert → its event"),
+    ("backspace", "back to where the last jump started"),
+    ("g", "backward graph of the step ⇄ timeline (on the node under the cursor)"),
+    ("→ ←", "graph: expand / collapse a node's other inputs"),
+    ("a", "alerts: where NaN/Inf first appeared"),
+    ("/", "filter the timeline: regex over name, module/param, source (esc clears)"),
+    ("[ ]", "previous / next step"),
+    ("f", "live: follow the newest events again (end in the timeline too)"),
+    ("m", "stat column: norm ⇄ mean±std"),
+    ("tab", "cycle focus: steps, alerts, timeline, detail (shift+tab: back)"),
+    ("?", "this help"),
+    ("q", "quit the UI (the job is never touched)"),
+]
+
+ABOUT = """\
+[b]Timeline[/]  the step's events in the order they ran: forward ops (▸), then the
+  backward nodes (◂). For a node, [i]stat[/] is the gradient that arrived (grad_outputs).
+  [b]NaN[/]/[b]Inf[/] in red: this line's outputs hold them; (nan): only its inputs do.
+  ⚠ marks where an alert says NaN/Inf first appeared.
+[b]Detail[/]  both sides in full: inputs/outputs of an op; grad_outputs (what arrived)
+  and grad_inputs (what it sends on, None shown) of a node; the source line.
+[b]Steps[/]  · on disk (loads when shown)  … loading  ✗ no longer in memory
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "dismiss", "Close"),
+        Binding("question_mark", "dismiss", "Close", show=False),
+        Binding("q", "dismiss", "Close", show=False),
+    ]
+
+    def compose(self) -> ComposeResult:
+        width = max(len(k) for k, _ in KEYS)
+        rows = "\n".join(f"[b $accent]{k.ljust(width)}[/]  {v}" for k, v in KEYS)
+        with VerticalScroll(id="help-box"):
+            yield Static("[b]torchscope — keys[/]", id="help-title")
+            yield Static(rows, id="help-keys")
+            yield Static(ABOUT, id="help-about")
+            yield Static("[dim]esc / ? / q: close[/]", id="help-close")

@@ -1,0 +1,665 @@
+"""Where the UI's events come from. The screens cannot tell these apart.
+
+An :class:`EventSource` runs on one worker thread (``run``) and hands everything to an
+:class:`~torchscope.tui.store.Inbox`: event batches (already turned into store rows, so the UI
+thread only appends), whole steps it was asked to load, status changes and progress. The UI
+asks for a step with ``request_step`` (thread-safe); the answer arrives through the inbox.
+
+- :class:`FileSource` replays a trace file. It never loads the whole file: the step list comes
+  from the chunk index, a step's events are decoded when it is shown, and a background pass
+  fills in per-step counts and alerts chunk by chunk.
+- :class:`LiveSource` follows a running job through ``torchscope.protocol.client.SessionClient``.
+- :class:`ScriptedSource` feeds a list of events (optionally at a given rate), for tests.
+
+No textual imports here, and no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from torchscope.protocol.events import SESSION, Event
+from torchscope.protocol.tracefile import TraceFileError, TraceReader
+from torchscope.tui import countpass
+from torchscope.tui.store import NO_STEP, Inbox, prepare
+
+__all__ = [
+    "EventSource",
+    "FileSource",
+    "LiveSource",
+    "ScriptedSource",
+    "SourceError",
+    "open_source",
+]
+
+_NO_STEP = -1
+
+
+class SourceError(Exception):
+    """A target that names no trace file and no session."""
+
+
+def _step_of(ev: dict) -> int:
+    step = ev.get("step")
+    return step if type(step) is int else NO_STEP
+
+
+def _session_status(session: Any) -> dict[str, Any]:
+    if not isinstance(session, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for key in ("pid", "rank", "world_size", "host", "script", "torch"):
+        if session.get(key) is not None:
+            out[key] = session[key]
+    return out
+
+
+class EventSource:
+    """The interface the app talks to. Subclasses implement ``run``."""
+
+    mode: str = "replay"  # "replay" or "live"
+    label: str = ""
+    #: True when a step evicted from memory can be loaded again (request_step).
+    can_reload: bool = False
+
+    def __init__(self) -> None:
+        self._requests: queue.Queue[int] = queue.Queue()
+
+    def run(self, inbox: Inbox, stop: threading.Event) -> None:  # pragma: no cover - abstract
+        """Produce into ``inbox`` until ``stop`` is set (or there is nothing more to do and
+        nothing more can come). Runs on a worker thread."""
+        raise NotImplementedError
+
+    def request_step(self, step: int) -> None:
+        """Ask for all events of ``step``; answered with an inbox ``("step", ...)`` item, or
+        ``("unavailable", step, why)``. Thread-safe."""
+        self._requests.put(step)
+
+    def close(self) -> None:
+        """Release resources. Never sends anything to a job."""
+
+    def _take_requests(self) -> list[int]:
+        """Pending requests, newest first, without duplicates."""
+        out: list[int] = []
+        while True:
+            try:
+                step = self._requests.get_nowait()
+            except queue.Empty:
+                break
+            if step in out:
+                out.remove(step)
+            out.insert(0, step)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay
+# ---------------------------------------------------------------------------------------------
+
+
+class FileSource(EventSource):
+    """Replays a trace file, step by step, without loading all of it.
+
+    ``count_pass``: how per-step counts and alerts are gathered after the first screen:
+    ``"process"`` (default: a child process, so decoding never competes with the UI for the
+    GIL), ``"thread"`` (on this source's thread, between requests), or None (only steps that
+    are shown get counted).
+    """
+
+    mode = "replay"
+    can_reload = True
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        count_pass: str | bool | None = "process",
+        chunk_cache: int = 4,
+        pass_pause: float = 0.002,
+    ) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        self.label = self.path
+        self.count_pass = "thread" if count_pass is True else (count_pass or None)
+        self.pass_pause = pass_pause
+        self._cache: OrderedDict[int, list[Event]] = OrderedDict()
+        self._cache_max = max(1, chunk_cache)
+        self.reader: TraceReader | None = None
+        self.counter_process: subprocess.Popen[bytes] | None = None
+        self._counter_lock = threading.Lock()
+
+    # -- worker ----------------------------------------------------------------------------
+    def run(self, inbox: Inbox, stop: threading.Event) -> None:
+        inbox.status(mode="replay", file=self.path, state="opening")
+
+        def progress(done: int, total: int) -> None:
+            inbox.put("progress", done, total, "scanning file (no index)")
+
+        try:
+            reader = TraceReader(self.path, progress=progress)
+        except TraceFileError as exc:
+            inbox.put("progress_done")
+            inbox.status(state="error", error=str(exc))
+            inbox.put("error", str(exc))
+            return
+        self.reader = reader
+        inbox.put("progress_done")
+        try:
+            self._serve(reader, inbox, stop)
+        except TraceFileError as exc:
+            inbox.status(state="error", error=str(exc))
+            inbox.put("error", str(exc))
+        finally:
+            self._stop_counter()
+            reader.close()
+
+    def _serve(self, reader: TraceReader, inbox: Inbox, stop: threading.Event) -> None:
+        chunks = reader.chunks
+        endpoints = sorted(
+            {s for c in chunks for s in (c.first_step, c.last_step) if c.first_step != _NO_STEP}
+        )
+        inbox.put("index", [(s, False) for s in endpoints])
+        session = None
+        if chunks:
+            first = self._chunk(reader, 0)
+            session = next((e for e in first if e.get("kind") == SESSION), None)
+        meta = reader.metadata.get("session")
+        if session is None and isinstance(meta, dict):
+            # `torchscope record` keeps the session in the file header
+            session = Event({**meta, "kind": SESSION, "seq": meta.get("seq", -1), "step": 0})
+        if session is not None:
+            inbox.put_events(prepare([session]))
+        inbox.status(
+            mode="replay",
+            file=self.path,
+            state="ready",
+            complete=reader.complete,
+            truncated=reader.truncated,
+            events_total=len(reader),
+            chunks=len(chunks),
+            metadata=reader.metadata,
+            **_session_status(session),
+        )
+        in_thread = None
+        if self.count_pass == "process" and chunks and not self._start_counter(inbox):
+            self.count_pass = "thread"  # no child process here: count on this thread
+        if self.count_pass == "thread":
+            in_thread = countpass.passes(reader, each_chunk=True)
+        while not stop.is_set():
+            requests = self._take_requests()
+            for step in requests:
+                if stop.is_set():
+                    return
+                self._load(reader, step, inbox)
+            if requests:
+                continue
+            if in_thread is not None:
+                try:
+                    record = next(in_thread)
+                except StopIteration:
+                    in_thread = None
+                    continue
+                if record is not None:
+                    _post_counts(inbox, record)
+                if self.pass_pause:
+                    stop.wait(self.pass_pause)  # leave the UI thread room
+                continue
+            try:
+                step = self._requests.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            self._requests.put(step)
+
+    # -- the counting child ----------------------------------------------------------------
+    def _start_counter(self, inbox: Inbox) -> bool:
+        import torchscope
+
+        env = dict(os.environ)
+        # The child must import this torchscope, wherever it was imported from.
+        root = os.path.dirname(os.path.dirname(os.path.abspath(torchscope.__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "torchscope.tui.countpass", self.path],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=env,
+            )
+        except OSError:
+            return False
+        self.counter_process = proc
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            try:
+                for record in countpass.read_records(proc.stdout):
+                    if "error" in record:
+                        inbox.put("error", f"counting steps: {record['error']}")
+                        inbox.put("progress_done")
+                        return
+                    _post_counts(inbox, record)
+            except Exception as exc:  # a broken pipe or record: counts stay partial
+                inbox.put("error", f"counting steps: {exc}")
+                inbox.put("progress_done")
+
+        self._pump = threading.Thread(target=pump, name="torchscope-count", daemon=True)
+        self._pump.start()
+        return True
+
+    def _stop_counter(self) -> None:
+        with self._counter_lock:
+            proc, self.counter_process = self.counter_process, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            if proc.poll() is None:
+                proc.kill()
+        with contextlib.suppress(Exception):
+            proc.wait(timeout=5)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        pump = getattr(self, "_pump", None)
+        if pump is not None:
+            pump.join(timeout=5)
+
+    def close(self) -> None:
+        self._stop_counter()
+
+    # -- chunks ----------------------------------------------------------------------------
+    def _chunk(self, reader: TraceReader, i: int, keep: bool = True) -> list[Event]:
+        events = self._cache.get(i)
+        if events is not None:
+            self._cache.move_to_end(i)
+            return events
+        events = reader.read_chunk(i)
+        if keep:
+            self._cache[i] = events
+            while len(self._cache) > self._cache_max:
+                self._cache.popitem(last=False)
+        return events
+
+    def _load(self, reader: TraceReader, step: int, inbox: Inbox) -> None:
+        events: list[Event] = []
+        others: set[int] = set()
+        for i, c in enumerate(reader.chunks):
+            if c.first_step <= step <= c.last_step:
+                for e in self._chunk(reader, i):
+                    s = _step_of(e)
+                    if s == step:
+                        events.append(e)
+                    else:
+                        others.add(s)
+        # The index only names each chunk's first and last step; steps between them show up
+        # when a chunk is decoded (here, or in the background pass).
+        others.discard(NO_STEP)
+        if others:
+            inbox.put("index", [(s, False) for s in sorted(others)])
+        inbox.put("step", step, prepare(events))
+
+    def load_step(self, step: int) -> list[Event]:
+        """All events of one step, read directly (tests and tools; not used by the UI)."""
+        with TraceReader(self.path) as reader:
+            return list(reader.iter_events(step=step))
+
+
+def _post_counts(inbox: Inbox, record: dict[str, Any]) -> None:
+    """A countpass record, as the store's ``counts`` item plus progress."""
+    by_step: dict[int, list] = {}
+    for alert in record.get("alerts") or ():
+        if isinstance(alert, dict):
+            by_step.setdefault(_step_of(alert), []).append(Event(alert))
+    counts = {}
+    for step, c in (record.get("counts") or {}).items():
+        if type(step) is int and isinstance(c, (list, tuple)) and len(c) == 5:
+            counts[step] = (*c, by_step.get(step, []))
+    inbox.put("counts", counts, [s for s in record.get("final") or () if type(s) is int])
+    done, total = record.get("done", 0), record.get("total", 0)
+    inbox.put("progress", done, total, "counting steps")
+    if done >= total:
+        inbox.put("progress_done")
+
+
+# ---------------------------------------------------------------------------------------------
+# Live
+# ---------------------------------------------------------------------------------------------
+
+
+def _default_client_factory() -> Any:
+    from torchscope.protocol.client import SessionClient
+
+    return SessionClient()
+
+
+class LiveSource(EventSource):
+    """Follows a running job through ``torchscope.protocol.client.SessionClient``.
+
+    ``target`` is what ``SessionClient.connect`` takes: a control endpoint (``ipc://...``,
+    ``tcp://...``), a pid (as a string), or None for the one running session. Connects
+    (subscribing first), takes a snapshot of the events the job still holds, then applies
+    frames as they come; the client skips frames the snapshot covers and counts lost ones.
+    An unreachable session is retried every ``retry_seconds``. The UI only ever reads:
+    quitting closes the sockets and leaves the job alone.
+    """
+
+    mode = "live"
+
+    def __init__(
+        self,
+        control_endpoint: str | None = None,
+        *,
+        timeout: float = 2.0,
+        snapshot_events: int = 100_000,
+        recording: str | os.PathLike[str] | None = None,
+        client_factory: Callable[[], Any] | None = None,
+        retry_seconds: float = 1.0,
+        recv_timeout_ms: int = 100,
+    ) -> None:
+        super().__init__()
+        self.target = control_endpoint
+        self.label = control_endpoint or "the running session"
+        self.timeout = timeout
+        self.snapshot_events = snapshot_events
+        self.recording = os.fspath(recording) if recording is not None else None
+        self.can_reload = self.recording is not None
+        self._factory = client_factory or _default_client_factory
+        self.retry_seconds = retry_seconds
+        self.recv_timeout_ms = recv_timeout_ms
+        self.client: Any = None
+        self._running = False
+        self._snapshot_seqs: set[int] = set()
+        self._snapshot_max = -1
+        self._reported: dict[str, Any] = {}
+
+    def run(self, inbox: Inbox, stop: threading.Event) -> None:
+        inbox.status(mode="live", connected=False, state="connecting", endpoint=self.target)
+        self._running = True
+        try:
+            while not stop.is_set():
+                if self.client is None:
+                    if not self._connect(inbox):
+                        stop.wait(self.retry_seconds)
+                    continue
+                try:
+                    frames = self.client.recv(self.recv_timeout_ms)
+                except Exception as exc:  # a broken connection: report it, connect again
+                    inbox.status(connected=False, state="disconnected", error=_one_line(exc))
+                    self._close_client()
+                    continue
+                for frame in frames or ():
+                    if isinstance(frame, dict):
+                        self._frame(frame, inbox)
+                self._report(inbox)
+                for step in self._take_requests():
+                    self._load_recorded(step, inbox)
+        finally:
+            self._running = False
+            self._close_client()
+
+    def close(self) -> None:
+        """Close the client, unless ``run`` is using it: ZeroMQ sockets belong to one thread,
+        so a running loop closes its client itself once its stop event is set."""
+        if not self._running:
+            self._close_client()
+
+    def _close_client(self) -> None:
+        client, self.client = self.client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+
+    def _connect(self, inbox: Inbox) -> bool:
+        client = None
+        try:
+            client = self._factory()
+            hello = client.connect(self.target, timeout=self.timeout)
+            snap = client.snapshot(self.snapshot_events, timeout=max(self.timeout, 5.0))
+        except Exception as exc:  # EndpointError, SessionUnreachable, SessionRefused, ...
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    client.close()
+            inbox.status(connected=False, state="unreachable", error=_one_line(exc))
+            return False
+        self.client = client
+        self._reported = {}
+        hello = hello if isinstance(hello, dict) else {}
+        session = hello.get("session")
+        record = session.get("record") if isinstance(session, dict) else None
+        if self.recording is None and isinstance(record, str) and record:
+            self.recording = record
+            self.can_reload = True
+        status = {
+            "mode": "live",
+            "connected": True,
+            "state": "connected",
+            "error": None,
+            "endpoint": getattr(client, "control_endpoint", None) or self.target,
+            "step": hello.get("step"),
+            "dropped": hello.get("dropped") or 0,
+            "events_total": hello.get("events_total"),
+            "recording": self.recording,
+            "subscribed": hello.get("subscribed"),
+            **_session_status(session),
+        }
+        for key in ("pid", "rank"):
+            if hello.get(key) not in (None, 0):
+                status[key] = hello[key]
+        inbox.status(**status)
+        if isinstance(session, dict) and session.get("kind") == SESSION:
+            inbox.put_events(prepare([session]))
+        events = snap.get("events") if isinstance(snap, dict) else None
+        if events:
+            self._snapshot_seqs = {e["seq"] for e in events if isinstance(e, dict) and "seq" in e}
+            self._snapshot_max = max(self._snapshot_seqs, default=-1)
+            self._put(inbox, prepare(events))
+        return True
+
+    def _frame(self, frame: dict, inbox: Inbox) -> None:
+        status: dict[str, Any] = {}
+        if "paused" in frame:
+            status["paused"] = bool(frame["paused"])
+        state = frame.get("state")
+        if isinstance(state, dict) and "paused" in state:
+            status["paused"] = bool(state["paused"])
+        if frame.get("type") == "events":
+            events = frame.get("events") or ()
+            if self._snapshot_seqs:  # clients that do not skip what the snapshot covered
+                kept = []
+                for e in events:
+                    seq = e.get("seq") if isinstance(e, dict) else None
+                    if seq in self._snapshot_seqs:
+                        continue
+                    kept.append(e)
+                    if type(seq) is int and seq > self._snapshot_max + 10_000:
+                        self._snapshot_seqs = set()
+                events = kept
+            self._put(inbox, prepare(events))
+        if status:
+            inbox.status(**status)
+
+    def _report(self, inbox: Inbox) -> None:
+        """Status the client keeps (dropped, lost frames, step, alive, ended), when it changes."""
+        c = self.client
+        if c is None:
+            return
+        ended = bool(getattr(c, "ended", False))
+        alive = bool(getattr(c, "alive", True))
+        now = {
+            "dropped": getattr(c, "dropped", 0) or 0,
+            "gaps": getattr(c, "frames_lost", 0) or 0,
+            "step": getattr(c, "step", None),
+            "connected": alive and not ended,
+            "state": "ended" if ended else ("connected" if alive else "disconnected"),
+        }
+        changed = {k: v for k, v in now.items() if self._reported.get(k, object()) != v}
+        if changed:
+            self._reported.update(changed)
+            inbox.status(**changed)
+
+    def _put(self, inbox: Inbox, items: list) -> None:
+        if not inbox.put_events(items):
+            inbox.status(ui_dropped=inbox.dropped)
+
+    def _load_recorded(self, step: int, inbox: Inbox) -> None:
+        if not self.recording:
+            inbox.put("unavailable", step, f"step {step} was evicted from memory")
+            return
+        try:
+            with TraceReader(self.recording) as reader:
+                events = list(reader.iter_events(step=step))
+        except TraceFileError as exc:
+            inbox.put("unavailable", step, f"step {step}: {exc}")
+            return
+        inbox.put("step", step, prepare(events))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Scripted (tests, benchmarks, demos)
+# ---------------------------------------------------------------------------------------------
+
+
+class ScriptedSource(EventSource):
+    """Feeds a fixed list of events, all at once or at ``rate`` events per second.
+
+    Behaves like a live session (``mode="live"``) unless ``mode="replay"`` is given. ``feed``
+    adds more events later (thread-safe); ``done`` is set once the initial list is delivered.
+    With ``bye=True`` the session reports itself ended after the list. It keeps every event, so
+    an evicted step can be loaded again unless ``reloadable=False``.
+    """
+
+    def __init__(
+        self,
+        events: Iterable[dict],
+        rate: float | None = None,
+        *,
+        mode: str = "live",
+        batch: int = 2000,
+        bye: bool = False,
+        reloadable: bool = True,
+        status: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        # A list is delivered as is; any other iterable is pulled lazily (benchmarks feed
+        # millions of events that never exist all at once).
+        if isinstance(events, (list, tuple)):
+            self.events: list[Event] | None = [
+                e if isinstance(e, Event) else Event(e) for e in events
+            ]
+            self._iter: Iterator[dict] = iter(self.events)
+        else:
+            self.events = None
+            self._iter = iter(events)
+        self.rate = rate
+        self.mode = mode
+        self.batch = max(1, batch)
+        self.bye = bye
+        self.can_reload = reloadable
+        self.label = "scripted"
+        self.extra_status = dict(status or {})
+        self.done = threading.Event()
+        self.delivered = 0
+        self._more: queue.Queue[list[dict]] = queue.Queue()
+        self._all: list[dict] = list(self.events or ()) if reloadable else []
+        self._lock = threading.Lock()
+
+    def feed(self, events: Iterable[dict]) -> None:
+        self._more.put([e if isinstance(e, Event) else Event(e) for e in events])
+
+    def run(self, inbox: Inbox, stop: threading.Event) -> None:
+        session = next((e for e in self.events or () if e.get("kind") == SESSION), None)
+        live = self.mode == "live"
+        inbox.status(
+            mode=self.mode,
+            connected=True if live else None,
+            state="connected" if live else "ready",
+            file=None if live else self.label,
+            events_total=len(self.events) if self.events is not None else None,
+            complete=None if live else True,
+            **_session_status(session),
+            **self.extra_status,
+        )
+        it = self._iter
+        if self.rate is None:
+            while not stop.is_set():
+                chunk = list(itertools.islice(it, self.batch))
+                if not chunk:
+                    break
+                self._deliver(inbox, chunk)
+        else:
+            start = time.perf_counter()
+            sent = 0
+            exhausted = False
+            while not exhausted and not stop.is_set():
+                due = int((time.perf_counter() - start) * self.rate)
+                if due > sent:
+                    # One hand-off holds at most ~50 ms of events, as a batching publisher.
+                    n = min(due - sent, max(self.batch, int(self.rate * 0.05)))
+                    chunk = list(itertools.islice(it, n))
+                    exhausted = len(chunk) < n
+                    if chunk:
+                        self._deliver(inbox, chunk)
+                    sent += n
+                else:
+                    time.sleep(0.002)
+        self.done.set()
+        if self.bye and live:
+            inbox.status(connected=False, state="ended")
+        while not stop.is_set():
+            try:
+                more = self._more.get(timeout=0.02)
+            except queue.Empty:
+                more = None
+            if more:
+                if self.can_reload:
+                    with self._lock:
+                        self._all.extend(more)
+                self._deliver(inbox, more)
+            for step in self._take_requests():
+                self._load(step, inbox)
+
+    def _deliver(self, inbox: Inbox, events: list[dict]) -> None:
+        if self.can_reload and self.events is None:
+            with self._lock:
+                self._all.extend(events)
+        items = prepare(events)
+        if inbox.put_events(items):
+            self.delivered += len(items)
+        else:
+            inbox.status(ui_dropped=inbox.dropped)
+
+    def _load(self, step: int, inbox: Inbox) -> None:
+        if not self.can_reload:
+            inbox.put("unavailable", step, f"step {step} was evicted from memory")
+            return
+        with self._lock:
+            events = [e for e in self._all if _step_of(e) == step]
+        inbox.put("step", step, prepare(events))
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def open_source(target: str | None) -> EventSource:
+    """A source for what the command line names: a trace file, a control endpoint
+    (``ipc://...``, ``tcp://...``), the pid of a traced job, or None for the one running
+    session. Raises SourceError for a name that is none of these."""
+    if target is None or "://" in target or target.isdigit():
+        return LiveSource(target)
+    if os.path.exists(target):
+        return FileSource(target)
+    raise SourceError(f"{target}: no such trace file, endpoint or pid")

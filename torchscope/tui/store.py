@@ -1,0 +1,845 @@
+"""The UI's model of a trace: events indexed by step, with bounded memory.
+
+No textual imports here (and no torch): sources fill an :class:`Inbox` from a worker thread, and
+the app drains it on a timer and applies it to an :class:`EventStore` on the UI thread.
+
+Memory: op and grad events, by far the most numerous, are kept as records (plain tuples) that
+hold the few fields the lists need (name, module, source, node ids, NaN/Inf flags) plus the
+event's msgpack bytes; the full event is decoded again on demand (the detail panel, visible rows).
+That is about 5x smaller than the decoded dicts, and invisible to the garbage collector. UI code
+reads records through :class:`Row` views. Whole steps are evicted, least recently used
+first, when more than ``max_events`` rows are resident; the newest step and pinned (viewed) steps
+are never evicted. An evicted step keeps its counts and can be loaded again when the source can
+reload it (a trace file, or a live session that records).
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import sys
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any
+
+from torchscope.protocol import codec
+from torchscope.protocol.events import ALERT, ERROR, GRAD, GRAPH, OP, SESSION, Event
+
+__all__ = [
+    "FLAG_INF_IN",
+    "FLAG_INF_OUT",
+    "FLAG_NAN_IN",
+    "FLAG_NAN_OUT",
+    "Changes",
+    "EventStore",
+    "Inbox",
+    "Row",
+    "StepData",
+    "StepInfo",
+    "make_item",
+    "prepare",
+]
+
+# Row.flags: non-finite values on each side. For an op, "in" is its inputs and "out" its
+# outputs; for a grad, "in" is grad_outputs (what arrives) and "out" grad_inputs (what it sends).
+FLAG_NAN_IN = 1
+FLAG_INF_IN = 2
+FLAG_NAN_OUT = 4
+FLAG_INF_OUT = 8
+
+NO_STEP = -1
+
+# Step states.
+RESIDENT = "resident"  # events in memory
+ON_DISK = "on disk"  # not in memory, the source can load it
+LOADING = "loading"  # requested from the source
+EVICTED = "evicted"  # dropped from memory and nothing can bring it back
+
+
+_intern = sys.intern
+
+
+def _int(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+def _side_flags(summaries: Any, nan_bit: int, inf_bit: int) -> int:
+    flags = 0
+    if type(summaries) is not list:
+        return 0
+    for s in summaries:
+        if type(s) is not dict:
+            continue
+        stats = s.get("stats")
+        if type(stats) is not dict:
+            continue
+        if stats.get("nan"):
+            flags |= nan_bit
+        if stats.get("inf"):
+            flags |= inf_bit
+    return flags
+
+
+# An op or grad event is kept as a plain tuple (a "record"): exact tuples of ints, strings and
+# bytes are untracked by Python's cycle collector, so hundreds of thousands of them cost the
+# garbage collector nothing (objects would make each full collection walk all of them: ~100 ms
+# pauses at 250k events). Fields, by index:
+KIND, SEQ, STEP_, NAME, MODULE, SOURCE, FLAGS, RAW, NODE_ID, OP_SEQ, PARAM, NODES = range(12)
+Rec = tuple  # (kind, seq, step, name, module, source, flags, raw, node_id, op_seq, param, nodes)
+
+_seq_key = itemgetter(SEQ)
+
+
+def _field(i: int) -> Any:
+    return property(lambda self: self.t[i])
+
+
+class Row:
+    """A read-only view of one record, for UI code (made on demand, never stored in bulk)."""
+
+    __slots__ = ("module", "t")
+
+    def __init__(self, t: Rec, module: str | None = None) -> None:
+        self.t = t
+        self.module: str = t[MODULE] if module is None else module
+
+    kind = _field(KIND)
+    seq = _field(SEQ)
+    step = _field(STEP_)
+    name = _field(NAME)
+    source = _field(SOURCE)
+    flags = _field(FLAGS)
+    raw = _field(RAW)
+    node_id = _field(NODE_ID)
+    op_seq = _field(OP_SEQ)
+    param = _field(PARAM)
+    nodes = _field(NODES)
+
+    @property
+    def is_op(self) -> bool:
+        return self.t[KIND] == OP
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Row) and other.t[SEQ] == self.t[SEQ] and other.t[KIND] == self.t[KIND]
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.t[KIND], self.t[SEQ]))
+
+    def __repr__(self) -> str:
+        return f"Row({self.kind} #{self.seq} step {self.step} {self.name})"
+
+
+def _step_of(ev: dict) -> int:
+    step = _int(ev.get("step"))
+    return NO_STEP if step is None else step
+
+
+def make_item(ev: dict) -> Rec | Event:
+    """Turn one event into what the store keeps: a record for op/grad, the Event otherwise.
+
+    Called on the source's worker thread, so the UI thread only appends.
+    """
+    kind = ev.get("kind")
+    if kind == OP:
+        nodes = ev.get("nodes")
+        ids = (
+            tuple(n["id"] for n in nodes if type(n) is dict and type(n.get("id")) is int)
+            if nodes
+            else ()
+        )
+        flags = _side_flags(ev.get("inputs"), FLAG_NAN_IN, FLAG_INF_IN) | _side_flags(
+            ev.get("outputs"), FLAG_NAN_OUT, FLAG_INF_OUT
+        )
+        name, module, source, step = (
+            ev.get("name"),
+            ev.get("module"),
+            ev.get("source"),
+            ev.get("step"),
+        )
+        return (
+            OP,
+            ev["seq"],
+            step if type(step) is int else NO_STEP,
+            _intern(name) if type(name) is str else "",
+            _intern(module) if type(module) is str else "",
+            _intern(source) if type(source) is str else "",
+            flags,
+            codec.pack(ev),
+            None,
+            None,
+            None,
+            ids,
+        )
+    if kind == GRAD:
+        flags = _side_flags(ev.get("grad_outputs"), FLAG_NAN_IN, FLAG_INF_IN) | _side_flags(
+            ev.get("grad_inputs"), FLAG_NAN_OUT, FLAG_INF_OUT
+        )
+        name, param, source, step = (
+            ev.get("node"),
+            ev.get("param"),
+            ev.get("source"),
+            ev.get("step"),
+        )
+        node_id, op_seq = ev.get("node_id"), ev.get("op_seq")
+        return (
+            GRAD,
+            ev["seq"],
+            step if type(step) is int else NO_STEP,
+            _intern(name) if type(name) is str else "",
+            "",
+            _intern(source) if type(source) is str else "",
+            flags,
+            codec.pack(ev),
+            node_id if type(node_id) is int else None,
+            op_seq if type(op_seq) is int else None,
+            _intern(param) if type(param) is str and param else None,
+            (),
+        )
+    return ev if isinstance(ev, Event) else Event(ev)
+
+
+def prepare(events: Iterable[dict]) -> list[Rec | Event]:
+    """make_item over a batch, skipping records that are not events (no kind, no int seq)."""
+    out: list[Rec | Event] = []
+    for ev in events:
+        if not isinstance(ev, dict) or not isinstance(ev.get("kind"), str):
+            continue
+        if type(ev.get("seq")) is not int:
+            continue
+        out.append(make_item(ev))
+    return out
+
+
+@dataclass
+class StepInfo:
+    """What the step list shows for one step. Counts survive eviction."""
+
+    step: int
+    n_ops: int = 0
+    n_grads: int = 0
+    n_graph_nodes: int = 0  # nodes in this step's backward graphs
+    n_alerts: int = 0
+    n_events: int = 0
+    state: str = RESIDENT
+    counted: bool = True  # False while a replay's counts are still being gathered
+    first_seq: int | None = None
+    last_seq: int | None = None
+
+    @property
+    def nodes(self) -> int:
+        """Backward nodes: from the graph events, or the grad events before a graph came."""
+        return self.n_graph_nodes or self.n_grads
+
+
+class StepData:
+    """The resident events of one step and the indices between them.
+
+    ``rows``/``ops``/``grads`` hold records (tuples, seq order); the accessors below return
+    :class:`Row` views.
+    """
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.rows: list[Rec] = []  # ops and grads together, seq (= time) order
+        self.ops: list[Rec] = []
+        self.grads: list[Rec] = []
+        self.graphs: list[Event] = []
+        self.alerts: list[Event] = []
+        self.others: list[Event] = []  # step markers, errors
+        self.op_by_seq: dict[int, Rec] = {}
+        self.node_grads: dict[int, tuple[Rec, ...]] = {}
+        self.op_nodes: dict[int, tuple[int, ...]] = {}
+        self.graph_nodes: dict[int, dict] = {}  # node id -> node map from the graph event
+        self.alert_seqs: set[int] = set()
+        self.version = 0  # bumped on every change
+        self.reorders = 0  # bumped when a row was inserted before the end of ``rows``
+        self._hay: list[str] = []  # filter text per row, built on the first filter
+        self._hay_reorders = 0
+
+    def __len__(self) -> int:
+        return len(self.rows) + len(self.graphs) + len(self.alerts) + len(self.others)
+
+    # -- views -----------------------------------------------------------------------------
+    def module_of(self, t: Rec) -> str:
+        """An op's module; for a grad, the module of the op that created its node."""
+        if t[MODULE] or t[KIND] == OP:
+            return t[MODULE]
+        op = self.op_by_seq.get(t[OP_SEQ]) if t[OP_SEQ] is not None else None
+        return op[MODULE] if op is not None else ""
+
+    def view(self, t: Rec) -> Row:
+        return Row(t, self.module_of(t))
+
+    def row(self, index: int) -> Row:
+        return self.view(self.rows[index])
+
+    def haystack(self, t: Rec) -> str:
+        """What the timeline filter searches: name, module, parameter, source."""
+        return f"{t[NAME]}\n{self.module_of(t)}\n{t[PARAM] or ''}\n{t[SOURCE]}"
+
+    def haystacks(self) -> list[str]:
+        """``haystack`` of every row, in row order; kept once built (a filter typed key by
+        key over 100k rows then costs one regex search per row, nothing else)."""
+        hay = self._hay
+        if self._hay_reorders != self.reorders or len(hay) > len(self.rows):
+            hay.clear()
+            self._hay_reorders = self.reorders
+        if len(hay) < len(self.rows):
+            f = self.haystack
+            hay.extend(f(t) for t in self.rows[len(hay) :])
+        return hay
+
+    # -- lookups ---------------------------------------------------------------------------
+    def row_index(self, seq: int) -> int | None:
+        i = bisect.bisect_left(self.rows, seq, key=_seq_key)
+        return i if i < len(self.rows) and self.rows[i][SEQ] == seq else None
+
+    def op(self, seq: int | None) -> Row | None:
+        t = None if seq is None else self.op_by_seq.get(seq)
+        return None if t is None else Row(t)
+
+    def nodes_of_op(self, op_seq: int) -> tuple[int, ...]:
+        return self.op_nodes.get(op_seq, ())
+
+    def grads_of_node(self, node_id: int | None) -> list[Row]:
+        if node_id is None:
+            return []
+        return [self.view(t) for t in self.node_grads.get(node_id, ())]
+
+    def grads_of_op(self, op_seq: int) -> list[Row]:
+        """Grad rows of the nodes an op created, in the order they ran."""
+        recs = [t for nid in self.nodes_of_op(op_seq) for t in self.node_grads.get(nid, ())]
+        recs.sort(key=_seq_key)
+        return [self.view(t) for t in recs]
+
+    def graph_of_node(self, node_id: int) -> dict | None:
+        return self.graph_nodes.get(node_id)
+
+    # -- mutation (UI thread) ----------------------------------------------------------------
+    def _add_row(self, t: Rec) -> None:
+        rows = self.rows
+        seq = t[SEQ]
+        if rows and rows[-1][SEQ] >= seq:
+            i = bisect.bisect_left(rows, seq, key=_seq_key)
+            if i < len(rows) and rows[i][SEQ] == seq:
+                return  # duplicate (snapshot overlapping the stream)
+            rows.insert(i, t)
+            self.reorders += 1
+        else:
+            rows.append(t)
+        if t[KIND] == OP:
+            ops = self.ops
+            if ops and ops[-1][SEQ] > seq:
+                bisect.insort(ops, t, key=_seq_key)
+            else:
+                ops.append(t)
+            self.op_by_seq[seq] = t
+            for nid in t[NODES]:
+                self._link(seq, nid)
+            return
+        grads = self.grads
+        if grads and grads[-1][SEQ] > seq:
+            bisect.insort(grads, t, key=_seq_key)
+        else:
+            grads.append(t)
+        nid = t[NODE_ID]
+        if nid is not None:
+            have = self.node_grads.get(nid)
+            self.node_grads[nid] = (t,) if have is None else (*have, t)
+            op_seq = t[OP_SEQ]
+            if op_seq is not None:
+                self._link(op_seq, nid)
+
+    def _link(self, op_seq: int, node_id: int) -> None:
+        ids = self.op_nodes.get(op_seq)
+        if ids is None:
+            self.op_nodes[op_seq] = (node_id,)
+        elif node_id not in ids:
+            self.op_nodes[op_seq] = (*ids, node_id)
+
+    def _add_graph(self, ev: Event) -> None:
+        self.graphs.append(ev)
+        for node in ev.get("nodes") or ():
+            if not isinstance(node, dict) or type(node.get("id")) is not int:
+                continue
+            nid = node["id"]
+            self.graph_nodes[nid] = node
+            op_seq = _int(node.get("op_seq"))
+            if op_seq is not None:
+                self._link(op_seq, nid)
+
+
+@dataclass
+class Changes:
+    """What one apply() changed, so widgets refresh only what they must."""
+
+    steps_added: bool = False
+    steps_changed: set[int] = field(default_factory=set)  # counts or state
+    events_changed: set[int] = field(default_factory=set)  # resident rows
+    loaded: set[int] = field(default_factory=set)
+    evicted: set[int] = field(default_factory=set)
+    alerts_added: int = 0
+    events: int = 0
+    status: dict[str, Any] = field(default_factory=dict)
+    progress: tuple[float, float, str] | None = None
+    progress_done: bool = False
+    errors: list[str] = field(default_factory=list)
+    session: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.steps_added
+            or self.steps_changed
+            or self.events_changed
+            or self.loaded
+            or self.evicted
+            or self.alerts_added
+            or self.status
+            or self.progress
+            or self.progress_done
+            or self.errors
+            or self.session
+        )
+
+
+class EventStore:
+    """All the UI knows about a trace. Touched only on the UI thread."""
+
+    def __init__(
+        self,
+        *,
+        max_events: int = 250_000,
+        max_alerts: int = 10_000,
+        reloadable: bool = False,
+        decoded_cache: int = 256,
+    ) -> None:
+        self.max_events = max(1, max_events)
+        self.max_alerts = max_alerts
+        self.reloadable = reloadable
+        self.steps: dict[int, StepInfo] = {}
+        self.order: list[int] = []  # sorted step numbers
+        self._data: OrderedDict[int, StepData] = OrderedDict()  # LRU: oldest use first
+        self.alerts: list[Event] = []
+        self._alert_seqs: set[int] = set()
+        self.errors: list[Event] = []
+        self.session: Event | None = None
+        self.pinned: set[int] = set()
+        self.resident_events = 0
+        self.events_applied = 0
+        self.evictions = 0
+        self._decoded: OrderedDict[int, Event] = OrderedDict()
+        self._decoded_max = decoded_cache
+
+    # -- reading -----------------------------------------------------------------------------
+    def __contains__(self, step: int) -> bool:
+        return step in self.steps
+
+    @property
+    def newest_step(self) -> int | None:
+        return self.order[-1] if self.order else None
+
+    def info(self, step: int) -> StepInfo | None:
+        return self.steps.get(step)
+
+    def data(self, step: int | None) -> StepData | None:
+        """Resident events of a step (and mark it recently used), or None."""
+        if step is None:
+            return None
+        data = self._data.get(step)
+        if data is not None:
+            self._data.move_to_end(step)
+        return data
+
+    def is_resident(self, step: int) -> bool:
+        return step in self._data
+
+    def event(self, row: Row | Rec) -> Event:
+        """The full event behind a row, decoded from its bytes (a small cache of recent ones)."""
+        t = row.t if isinstance(row, Row) else row
+        seq = t[SEQ]
+        ev = self._decoded.get(seq)
+        if ev is not None and ev.get("kind") == t[KIND]:
+            self._decoded.move_to_end(seq)
+            return ev
+        ev = Event(codec.unpack(t[RAW]))
+        self._decoded[seq] = ev
+        if len(self._decoded) > self._decoded_max:
+            self._decoded.popitem(last=False)
+        return ev
+
+    def step_index(self, step: int) -> int | None:
+        i = bisect.bisect_left(self.order, step)
+        return i if i < len(self.order) and self.order[i] == step else None
+
+    def find_alert(self, seq: int) -> Event | None:
+        for a in self.alerts:
+            if a.get("seq") == seq:
+                return a
+        return None
+
+    # -- pinning -----------------------------------------------------------------------------
+    def pin(self, steps: Iterable[int]) -> None:
+        """Steps being shown: never evicted."""
+        self.pinned = set(steps)
+
+    # -- applying ----------------------------------------------------------------------------
+    def apply(self, items: Iterable[tuple]) -> Changes:
+        """Apply drained inbox items (see Inbox). Returns what changed."""
+        ch = Changes()
+        for item in items:
+            tag = item[0]
+            if tag == "events":
+                self._ingest(item[1], ch)
+            elif tag == "step":
+                self._replace_step(item[1], item[2], ch)
+            elif tag == "index":
+                self._index(item[1], ch)
+            elif tag == "counts":
+                self._counts(item[1], item[2], ch)
+            elif tag == "status":
+                ch.status.update(item[1])
+            elif tag == "progress":
+                ch.progress = (item[1], item[2], item[3])
+            elif tag == "progress_done":
+                ch.progress = None
+                ch.progress_done = True
+            elif tag == "error":
+                ch.errors.append(item[1])
+            elif tag == "unavailable":
+                info = self.steps.get(item[1])
+                if info is not None and info.state == LOADING:
+                    info.state = EVICTED
+                    ch.steps_changed.add(item[1])
+                ch.errors.append(item[2])
+        self._evict(ch)
+        return ch
+
+    def ingest(self, events: Iterable[dict]) -> Changes:
+        """Prepare and apply events in one go (tests, and callers on the UI thread)."""
+        return self.apply([("events", prepare(events))])
+
+    def _info(self, step: int, ch: Changes) -> StepInfo:
+        info = self.steps.get(step)
+        if info is None:
+            info = self.steps[step] = StepInfo(step)
+            if not self.order or step > self.order[-1]:
+                self.order.append(step)
+            else:
+                bisect.insort(self.order, step)
+            ch.steps_added = True
+        return info
+
+    def _stepdata(self, step: int, info: StepInfo) -> StepData | None:
+        data = self._data.get(step)
+        if data is None:
+            if info.state not in (RESIDENT,) and info.n_events:
+                # Evicted or on disk: new events for it would give a partial view; count only.
+                return None
+            data = self._data[step] = StepData(step)
+            info.state = RESIDENT
+        else:
+            self._data.move_to_end(step)
+        return data
+
+    def _ingest(self, items: list[Rec | Event], ch: Changes) -> None:
+        # The hot path of a live session: the common case (an op or grad row for the same
+        # step as the previous item) is handled inline.
+        cur_step: int | None = None
+        info: StepInfo | None = None
+        data: StepData | None = None
+        applied = 0
+        for item in items:
+            if type(item) is tuple:
+                step = item[STEP_]
+            else:
+                if item.get("kind") == SESSION:
+                    self.session = item
+                    ch.session = True
+                    continue
+                step = _step_of(item)
+            if step != cur_step or info is None:
+                if cur_step is not None:
+                    ch.steps_changed.add(cur_step)
+                    if data is not None:
+                        ch.events_changed.add(cur_step)
+                cur_step = step
+                info = self._info(step, ch)
+                data = self._stepdata(step, info)
+            applied += 1
+            if type(item) is tuple:
+                info.n_events += 1
+                seq = item[SEQ]
+                if info.first_seq is None or seq < info.first_seq:
+                    info.first_seq = seq
+                if info.last_seq is None or seq > info.last_seq:
+                    info.last_seq = seq
+                if item[KIND] == OP:
+                    info.n_ops += 1
+                else:
+                    info.n_grads += 1
+                if data is not None:
+                    data._add_row(item)
+                    data.version += 1
+                    self.resident_events += 1
+            else:
+                self._count(info, item, ch)
+                if data is not None:
+                    self._place(data, item)
+                    self.resident_events += 1
+        if cur_step is not None:
+            ch.steps_changed.add(cur_step)
+            if data is not None:
+                ch.events_changed.add(cur_step)
+        ch.events += applied
+        self.events_applied += applied
+
+    def _count(self, info: StepInfo, item: Rec | Event, ch: Changes) -> None:
+        info.n_events += 1
+        seq = item[SEQ] if type(item) is tuple else item.get("seq")
+        if type(seq) is int:
+            if info.first_seq is None or seq < info.first_seq:
+                info.first_seq = seq
+            if info.last_seq is None or seq > info.last_seq:
+                info.last_seq = seq
+        if type(item) is tuple:
+            if item[KIND] == OP:
+                info.n_ops += 1
+            else:
+                info.n_grads += 1
+            return
+        kind = item.get("kind")
+        if kind == GRAPH:
+            nodes = item.get("nodes")
+            info.n_graph_nodes += len(nodes) if isinstance(nodes, list) else 0
+        elif kind == ALERT:
+            info.n_alerts += 1
+            self._add_alert(item, ch)
+        elif kind == ERROR and len(self.errors) < self.max_alerts:
+            self.errors.append(item)
+
+    def _add_alert(self, ev: Event, ch: Changes) -> None:
+        seq = ev.get("seq")
+        if seq in self._alert_seqs or len(self.alerts) >= self.max_alerts:
+            return
+        self._alert_seqs.add(seq)
+        if self.alerts and _alert_key(self.alerts[-1]) > _alert_key(ev):
+            bisect.insort(self.alerts, ev, key=_alert_key)
+        else:
+            self.alerts.append(ev)
+        ch.alerts_added += 1
+
+    @staticmethod
+    def _place(data: StepData, item: Rec | Event) -> None:
+        if type(item) is tuple:
+            data._add_row(item)
+        else:
+            kind = item.get("kind")
+            if kind == GRAPH:
+                data._add_graph(item)
+            elif kind == ALERT:
+                data.alerts.append(item)
+                if type(item.get("event_seq")) is int:
+                    data.alert_seqs.add(item["event_seq"])
+            else:
+                data.others.append(item)
+        data.version += 1
+
+    def _replace_step(self, step: int, items: list[Rec | Event], ch: Changes) -> None:
+        """A whole step loaded from the source: its events replace whatever was resident."""
+        info = self._info(step, ch)
+        old = self._data.pop(step, None)
+        if old is not None:
+            self.resident_events -= _resident_rows(old)
+        data = self._data[step] = StepData(step)
+        fresh = StepInfo(step)
+        for item in items:
+            if type(item) is not tuple and item.get("kind") == SESSION:
+                if self.session is None:
+                    self.session = item
+                    ch.session = True
+                continue
+            self._count(fresh, item, ch)
+            self._place(data, item)
+        self.resident_events += _resident_rows(data)
+        # Loaded counts are exact.
+        for name in ("n_ops", "n_grads", "n_graph_nodes", "n_alerts", "n_events"):
+            setattr(info, name, getattr(fresh, name))
+        info.first_seq, info.last_seq = fresh.first_seq, fresh.last_seq
+        info.state = RESIDENT
+        info.counted = True
+        data.version += 1
+        ch.loaded.add(step)
+        ch.steps_changed.add(step)
+        ch.events_changed.add(step)
+
+    def _index(self, entries: list[tuple[int, bool]], ch: Changes) -> None:
+        """Steps known to exist in a file, not loaded: ``(step, counted)``."""
+        for step, counted in entries:
+            info = self.steps.get(step)
+            if info is None:
+                info = self._info(step, ch)
+                info.state = ON_DISK
+                info.counted = counted
+                ch.steps_changed.add(step)
+
+    def _counts(self, counts: dict[int, tuple], final: Iterable[int], ch: Changes) -> None:
+        """Counts from a replay's background pass: ``{step: (ops, grads, graph_nodes, alerts,
+        events, alert_events)}``; ``final`` lists steps whose counts are now complete."""
+        for step, (n_ops, n_grads, n_gnodes, n_alerts, n_events, alerts) in counts.items():
+            info = self.steps.get(step)
+            if info is None:
+                info = self._info(step, ch)
+                info.state = ON_DISK
+                info.counted = False
+            for a in alerts:
+                self._add_alert(a, ch)
+            if info.counted:
+                continue  # exact already (loaded, or a previous pass finished it)
+            info.n_ops += n_ops
+            info.n_grads += n_grads
+            info.n_graph_nodes += n_gnodes
+            info.n_alerts += n_alerts
+            info.n_events += n_events
+            ch.steps_changed.add(step)
+        for step in final:
+            info = self.steps.get(step)
+            if info is not None and not info.counted:
+                info.counted = True
+                ch.steps_changed.add(step)
+
+    def mark_loading(self, step: int) -> None:
+        info = self.steps.get(step)
+        if info is not None and step not in self._data:
+            info.state = LOADING
+
+    def _evict(self, ch: Changes) -> None:
+        if self.resident_events <= self.max_events:
+            return
+        newest = self.newest_step
+        for step in list(self._data):
+            if self.resident_events <= self.max_events:
+                break
+            if step == newest or step in self.pinned:
+                continue
+            data = self._data.pop(step)
+            self.resident_events -= _resident_rows(data)
+            info = self.steps[step]
+            info.state = ON_DISK if self.reloadable else EVICTED
+            self.evictions += 1
+            ch.evicted.add(step)
+            ch.steps_changed.add(step)
+
+
+def _resident_rows(data: StepData) -> int:
+    return len(data)
+
+
+def _alert_key(ev: Event) -> tuple[int, int]:
+    return (_step_of(ev), ev.get("seq") if type(ev.get("seq")) is int else 0)
+
+
+class Inbox:
+    """Thread-safe hand-off from a source's worker thread to the UI thread.
+
+    Items are tuples; the app drains all of them on its timer and applies them in one batch:
+    ``("events", [record|Event])``, ``("step", step, [record|Event])`` (a whole step loaded),
+    ``("index", [(step, counted)])``, ``("counts", {step: (...)}, final_steps)``,
+    ``("status", {...})``, ``("progress", done, total, label)``, ``("progress_done",)``,
+    ``("error", message)``, ``("unavailable", step, message)``.
+
+    ``max_pending`` bounds buffered events: past it, ``put_events`` refuses the batch (the
+    caller counts it as dropped), the same policy the tracer's PUB socket has.
+    """
+
+    def __init__(self, max_pending: int = 500_000) -> None:
+        self._lock = threading.Lock()
+        self._items: deque[tuple] = deque()
+        self._pending_events = 0
+        self.max_pending = max_pending
+        self.dropped = 0
+        self.wakeup: Any = None  # optional callable(): nudges the UI when something arrives
+
+    def put(self, *item: Any) -> None:
+        with self._lock:
+            self._items.append(item)
+
+    def put_events(self, items: list[Rec | Event]) -> bool:
+        if not items:
+            return True
+        with self._lock:
+            if self._pending_events + len(items) > self.max_pending:
+                self.dropped += len(items)
+                return False
+            self._pending_events += len(items)
+            self._items.append(("events", items))
+        return True
+
+    def status(self, **values: Any) -> None:
+        self.put("status", values)
+
+    def drain(self, max_events: int | None = None) -> list[tuple]:
+        """Take buffered items. With ``max_events``, stop after roughly that many events so one
+        UI frame never applies an unbounded backlog (the rest waits for the next tick)."""
+        with self._lock:
+            if max_events is None:
+                items = list(self._items)
+                self._items.clear()
+                self._pending_events = 0
+                return items
+            out: list[tuple] = []
+            taken = 0
+            while self._items and taken < max_events:
+                item = self._items.popleft()
+                if item[0] == "events":
+                    taken += len(item[1])
+                    self._pending_events -= len(item[1])
+                out.append(item)
+            return out
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    @property
+    def pending_events(self) -> int:
+        return self._pending_events
+
+
+class RateMeter:
+    """Events per second over a sliding window."""
+
+    def __init__(self, window: float = 2.0) -> None:
+        self.window = window
+        self._samples: deque[tuple[float, int]] = deque()
+        self._total = 0
+
+    def add(self, n: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if n:
+            self._samples.append((now, n))
+            self._total += n
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while self._samples and now - self._samples[0][0] > self.window:
+            _, n = self._samples.popleft()
+            self._total -= n
+
+    def rate(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        self._trim(now)
+        return self._total / self.window
+
+
+def compile_filter(text: str) -> re.Pattern[str] | None:
+    """The timeline filter: a case-insensitive regex, or None for no filter. Raises re.error."""
+    text = text.strip()
+    if not text:
+        return None
+    return re.compile(text, re.IGNORECASE)

@@ -1,0 +1,436 @@
+"""The step's backward graph as a tree, each node linked to the forward op that created it.
+
+Backward graphs are long chains with short side branches (weights, biases, residuals), so a
+plain tree would indent once per node. Here a chain reads top to bottom at one level: each node
+continues with its largest input branch on the next line, and its other input branches nest
+under it (``right`` expands, ``left`` collapses). A node reachable along several paths is shown
+once; other places show a link to it. Children are added when a node is expanded, so graphs of
+any size open at once.
+
+Each label: node name and id, executed or not, the op that created it (and its source line),
+the parameter for AccumulateGrad, and the norm of the gradient that arrived.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual.binding import Binding, BindingType
+from textual.widgets import Tree
+from textual.widgets.tree import TreeNode
+
+from torchscope.protocol.events import Event
+from torchscope.tui.format import compact_stat, short_name, short_source
+from torchscope.tui.store import EventStore, StepData
+
+_CHAIN_CAP = 500  # nodes shown at once along one chain; "… more" entries move the window
+
+Key = tuple[int, int]  # (call index, node id)
+
+
+class _Model:
+    """Spanning tree of one step's graphs, cut into chains."""
+
+    def __init__(self, graphs: list[Event]) -> None:
+        self.graphs = graphs
+        self.nodes: dict[Key, dict] = {}
+        self.children: dict[Key, list[Key]] = {}
+        self.main: dict[Key, Key | None] = {}
+        self.side: dict[Key, list[Key]] = {}
+        self.head: dict[Key, Key] = {}  # node -> first node of its chain
+        self.holder: dict[Key, Key | int] = {}  # chain head -> node holding it, or call index
+        self.chains: dict[Key, list[Key]] = {}
+        self.index: dict[Key, int] = {}  # node -> position in its chain
+        self.roots: dict[int, list[Key]] = {}
+        self.by_id: dict[int, list[Key]] = {}
+        self.first_parent: dict[Key, Key | int] = {}
+        self.links: dict[Key, list[Key]] = {}  # edges to nodes shown under another parent
+        for ci, graph in enumerate(graphs):
+            self._build(ci, graph)
+
+    def _build(self, ci: int, graph: Event) -> None:
+        nodes = {
+            n["id"]: n
+            for n in graph.get("nodes") or ()
+            if isinstance(n, dict) and type(n.get("id")) is int
+        }
+        for nid, n in nodes.items():
+            self.nodes[(ci, nid)] = n
+            self.by_id.setdefault(nid, []).append((ci, nid))
+        roots = [r for r in graph.get("roots") or () if r in nodes]
+        if not roots and nodes:  # no roots recorded: nodes nothing points to
+            pointed = {
+                e[0] for n in nodes.values() for e in n.get("next") or () if isinstance(e, list)
+            }
+            roots = [nid for nid in nodes if nid not in pointed]
+        self.roots[ci] = [(ci, r) for r in roots]
+        # BFS spanning tree: each node under the first parent that reaches it.
+        seen: set[int] = set(roots)
+        order: list[Key] = []
+        queue = deque(roots)
+        while queue:
+            nid = queue.popleft()
+            key = (ci, nid)
+            order.append(key)
+            kids = []
+            links = []
+            for edge in nodes[nid].get("next") or ():
+                target = edge[0] if isinstance(edge, list) and edge else None
+                if not isinstance(target, int) or target not in nodes:
+                    continue
+                if target in seen:
+                    links.append((ci, target))
+                    continue
+                seen.add(target)
+                kids.append((ci, target))
+                self.first_parent[(ci, target)] = key
+                queue.append(target)
+            self.children[key] = kids
+            if links:
+                self.links[key] = links
+        for r in roots:
+            self.first_parent[(ci, r)] = ci
+        # Unreached nodes (no path from a root): their own chains at the top.
+        for nid in nodes:
+            if nid not in seen:
+                self.roots[ci].append((ci, nid))
+                self.first_parent[(ci, nid)] = ci
+                self.children.setdefault((ci, nid), [])
+                order.append((ci, nid))
+        size: dict[Key, int] = {}
+        for key in reversed(order):
+            size[key] = 1 + sum(size.get(k, 1) for k in self.children.get(key, ()))
+        for key in order:
+            kids = self.children.get(key, [])
+            if kids:
+                main = max(kids, key=lambda k: size.get(k, 1))
+                self.main[key] = main
+                self.side[key] = [k for k in kids if k != main]
+            else:
+                self.main[key] = None
+                self.side[key] = []
+        for r in self.roots[ci]:
+            self._chain(r, ci)
+
+    def _chain(self, head: Key, holder: Key | int) -> None:
+        """Record the chain starting at ``head`` and, recursively, its side chains."""
+        stack = [(head, holder)]
+        while stack:
+            start, hold = stack.pop()
+            chain = []
+            key: Key | None = start
+            while key is not None:
+                self.index[key] = len(chain)
+                chain.append(key)
+                self.head[key] = start
+                for s in self.side.get(key, ()):
+                    stack.append((s, key))
+                key = self.main.get(key)
+            self.chains[start] = chain
+            self.holder[start] = hold
+
+
+class GraphTree(Tree[dict], inherit_bindings=False):
+    """Backward graph of the selected step.
+
+    Tree's own bindings minus ``space`` (kept free for pause/step), plus ``right``/``left``
+    to expand and collapse.
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "select_cursor", "Select", show=False),
+        Binding("up", "cursor_up", "Cursor up", show=False),
+        Binding("down", "cursor_down", "Cursor down", show=False),
+        Binding("pageup", "page_up", "Page up", show=False),
+        Binding("pagedown", "page_down", "Page down", show=False),
+        Binding("home", "scroll_home", "Home", show=False),
+        Binding("end", "scroll_end", "End", show=False),
+        Binding("right", "expand", "Expand", show=False),
+        Binding("left", "collapse", "Collapse", show=False),
+        Binding("shift+left", "cursor_parent", "Cursor to parent", show=False),
+        Binding("shift+up", "cursor_previous_sibling", "Previous sibling", show=False),
+        Binding("shift+down", "cursor_next_sibling", "Next sibling", show=False),
+    ]
+
+    def __init__(self, *, id: str | None = None) -> None:
+        self._branches: dict[Key, TreeNode[dict]] = {}
+        super().__init__("backward graph", id=id)
+        self.show_root = False
+        self.auto_expand = False
+        self.guide_depth = 2
+        self.store: EventStore | None = None
+        self.data: StepData | None = None
+        self.model: _Model | None = None
+        self.cwd: str | None = None
+        self._tree_nodes: dict[Key, TreeNode[dict]] = {}
+        self._containers: dict[Key, TreeNode[dict]] = {}  # chain head -> tree node holding it
+        self._populated: set[int] = set()  # TreeNode ids whose side branches were added
+        self._shown: tuple[int | None, int] = (None, -1)
+
+    # -- model -------------------------------------------------------------------------------
+    def set_step(self, store: EventStore, data: StepData | None, message: str = "") -> None:
+        # Rebuilt when the step or its graphs change (a graph event comes once its backward
+        # call returned, after that call's grad events), not on every new event.
+        key = (None if data is None else data.step, -1 if data is None else len(data.graphs))
+        if key == self._shown and data is self.data:
+            return
+        self._shown = key
+        self.store, self.data = store, data
+        self.clear()
+        self._branches.clear()
+        self._tree_nodes.clear()
+        self._containers.clear()
+        self._populated.clear()
+        self.model = None
+        if data is None:
+            self.root.add_leaf(Text(message or "no step selected", style="dim"))
+            return
+        if not data.graphs:
+            text = "no backward graph in this step yet" if data.ops else "no backward graph"
+            self.root.add_leaf(Text(text, style="dim"))
+            return
+        self.model = model = _Model(data.graphs)
+        for ci, graph in enumerate(data.graphs):
+            nodes = graph.get("nodes") or []
+            ran = sum(1 for n in nodes if isinstance(n, dict) and n.get("executed"))
+            label = Text.assemble(
+                (str(graph.get("call", "backward")), "bold"),
+                f"  {len(nodes)} nodes, {ran} executed",
+                (f", {len(nodes) - ran} not executed" if ran < len(nodes) else "", "yellow"),
+                (f"  {short_source(graph.get('source'), self.cwd)}", "dim"),
+            )
+            call = self.root.add(label, data={"kind": "call", "call": ci}, expand=True)
+            roots = model.roots[ci]
+            if len(roots) == 1:
+                self._fill_chain(call, roots[0], 0)
+            else:  # several roots (or unreachable nodes): one branch each
+                for r in roots:
+                    self._add_side(call, r)
+
+    def _label(self, key: Key) -> Text:
+        assert self.model is not None and self.data is not None
+        node = self.model.nodes[key]
+        nid = key[1]
+        data = self.data
+        text = Text()
+        executed = bool(node.get("executed"))
+        text.append(str(node.get("name", "?")), "bold" if executed else "dim")
+        text.append(f" #{nid}", "dim")
+        grads = data.grads_of_node(nid)
+        if executed:
+            text.append(" ✓", "green")
+        else:
+            text.append(" not executed", "yellow")
+        if grads and self.store is not None:
+            go = self.store.event(grads[0]).get("grad_outputs") or []
+            if go and isinstance(go[0], dict):
+                stat = compact_stat(go[0])
+                text.append(f"  ∇ {stat}", "red" if "NaN" in stat or "Inf" in stat else "")
+        if node.get("param"):
+            text.append(f"  {node['param']}", "cyan")
+        op = data.op(node.get("op_seq")) if type(node.get("op_seq")) is int else None
+        if op is not None:
+            text.append(f"  ← {short_name(op.name)} #{op.seq}", "magenta")
+            if op.module:
+                text.append(f" {op.module}", "cyan")
+        src = node.get("source") or (op.source if op is not None else None)
+        if src:
+            text.append(f"  {short_source(src, self.cwd)}", "dim")
+        return text
+
+    def _add_link(self, parent: TreeNode[dict], key: Key) -> TreeNode[dict]:
+        assert self.model is not None
+        node = self.model.nodes[key]
+        label = Text.assemble(
+            ("↪ ", "dim"), str(node.get("name", "?")), (f" #{key[1]} (shown elsewhere)", "dim")
+        )
+        return parent.add_leaf(label, data={"kind": "link", "key": key})
+
+    def _add_item(self, parent: TreeNode[dict], key: Key) -> TreeNode[dict]:
+        assert self.model is not None
+        expandable = bool(self.model.side.get(key) or self.model.links.get(key))
+        item = parent.add(
+            self._label(key), data={"kind": "node", "key": key}, allow_expand=expandable
+        )
+        self._tree_nodes[key] = item
+        return item
+
+    def _fill_chain(self, container: TreeNode[dict], head: Key, start: int) -> None:
+        """Show a window of at most _CHAIN_CAP nodes of the chain starting at ``head``."""
+        assert self.model is not None
+        chain = self.model.chains[head]
+        for child in list(container.children):
+            self._forget(child)
+        container.remove_children()
+        self._containers[head] = container
+        start = max(0, min(start, len(chain) - 1))
+        end = min(len(chain), start + _CHAIN_CAP)
+        if start > 0:
+            container.add_leaf(
+                Text(f"… {start} earlier nodes (enter)", style="dim"),
+                data={"kind": "window", "head": head, "start": max(0, start - _CHAIN_CAP)},
+            )
+        for key in chain[start:end]:
+            self._add_item(container, key)
+        if end < len(chain):
+            container.add_leaf(
+                Text(f"… {len(chain) - end} more nodes (enter)", style="dim"),
+                data={"kind": "window", "head": head, "start": end},
+            )
+
+    def _forget(self, item: TreeNode[dict]) -> None:
+        """Drop index entries of a subtree about to be removed."""
+        stack = [item]
+        while stack:
+            node = stack.pop()
+            data = node.data or {}
+            if data.get("kind") == "node" and self._tree_nodes.get(data["key"]) is node:
+                del self._tree_nodes[data["key"]]
+            elif data.get("kind") == "branch":
+                self._branches.pop(data["head"], None)
+                self._containers.pop(data["head"], None)
+            self._populated.discard(id(node))
+            stack.extend(node.children)
+
+    def _add_side(self, parent: TreeNode[dict], head: Key) -> None:
+        """An input branch of a node: the node itself when its chain is one node long, else a
+        collapsed entry that holds the chain."""
+        assert self.model is not None
+        chain = self.model.chains[head]
+        if len(chain) == 1:
+            self._add_item(parent, head)
+            return
+        first = self.model.nodes[head].get("name", "?")
+        end = self.model.nodes[chain[-1]]
+        label = Text.assemble(
+            ("⤷ ", "dim"),
+            f"{first} … {end.get('param') or end.get('name', '?')}",
+            (f"  ({len(chain)} nodes)", "dim"),
+        )
+        self._branches[head] = parent.add(label, data={"kind": "branch", "head": head})
+
+    def _populate(self, item: TreeNode[dict]) -> None:
+        """Add what an item holds (once): a node's other inputs, or a branch's chain."""
+        if id(item) in self._populated or self.model is None or not item.data:
+            return
+        kind = item.data.get("kind")
+        if kind == "branch":
+            self._populated.add(id(item))
+            self._fill_chain(item, item.data["head"], 0)
+            return
+        if kind != "node":
+            return
+        self._populated.add(id(item))
+        key = item.data["key"]
+        for s in self.model.side.get(key, ())[:_CHAIN_CAP]:
+            self._add_side(item, s)
+        for link in self.model.links.get(key, ())[:_CHAIN_CAP]:
+            self._add_link(item, link)
+
+    def on_tree_node_expanded(self, event: Tree.NodeExpanded[dict]) -> None:
+        self._populate(event.node)
+
+    def action_expand(self) -> None:
+        node = self.cursor_node
+        if node is not None and node.allow_expand and not node.is_expanded:
+            self._populate(node)
+            node.expand()
+
+    def action_collapse(self) -> None:
+        node = self.cursor_node
+        if node is None:
+            return
+        if node.is_expanded and node.children:
+            node.collapse()
+        elif node.parent is not None and node.parent is not self.root:
+            self.move_cursor(node.parent)
+
+    # -- navigation --------------------------------------------------------------------------
+    def _reveal_key(self, key: Key) -> TreeNode[dict] | None:
+        model = self.model
+        if model is None or key not in model.nodes:
+            return None
+        found = self._tree_nodes.get(key)
+        if found is not None:
+            return found
+        head = model.head.get(key)
+        if head is None:
+            return None
+        container = self._containers.get(head)
+        if container is None:
+            holder = model.holder.get(head)
+            if not isinstance(holder, tuple):
+                return None
+            parent_item = self._reveal_key(holder)
+            if parent_item is None:
+                return None
+            self._populate(parent_item)
+            parent_item.expand()
+            branch = self._branches.get(head)
+            if branch is None:  # a one-node side branch: an item of the parent
+                return self._tree_nodes.get(key)
+            self._populate(branch)
+            branch.expand()
+            container = branch
+        found = self._tree_nodes.get(key)
+        if found is None:  # outside the window: move the window
+            self._fill_chain(container, head, model.index[key] - _CHAIN_CAP // 2)
+            found = self._tree_nodes.get(key)
+        return found
+
+    def reveal(self, node_id: int) -> bool:
+        """Expand down to the node with this id and put the cursor on it."""
+        if self.model is None:
+            return False
+        for key in self.model.by_id.get(node_id, ()):
+            item = self._reveal_key(key)
+            if item is not None:
+                # Node lines are laid out lazily; build them so the item has its line number.
+                self._tree_lines  # noqa: B018
+                self.move_cursor(item, animate=False)
+                self.call_after_refresh(self._scroll_to_item, item)
+                return True
+        return False
+
+    def _scroll_to_item(self, item: TreeNode[dict]) -> None:
+        if self.cursor_node is item:
+            self.scroll_to_node(item, animate=False)
+
+    def node_at_cursor(self) -> tuple[dict, Event | None] | None:
+        """(graph node map, graph event) under the cursor, following links."""
+        item = self.cursor_node
+        if item is None or not item.data or self.model is None:
+            return None
+        kind = item.data.get("kind")
+        if kind in ("node", "link"):
+            key = item.data["key"]
+            return self.model.nodes[key], self.model.graphs[key[0]]
+        return None
+
+    def current_node_id(self) -> int | None:
+        hit = self.node_at_cursor()
+        return hit[0].get("id") if hit else None
+
+    def on_tree_node_selected(self, event: Tree.NodeSelected[dict]) -> None:
+        data: Any = event.node.data
+        if not data:
+            return
+        kind = data.get("kind")
+        if kind == "window":
+            event.stop()
+            container = event.node.parent
+            if container is not None:
+                self._fill_chain(container, data["head"], data["start"])
+                self._tree_lines  # noqa: B018
+                first = next((c for c in container.children if c.data.get("kind") == "node"), None)
+                if first is not None:
+                    self.move_cursor(first)
+        elif kind == "link":
+            event.stop()
+            self.reveal(data["key"][1])
+        elif kind == "branch":
+            event.stop()
+            self._populate(event.node)
+            event.node.toggle()

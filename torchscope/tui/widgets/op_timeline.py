@@ -1,0 +1,352 @@
+"""The selected step, one line per event, in the order they happened: the forward ops, then
+the backward nodes as they ran (then the optimizer's ops, which come after backward).
+
+A virtual list (Line API): only visible lines are rendered, so a step with 100k events moves as
+fast as one with ten. Each line: seq, direction, name (op, or node), module (or the parameter
+for AccumulateGrad), shapes, a compact stat (norm, or mean±std with ``m``), NaN/Inf flags and
+the source line.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections import OrderedDict
+from typing import ClassVar
+
+from rich.style import Style
+from textual.events import MouseScrollUp
+from textual.message import Message
+
+from torchscope.protocol.events import OP
+from torchscope.tui.format import shapes_text, short_name, short_source, stat_text
+from torchscope.tui.store import (
+    FLAG_INF_IN,
+    FLAG_INF_OUT,
+    FLAG_NAN_IN,
+    FLAG_NAN_OUT,
+    KIND,
+    EventStore,
+    Row,
+    StepData,
+)
+from torchscope.tui.widgets.virtual_list import Cell, VirtualList, fit, rfit
+
+
+class Columns:
+    """Column widths for one content width: minimums first, then two rounds in which each
+    column grows towards a target, in priority order; the source column takes the rest."""
+
+    # name: (minimum, first-round target, second-round target)
+    SPEC = {
+        "name": (14, 20, 36),
+        "stat": (10, 12, 22),
+        "module": (8, 20, 30),
+        "shapes": (6, 9, 18),
+        "flags": (4, 5, 8),
+    }
+
+    def __init__(self, width: int) -> None:
+        self.seq = 7
+        self.dir = 2
+        avail = max(0, width - self.seq - 1 - self.dir - len(self.SPEC) - 1)
+        sizes = {name: spec[0] for name, spec in self.SPEC.items()}
+        avail -= sum(sizes.values())
+        for rnd in (1, 2):
+            for name, spec in self.SPEC.items():
+                extra = max(0, min(spec[rnd] - sizes[name], avail))
+                sizes[name] += extra
+                avail -= extra
+        self.name = sizes["name"]
+        self.stat = sizes["stat"]
+        self.shapes = sizes["shapes"]
+        self.module = sizes["module"]
+        self.flags = sizes["flags"]
+        self.source = max(0, avail)
+        if self.source > 60:  # very wide: the name and module can use some of it
+            extra = self.source - 60
+            self.name += extra // 2
+            self.module += extra - extra // 2
+            self.source = 60
+
+
+class OpTimeline(VirtualList):
+    """Forward ops and backward nodes of one step, in seq order."""
+
+    HEADER_LINES = 1
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "op-timeline--bwd",
+        "op-timeline--module",
+        "op-timeline--source",
+        "op-timeline--seq",
+    }
+
+    class FollowChanged(Message):
+        """The user turned follow mode off (by moving) or on (``end``)."""
+
+        def __init__(self, following: bool) -> None:
+            super().__init__()
+            self.following = following
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.store: EventStore | None = None
+        self.data: StepData | None = None
+        self.step: int | None = None
+        self.pattern: re.Pattern[str] | None = None
+        self.message = "no step selected"
+        self.follow = False
+        self.live = False
+        self.stat_mode = "norm"
+        self.cwd: str | None = None
+        self._view: list[int] | None = None  # indices into data.rows matching the filter
+        self._seen = (0, 0)  # rows, reorders covered by the view
+        self._cells: OrderedDict[tuple[int, str], tuple[str, str]] = OrderedDict()
+
+    # -- model -------------------------------------------------------------------------------
+    def set_step(
+        self,
+        store: EventStore,
+        step: int | None,
+        data: StepData | None,
+        message: str = "",
+    ) -> None:
+        """Show ``data`` (or ``message`` when the step has no resident events)."""
+        self.store = store
+        changed = step != self.step or data is not self.data
+        self.step = step
+        self.data = data
+        self.message = message or ("no events in this step" if data is not None else "")
+        if changed:
+            self.cursor = -1
+            self._cells.clear()
+            self.scroll_to(y=0, animate=False, immediate=True)
+        self._rebuild_views()
+        self.refresh_rows()
+        if self.follow:
+            self._follow_end()
+        elif changed and self.row_count():
+            self.move_cursor(0)
+
+    def set_filter(self, pattern: re.Pattern[str] | None) -> None:
+        """Keep only rows whose name, module/param or source match ``pattern``."""
+        keep = self.current_row()
+        self.pattern = pattern
+        self._rebuild_views()
+        self.refresh_rows()
+        index = self.index_of(keep.kind, keep.seq) if keep is not None else None
+        if index is not None:
+            self.move_cursor(index, center=True)
+        elif self.row_count():
+            self.move_cursor(0)
+        else:
+            self.cursor = -1
+            self.refresh()
+
+    def data_changed(self) -> None:
+        """The shown step got events (live) or was reloaded."""
+        keep = None if self.follow else self.current_row()
+        self._update_views()
+        self.refresh_rows()
+        if self.follow:
+            self._follow_end()
+        elif keep is not None:
+            index = self.index_of(keep.kind, keep.seq)
+            if index is not None and index != self.cursor:
+                self.cursor = index
+                self.scroll_to_cursor()
+        elif self.cursor < 0 and self.row_count():
+            self.move_cursor(0)
+
+    def set_stat_mode(self, mode: str) -> None:
+        self.stat_mode = mode
+        self._cache.clear()
+        self.refresh()
+
+    def _follow_end(self) -> None:
+        count = self.row_count()
+        if count and self.cursor != count - 1:
+            self.move_cursor(count - 1)
+
+    def _rebuild_views(self) -> None:
+        self._view = None
+        self._seen = (0, 0)
+        self._update_views()
+
+    def _update_views(self) -> None:
+        data = self.data
+        if data is None or self.pattern is None:
+            self._view = None
+            if data is not None:
+                self._seen = (len(data.rows), data.reorders)
+            return
+        search = self.pattern.search
+        seen, reorders = self._seen
+        if self._view is None or reorders != data.reorders:
+            self._view = []
+            seen = 0
+        hay = data.haystacks()
+        self._view.extend(i for i in range(seen, len(hay)) if search(hay[i]))
+        self._seen = (len(hay), data.reorders)
+
+    # -- rows --------------------------------------------------------------------------------
+    def row_count(self) -> int:
+        if self.data is None:
+            return 0
+        return len(self._view) if self._view is not None else len(self.data.rows)
+
+    def row(self, index: int) -> Row | None:
+        data = self.data
+        if data is None or index < 0:
+            return None
+        if self._view is not None:
+            return data.row(self._view[index]) if index < len(self._view) else None
+        return data.row(index) if index < len(data.rows) else None
+
+    def current_row(self) -> Row | None:
+        return self.row(self.cursor) if self.cursor >= 0 else None
+
+    def index_of(self, kind: str | None, seq: int) -> int | None:
+        """Row index of the event ``seq`` (of ``kind``, when given), or None if not shown."""
+        data = self.data
+        if data is None:
+            return None
+        i = data.row_index(seq)
+        if i is None or (kind is not None and data.rows[i][KIND] != kind):
+            return None
+        if self._view is None:
+            return i
+        j = bisect.bisect_left(self._view, i)
+        return j if j < len(self._view) and self._view[j] == i else None
+
+    def select(self, kind: str | None, seq: int, *, center: bool = True) -> bool:
+        index = self.index_of(kind, seq)
+        if index is None:
+            return False
+        self.move_cursor(index, center=center)
+        return True
+
+    def empty_text(self) -> str:
+        if self.data is not None and self.pattern is not None:
+            return f"no events match /{self.pattern.pattern}/"
+        return self.message
+
+    # -- user moves turn follow off ----------------------------------------------------------
+    def _user_moved(self) -> None:
+        if self.follow:
+            self.follow = False
+            self.post_message(self.FollowChanged(False))
+
+    def action_cursor_up(self) -> None:
+        self._user_moved()
+        super().action_cursor_up()
+
+    def action_cursor_down(self) -> None:
+        if self.cursor < self.row_count() - 1:
+            self._user_moved()
+        super().action_cursor_down()
+
+    def action_page_up(self) -> None:
+        self._user_moved()
+        super().action_page_up()
+
+    def action_page_down(self) -> None:
+        self._user_moved()
+        super().action_page_down()
+
+    def action_first(self) -> None:
+        self._user_moved()
+        super().action_first()
+
+    def action_last(self) -> None:
+        super().action_last()
+        if self.live and not self.follow:
+            self.follow = True
+            self.post_message(self.FollowChanged(True))
+
+    async def _on_click(self, event) -> None:  # type: ignore[override]
+        self._user_moved()
+        await super()._on_click(event)
+
+    def on_mouse_scroll_up(self, event: MouseScrollUp) -> None:
+        self._user_moved()
+
+    # -- rendering ---------------------------------------------------------------------------
+    def render_header(self, width: int) -> list[Cell]:
+        c = Columns(width)
+        text = " ".join(
+            [
+                rfit("seq", c.seq),
+                fit("", c.dir - 1),
+                fit("name", c.name),
+                fit("module / param", c.module),
+                fit("shapes", c.shapes),
+                fit("stat", c.stat),
+                fit("flags", c.flags),
+                fit("source", c.source),
+            ]
+        )
+        return [(text, None)]
+
+    def _row_cells(self, row: Row) -> tuple[str, str]:
+        key = (row.seq, self.stat_mode)
+        cells = self._cells.get(key)
+        if cells is not None:
+            return cells
+        ev = self.store.event(row) if self.store is not None else {}
+        sums = ev.get("outputs") if row.kind == OP else ev.get("grad_outputs")
+        shapes = shapes_text(sums)
+        if isinstance(sums, list) and sums:
+            stat = " ".join(stat_text(s, self.stat_mode) for s in sums[:2])
+            if len(sums) > 2:
+                stat += " …"
+        else:
+            stat = "-"
+        cells = (shapes, stat)
+        self._cells[key] = cells
+        if len(self._cells) > 4096:
+            self._cells.popitem(last=False)
+        return cells
+
+    def render_row(self, index: int, width: int) -> list[Cell]:
+        row = self.row(index)
+        if row is None:
+            return []
+        c = Columns(width)
+        shapes, stat = self._row_cells(row)
+        is_op = row.kind == OP
+        name = short_name(row.name) if is_op else row.name
+        module = row.param or row.module or "-"
+        flags, flag_style = self._flags(row)
+        name_style = None if is_op else self.cstyle("bwd")
+        cells: list[Cell] = [
+            (rfit(str(row.seq), c.seq) + " ", self.cstyle("seq")),
+            (fit("▸" if is_op else "◂", c.dir), self.cstyle("dim") if is_op else name_style),
+            (fit(name, c.name) + " ", name_style),
+            (fit(module, c.module) + " ", self.cstyle("module")),
+            (fit(shapes, c.shapes) + " ", None),
+            (fit(stat, c.stat) + " ", self.cstyle("error") if row.flags & 12 else None),
+            (fit(flags, c.flags) + " ", flag_style),
+        ]
+        if c.source:
+            cells.append((fit(short_source(row.source, self.cwd), c.source), self.cstyle("source")))
+        return cells
+
+    def _flags(self, row: Row) -> tuple[str, Style | None]:
+        f = row.flags
+        parts = []
+        style = None
+        if f & (FLAG_NAN_OUT | FLAG_INF_OUT):
+            if f & FLAG_NAN_OUT:
+                parts.append("NaN")
+            if f & FLAG_INF_OUT:
+                parts.append("Inf")
+            style = self.cstyle("error")
+        elif f & (FLAG_NAN_IN | FLAG_INF_IN):
+            parts.append("(nan)" if f & FLAG_NAN_IN else "(inf)")
+            style = self.cstyle("dim")
+        if self.data is not None and row.seq in self.data.alert_seqs:
+            parts.insert(0, "⚠")
+            style = self.cstyle("warning") if style is None else style
+        return " ".join(parts), style
