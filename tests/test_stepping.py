@@ -14,8 +14,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from torchscope.protocol.breakpoints import BreakpointError, parse_break_spec
 from torchscope.tracer.session import Tracer
-from torchscope.tracer.stepper import BreakpointError, parse_break_spec
 
 
 def line_of(func: Callable, needle: str) -> str:

@@ -129,7 +129,7 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
 
 
 def _break_spec(text: str) -> dict:
-    from torchscope.tracer.stepper import BreakpointError, parse_break_spec
+    from torchscope.protocol.breakpoints import BreakpointError, parse_break_spec
 
     try:
         return parse_break_spec(text)
