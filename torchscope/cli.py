@@ -152,6 +152,10 @@ def _check_public_bind() -> None:
 
 
 def cmd_run(opts: RunOptions) -> int:
+    import warnings
+
+    # torch warns at import when numpy is absent; nothing here needs numpy, so say nothing.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     from torchscope.tracer.steps import StepSpecError, parse_steps
 
     try:
