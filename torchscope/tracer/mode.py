@@ -102,14 +102,7 @@ class ForwardMode(TorchFunctionMode):
 
 def iter_tensors(args: tuple, kwargs: dict):
     """Tensors among call arguments, one level into lists and tuples (``torch.cat([a, b])``)."""
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            yield a
-        elif isinstance(a, (list, tuple)):
-            for b in a:
-                if isinstance(b, torch.Tensor):
-                    yield b
-    for a in kwargs.values():
+    for a in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(a, torch.Tensor):
             yield a
         elif isinstance(a, (list, tuple)):
