@@ -360,10 +360,16 @@ async def test_help_screen_and_quit_leave_the_job_alone():
             time.sleep(timeout_ms / 1000)
             return []
 
+        def request(self, cmd, timeout=2.0, **fields):
+            calls.append(cmd)
+            return {"t": 0.0} if cmd == "ping" else {"state": {"paused": None}}
+
         def close(self):
             calls.append("close")
 
-    app = TorchscopeApp(LiveSource("ipc://job", client_factory=Client, recv_timeout_ms=10))
+    source = LiveSource("ipc://job", client_factory=Client, recv_timeout_ms=10)
+    source.ping_seconds = 0.05
+    app = TorchscopeApp(source)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
         await pilot.press("question_mark")
@@ -371,10 +377,12 @@ async def test_help_screen_and_quit_leave_the_job_alone():
         assert "backspace" in app.screen_text()
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
+        await until(pilot, lambda: source.pings >= 2)
         await pilot.press("q")
     assert app.return_code == 0
-    assert calls[:2] == ["connect", "snapshot"] and calls[-1] == "close"
-    assert set(calls) == {"connect", "snapshot", "close"}
+    assert calls[:3] == ["connect", "snapshot", "state"] and calls[-1] == "close"
+    # only reads and the lease's pings: quitting sends nothing, no command changes the job
+    assert set(calls) == {"connect", "snapshot", "state", "ping", "close"}
 
 
 @sync
@@ -464,3 +472,55 @@ async def test_live_session_over_zeromq_snapshot_stream_and_bye(runtime_dir):
     finally:
         if pub is not None:
             pub.close()
+
+
+RERUN_SCRIPT = """
+import time, torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(STEPS):
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    time.sleep(0.1)
+"""
+
+
+@sync
+async def test_live_ui_says_the_job_ended_and_follows_its_next_run(tmp_path: Path):
+    """Terminal 1 runs a script, stops, runs it again: the UI follows the new run."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+
+    def start(steps: int) -> subprocess.Popen:
+        script.write_text(RERUN_SCRIPT.replace("STEPS", str(steps)))
+        return subprocess.Popen(
+            [sys.executable, "-m", "torchscope", "run", "--quiet", str(script)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    first = start(15)
+    second = None
+    try:
+        app = TorchscopeApp(LiveSource(str(first.pid), recv_timeout_ms=20, retry_seconds=0.2))
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.status.get("pid") == first.pid, 30, "first run")
+            await ready(pilot, app)
+            assert first.wait(60) == 0
+            await until(pilot, lambda: not app.status.get("connected"), 30, "the end seen")
+            second = start(40)
+            await until(pilot, lambda: app.status.get("pid") == second.pid, 30, "second run")
+            await until(pilot, lambda: app.store.session is not None, 10, "new session")
+            assert app.store.session["pid"] == second.pid  # a fresh store, not a mixture
+            await ready(pilot, app)
+            assert app.status.get("connected")
+            await pilot.press("q")
+        assert app.return_code == 0
+    finally:
+        for job in (first, second):
+            if job is not None:
+                job.kill()

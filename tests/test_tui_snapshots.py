@@ -80,3 +80,47 @@ def test_graph_view(snap_compare):
 
 def test_alert_step_and_help(snap_compare):
     assert snap_compare(app(), terminal_size=SIZE, run_before=loaded(1), press=["question_mark"])
+
+
+# -- a live job, paused (a FakeJob: scripted events, simulated stepper) ----------------------
+
+
+def paused_app(pause_name: str, phase: str = "after", **kw) -> TorchscopeApp:
+    from torchscope.tui.fakejob import FakeJob
+
+    trace = make_trace(2, 2, **kw)
+    seq = next(e["seq"] for e in trace if (e.get("name") or e.get("node")) == pause_name)
+    job = FakeJob(trace, pause_at=seq, phase=phase, breakpoints=[{"op": pause_name}])
+    a = TorchscopeApp(job)
+    a.rate.rate = lambda now=None: 0.0  # events per second depend on timing
+    return a
+
+
+def when_paused(*keys: str):
+    async def run_before(pilot) -> None:
+        a = pilot.app
+        await until(pilot, lambda: a.main.timeline.paused_index() is not None)
+        for key in keys:
+            await pilot.press(key)
+        if keys:
+            await until(pilot, lambda: a.main.values is not None and a.main.values.result)
+        await pilot.pause(0.3)
+
+    return run_before
+
+
+def test_paused_before_a_backward_node(snap_compare):
+    # The pending row (the node has not run), the gradient that arrived, the call stack.
+    assert snap_compare(
+        paused_app("AddmmBackward0", phase="before"),
+        terminal_size=SIZE,
+        run_before=when_paused(),
+    )
+
+
+def test_paused_after_an_op_with_values(snap_compare):
+    assert snap_compare(
+        paused_app("torch.nn.functional.gelu", batch=64),
+        terminal_size=SIZE,
+        run_before=when_paused("v"),
+    )

@@ -38,6 +38,9 @@ def _resolve(func: Any) -> str | None:
     name = resolve_name(func) or getattr(func, "__qualname__", None) or repr(func)
     if name.startswith("torch.Tensor."):
         name = name[6:]
+    if name.startswith(("profiler.", "torch.ops.profiler.")):
+        return None  # record_function bookkeeping that optimizers and profilers wrap around
+
     elif name.startswith("_VariableFunctionsClass."):  # torch._foreach_add_ and other privates
         name = "torch." + name[24:]
     if name.endswith((".__get__", ".__set__", ".__delete__")):

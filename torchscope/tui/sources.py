@@ -4,6 +4,9 @@ An :class:`EventSource` runs on one worker thread (``run``) and hands everything
 :class:`~torchscope.tui.store.Inbox`: event batches (already turned into store rows, so the UI
 thread only appends), whole steps it was asked to load, status changes and progress. The UI
 asks for a step with ``request_step`` (thread-safe); the answer arrives through the inbox.
+Commands to the job (pause, step, breakpoints, inspect: ``command``) travel the same way: the
+source's thread sends them and posts each reply, or the one-line refusal, to the inbox. Only a
+:class:`LiveSource` reaches a job; the others refuse every command at once (CommandRefused).
 
 - :class:`FileSource` replays a trace file. It never loads the whole file: the step list comes
   from the chunk index, a step's events are decoded when it is shown, and a background pass
@@ -31,9 +34,11 @@ from typing import Any
 from torchscope.protocol.events import SESSION, Event
 from torchscope.protocol.tracefile import TraceFileError, TraceReader
 from torchscope.tui import countpass
+from torchscope.tui.stepping import REPLAY_REFUSAL
 from torchscope.tui.store import NO_STEP, Inbox, prepare
 
 __all__ = [
+    "CommandRefused",
     "EventSource",
     "FileSource",
     "LiveSource",
@@ -47,6 +52,10 @@ _NO_STEP = -1
 
 class SourceError(Exception):
     """A target that names no trace file and no session."""
+
+
+class CommandRefused(Exception):
+    """A command this source cannot send (a replay has no job to talk to)."""
 
 
 def _step_of(ev: dict) -> int:
@@ -71,9 +80,14 @@ class EventSource:
     label: str = ""
     #: True when a step evicted from memory can be loaded again (request_step).
     can_reload: bool = False
+    #: True when ``command`` reaches a job; else it raises CommandRefused with this text.
+    can_command: bool = False
+    refusal: str = REPLAY_REFUSAL
 
     def __init__(self) -> None:
         self._requests: queue.Queue[int] = queue.Queue()
+        self._commands: queue.Queue[tuple[int, str, dict[str, Any]]] = queue.Queue()
+        self._tokens = itertools.count(1)
 
     def run(self, inbox: Inbox, stop: threading.Event) -> None:  # pragma: no cover - abstract
         """Produce into ``inbox`` until ``stop`` is set (or there is nothing more to do and
@@ -84,6 +98,25 @@ class EventSource:
         """Ask for all events of ``step``; answered with an inbox ``("step", ...)`` item, or
         ``("unavailable", step, why)``. Thread-safe."""
         self._requests.put(step)
+
+    def command(self, cmd: str, **fields: Any) -> int:
+        """Send a control command (``pause``, ``step``, ``break_add``, ``inspect``, ...) to the
+        job; returns a token (> 0) that its inbox answer carries: ``("reply", token, cmd,
+        fields, result)`` or ``("refused", token, cmd, fields, message)``. Thread-safe.
+        Raises CommandRefused at once when this source has no job to send it to."""
+        if not self.can_command:
+            raise CommandRefused(self.refusal)
+        token = next(self._tokens)
+        self._commands.put((token, cmd, dict(fields)))
+        return token
+
+    def _take_commands(self) -> list[tuple[int, str, dict[str, Any]]]:
+        out = []
+        while True:
+            try:
+                out.append(self._commands.get_nowait())
+            except queue.Empty:
+                return out
 
     def close(self) -> None:
         """Release resources. Never sends anything to a job."""
@@ -346,13 +379,20 @@ class LiveSource(EventSource):
 
     ``target`` is what ``SessionClient.connect`` takes: a control endpoint (``ipc://...``,
     ``tcp://...``), a pid (as a string), or None for the one running session. Connects
-    (subscribing first), takes a snapshot of the events the job still holds, then applies
-    frames as they come; the client skips frames the snapshot covers and counts lost ones.
-    An unreachable session is retried every ``retry_seconds``. The UI only ever reads:
-    quitting closes the sockets and leaves the job alone.
+    (subscribing first), takes a snapshot of the events the job still holds, asks the job's
+    stepping ``state`` (it may be paused already), then applies frames as they come; the client
+    skips frames the snapshot covers and counts lost ones. An unreachable session is retried
+    every ``retry_seconds``.
+
+    This thread is the only one that touches the client: ``command`` queues a command, the
+    loop sends it between two receives and posts the reply. While connected it also sends a
+    ``ping`` every ``ping_seconds``: the lease that keeps a paused job waiting for this UI (a
+    job resumes by itself once its UI stops talking). Quitting sends nothing: the sockets
+    close, and a job this UI paused resumes when its lease runs out.
     """
 
     mode = "live"
+    can_command = True
 
     def __init__(
         self,
@@ -364,6 +404,8 @@ class LiveSource(EventSource):
         client_factory: Callable[[], Any] | None = None,
         retry_seconds: float = 1.0,
         recv_timeout_ms: int = 100,
+        ping_seconds: float = 1.0,
+        command_timeout: float = 5.0,
     ) -> None:
         super().__init__()
         self.target = control_endpoint
@@ -375,10 +417,18 @@ class LiveSource(EventSource):
         self._factory = client_factory or _default_client_factory
         self.retry_seconds = retry_seconds
         self.recv_timeout_ms = recv_timeout_ms
+        self.ping_seconds = ping_seconds
+        self.command_timeout = command_timeout
         self.client: Any = None
+        self.pings = 0  # answered pings (tests)
+        self._last_ping = 0.0
         self._running = False
         self._snapshot_seqs: set[int] = set()
         self._snapshot_max = -1
+        # (script, started, pid) of the run being followed: when it ends, the next run of the
+        # same script (e.g. the user starts it again) is followed.
+        self._followed: tuple[str, float, int] | None = None
+        self._lost = False
         self._reported: dict[str, Any] = {}
 
     def run(self, inbox: Inbox, stop: threading.Event) -> None:
@@ -388,6 +438,7 @@ class LiveSource(EventSource):
             while not stop.is_set():
                 if self.client is None:
                     if not self._connect(inbox):
+                        self._serve_commands(inbox)  # refused: nothing to send them to
                         stop.wait(self.retry_seconds)
                     continue
                 try:
@@ -400,6 +451,14 @@ class LiveSource(EventSource):
                     if isinstance(frame, dict):
                         self._frame(frame, inbox)
                 self._report(inbox)
+                if self._job_gone():
+                    # The job ended or went silent: say so (done by _report), then watch for
+                    # the next run of the same script and follow it (see _connect).
+                    self._close_client()
+                    self._lost = True
+                    continue
+                self._serve_commands(inbox)
+                self._ping()
                 for step in self._take_requests():
                     self._load_recorded(step, inbox)
         finally:
@@ -412,17 +471,79 @@ class LiveSource(EventSource):
         if not self._running:
             self._close_client()
 
+    def _serve_commands(self, inbox: Inbox) -> None:
+        """Send the queued commands, one at a time; post each reply or refusal."""
+        for token, cmd, fields in self._take_commands():
+            client = self.client
+            if client is None:
+                why = "not connected to the job"
+                if self.target:
+                    why += f" at {self.target}"
+                inbox.put("refused", token, cmd, fields, why)
+                continue
+            try:
+                result = client.request(cmd, timeout=self.command_timeout, **fields)
+            except Exception as exc:  # SessionRefused, SessionUnreachable, a bad field, ...
+                inbox.put("refused", token, cmd, fields, _one_line(exc))
+            else:
+                inbox.put("reply", token, cmd, fields, result)
+                self._last_ping = time.monotonic()  # any request renews the lease
+
+    def _ping(self) -> None:
+        """The lease: any request tells the job its UI is alive."""
+        now = time.monotonic()
+        if self.client is None or now - self._last_ping < self.ping_seconds:
+            return
+        self._last_ping = now
+        try:
+            self.client.request("ping", timeout=min(self.timeout, self.ping_seconds * 2))
+        except Exception:  # a job gone or hung shows as not alive; nothing to add here
+            return
+        self.pings += 1
+
+    def _ask_state(self, inbox: Inbox) -> None:
+        """The job's stepping state (is it paused already?), posted as a reply with token 0
+        (no one waits for it). A job without step-through control refuses: nothing to say."""
+        try:
+            result = self.client.request("state", timeout=self.timeout)
+        except Exception:
+            return
+        inbox.put("reply", 0, "state", {}, result)
+
     def _close_client(self) -> None:
         client, self.client = self.client, None
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
 
+    def _job_gone(self) -> bool:
+        c = self.client
+        return c is not None and (
+            bool(getattr(c, "ended", False)) or not bool(getattr(c, "alive", True))
+        )
+
+    def _next_run(self) -> tuple[bool, Any]:
+        """(found, target): what to connect to. After the followed job ended, the next run of
+        the same script, once it has registered; before that, the target we were given (None
+        means the only running session)."""
+        if not self._lost:
+            return True, self.target
+        if self._followed is None:
+            return False, None  # nothing to recognise a next run by
+        script, started, pid = self._followed
+        from torchscope.protocol.client import wait_for_session
+
+        record = wait_for_session(script, 0, newer_than=started, exclude_pids=(pid,))
+        return record is not None, record
+
     def _connect(self, inbox: Inbox) -> bool:
         client = None
+        found, target = self._next_run()
+        if not found:
+            return False  # the old run ended and no new one yet: keep waiting
         try:
             client = self._factory()
-            hello = client.connect(self.target, timeout=self.timeout)
+            hello = client.connect(target, timeout=self.timeout)
             snap = client.snapshot(self.snapshot_events, timeout=max(self.timeout, 5.0))
         except Exception as exc:  # EndpointError, SessionUnreachable, SessionRefused, ...
             if client is not None:
@@ -434,6 +555,11 @@ class LiveSource(EventSource):
         self._reported = {}
         hello = hello if isinstance(hello, dict) else {}
         session = hello.get("session")
+        if self._lost:
+            inbox.put("new_session")  # a new run: the UI starts a fresh store
+            self._lost = False
+        if isinstance(session, dict) and session.get("script") and session.get("pid"):
+            self._followed = (session["script"], session.get("started") or 0.0, session["pid"])
         record = session.get("record") if isinstance(session, dict) else None
         if self.recording is None and isinstance(record, str) and record:
             self.recording = record
@@ -462,6 +588,8 @@ class LiveSource(EventSource):
             self._snapshot_seqs = {e["seq"] for e in events if isinstance(e, dict) and "seq" in e}
             self._snapshot_max = max(self._snapshot_seqs, default=-1)
             self._put(inbox, prepare(events))
+        self._ask_state(inbox)
+        self._last_ping = time.monotonic()
         return True
 
     def _frame(self, frame: dict, inbox: Inbox) -> None:

@@ -27,7 +27,8 @@ from operator import itemgetter
 from typing import Any
 
 from torchscope.protocol import codec
-from torchscope.protocol.events import ALERT, ERROR, GRAD, GRAPH, OP, SESSION, Event
+from torchscope.protocol.events import ALERT, ERROR, GRAD, GRAPH, OP, PAUSE, RESUME, SESSION, Event
+from torchscope.tui.stepping import StepperView
 
 __all__ = [
     "FLAG_INF_IN",
@@ -37,6 +38,7 @@ __all__ = [
     "Changes",
     "EventStore",
     "Inbox",
+    "PendingRow",
     "Row",
     "StepData",
     "StepInfo",
@@ -103,6 +105,8 @@ class Row:
 
     __slots__ = ("module", "t")
 
+    pending = False  # see PendingRow
+
     def __init__(self, t: Rec, module: str | None = None) -> None:
         self.t = t
         self.module: str = t[MODULE] if module is None else module
@@ -133,6 +137,43 @@ class Row:
 
     def __repr__(self) -> str:
         return f"Row({self.kind} #{self.seq} step {self.step} {self.name})"
+
+
+class PendingRow:
+    """The event a job is paused at when the timeline has no record of it: the op or node a
+    job stopped *before* (its event does not exist yet), or one whose event was lost. Quacks
+    like a :class:`Row`; ``event`` is the event (or the stub the pause carries)."""
+
+    pending = True
+
+    def __init__(self, ev: dict) -> None:
+        self.event = ev
+        self.kind = GRAD if ev.get("kind") == GRAD else OP
+        seq = ev.get("seq")
+        self.seq = seq if type(seq) is int else -1
+        self.step = _step_of(ev)
+        name = ev.get("node") if self.kind == GRAD else ev.get("name")
+        self.name = name if isinstance(name, str) else "?"
+        module = ev.get("module")
+        self.module = module if isinstance(module, str) else ""
+        source = ev.get("source")
+        self.source = source if isinstance(source, str) else ""
+        param = ev.get("param")
+        self.param = param if isinstance(param, str) and param else None
+        self.node_id = _int(ev.get("node_id"))
+        self.op_seq = _int(ev.get("op_seq"))
+        self.nodes = ()
+        ins, outs = ("grad_outputs", "grad_inputs") if self.kind == GRAD else ("inputs", "outputs")
+        self.flags = _side_flags(ev.get(ins), FLAG_NAN_IN, FLAG_INF_IN) | _side_flags(
+            ev.get(outs), FLAG_NAN_OUT, FLAG_INF_OUT
+        )
+
+    @property
+    def is_op(self) -> bool:
+        return self.kind == OP
+
+    def __repr__(self) -> str:
+        return f"PendingRow({self.kind} step {self.step} {self.name})"
 
 
 def _step_of(ev: dict) -> int:
@@ -391,10 +432,18 @@ class Changes:
     progress_done: bool = False
     errors: list[str] = field(default_factory=list)
     session: bool = False
+    # step-through: the paused point changed (or ended); the breakpoint list changed; command
+    # replies ``(tag, token, cmd, fields, result or message)``, tag "reply" or "refused".
+    paused_changed: bool = False
+    breakpoints_changed: bool = False
+    replies: list[tuple] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(
-            self.steps_added
+            self.paused_changed
+            or self.breakpoints_changed
+            or self.replies
+            or self.steps_added
             or self.steps_changed
             or self.events_changed
             or self.loaded
@@ -418,8 +467,11 @@ class EventStore:
         max_alerts: int = 10_000,
         reloadable: bool = False,
         decoded_cache: int = 256,
+        live: bool = False,
     ) -> None:
         self.max_events = max(1, max_events)
+        self.live = live  # pause/resume events describe the job now (not in a replay)
+        self.stepper = StepperView()
         self.max_alerts = max_alerts
         self.reloadable = reloadable
         self.steps: dict[int, StepInfo] = {}
@@ -504,6 +556,17 @@ class EventStore:
                 self._counts(item[1], item[2], ch)
             elif tag == "status":
                 ch.status.update(item[1])
+                state = item[1].get("state")
+                if state in ("ended", "disconnected", "unreachable"):
+                    ch.paused_changed |= self.stepper.clear()
+                if state == "ended":  # the job is gone, and its breakpoints with it
+                    ch.breakpoints_changed |= self.stepper.forget()
+            elif tag in ("reply", "refused"):
+                if tag == "reply" and isinstance(item[4], dict):
+                    paused, bps = self.stepper.on_state(item[4].get("state"))
+                    ch.paused_changed |= paused
+                    ch.breakpoints_changed |= bps
+                ch.replies.append(item)
             elif tag == "progress":
                 ch.progress = (item[1], item[2], item[3])
             elif tag == "progress_done":
@@ -558,10 +621,17 @@ class EventStore:
             if type(item) is tuple:
                 step = item[STEP_]
             else:
-                if item.get("kind") == SESSION:
+                kind = item.get("kind")
+                if kind == SESSION:
                     self.session = item
                     ch.session = True
                     continue
+                if self.live and kind in (PAUSE, RESUME):
+                    stepper = self.stepper
+                    if kind == PAUSE:
+                        ch.paused_changed |= stepper.on_pause_event(item)
+                    else:
+                        ch.paused_changed |= stepper.on_resume_event(item)
                 step = _step_of(item)
             if step != cur_step or info is None:
                 if cur_step is not None:
@@ -751,7 +821,9 @@ class Inbox:
     ``("events", [record|Event])``, ``("step", step, [record|Event])`` (a whole step loaded),
     ``("index", [(step, counted)])``, ``("counts", {step: (...)}, final_steps)``,
     ``("status", {...})``, ``("progress", done, total, label)``, ``("progress_done",)``,
-    ``("error", message)``, ``("unavailable", step, message)``.
+    ``("error", message)``, ``("unavailable", step, message)``, and the answers to commands
+    (see ``EventSource.command``): ``("reply", token, cmd, fields, result)``,
+    ``("refused", token, cmd, fields, one_line_message)``.
 
     ``max_pending`` bounds buffered events: past it, ``put_events`` refuses the batch (the
     caller counts it as dropped), the same policy the tracer's PUB socket has.

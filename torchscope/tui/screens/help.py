@@ -23,7 +23,15 @@ KEYS: list[tuple[str, str]] = [
     ("m", "stat column: norm ⇄ mean±std"),
     ("tab", "cycle focus: steps, alerts, timeline, detail (shift+tab: back)"),
     ("?", "this help"),
-    ("q", "quit the UI (the job is never touched)"),
+    ("space", "live: pause the job at the next op or node"),
+    ("s", "live: step — run one op or node (from a 'before' point: the same one)"),
+    ("n", "live: run to the next training step"),
+    ("c", "live: continue (to the next breakpoint)"),
+    ("b", "live: breakpoint from the selected event (same name, module or line; AND nan)"),
+    ("B", "live: breakpoints — add (--break-on syntax), enable/disable, delete"),
+    ("v", "paused: fetch values of the paused event's tensors (again: next tensor)"),
+    ("< >", "paused: previous / next 1000 values"),
+    ("q", "quit the UI (sends nothing: a job it paused resumes after its lease, 10 s)"),
 ]
 
 ABOUT = """\
@@ -34,6 +42,9 @@ ABOUT = """\
 [b]Detail[/]  both sides in full: inputs/outputs of an op; grad_outputs (what arrived)
   and grad_inputs (what it sends on, None shown) of a node; the source line.
 [b]Steps[/]  · on disk (loads when shown)  … loading  ✗ no longer in memory
+[b]Paused[/]  ⏸ marks the event a live job is paused at; paused before an op or node runs,
+  it is a pending row at the end ("next"). The detail shows what it got (and made, after),
+  the training thread's call stack, and values fetched from the job with v.
 """
 
 

@@ -3,14 +3,22 @@
 It reads only the app's :class:`~torchscope.tui.store.EventStore` and asks the source for steps
 that are not in memory (``request_step``); whether a file or a socket answers is not its
 concern. ``apply_changes`` is called by the app's timer, once per batch.
+
+Step-through keys (live): ``space`` pause, ``s`` step, ``n`` next step, ``c`` continue, ``b``
+breakpoint from the selected event, ``B`` the breakpoint list, ``v`` / ``<`` / ``>`` values of
+the paused event's tensors. They go to the job through ``TorchscopeApp.command``; the job's
+answers come back through the store (its ``stepper`` view) and ``apply_changes``. A replay
+refuses them with a message.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
@@ -18,7 +26,25 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Input, Label, OptionList, ProgressBar, Tree
 
 from torchscope.protocol.events import GRAD, OP, Event
-from torchscope.tui.store import EVICTED, LOADING, ON_DISK, Changes, EventStore, compile_filter
+from torchscope.tui.screens.breakpoints import BreakHereScreen, BreakpointsScreen
+from torchscope.tui.stepping import (
+    ValuesView,
+    default_choice,
+    pause_event,
+    pause_key,
+    spec_text,
+    tensor_choices,
+)
+from torchscope.tui.store import (
+    EVICTED,
+    LOADING,
+    ON_DISK,
+    Changes,
+    EventStore,
+    PendingRow,
+    Row,
+    compile_filter,
+)
 from torchscope.tui.widgets.alert_list import AlertList
 from torchscope.tui.widgets.detail_panel import DetailPanel
 from torchscope.tui.widgets.filter_input import FilterInput
@@ -32,6 +58,22 @@ if TYPE_CHECKING:
     from torchscope.tui.app import TorchscopeApp
 
 _HISTORY = 64
+
+# Step-through keys: shown in the footer of a live session only (a replay still answers them,
+# with a refusal).
+STEP_BINDINGS: list[Binding] = [
+    # priority: the graph's tree would take space for itself
+    Binding("space", "pause", "Pause", priority=True),
+    Binding("s", "step", "Step"),
+    Binding("n", "next", "Next"),
+    Binding("c", "continue", "Continue"),
+    Binding("b", "break_here", "Break"),
+    Binding("B", "breakpoints", "Breakpoints"),
+    Binding("v", "values", "Values", show=False),
+    Binding("less_than_sign,comma", "prev_slice", "Prev values", show=False),
+    Binding("greater_than_sign,full_stop", "next_slice", "Next values", show=False),
+]
+_STEP_ACTIONS = {b.action for b in STEP_BINDINGS}
 
 
 @dataclass(frozen=True)
@@ -56,10 +98,20 @@ class MainScreen(Screen[None]):
         Binding("right_square_bracket", "next_step", "Next step", show=False),
         Binding("m", "stat_mode", "Norm/mean", show=False),
         Binding("escape", "escape", "Timeline", show=False),
+        *STEP_BINDINGS,
     ]
 
-    def __init__(self) -> None:
+    def __init__(self, *, live: bool = False) -> None:
         super().__init__(id="main")
+        if not live:  # keep the keys (they explain themselves), hide them from the footer
+            keys = self._bindings.key_to_bindings
+            for key, bindings in keys.items():
+                keys[key] = [
+                    dataclasses.replace(b, show=False) if b.action in _STEP_ACTIONS else b
+                    for b in bindings
+                ]
+        self.values: ValuesView | None = None
+        self._pending: tuple[Any, PendingRow] | None = None
         self.current_step: int | None = None
         self.follow = False
         self.history: list[Location] = []
@@ -123,6 +175,21 @@ class MainScreen(Screen[None]):
         self.refresh_status()
         self.ready = True
 
+    def restart(self) -> None:
+        """Start over on a fresh store (the followed job began a new run)."""
+        self.current_step = None
+        self.history = []
+        self.pending = None
+        self._pending = None
+        self.values = None
+        self.follow = self.live
+        self.timeline.follow = self.follow
+        self.steps.bind_store(self.store)
+        self.detail.show_message("select an op or a backward node")
+        self.timeline.set_step(self.store, None, None, "new run: waiting for events…")
+        self._title()
+        self.refresh_status()
+
     def on_resize(self) -> None:
         self.set_class(self.size.width < 110, "-narrow")
 
@@ -185,6 +252,12 @@ class MainScreen(Screen[None]):
             self.notify(err, severity="error", timeout=8)
         if step is not None and (step in ch.steps_changed or step in ch.events_changed):
             self._title()
+        if ch.paused_changed:
+            self._pause_changed()
+        elif self.store.stepper.paused is not None and (
+            self.current_step in ch.events_changed or ch.loaded
+        ):
+            self._sync_pause_marks()  # the paused event's row may have come
 
     def refresh_status(self) -> None:
         app = self.tapp
@@ -195,6 +268,7 @@ class MainScreen(Screen[None]):
             step=self.current_step,
             resident=self.store.resident_events,
             steps=len(self.store.order),
+            stepper=self.store.stepper if self.live else None,
         )
 
     def _show_progress(self, label: str | None, done: float = 0, total: float = 0) -> None:
@@ -240,7 +314,8 @@ class MainScreen(Screen[None]):
             self.timeline.select(keep.kind, keep.seq, center=True)
         if self.center == "graph":
             self.graph.set_step(store, data, message)
-        if data is None:
+        self._sync_pause_marks()
+        if data is None and self.timeline.pending is None:
             self.detail.show_message(message)
         self._title()
         self.refresh_status()
@@ -304,8 +379,14 @@ class MainScreen(Screen[None]):
     def _show_detail(self) -> None:
         self._detail_pending = False
         row = self.timeline.current_row()
-        if row is not None and self.current_step is not None:
-            self.detail.show_row(self.store, self.store.data(self.current_step), row)
+        if row is None or (self.current_step is None and not row.pending):
+            return
+        data = self.store.data(self.current_step)
+        pause = self.store.stepper.paused
+        if pause is not None and self._is_paused_row(row):
+            self.detail.show_row(self.store, data, row, pause, self._values_for(pause))
+        else:
+            self.detail.show_row(self.store, data, row)
 
     def on_virtual_list_selected(self, event: VirtualList.Selected) -> None:
         if event.widget is self.steps:
@@ -433,6 +514,9 @@ class MainScreen(Screen[None]):
         data = self.store.data(self.current_step)
         if data is None or self.current_step is None:
             return
+        if row.pending:
+            self.notify(f"{row.name} has not run yet: s runs it", timeout=3)
+            return
         if row.kind == OP:
             grads = data.grads_of_op(row.seq)
             ids = data.nodes_of_op(row.seq)
@@ -472,8 +556,18 @@ class MainScreen(Screen[None]):
         self.alerts.focus()
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
-        if event.control is self.alerts and 0 <= event.option_index < len(self.alerts.alerts):
-            self.detail.show_alert(self.alerts.alerts[event.option_index])
+        # Only while the user is in the list: a new alert highlights itself, and must not take
+        # the detail away from the event being looked at (or the job's pause).
+        if event.control is self.alerts and self.alerts.has_focus:
+            self._show_alert(event.option_index)
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        if event.widget is self.alerts and self.alerts.highlighted is not None:
+            self._show_alert(self.alerts.highlighted)
+
+    def _show_alert(self, index: int) -> None:
+        if 0 <= index < len(self.alerts.alerts):
+            self.detail.show_alert(self.alerts.alerts[index])
 
     def on_alert_list_jump(self, event: AlertList.Jump) -> None:
         self.jump_to_alert(event.alert)
@@ -528,6 +622,230 @@ class MainScreen(Screen[None]):
         self._apply_filter(None)
         self.filter.display = False
         self.timeline.focus()
+
+    # -- step-through ------------------------------------------------------------------------
+    def _is_paused_row(self, row: Row | PendingRow) -> bool:
+        if row.pending:
+            return True
+        key = self.timeline.paused_key
+        return key is not None and key == (row.kind, row.seq)
+
+    def _pending_row(self, pause: dict) -> PendingRow:
+        """One PendingRow per pause (the detail panel knows rows by identity)."""
+        key = pause_key(pause)
+        if self._pending is None or self._pending[0] != key:
+            self._pending = (key, PendingRow(pause_event(pause)))
+        return self._pending[1]
+
+    def _sync_pause_marks(self) -> None:
+        """Mark the paused event in the timeline: its row, or a pending row when it has none
+        (a job paused before an op or node runs)."""
+        pause = self.store.stepper.paused
+        if pause is None:
+            self._pending = None
+            self.timeline.set_paused(None, None)
+            return
+        ev = pause_event(pause)
+        step = pause.get("step")
+        if type(step) is not int:
+            step = ev.get("step")
+        here = self.current_step
+        if not (type(step) is not int or here is None or step == here or step not in self.store):
+            self.timeline.set_paused(None, None)  # paused in another step than the one shown
+            return
+        kind = GRAD if ev.get("kind") == GRAD else OP
+        seq = ev.get("seq")
+        data = self.store.data(here)
+        index = data.row_index(seq) if data is not None and type(seq) is int else None
+        if index is not None and data.rows[index][0] == kind:
+            self.timeline.set_paused((kind, seq), None)
+        else:
+            self.timeline.set_paused(None, self._pending_row(pause))
+
+    def _pause_changed(self) -> None:
+        """The job paused somewhere else, or went on."""
+        stepper = self.store.stepper
+        pause = stepper.paused
+        if pause is None:
+            self.values = None
+            self._sync_pause_marks()
+            if stepper.resumed_by == "lease":
+                self.notify(
+                    "the job resumed by itself: its lease ran out", severity="warning", timeout=6
+                )
+            self._show_detail()
+            self.refresh_status()
+            return
+        step = pause.get("step")
+        if type(step) is not int:
+            step = pause_event(pause).get("step")
+        if type(step) is int and step in self.store and step != self.current_step:
+            self.show_step(step)
+        else:
+            self._sync_pause_marks()
+        if self.center == "graph":
+            self.center = "timeline"
+            self.switch.current = "timeline"
+            self.timeline.focus()
+        self._select_paused()
+        self._show_detail()
+        self.refresh_status()
+
+    def _select_paused(self) -> bool:
+        index = self.timeline.paused_index()
+        if index is None and self.timeline.paused_key is not None and self.timeline.pattern:
+            self._apply_filter(None)  # hidden by the filter
+            index = self.timeline.paused_index()
+        if index is None:
+            return False
+        self.timeline.move_cursor(index, center=True)
+        return True
+
+    def _values_for(self, pause: dict) -> ValuesView:
+        key = pause_key(pause)
+        if self.values is None or self.values.key != key:
+            self.values = ValuesView(key, tensor_choices(pause))
+        return self.values
+
+    def _command(self, cmd: str, **fields: Any) -> bool:
+        return self.tapp.command(cmd, **fields)
+
+    def action_pause(self) -> None:
+        if self.store.stepper.paused is not None:
+            self.notify("already paused: s steps, n runs to the next step, c continues", timeout=3)
+            return
+        if self._command("pause"):
+            self.notify("pausing at the next op or node…", timeout=2)
+
+    def action_step(self) -> None:
+        self._command("step")
+
+    def action_next(self) -> None:
+        self._command("next")
+
+    def action_continue(self) -> None:
+        self._command("continue")
+
+    def action_break_here(self) -> None:
+        if not self.tapp.can_command():
+            return
+        row = self.timeline.current_row()
+        if row is None:
+            self.notify("select an op or a backward node first", timeout=3)
+            return
+        ev = dict(row.event) if row.pending else dict(self.store.event(row))
+        if not ev.get("module"):  # a node's module: that of the op that made it
+            data = self.store.data(self.current_step)
+            op = data.op(row.op_seq) if data is not None and row.op_seq is not None else None
+            module = row.module or (op.module if op is not None else "")
+            if module:
+                ev["module"] = module
+        self.app.push_screen(BreakHereScreen(ev, self.detail.cwd), self._break_chosen)
+
+    def _break_chosen(self, spec: dict | None) -> None:
+        if spec:
+            text = spec_text(spec)
+            self.tapp.command("break_add", then=lambda ok, result: self._added(ok, text), **spec)
+
+    def _added(self, ok: bool, text: str) -> None:
+        if ok:
+            bps = self.store.stepper.breakpoints
+            bp_id = max((b["id"] for b in bps), default=None)
+            self.notify(f"breakpoint {bp_id}: {text}", timeout=3)
+
+    def action_breakpoints(self) -> None:
+        if not self.tapp.can_command():
+            return
+        self.app.push_screen(BreakpointsScreen())
+
+    def action_values(self) -> None:
+        pause = self.store.stepper.paused
+        if pause is None:
+            if self.tapp.can_command():
+                self.notify("values come from a paused job (space pauses it)", timeout=3)
+            return
+        values = self._values_for(pause)
+        if not values.choices:
+            self.notify("no tensor is held at this point", timeout=3)
+            return
+        row = self.timeline.current_row()
+        if row is None or not self._is_paused_row(row):
+            self._select_paused()
+        if values.current < 0:
+            values.current = default_choice(values.choices)
+        else:
+            values.current = (values.current + 1) % len(values.choices)
+        values.start = 0
+        self._fetch_values()
+
+    def action_next_slice(self) -> None:
+        values = self._values_ready()
+        if values is None:
+            return
+        numel = values.numel
+        if numel is not None and values.start + values.count >= numel:
+            self.notify("that is the last slice", timeout=2)
+            return
+        values.start += values.count
+        self._fetch_values()
+
+    def action_prev_slice(self) -> None:
+        values = self._values_ready()
+        if values is None:
+            return
+        if values.start == 0:
+            self.notify("that is the first slice", timeout=2)
+            return
+        values.start = max(0, values.start - values.count)
+        self._fetch_values()
+
+    def _values_ready(self) -> ValuesView | None:
+        pause = self.store.stepper.paused
+        values = self.values
+        if pause is None or values is None or values.key != pause_key(pause):
+            self.notify("v fetches values of the paused event first", timeout=3)
+            return None
+        if values.choice is None:
+            self.notify("v fetches values first", timeout=3)
+            return None
+        return values
+
+    def _fetch_values(self) -> None:
+        values = self.values
+        if values is None or values.choice is None:
+            return
+        group, index, _ = values.choice
+        request = (values.key, values.current, values.start)
+        values.requested = request
+        values.loading = True
+        values.error = None
+        values.result = None
+        values.bump()
+        self._show_detail()
+
+        def arrived(ok: bool, payload: Any) -> None:
+            if self.values is not values or values.requested != request:
+                return  # another pause, tensor or slice was asked for since
+            values.loading = False
+            if ok and isinstance(payload, dict):
+                values.result = payload
+            else:
+                values.error = str(payload)
+            values.bump()
+            self._show_detail()
+
+        if not self.tapp.command(
+            "inspect",
+            group=group,
+            index=index,
+            start=values.start,
+            count=values.count,
+            then=arrived,
+        ):
+            values.loading = False
+            values.error = self.tapp.source.refusal
+            values.bump()
+            self._show_detail()
 
     # -- misc --------------------------------------------------------------------------------
     def action_stat_mode(self) -> None:

@@ -6,6 +6,11 @@ with ``None`` shown explicitly, and where each goes). Each tensor gets its full 
 dtype, device, min/max/mean/std/norm, NaN/Inf), a bar of where mean±std lies in [min, max],
 its values when small, and a sparkline of them. Then the source line with three lines of
 context, read from the file when it is on this machine.
+
+The event a live job is paused at gets more: what the pause is (before or after it ran, and
+why), the training thread's call stack (innermost first, with each line's text when the file
+is here), and a values section: a slice of one tensor fetched from the job on demand
+(``v``), paged with ``<`` / ``>``.
 """
 
 from __future__ import annotations
@@ -21,13 +26,15 @@ from torchscope.tui.format import (
     compact_stat,
     fnum,
     range_bar,
+    resolve_source,
     shape_text,
     short_name,
     short_source,
     source_context,
     sparkline,
 )
-from torchscope.tui.store import EventStore, Row, StepData
+from torchscope.tui.stepping import ValuesView, pause_key
+from torchscope.tui.store import EventStore, PendingRow, Row, StepData
 
 _MAX_VALUES = 16
 _MAX_TENSORS = 64
@@ -43,27 +50,53 @@ class DetailPanel(VerticalScroll, can_focus=True):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.body = Static("", id="detail-body", markup=True)
+        self.stack_box = Static("", id="detail-stack", markup=True)
+        self.values_box = Static("", id="detail-values", markup=True)
         self.cwd: str | None = None
         self.subject: tuple | None = None
+        self.values_version: int | None = None
 
     def compose(self):  # type: ignore[override]
         yield self.body
+        yield self.stack_box
+        yield self.values_box
+
+    def on_mount(self) -> None:
+        self.stack_box.display = False
+        self.values_box.display = False
 
     # -- entry points ------------------------------------------------------------------------
     def show_message(self, text: str) -> None:
         self.subject = ("message", text)
         self._set(f"[dim]{_e(text)}[/]")
 
-    def show_row(self, store: EventStore, data: StepData | None, row: Row) -> None:
-        subject = ("row", row.seq, row.kind, id(data))
+    def show_row(
+        self,
+        store: EventStore,
+        data: StepData | None,
+        row: Row | PendingRow,
+        pause: dict | None = None,
+        values: ValuesView | None = None,
+    ) -> None:
+        """An op or node; with ``pause``, it is where the job is paused (``values``: what
+        was fetched of its tensors)."""
+        subject = ("row", row.seq, row.kind, id(data), id(row) if row.pending else None)
+        if pause is not None:
+            subject += (pause_key(pause),)
         if subject == self.subject:
+            if pause is not None and values is not None and values.version != self.values_version:
+                self._show_values(values, scroll=True)
             return
         self.subject = subject
-        ev = store.event(row)
-        if row.kind == OP:
-            self._set(self._op(store, data, row, ev))
-        else:
-            self._set(self._grad(store, data, row, ev))
+        ev = row.event if row.pending else store.event(row)
+        text = self._op(store, data, ev) if row.kind == OP else self._grad(store, data, row, ev)
+        if pause is not None:
+            text = self._pause_head(pause, ev) + "\n\n" + text
+        self._set(text)
+        if pause is not None:
+            self.stack_box.update(self._stack(pause.get("stack")))
+            self.stack_box.display = True
+            self._show_values(values, scroll=False)
 
     def show_node(self, store: EventStore, data: StepData, node: dict, call: Event | None) -> None:
         """A graph node: its grad event when it ran, else what the graph says about it."""
@@ -89,7 +122,98 @@ class DetailPanel(VerticalScroll, can_focus=True):
 
     def _set(self, markup: str) -> None:
         self.body.update(markup)
+        self.stack_box.display = False
+        self.values_box.display = False
+        self.values_version = None
         self.scroll_home(animate=False, immediate=True)
+
+    # -- a pause -----------------------------------------------------------------------------
+    def _pause_head(self, pause: dict, ev: dict) -> str:
+        what = "op" if ev.get("kind") == OP else "node"
+        if pause.get("phase") == "before":
+            where = f"[b]before[/] this {what} runs"
+        else:
+            where = f"[b]after[/] this {what} ran"
+        reason = pause.get("reason") or "paused"
+        return (
+            f"[b $text-warning]⏸ PAUSED[/] {where} · {_e(reason)}\n"
+            "[dim]s step · n next step · c continue · v values · b break here[/]"
+        )
+
+    def _stack(self, stack: Any) -> str:
+        lines = ["[b]call stack[/] [dim]training thread, innermost first[/]"]
+        frames = [f for f in stack or () if isinstance(f, (list, tuple)) and len(f) >= 3]
+        if not frames:
+            lines.append("  [dim](not known)[/]")
+        for i, (file, line, func) in enumerate(frames):
+            where = f"{file}:{line}"
+            mark = "[b $accent]▶[/]" if i == 0 else " "
+            lines.append(
+                f" {mark} [$accent]{_e(short_source(where, self.cwd))}[/] in [i]{_e(func)}[/]"
+            )
+            text = _line_text(where, self.cwd)
+            if text:
+                lines.append(f"      {_e(text)}")
+        return "\n".join(lines)
+
+    def _show_values(self, values: ValuesView | None, *, scroll: bool) -> None:
+        self.values_box.update(self._values(values))
+        self.values_box.display = True
+        self.values_version = values.version if values is not None else None
+        if scroll and values is not None and values.choice is not None:
+            self.call_after_refresh(self._scroll_to_values)
+
+    def _scroll_to_values(self) -> None:
+        self.scroll_to_widget(self.values_box, animate=False, top=True, immediate=True)
+
+    def _values(self, values: ValuesView | None) -> str:
+        head = "[b]values[/]"
+        if values is None or not values.choices:
+            return f"{head} [dim](no tensor is held at this point)[/]"
+        choice = values.choice
+        if choice is None:
+            tensors = " · ".join(
+                f"{group}[{i}] {shape_text(s)}" for group, i, s in values.choices[:8]
+            )
+            more = f" … {len(values.choices) - 8} more" if len(values.choices) > 8 else ""
+            return (
+                f"{head} [dim]fetched on demand:[/] [@click=screen.values]v: fetch[/]\n"
+                f"  [dim]{_e(tensors)}{more}[/]"
+            )
+        group, index, summary = choice
+        numel = values.numel
+        size = f"{numel:,} values" if numel is not None else "? values"
+        lines = [
+            f"{head} [b $accent]{group}\\[{index}][/] {_e(shape_text(summary))} "
+            f"{_e(summary.get('dtype', '?'))} · {size}  [dim]v: next tensor[/]"
+        ]
+        if values.error:
+            lines.append(f"  [b $text-error]{_e(values.error)}[/]")
+            return "\n".join(lines)
+        result = values.result
+        if values.loading or result is None:
+            lines.append("  [dim]fetching…[/]")
+            return "\n".join(lines)
+        vals = result.get("values")
+        if vals is None:
+            lines.append("  [b]None[/] [dim](no tensor here)[/]")
+            return "\n".join(lines)
+        start = result.get("start") if type(result.get("start")) is int else values.start
+        end = start + len(vals)
+        prev = "[@click=screen.prev_slice]◀ prev[/]" if start > 0 else "[dim]◀ prev[/]"
+        more = numel is not None and end < numel
+        nxt = "[@click=screen.next_slice]next ▶[/]" if more else "[dim]next ▶[/]"
+        total = f"{numel:,}" if numel is not None else "?"
+        lines.append(f"  \\[{start:,}:{end:,}] of {total}  {prev}  {nxt}  [dim](< >)[/]")
+        if len(vals) > 1:
+            width = max(8, min(40, self._text_width() - 4))
+            lines.append(f"  [$accent]{sparkline(vals, width)}[/]")
+        lines.extend(_value_grid(vals, start, self._text_width()))
+        return "\n".join(lines)
+
+    def _text_width(self) -> int:
+        width = self.scrollable_content_region.width
+        return width if width > 0 else 40
 
     # -- pieces ------------------------------------------------------------------------------
     def _source(self, source: str | None, function: str | None = None) -> list[str]:
@@ -163,9 +287,10 @@ class DetailPanel(VerticalScroll, can_focus=True):
             lines.append(f"  [dim]… {len(sums) - _MAX_TENSORS} more[/]")
         return lines
 
-    def _op(self, store: EventStore, data: StepData | None, row: Row, ev: Event) -> str:
+    def _op(self, store: EventStore, data: StepData | None, ev: Event) -> str:
         lines = [f"[b $accent]{_e(ev.get('name', '?'))}[/]"]
-        meta = [f"op #{row.seq}", f"step {row.step}"]
+        seq = ev.get("seq")
+        meta = [f"op #{seq}" if seq is not None else "op (not run yet)", f"step {ev.get('step')}"]
         if ev.get("module"):
             meta.append(f"module [b]{_e(ev['module'])}[/]")
         if isinstance(ev.get("duration_us"), (int, float)):
@@ -173,8 +298,8 @@ class DetailPanel(VerticalScroll, can_focus=True):
         if ev.get("thread"):
             meta.append(_e(ev["thread"]))
         lines.append(" · ".join(meta))
-        if data is not None:
-            node_ids = data.nodes_of_op(row.seq)
+        if data is not None and type(seq) is int:
+            node_ids = data.nodes_of_op(seq)
             if node_ids:
                 lines.append("[b]creates[/] " + self._nodes_line(store, data, node_ids))
             elif ev.get("grad_fn") is None:
@@ -183,7 +308,10 @@ class DetailPanel(VerticalScroll, can_focus=True):
         lines.extend(self._source(ev.get("source"), ev.get("function")))
         lines.append("")
         lines.extend(self._tensors("inputs", ev.get("inputs")))
-        lines.extend(self._tensors("outputs", ev.get("outputs")))
+        if seq is None and ev.get("outputs") is None:
+            lines.append("[b]outputs[/] [dim]not computed yet: paused before the op runs[/]")
+        else:
+            lines.extend(self._tensors("outputs", ev.get("outputs")))
         return "\n".join(lines)
 
     def _nodes_line(self, store: EventStore, data: StepData, node_ids: list[int]) -> str:
@@ -222,9 +350,15 @@ class DetailPanel(VerticalScroll, can_focus=True):
             notes.append(f"→ {label} #{target}")
         return notes
 
-    def _grad(self, store: EventStore, data: StepData | None, row: Row, ev: Event) -> str:
+    def _grad(
+        self, store: EventStore, data: StepData | None, row: Row | PendingRow, ev: Event
+    ) -> str:
         lines = [f"[b $accent]{_e(ev.get('node', '?'))}[/] #{_e(ev.get('node_id'))}"]
-        meta = [f"grad #{row.seq}", f"step {row.step}"]
+        seq = ev.get("seq")
+        meta = [
+            f"grad #{seq}" if seq is not None else "node (not run yet)",
+            f"step {ev.get('step')}",
+        ]
         if ev.get("backward") is not None:
             meta.append(f"backward call {_e(ev['backward'])}")
         lines.append(" · ".join(meta))
@@ -244,6 +378,12 @@ class DetailPanel(VerticalScroll, can_focus=True):
         lines.append("")
         lines.extend(self._tensors("grad_outputs — what arrived", ev.get("grad_outputs")))
         gi = ev.get("grad_inputs")
+        if seq is None and gi is None:
+            lines.append(
+                "[b]grad_inputs — what it sends on[/] "
+                "[dim]not computed yet: paused before the node runs[/]"
+            )
+            return "\n".join(lines)
         notes = self._next_notes(data, ev.get("node_id"), len(gi) if isinstance(gi, list) else 0)
         lines.extend(self._tensors("grad_inputs — what it sends on", gi, notes))
         return "\n".join(lines)
@@ -272,3 +412,30 @@ class DetailPanel(VerticalScroll, can_focus=True):
         lines.append("")
         lines.extend(self._source(node.get("source")))
         return "\n".join(lines)
+
+
+def _line_text(source: str, cwd: str | None) -> str | None:
+    """The text of ``path:line`` when the file is on this machine."""
+    found = resolve_source(source, cwd)
+    if found is None:
+        return None
+    import linecache
+
+    text = linecache.getline(found[0], found[1])
+    return text.strip() or None
+
+
+def _value_grid(values: list, start: int, width: int) -> list[str]:
+    """Values in rows, each led by the flat index of its first value."""
+    cell = 11
+    index_width = len(str(start + max(0, len(values) - 1)))
+    per_line = max(1, (width - index_width - 2) // cell)
+    lines = []
+    for i in range(0, len(values), per_line):
+        cells = []
+        for v in values[i : i + per_line]:
+            text = fnum(v).rjust(cell - 1)
+            bad = text.strip() in ("nan", "inf", "-inf")
+            cells.append(f"[b $text-error]{text}[/]" if bad else text)
+        lines.append(f"[dim]{str(start + i).rjust(index_width)}[/] " + " ".join(cells))
+    return lines

@@ -5,6 +5,10 @@ A virtual list (Line API): only visible lines are rendered, so a step with 100k 
 fast as one with ten. Each line: seq, direction, name (op, or node), module (or the parameter
 for AccumulateGrad), shapes, a compact stat (norm, or mean±std with ``m``), NaN/Inf flags and
 the source line.
+
+While a live job is paused, the event it is paused at is marked (⏸, highlighted). When the
+job stopped *before* an op or node, that event does not exist yet: it is shown as a pending
+row at the end, from what the pause says about it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from torchscope.tui.store import (
     FLAG_NAN_OUT,
     KIND,
     EventStore,
+    PendingRow,
     Row,
     StepData,
 )
@@ -80,6 +85,7 @@ class OpTimeline(VirtualList):
         "op-timeline--module",
         "op-timeline--source",
         "op-timeline--seq",
+        "op-timeline--paused",
     }
 
     class FollowChanged(Message):
@@ -102,6 +108,8 @@ class OpTimeline(VirtualList):
         self.cwd: str | None = None
         self._view: list[int] | None = None  # indices into data.rows matching the filter
         self._seen = (0, 0)  # rows, reorders covered by the view
+        self.paused_key: tuple[str, int] | None = None  # (kind, seq) of the paused event
+        self.pending: PendingRow | None = None  # the paused event when it has no row
         self._cells: OrderedDict[tuple[int, str], tuple[str, str]] = OrderedDict()
 
     # -- model -------------------------------------------------------------------------------
@@ -135,7 +143,7 @@ class OpTimeline(VirtualList):
         self.pattern = pattern
         self._rebuild_views()
         self.refresh_rows()
-        index = self.index_of(keep.kind, keep.seq) if keep is not None else None
+        index = self._index_of_row(keep)
         if index is not None:
             self.move_cursor(index, center=True)
         elif self.row_count():
@@ -152,12 +160,29 @@ class OpTimeline(VirtualList):
         if self.follow:
             self._follow_end()
         elif keep is not None:
-            index = self.index_of(keep.kind, keep.seq)
+            index = self._index_of_row(keep)
             if index is not None and index != self.cursor:
                 self.cursor = index
                 self.scroll_to_cursor()
         elif self.cursor < 0 and self.row_count():
             self.move_cursor(0)
+
+    def set_paused(self, key: tuple[str, int] | None, pending: PendingRow | None) -> None:
+        """Mark the event a job is paused at: ``key`` = (kind, seq) of its row, or a
+        ``pending`` row shown after the others. None, None: not paused."""
+        if key == self.paused_key and pending is self.pending:
+            return
+        self.paused_key = key
+        self.pending = pending
+        self.refresh_rows()
+
+    def paused_index(self) -> int | None:
+        """Row index of the paused event (its row or the pending one), if shown."""
+        if self.pending is not None:
+            return self.row_count() - 1
+        if self.paused_key is not None:
+            return self.index_of(*self.paused_key)
+        return None
 
     def set_stat_mode(self, mode: str) -> None:
         self.stat_mode = mode
@@ -191,14 +216,21 @@ class OpTimeline(VirtualList):
         self._seen = (len(hay), data.reorders)
 
     # -- rows --------------------------------------------------------------------------------
-    def row_count(self) -> int:
+    def _base_count(self) -> int:
         if self.data is None:
             return 0
         return len(self._view) if self._view is not None else len(self.data.rows)
 
-    def row(self, index: int) -> Row | None:
+    def row_count(self) -> int:
+        return self._base_count() + (self.pending is not None)
+
+    def row(self, index: int) -> Row | PendingRow | None:
         data = self.data
-        if data is None or index < 0:
+        if index < 0:
+            return None
+        if self.pending is not None and index == self._base_count():
+            return self.pending
+        if data is None:
             return None
         if self._view is not None:
             return data.row(self._view[index]) if index < len(self._view) else None
@@ -206,6 +238,13 @@ class OpTimeline(VirtualList):
 
     def current_row(self) -> Row | None:
         return self.row(self.cursor) if self.cursor >= 0 else None
+
+    def _index_of_row(self, row: Row | PendingRow | None) -> int | None:
+        if row is None:
+            return None
+        if row.pending:
+            return self.row_count() - 1 if row is self.pending else None
+        return self.index_of(row.kind, row.seq)
 
     def index_of(self, kind: str | None, seq: int) -> int | None:
         """Row index of the event ``seq`` (of ``kind``, when given), or None if not shown."""
@@ -289,7 +328,14 @@ class OpTimeline(VirtualList):
         )
         return [(text, None)]
 
-    def _row_cells(self, row: Row) -> tuple[str, str]:
+    def _row_cells(self, row: Row | PendingRow) -> tuple[str, str]:
+        if row.pending:
+            ev = row.event
+            sums = ev.get("outputs") if row.kind == OP else ev.get("grad_inputs")
+            if sums is None:  # paused before it runs: what it gets, and that it has not run
+                sums = ev.get("inputs") if row.kind == OP else ev.get("grad_outputs")
+                return shapes_text(sums), "not run yet"
+            return shapes_text(sums), " ".join(stat_text(s, self.stat_mode) for s in sums[:2])
         key = (row.seq, self.stat_mode)
         cells = self._cells.get(key)
         if cells is not None:
@@ -320,9 +366,14 @@ class OpTimeline(VirtualList):
         module = row.param or row.module or "-"
         flags, flag_style = self._flags(row)
         name_style = None if is_op else self.cstyle("bwd")
+        paused = row.pending or (
+            self.paused_key is not None and self.paused_key == (row.kind, row.seq)
+        )
+        glyph = "⏸" if paused else ("▸" if is_op else "◂")
+        seq = "next" if row.pending and row.seq < 0 else str(row.seq)
         cells: list[Cell] = [
-            (rfit(str(row.seq), c.seq) + " ", self.cstyle("seq")),
-            (fit("▸" if is_op else "◂", c.dir), self.cstyle("dim") if is_op else name_style),
+            (rfit(seq, c.seq) + " ", self.cstyle("seq")),
+            (fit(glyph, c.dir), self.cstyle("dim") if is_op and not paused else name_style),
             (fit(name, c.name) + " ", name_style),
             (fit(module, c.module) + " ", self.cstyle("module")),
             (fit(shapes, c.shapes) + " ", None),
@@ -331,6 +382,9 @@ class OpTimeline(VirtualList):
         ]
         if c.source:
             cells.append((fit(short_source(row.source, self.cwd), c.source), self.cstyle("source")))
+        if paused:
+            mark = self.cstyle("paused")
+            cells = [(text, mark if style is None else style + mark) for text, style in cells]
         return cells
 
     def _flags(self, row: Row) -> tuple[str, Style | None]:
@@ -346,7 +400,7 @@ class OpTimeline(VirtualList):
         elif f & (FLAG_NAN_IN | FLAG_INF_IN):
             parts.append("(nan)" if f & FLAG_NAN_IN else "(inf)")
             style = self.cstyle("dim")
-        if self.data is not None and row.seq in self.data.alert_seqs:
+        if self.data is not None and not row.pending and row.seq in self.data.alert_seqs:
             parts.insert(0, "⚠")
             style = self.cstyle("warning") if style is None else style
         return " ".join(parts), style

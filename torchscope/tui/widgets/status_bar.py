@@ -1,4 +1,5 @@
-"""One line of session state: mode, pid, rank, step, events/s, dropped, paused, follow."""
+"""One line of session state: mode, pid, rank, step, events/s, dropped, paused (why, and
+before or after which op or node), breakpoints, follow."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from typing import Any
 
 from textual.markup import escape
 from textual.widgets import Static
+
+from torchscope.tui.format import short_name
+from torchscope.tui.stepping import StepperView, pause_event, pause_title
 
 
 def _rate(x: float) -> str:
@@ -33,6 +37,7 @@ class StatusBar(Static):
         step: Any,
         resident: int,
         steps: int,
+        stepper: StepperView | None = None,
     ) -> None:
         parts = []
         mode = status.get("mode", "replay")
@@ -52,8 +57,21 @@ class StatusBar(Static):
                 parts.append("[b $error]unreadable[/]")
             elif status.get("truncated"):
                 parts.append("[$warning]cut short[/]")
-        if status.get("paused"):
+        pause = stepper.paused if stepper is not None else None
+        if pause is not None:
+            ev = pause_event(pause)
+            name = ev.get("name") if ev.get("kind") == "op" else ev.get("node")
+            at = f" {escape(short_name(str(name)))}" if name else ""
+            parts.append(f"[b $warning]⏸ PAUSED[/] ({escape(pause_title(pause))}){at}")
+        elif status.get("paused"):
             parts.append("[b $warning]⏸ PAUSED[/]")
+        elif stepper is not None and stepper.mode in ("pause", "step", "next"):
+            parts.append(f"[$warning]{'pausing' if stepper.mode == 'pause' else stepper.mode}…[/]")
+        if stepper is not None and stepper.breakpoints:
+            on = sum(1 for b in stepper.breakpoints if b.get("enabled", True))
+            n = len(stepper.breakpoints)
+            text = f"{n} breakpoint{'s' if n != 1 else ''}"
+            parts.append(text + (f" ({on} on)" if on != n else ""))
         if status.get("pid") is not None:
             parts.append(f"pid {escape(str(status['pid']))}")
         if status.get("rank") is not None:
