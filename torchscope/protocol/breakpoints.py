@@ -7,6 +7,7 @@ imports neither torch nor textual.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,3 +173,31 @@ def parse_break_spec(text: str) -> dict[str, Any]:
             ) from None
     Breakpoint.from_spec(0, spec)  # validate now, with the same rules the UI's get
     return spec
+
+
+BEFORE = "before"  # an op about to run, or a node before it runs (its grad_outputs known)
+AFTER = "after"  # the op has run / the node has computed its grad_inputs
+
+
+def first_hit(
+    breakpoints: Iterable[Breakpoint],
+    phase: str,
+    event: dict[str, Any],
+    origin: Callable[[dict[str, Any]], str | None],
+) -> str | None:
+    """The reason the first matching breakpoint gives to pause here, counting its hit.
+
+    Name and line conditions stop before the op or node runs; value conditions (NaN, norm)
+    once it has, with ``origin(event)`` the alert verdict for the event.
+    """
+    for bp in breakpoints:
+        if not bp.enabled or not bp.static_match(event):
+            continue
+        if bp.needs_stats:
+            if phase == AFTER and bp.value_match(event, origin(event)):
+                bp.hits += 1
+                return f"breakpoint {bp.id}"
+        elif phase == BEFORE:
+            bp.hits += 1
+            return f"breakpoint {bp.id}"
+    return None

@@ -20,6 +20,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
+from torchscope.protocol.breakpoints import AFTER, BEFORE
 from torchscope.protocol.codec import PROTOCOL_VERSION
 from torchscope.protocol.events import (
     ERROR,
@@ -48,7 +49,7 @@ from torchscope.tracer.mode import ForwardMode, iter_tensors, result_tensors
 from torchscope.tracer.modules import ModuleTracker
 from torchscope.tracer.pipeline import EventPipeline, Sink
 from torchscope.tracer.source import thread_stack, user_frame
-from torchscope.tracer.stepper import AFTER, BEFORE, PausePoint, Stepper
+from torchscope.tracer.stepper import PausePoint, Stepper
 from torchscope.tracer.steps import parse_steps
 from torchscope.tracer.summary import Summarizer, SummaryMemo, tensor_meta
 

@@ -19,10 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchscope.protocol.breakpoints import Breakpoint, BreakpointError
-
-BEFORE = "before"
-AFTER = "after"
+from torchscope.protocol.breakpoints import (
+    AFTER,
+    Breakpoint,
+    BreakpointError,
+    first_hit,
+)
 
 # What the training thread does next when it is not paused.
 RUN = "run"  # until a breakpoint or a pause request
@@ -104,18 +106,7 @@ class Stepper:
             return "step"
         if mode == NEXT and event.get("step", 0) > (self._next_after_step or 0):
             return "next step"
-        for bp in list(self.breakpoints.values()):
-            if not bp.enabled or not bp.static_match(event):
-                continue
-            # Name/line breakpoints stop before the op runs; value conditions once it has.
-            if bp.needs_stats:
-                if phase == AFTER and bp.value_match(event, origin(event)):
-                    bp.hits += 1
-                    return f"breakpoint {bp.id}"
-            elif phase == BEFORE:
-                bp.hits += 1
-                return f"breakpoint {bp.id}"
-        return None
+        return first_hit(list(self.breakpoints.values()), phase, event, origin)
 
     def at_point(self, point: PausePoint) -> str:
         """Block the calling (training) thread until the UI lets it go or the lease ends.

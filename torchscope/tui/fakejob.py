@@ -20,14 +20,13 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from torchscope.protocol.breakpoints import Breakpoint, BreakpointError
+from torchscope.protocol.breakpoints import AFTER, BEFORE, Breakpoint, BreakpointError, first_hit
 from torchscope.protocol.events import GRAD, OP, PAUSE, RESUME, Event
 from torchscope.tui.sources import ScriptedSource
 from torchscope.tui.store import Inbox, prepare
 
 __all__ = ["FakeJob"]
 
-BEFORE, AFTER = "before", "after"
 _SINCE0 = 1_700_000_000.0  # pause timestamps: fixed, so screens are the same every run
 
 
@@ -228,17 +227,7 @@ class FakeJob(ScriptedSource):
         if mode == "next" and (ev.get("step") or 0) > self.step_mark:
             self.job_mode = "run"
             return "next step"
-        for bp in self.breakpoints.values():
-            if not bp.enabled or not bp.static_match(ev):
-                continue
-            if bp.needs_stats:
-                if phase == AFTER and bp.value_match(ev, _origin(ev)):
-                    bp.hits += 1
-                    return f"breakpoint {bp.id}"
-            elif phase == BEFORE:
-                bp.hits += 1
-                return f"breakpoint {bp.id}"
-        return None
+        return first_hit(self.breakpoints.values(), phase, ev, _origin)
 
     # -- commands ----------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
