@@ -454,3 +454,24 @@ def test_killed_ui_while_paused_lets_the_job_finish(tmp_path):
     finally:
         ui.kill()
         job.kill()
+
+
+def test_breakpoint_list_enable_disable_delete_change_what_stops():
+    x, w = make_inputs()
+    job = Job(lambda: two_layer(x, w), stepping=True)
+    st = job.stepper
+    relu = st.add_breakpoint({"op": "relu"})
+    div = st.add_breakpoint({"op": "^Tensor.div$"})
+    assert [b["id"] for b in st.state()["breakpoints"]] == [relu["id"], div["id"]]
+    st.set_enabled(relu["id"], False)
+    st.delete_breakpoint(div["id"])
+    with pytest.raises(BreakpointError, match="no breakpoint"):
+        st.delete_breakpoint(div["id"])
+    assert not st.active  # only a disabled breakpoint left: no stepping work at all
+    st.set_enabled(relu["id"], True)
+    job.start()
+    point = job.wait_paused()
+    assert name_of(point) == "torch.relu"
+    assert st.state()["breakpoints"] == [{"op": "relu", "enabled": True, "id": 1, "hits": 1}]
+    st.request_continue()
+    job.finish()
