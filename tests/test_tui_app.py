@@ -2,38 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import time
 from pathlib import Path
 
 import pytest
+from tui_pilot import SIZE, sync, until
 
 from torchscope.protocol.events import Event
 from torchscope.tui.app import TorchscopeApp
 from torchscope.tui.screens.help import HelpScreen
 from torchscope.tui.sources import FileSource, LiveSource, ScriptedSource
 from torchscope.tui.synthetic import make_trace
-
-SIZE = (160, 45)
-
-
-def sync(fn):
-    """Run an async test without a pytest plugin."""
-
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        asyncio.run(fn(*args, **kwargs))
-
-    return run
-
-
-async def until(pilot, cond, timeout: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or cond}")
-        await pilot.pause(0.02)
 
 
 async def ready(pilot, app: TorchscopeApp, step: int | None = None) -> None:

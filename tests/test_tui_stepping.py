@@ -7,8 +7,6 @@ traced job that stops where a NaN appears.
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import re
 import subprocess
 import sys
@@ -18,6 +16,7 @@ from typing import Any
 
 import pytest
 from textual.widgets import Input
+from tui_pilot import SIZE, sync, until
 
 from torchscope.protocol.breakpoints import parse_break_spec
 from torchscope.tui.app import TorchscopeApp
@@ -37,24 +36,6 @@ from torchscope.tui.stepping import (
     tensor_choices,
 )
 from torchscope.tui.synthetic import make_trace
-
-SIZE = (160, 45)
-
-
-def sync(fn):
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        asyncio.run(fn(*args, **kwargs))
-
-    return run
-
-
-async def until(pilot, cond, timeout: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or cond}")
-        await pilot.pause(0.02)
 
 
 def recording(app: TorchscopeApp) -> list[str]:
