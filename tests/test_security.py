@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import zmq
+from live_events import ops, session_event
 from zmq.auth.thread import AuthenticationThread
 
 from torchscope.protocol import endpoints as ep
@@ -37,25 +38,6 @@ ANY = "tcp://0.0.0.0:*"
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def session_event() -> dict:
-    return {
-        "kind": "session",
-        "seq": 0,
-        "step": 0,
-        "pid": os.getpid(),
-        "rank": None,
-        "world_size": None,
-        "script": "/work/train.py",
-        "argv": ["train.py"],
-        "host": os.uname().nodename,
-        "started": time.time(),
-    }
-
-
-def ops(lo: int, hi: int) -> list[dict]:
-    return [{"kind": "op", "seq": i, "step": 0, "name": "Tensor.mul"} for i in range(lo, hi)]
-
-
 def mode(path: Path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
 

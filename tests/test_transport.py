@@ -24,6 +24,7 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from live_events import ops, session_event
 
 from torchscope.protocol import client as client_mod
 from torchscope.protocol import endpoints as ep
@@ -59,29 +60,6 @@ def _no_thread_left():
     while any(t.name == "torchscope-publisher" for t in threading.enumerate()):
         assert time.monotonic() < deadline, "a publisher thread outlived its test"
         time.sleep(0.01)
-
-
-def session_event(**kw) -> dict:
-    d = {
-        "kind": "session",
-        "seq": 0,
-        "step": 0,
-        "pid": os.getpid(),
-        "rank": None,
-        "world_size": None,
-        "script": "/work/train.py",
-        "argv": ["train.py"],
-        "host": os.uname().nodename,
-        "started": time.time(),
-    }
-    d.update(kw)
-    return d
-
-
-def ops(lo: int, hi: int, **extra) -> list[dict]:
-    return [
-        {"kind": "op", "seq": i, "step": 0, "name": "Tensor.mul", **extra} for i in range(lo, hi)
-    ]
 
 
 @pytest.fixture

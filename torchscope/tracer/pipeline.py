@@ -38,7 +38,6 @@ class EventPipeline:
     ) -> None:
         self.summarizer = summarizer
         self.sinks = sinks
-        self.next_seq = next_seq
         self.batch_summaries = batch_summaries
         self.seal_seconds = seal_seconds
         self.on_error = on_error or _print_error
