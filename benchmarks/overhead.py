@@ -351,6 +351,11 @@ def main(argv: list[str] | None = None) -> int:
         "--workload", choices=[*WORKLOADS, "all"], default="all", help="which workload(s)"
     )
     p.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated rows to run (base,traced,idle,record,anomaly,profiler,debugmode)",
+    )
+    p.add_argument(
         "--profile", action="store_true", help="cProfile the traced MLP step (50 steps) instead"
     )
     args = p.parse_args(argv)
@@ -370,6 +375,12 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [WORKLOADS[n]() for n in names]
     with tempfile.TemporaryDirectory(prefix="torchscope-bench-") as tmpdir:
         configs, record, notes = build_configs(tmpdir)
+        if args.only:
+            keep = {"base", *args.only.split(",")}
+            unknown = keep - {c.key for c in configs}
+            if unknown:
+                p.error(f"--only: unknown rows {', '.join(sorted(unknown))}")
+            configs = [c for c in configs if c.key in keep]
         assert_clean("start")
         # Everything imported and built so far lives for the whole run: park it out of the
         # collector's way, so the gc.collect() before each block stays cheap.

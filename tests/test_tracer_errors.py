@@ -47,8 +47,9 @@ def error_lines(err: str) -> list[str]:
     ("target", "name", "where"),
     [
         (ModuleTracker, "current", ["forward op (after)"]),
-        # torch.randn has no tensor inputs: its first failure is on its output
-        (Summarizer, "summarize", ["forward op (after)", "forward op (before)", "backward hook"]),
+        # Only outputs are summarised up front (inputs from outside, like weights, wait until
+        # an output goes bad), so every forward failure is on an output.
+        (Summarizer, "summarize", ["forward op (after)", "backward hook"]),
         (ModuleTracker, "param_name", ["forward op (before)", "installing backward hooks"]),
         (alerts, "_bad_kind", ["resolving summaries"]),
     ],

@@ -16,15 +16,14 @@ class Tagged(torch.Tensor):
 
 
 def summarize(t: torch.Tensor, values: int = 16) -> dict:
-    """The tracer's summary of ``t`` as an op input (``t.detach()`` accepts any tensor kind)."""
+    """The tracer's summary of ``t.detach()``, an op output with ``t``'s kind, memory and
+    numbers (``detach`` accepts any tensor kind)."""
     with torchscope.trace(values=values) as tr:
         t.detach()
     assert tr.errors == []
     (op,) = tr.ops
     assert op.name == "Tensor.detach"
-    summary = dict(op.inputs[0])
-    assert summary.pop("external") is True  # no traced op made it
-    return summary
+    return dict(op.outputs[0])
 
 
 def check_stats(s: dict, ref: torch.Tensor) -> None:
@@ -210,8 +209,48 @@ def test_memo_sees_in_place_changes():
     ]
     assert tr.ops[1].inputs[0]["values"] == [0.0] * 3
     assert tr.ops[3].inputs[0]["values"] == [5.0] * 3
-    assert tr.ops[5].inputs[0]["values"] == [10.0] * 3  # a new step forgets old summaries
+    # A new step forgets old summaries: `a` is an outside input again, whose numbers wait
+    # until an output needs judging; a stale memo would still say 5.
+    assert tr.ops[5].inputs[0].get("values") in (None, [10.0] * 3)
+    assert tr.ops[5].inputs[0]["external"] is True
+    assert tr.ops[5].outputs[0]["values"] == [11.0] * 3
     assert (b + c + d).tolist() == [18.0] * 3
+
+
+def test_outside_inputs_get_stats_when_an_output_goes_bad():
+    """Data and weights entering the traced ops carry metadata only, until an op using them
+    makes NaN/Inf: then their stats are filled in (so the alert can blame them, or not)."""
+    w = torch.tensor([1.0, 2.0, float("nan")])
+    x = torch.tensor([1.0, 0.0, 3.0])
+    big = torch.full((4,), 3e38)
+    with torchscope.trace() as tr:
+        x * 2  # fine: nothing to judge
+        x / 0.0  # 1/0 = inf, 0/0 = nan: x is finite, the op is the origin
+        w * 1.0  # the NaN comes in with w
+        big * big  # overflow to inf: the input is finite
+    assert tr.errors == []
+    assert [o.name for o in tr.ops] == ["Tensor.mul", "Tensor.div", "Tensor.mul", "Tensor.mul"]
+    fine, div, by_w, square = tr.ops
+    assert all(o.inputs[0]["external"] for o in tr.ops)
+    # x's summary is one dict, shared by both of its uses: filled in when div went bad.
+    assert fine.inputs[0] is div.inputs[0]
+    assert div.inputs[0]["stats"]["max"] == 3.0 and div.inputs[0]["stats"]["nan"] == 0
+    assert by_w.inputs[0]["stats"]["nan"] == 1
+    assert square.inputs[0]["stats"]["max"] == pytest.approx(3e38)
+    assert [(a.where, a.name) for a in tr.alerts] == [
+        ("forward", "Tensor.div"),
+        ("input", "input 0 of Tensor.mul (from outside the traced ops)"),
+        ("forward", "Tensor.mul"),
+    ]
+
+
+def test_outside_inputs_stay_metadata_while_outputs_are_finite():
+    w = torch.randn(8, 8)
+    with torchscope.trace() as tr:
+        w @ w
+    (op,) = tr.ops
+    assert op.inputs[0]["external"] and op.inputs[0]["stats"] is None
+    assert op.inputs[0]["shape"] == [8, 8] and op.outputs[0]["stats"]["nan"] == 0
 
 
 def test_batched_path_gives_the_same_summaries_as_reading_at_once():

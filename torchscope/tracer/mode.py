@@ -103,6 +103,22 @@ class ForwardMode(TorchFunctionMode):
         return result
 
 
+_INPLACE_DUNDERS = frozenset(
+    f"Tensor.__i{op}__"
+    for op in "add sub mul truediv floordiv mod pow matmul and or xor lshift rshift".split()
+) | {"Tensor.__setitem__"}
+
+
+def writes_inputs(name: str, kwargs: dict) -> bool:
+    """Whether a call may overwrite one of its tensor arguments (``add_``, ``x[i] = v``,
+    ``out=``, ``inplace=True``)."""
+    return (
+        (name.endswith("_") and not name.endswith("__"))
+        or name in _INPLACE_DUNDERS
+        or (bool(kwargs) and (kwargs.get("out") is not None or bool(kwargs.get("inplace"))))
+    )
+
+
 def iter_tensors(args: tuple, kwargs: dict):
     """Tensors among call arguments, one level into lists and tuples (``torch.cat([a, b])``)."""
     for a in (*args, *kwargs.values()) if kwargs else args:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch._C._autograd import _get_sequence_nr
+from torch.nn.modules import module as module_mod
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
@@ -45,13 +46,13 @@ from torchscope.tracer.backward import (
     node_name,
     root_tensors,
 )
-from torchscope.tracer.mode import ForwardMode, iter_tensors, result_tensors
+from torchscope.tracer.mode import ForwardMode, iter_tensors, result_tensors, writes_inputs
 from torchscope.tracer.modules import ModuleTracker
 from torchscope.tracer.pipeline import EventPipeline, Sink
 from torchscope.tracer.source import thread_stack, user_frame
 from torchscope.tracer.stepper import PausePoint, Stepper
 from torchscope.tracer.steps import parse_steps
-from torchscope.tracer.summary import Summarizer, SummaryMemo, tensor_meta
+from torchscope.tracer.summary import Summarizer, SummaryMemo, is_finite, tensor_meta
 
 UNINITIALIZED_OPS = frozenset(
     {
@@ -131,6 +132,7 @@ class Tracer:
         self._mode_pushed = False
         self._optimizer_hook: Any = None
         self._optimizer_pre_hook: Any = None
+        self._resume_hook: Any = None  # re-enters the mode if an optimizer step raised
         self._writer: Any = None
         self._extra_sinks = list(sinks)
         self.pipeline: EventPipeline | None = None
@@ -165,7 +167,7 @@ class Tracer:
         self.started = True
         with self.pipeline.lock:
             self.pipeline.add(session)
-        if self.optimizer_steps:
+        if self.optimizer_steps or not self.optimizer_ops:
             self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         if not self.optimizer_ops:
             self._optimizer_pre_hook = register_optimizer_step_pre_hook(self._before_optimizer_step)
@@ -260,10 +262,10 @@ class Tracer:
             return
         try:
             self._set_active(False)
-            for hook in (self._optimizer_hook, self._optimizer_pre_hook):
+            for hook in (self._optimizer_hook, self._optimizer_pre_hook, self._resume_hook):
                 if hook is not None:
                     hook.remove()
-            self._optimizer_hook = self._optimizer_pre_hook = None
+            self._optimizer_hook = self._optimizer_pre_hook = self._resume_hook = None
             self.modules.remove()
             assert self.pipeline is not None
             self.pipeline.close()
@@ -314,13 +316,35 @@ class Tracer:
         # The update's own ops (one or more per parameter) are not the model's ops; skipping
         # them halves a small model's cost. A NaN the update writes into a weight is still
         # caught: it shows up as a non-finite parameter at its first use (an input alert).
-        if threading.get_ident() == self._owner:
-            self.mode.enabled = False
+        if threading.get_ident() != self._owner:
+            return
+        self.mode.enabled = False
+        # Off the mode stack, the update's calls (p.grad reads, add_, several per parameter)
+        # do not even reach the mode: they run exactly as they would untraced.
+        if self._mode_pushed and self._mode_on_top():
+            self.mode.__exit__(None, None, None)
+            self._mode_pushed = False
+            # Post-hooks do not run when a step raises; the next module call re-enters then.
+            self._resume_hook = module_mod.register_module_forward_pre_hook(
+                lambda module, args: self._after_optimizer()
+            )
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # The hook is global: an optimizer stepping on another thread is not this run's step.
-        if threading.get_ident() == self._owner:
-            self.advance_step()
+        if threading.get_ident() != self._owner:
+            return
+        if self.optimizer_steps:
+            self._after_optimizer(resume=False)
+            self.advance_step()  # re-enters the mode when the next step is traced
+        else:
+            self._after_optimizer()
+
+    def _after_optimizer(self, resume: bool = True) -> None:
+        if self._resume_hook is not None:
+            self._resume_hook.remove()
+            self._resume_hook = None
+        if resume and self.started and threading.get_ident() == self._owner:
+            self._set_active(self.step_traced)
 
     def advance_step(self) -> None:
         """End the current step and begin the next one."""
@@ -456,12 +480,21 @@ class Tracer:
             memo.put(t, s)
         return s
 
-    def input_summary(self, t: torch.Tensor) -> dict:
+    def input_summary(self, t: torch.Tensor, deferrable: bool) -> dict:
         """Summary of an op's input; one no traced op produced is marked ``external`` (input
-        data, a parameter) and named when it is a parameter, for the input alerts."""
+        data, a parameter) and named when it is a parameter, for the input alerts.
+
+        An external input whose numbers can be read at once (host memory) gets its stats
+        only if the op's outputs turn out non-finite (``_judge_external``): that is the one
+        time they matter, and a model's weights are most of what an MLP step would reduce.
+        """
         s = self.memo.get(t)
         if s is None:
-            s = self.summarizer.summarize(t)
+            if deferrable and self.summarizer.reads_now(t):
+                s = tensor_meta(t)
+                s["stats"] = None
+            else:
+                s = self.summarizer.summarize(t)
             s["external"] = True
             param = self.modules.param_name(t)
             if param is not None:
@@ -469,13 +502,25 @@ class Tracer:
             self.memo.put(t, s)
         return s
 
+    def _judge_external(self, tensors: list[torch.Tensor], inputs: list[dict]) -> None:
+        """Outputs went non-finite: fill in the stats of external inputs that were deferred,
+        so the alerts can tell a bad weight or batch coming in from a bad op."""
+        for t, s in zip(tensors, inputs, strict=True):
+            if s.get("external") and s.get("stats") is None and self.summarizer.reads_now(t):
+                full = self.summarizer.summarize(t)
+                for key in ("stats", "stats_of", "values"):
+                    if key in full:
+                        s[key] = full[key]
+
     def before_op(self, name: str, args: tuple, kwargs: dict) -> tuple:
         grad_was = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
             with self.pipeline.lock:  # type: ignore[union-attr]
                 tensors = list(iter_tensors(args, kwargs))
-                inputs = [self.input_summary(t) for t in tensors]
+                # An op that writes into its input destroys the value the deferral would read.
+                deferrable = not writes_inputs(name, kwargs)
+                inputs = [self.input_summary(t, deferrable) for t in tensors]
         finally:
             torch._C._set_grad_enabled(grad_was)
         return name, tensors, inputs, _get_sequence_nr(), time.perf_counter_ns()
@@ -533,7 +578,9 @@ class Tracer:
                     # a NaN among them is not an alert.
                     event["outputs"] = [self._uninitialized(t) for t in outs]
                 else:
-                    event["outputs"] = [self.summary_of(t, in_tensors) for t in outs]
+                    outputs = event["outputs"] = [self.summary_of(t, in_tensors) for t in outs]
+                    if any(is_finite(o) is False for o in outputs):
+                        self._judge_external(in_tensors, inputs)
                 self.pipeline.add(event)  # type: ignore[union-attr]
         finally:
             torch._C._set_grad_enabled(grad_was)

@@ -119,6 +119,10 @@ class Summarizer:
         self.host_now = host_now
         self.batch = PendingBatch()
 
+    def reads_now(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s stats are plain numbers as soon as ``summarize`` returns."""
+        return self.host_now and t.device.type == "cpu"
+
     def summarize(self, t: torch.Tensor) -> dict[str, Any]:
         cls = type(t)
         dtype = t.dtype
