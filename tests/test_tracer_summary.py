@@ -283,3 +283,33 @@ def test_batched_path_gives_the_same_summaries_as_reading_at_once():
             tol = 1e-9 if want["dtype"] == "float64" else 2e-5
             assert got["stats"][key] == pytest.approx(value, nan_ok=True, rel=tol, abs=tol), key
         assert got.get("values") == pytest.approx(want.get("values"), nan_ok=True)
+
+
+@pytest.mark.parametrize(
+    "vals",
+    [
+        [0.5, -2.0, 3.25, 1.0],
+        [7.0],
+        [1.0 + 1e-7 * i for i in range(16)],
+        [1.0, float("nan"), 2.0],
+        [1.0, float("inf"), -3.0],
+        [float("inf"), float("-inf"), 0.0],
+        [float("-inf"), -1.0],
+    ],
+    ids=["plain", "one", "near-constant", "nan", "inf", "both-infs", "neg-inf"],
+)
+def test_small_tensors_read_as_values_give_the_same_stats(vals):
+    """Tensors within the value limit get their stats from the values read to the host; the
+    numbers and NaN/Inf conventions are those of the reductions used for bigger tensors."""
+    t = torch.tensor(vals, dtype=torch.float64)
+    from_values = summarize(t, values=16)
+    from_reductions = summarize(t, values=0)
+    assert from_values["values"] == vals or any(v != v for v in vals)
+    assert "values" not in from_reductions
+    a, b = from_values["stats"], from_reductions["stats"]
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(b[k], float) and math.isnan(b[k]):
+            assert math.isnan(a[k]), k
+        else:
+            assert a[k] == pytest.approx(b[k], rel=1e-9, abs=1e-12), k

@@ -33,6 +33,15 @@ def _bad(summary: dict | None) -> str | None:
     return None
 
 
+def _all_finite(summaries: list | None) -> bool:
+    """No summary on this side holds NaN or Inf (or none can be judged)."""
+    for s in summaries or ():
+        stats = s.get("stats") if s else None
+        if stats and (stats.get("nan") or stats.get("inf")):
+            return False
+    return True
+
+
 def _worst(summaries: list) -> str | None:
     kind = None
     for s in summaries:
@@ -90,6 +99,8 @@ class AlertDetector:
             self.origins.clear()
             return []
         if kind == OP:
+            if _all_finite(event.get("outputs")) and _all_finite(event.get("inputs")):
+                return []  # nearly every op: nothing bad on either side
             alerts = self._external_inputs(event)
             sides = _sides(event)
             assert sides is not None
@@ -104,7 +115,7 @@ class AlertDetector:
                 alerts.append(self._alert(event, what, "forward", event["name"]))
             return alerts
         if kind == GRAD:
-            if event.get("op_seq") in self._tainted:
+            if _all_finite(event.get("grad_inputs")) or event.get("op_seq") in self._tainted:
                 return []
             what = origin_kind(event)
             if what is not None:

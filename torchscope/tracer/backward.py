@@ -7,7 +7,6 @@ only, so a graph and its hooks are freed together.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,16 +22,28 @@ NODE_MOD = "torchscope.mod"  # module path around that op
 NODE_RUN = "torchscope.run"  # run_id of the tracer whose op seq NODE_OP is
 
 
-@dataclass(slots=True)
 class NodeInfo:
-    id: int
-    name: str
-    op_seq: int | None
-    source: str | None
-    param: str | None
-    module: str = ""
-    next: list[list[int] | None] = field(default_factory=list)
-    executed: bool = False
+    """What a grad event says about its node, gathered once when the hooks go in."""
+
+    __slots__ = ("executed", "id", "module", "name", "next", "op_seq", "param", "source")
+
+    def __init__(
+        self,
+        id: int,
+        name: str,
+        op_seq: int | None,
+        source: str | None,
+        param: str | None,
+        module: str = "",
+    ) -> None:
+        self.id = id
+        self.name = name
+        self.op_seq = op_seq
+        self.source = source
+        self.param = param
+        self.module = module
+        self.next: list[list[int] | None] = []
+        self.executed = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -47,9 +58,19 @@ class NodeInfo:
         }
 
 
+_node_names: dict[type, str] = {}
+
+
 def node_name(node: Any) -> str:
     """``MulBackward0``, ``AccumulateGrad``: C++ namespaces dropped."""
-    return node.name().rsplit("::", 1)[-1]
+    # One Python type per node class (C++ nodes and each custom Function's backward).
+    cls = type(node)
+    name = _node_names.get(cls)
+    if name is None:
+        name = node.name().rsplit("::", 1)[-1]
+        if cls.__name__ == name:  # only cache where the type pins the name down
+            _node_names[cls] = name
+    return name
 
 
 def root_tensors(call: str, args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -84,53 +105,42 @@ class NodeHooks:
         tracer = self.tracer
         # Pre-hooks only when someone may pause in this backward: they cost a call per node.
         stepping = tracer.stepper is not None and tracer.stepper.active
+        node_id = tracer.node_id
+        run_id = tracer.run_id
+        on_grad = tracer.on_grad
+        infos = self.nodes
+        handles = self._handles
         seen: set[int] = set()
         todo = []
         for t in roots:
             if not t.requires_grad:
                 continue
             node = get_gradient_edge(t).node
-            self.root_ids.append(tracer.node_id(node))
+            self.root_ids.append(node_id(node))
             todo.append(node)
         while todo:
             node = todo.pop()
-            nid = tracer.node_id(node)
+            md = node.metadata
+            nid = md.get(NODE_ID) or node_id(node)
             if nid in seen:
                 continue
             seen.add(nid)
-            md = node.metadata
             name = node_name(node)
             param = tracer.modules.param_name(node.variable) if name == "AccumulateGrad" else None
             # An op seq of an earlier run names no op of this one; the source line still holds.
-            op_seq = md.get(NODE_OP) if md.get(NODE_RUN) == tracer.run_id else None
+            op_seq = md.get(NODE_OP) if md.get(NODE_RUN) == run_id else None
             info = NodeInfo(nid, name, op_seq, md.get(NODE_SRC), param, md.get(NODE_MOD, ""))
+            edges = info.next
             for nxt, input_nr in node.next_functions:
                 if nxt is None:
-                    info.next.append(None)
+                    edges.append(None)
                 else:
-                    info.next.append([tracer.node_id(nxt), input_nr])
+                    edges.append([node_id(nxt), input_nr])
                     todo.append(nxt)
-            self.nodes.append(info)
-            self._handles.append(node.register_hook(self._make_hook(info)))
+            infos.append(info)
+            handles.append(node.register_hook(_post_hook(info, on_grad)))
             if stepping:
-                self._handles.append(node.register_prehook(self._make_prehook(info)))
-
-    def _make_prehook(self, info: NodeInfo):
-        tracer = self.tracer
-
-        def prehook(grad_outputs):
-            tracer.on_grad_pre(info, grad_outputs)
-
-        return prehook
-
-    def _make_hook(self, info: NodeInfo):
-        tracer = self.tracer
-
-        def hook(grad_inputs, grad_outputs):
-            info.executed = True
-            tracer.on_grad(info, grad_inputs, grad_outputs)
-
-        return hook
+                handles.append(node.register_prehook(_pre_hook(info, tracer.on_grad_pre)))
 
     def remove(self) -> None:
         for h in self._handles:
@@ -143,3 +153,20 @@ class NodeHooks:
             "roots": self.root_ids,
             "nodes": [n.as_dict() for n in self.nodes],
         }
+
+
+# Hook closures capture the node's info and a bound method, nothing else (see the module
+# docstring): a graph and its hooks are freed together.
+def _post_hook(info: NodeInfo, on_grad: Any) -> Any:
+    def hook(grad_inputs: tuple, grad_outputs: tuple) -> None:
+        info.executed = True
+        on_grad(info, grad_inputs, grad_outputs)
+
+    return hook
+
+
+def _pre_hook(info: NodeInfo, on_grad_pre: Any) -> Any:
+    def prehook(grad_outputs: tuple) -> None:
+        on_grad_pre(info, grad_outputs)
+
+    return prehook

@@ -73,13 +73,16 @@ class ForwardMode(TorchFunctionMode):
         self.enabled = True
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        # Every torch call of the job comes through here, most of them noise (``p.grad``):
+        # that path is one dict lookup.
+        try:
+            name = _names[func]
+        except (KeyError, TypeError):
+            name = op_name(func)
+        if name is None or not self.enabled:
+            return func(*args, **kwargs) if kwargs else func(*args)
         if kwargs is None:
             kwargs = {}
-        if not self.enabled:
-            return func(*args, **kwargs)
-        name = op_name(func)
-        if name is None:
-            return func(*args, **kwargs)
         tracer = self.tracer
         if func in BACKWARD_CALLS:
             return tracer.run_backward(BACKWARD_CALLS[func], func, args, kwargs)
@@ -119,15 +122,15 @@ def writes_inputs(name: str, kwargs: dict) -> bool:
     )
 
 
-def iter_tensors(args: tuple, kwargs: dict):
+def iter_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
     """Tensors among call arguments, one level into lists and tuples (``torch.cat([a, b])``)."""
+    out = []
     for a in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(a, torch.Tensor):
-            yield a
+            out.append(a)
         elif isinstance(a, (list, tuple)):
-            for b in a:
-                if isinstance(b, torch.Tensor):
-                    yield b
+            out.extend(b for b in a if isinstance(b, torch.Tensor))
+    return out
 
 
 def result_tensors(result: Any) -> list[torch.Tensor]:

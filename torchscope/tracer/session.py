@@ -52,7 +52,7 @@ from torchscope.tracer.pipeline import EventPipeline, Sink
 from torchscope.tracer.source import thread_stack, user_frame
 from torchscope.tracer.stepper import PausePoint, Stepper
 from torchscope.tracer.steps import parse_steps
-from torchscope.tracer.summary import Summarizer, SummaryMemo, is_finite, tensor_meta
+from torchscope.tracer.summary import Summarizer, SummaryMemo, tensor_meta
 
 UNINITIALIZED_OPS = frozenset(
     {
@@ -466,19 +466,28 @@ class Tracer:
         """
         memo = self.memo
         s = memo.get(t)
+        if s is not None:
+            return s
+        if aliases:
+            s = self._alias_summary(t, aliases)
         if s is None:
-            for a in aliases:
-                base = memo.get(a)
-                if base is not None:
-                    s = self.summarizer.alias_summary(t, a, base)
-                    if s is not None:
-                        break
-            else:
-                s = self.summarizer.summarize(t)
-            if s is None:
-                s = self.summarizer.summarize(t)
-            memo.put(t, s)
+            s = self.summarizer.summarize(t)
+        memo.put(t, s)
         return s
+
+    def _alias_summary(self, t: torch.Tensor, aliases: list[torch.Tensor]) -> dict | None:
+        try:
+            ptr = t.data_ptr()
+            for a in aliases:
+                if a.data_ptr() == ptr and a is not t:
+                    base = self.memo.get(a)
+                    if base is not None:
+                        s = self.summarizer.alias_summary(t, a, base)
+                        if s is not None:
+                            return s
+        except RuntimeError:  # tensors without storage (sparse, subclasses) have no data_ptr
+            pass
+        return None
 
     def input_summary(self, t: torch.Tensor, deferrable: bool) -> dict:
         """Summary of an op's input; one no traced op produced is marked ``external`` (input
@@ -513,16 +522,17 @@ class Tracer:
                         s[key] = full[key]
 
     def before_op(self, name: str, args: tuple, kwargs: dict) -> tuple:
-        grad_was = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)
-        try:
-            with self.pipeline.lock:  # type: ignore[union-attr]
-                tensors = list(iter_tensors(args, kwargs))
-                # An op that writes into its input destroys the value the deferral would read.
-                deferrable = not writes_inputs(name, kwargs)
-                inputs = [self.input_summary(t, deferrable) for t in tensors]
-        finally:
-            torch._C._set_grad_enabled(grad_was)
+        tensors = iter_tensors(args, kwargs)
+        memo_get = self.memo.get
+        inputs = [memo_get(t) for t in tensors]
+        if None in inputs:  # inputs no traced op made: data, weights
+            # An op that writes into its input destroys the value the deferral would read.
+            deferrable = not writes_inputs(name, kwargs)
+            with _no_grad(), self.pipeline.lock:  # type: ignore[union-attr]
+                inputs = [
+                    s if s is not None else self.input_summary(t, deferrable)
+                    for t, s in zip(tensors, inputs, strict=True)
+                ]
         return name, tensors, inputs, _get_sequence_nr(), time.perf_counter_ns()
 
     def after_op(
@@ -567,23 +577,22 @@ class Tracer:
         )
         if _has_inf_scalar(args, kwargs):
             event["inf_arg"] = True  # an Inf it makes is on purpose (masked_fill(m, -inf))
-        grad_was = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)
-        try:
-            with self.pipeline.lock:  # type: ignore[union-attr]
-                # A view's output shares its input's stats when the input is unchanged (the
-                # memo checks its version); an in-place op's output is summarised afresh.
-                if name in UNINITIALIZED_OPS:
-                    # Whatever bytes the allocator hands out: stats of them mean nothing, and
-                    # a NaN among them is not an alert.
-                    event["outputs"] = [self._uninitialized(t) for t in outs]
-                else:
-                    outputs = event["outputs"] = [self.summary_of(t, in_tensors) for t in outs]
-                    if any(is_finite(o) is False for o in outputs):
+        with _no_grad(), self.pipeline.lock:  # type: ignore[union-attr]
+            # A view's output shares its input's stats when the input is unchanged (the
+            # memo checks its version); an in-place op's output is summarised afresh.
+            if name in UNINITIALIZED_OPS:
+                # Whatever bytes the allocator hands out: stats of them mean nothing, and
+                # a NaN among them is not an alert.
+                event["outputs"] = [self._uninitialized(t) for t in outs]
+            else:
+                summary_of = self.summary_of
+                outputs = event["outputs"] = [summary_of(t, in_tensors) for t in outs]
+                for o in outputs:
+                    stats = o["stats"]
+                    if stats and (stats.get("nan") or stats.get("inf")):
                         self._judge_external(in_tensors, inputs)
-                self.pipeline.add(event)  # type: ignore[union-attr]
-        finally:
-            torch._C._set_grad_enabled(grad_was)
+                        break
+            self.pipeline.add(event)  # type: ignore[union-attr]
         return event, outs
 
     def _uninitialized(self, t: torch.Tensor) -> dict:
@@ -691,18 +700,17 @@ class Tracer:
 
     def _grad_event(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> Event | None:
         try:
-            grad_was = torch.is_grad_enabled()
-            torch._C._set_grad_enabled(False)
-            try:
-                with self.pipeline.lock:  # type: ignore[union-attr]
-                    go = [None if g is None else self.summary_of(g) for g in grad_outputs]
+            with _no_grad(), self.pipeline.lock:  # type: ignore[union-attr]
+                summary_of = self.summary_of
+                go = [None if g is None else summary_of(g) for g in grad_outputs]
+                if grad_inputs:
                     # TBackward0 and friends send on a reordered view of what they received.
                     outs = [g for g in grad_outputs if g is not None]
-                    gi = [None if g is None else self.summary_of(g, outs) for g in grad_inputs]
-                    event = self._grad_fields(info, go, gi)
-                    self.pipeline.add(event)  # type: ignore[union-attr]
-            finally:
-                torch._C._set_grad_enabled(grad_was)
+                    gi = [None if g is None else summary_of(g, outs) for g in grad_inputs]
+                else:
+                    gi = []
+                event = self._grad_fields(info, go, gi)
+                self.pipeline.add(event)  # type: ignore[union-attr]
         except Exception as exc:
             self.report_error("backward hook", exc)
             return None
@@ -768,6 +776,22 @@ class Tracer:
             pipeline.flush(wait=True)
         except Exception as exc:
             self.report_error("resuming", exc)
+
+
+class _no_grad:
+    """Grad mode off while the tracer runs reductions (they must record no graph, nor take
+    sequence numbers from the op window); cheaper than ``torch.no_grad`` on the hot path."""
+
+    __slots__ = ("was",)
+
+    def __enter__(self) -> None:
+        self.was = torch.is_grad_enabled()
+        if self.was:
+            torch._C._set_grad_enabled(False)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.was:
+            torch._C._set_grad_enabled(True)
 
 
 def _has_inf_scalar(args: tuple, kwargs: dict) -> bool:

@@ -13,17 +13,17 @@ import torchscope
 _LIBRARY_DIRS = tuple(
     os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, torchscope)
 )
-# Code objects are immortal for the life of the program in practice; caching the verdict per
-# code object keeps the frame walk to a few dict lookups per op.
-_internal: dict[CodeType, bool] = {}
+# The verdict per file name keeps the frame walk to a dict lookup per frame (file names hash
+# once; code objects hash their whole contents at every lookup).
+_internal: dict[str, bool] = {}
 
 
 def _is_internal(code: CodeType) -> bool:
-    verdict = _internal.get(code)
+    filename = code.co_filename
+    verdict = _internal.get(filename)
     if verdict is None:
-        filename = code.co_filename
         verdict = filename.startswith(_LIBRARY_DIRS) or filename.startswith("<frozen ")
-        _internal[code] = verdict
+        _internal[filename] = verdict
     return verdict
 
 

@@ -8,7 +8,6 @@ non-blocking copy per batch instead of one sync per tensor; on the CPU the copy 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import weakref
 from typing import Any
@@ -145,6 +144,15 @@ class Summarizer:
             if numel == 0:
                 summary["stats"] = None
                 summary["values"] = []  # all of its (no) values: as for any small tensor
+            elif self.host_now and device.type == "cpu":
+                # Host memory: the numbers are read at once, with as few torch calls as can be
+                # (each costs more than the reduction itself at these sizes).
+                if numel <= self.value_limit:
+                    vals = t.detach().reshape(-1).tolist()
+                    summary["values"] = vals
+                    summary["stats"] = _list_stats(vals)
+                else:
+                    summary["stats"] = _host_stats(_dense_view(t), numel)
             else:
                 summary["stats"] = {}  # filled when the batch resolves
                 self._queue(summary, t, t, numel)
@@ -166,13 +174,13 @@ class Summarizer:
         """Launch the reductions for ``x`` (``t``'s real floating form) and queue them."""
         x = _dense_view(x)
         batch = self.batch
-        mn, mx = torch.aminmax(x)
         if self.host_now and x.device.type == "cpu":
             # Host memory: reading numbers costs no sync, so they are read at once (cheaper
             # than stacking them for a batched copy) and the rare hard case gets a second pass.
-            summary["stats"].update(_host_moments(x, numel, mn.item(), mx.item()))
+            summary["stats"].update(_host_stats(x, numel))
             at, counts = -1, None
         else:
+            mn, mx = torch.aminmax(x)
             # Moments of x - min: no catastrophic cancellation when the spread is tiny next to
             # the mean (LayerNorm weights near 1) or the values huge (1e20 squared overflows
             # float32); the host recombines them in float64 (see _moments).
@@ -249,16 +257,20 @@ class Summarizer:
         return batch
 
 
-def _host_moments(x: torch.Tensor, n: int, mn: float, mx: float) -> dict[str, Any]:
+def _host_stats(x: torch.Tensor, n: int) -> dict[str, Any]:
     """Stats of a host tensor: plain sums first, shifted sums when those would cancel."""
     flat = x.reshape(-1)
+    mn, mx = torch.aminmax(flat)
+    mn, mx = mn.item(), mx.item()
     total, sq = flat.sum().item(), torch.dot(flat, flat).item()
     if not math.isfinite(total):
         return _moments(n, mn, mx, math.nan, math.nan, *_count_bad(x))
     # float32 sums carry ~7 digits; if the variance is under 1e-4 of the mean square, most of
     # them cancel, so sum x - min instead (its spread is the data's spread).
     if not math.isfinite(sq) or (sq - total * total / n) < 1e-4 * sq:
-        shifted = (flat - mn).reshape(-1)
+        if mn == mx:
+            return _moments(n, mn, mx, 0.0, 0.0, 0, 0)
+        shifted = flat - mn
         return _moments(n, mn, mx, shifted.sum().item(), torch.dot(shifted, shifted).item(), 0, 0)
     mean = total / n
     return {
@@ -270,6 +282,23 @@ def _host_moments(x: torch.Tensor, n: int, mn: float, mx: float) -> dict[str, An
         "nan": 0,
         "inf": 0,
     }
+
+
+def _list_stats(vals: list[float]) -> dict[str, Any]:
+    """Stats of a few values already read to the host, in float64, with no torch call.
+
+    Same conventions as the reductions: a NaN makes min and max NaN.
+    """
+    nan = sum(1 for v in vals if v != v)
+    inf = sum(1 for v in vals if v in (math.inf, -math.inf))
+    if nan:
+        mn = mx = math.nan
+    else:
+        mn, mx = min(vals), max(vals)
+    if nan or inf:
+        return _moments(len(vals), mn, mx, math.nan, math.nan, nan, inf)
+    shifted = [v - mn for v in vals]
+    return _moments(len(vals), mn, mx, sum(shifted), sum(d * d for d in shifted), 0, 0)
 
 
 def _count_bad(x: torch.Tensor) -> tuple[int, int]:
@@ -385,10 +414,12 @@ class SummaryMemo:
 
     def put(self, t: torch.Tensor, summary: dict) -> None:
         # Inference tensors have no version counter; some subclasses refuse weak references.
-        with contextlib.suppress(RuntimeError, TypeError):
+        try:
             self._entries[id(t)] = (weakref.ref(t), t._version, summary)
-            if len(self._entries) > self.max_entries:
-                self.prune()
+        except (RuntimeError, TypeError):
+            return
+        if len(self._entries) > self.max_entries:
+            self.prune()
 
     def clear(self) -> None:
         self._entries.clear()
