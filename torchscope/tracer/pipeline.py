@@ -55,9 +55,13 @@ class EventPipeline:
 
     def add(self, event: Event) -> None:
         """Queue an event; the caller holds ``lock`` (it just summarised the event's tensors)."""
-        self._events.append(event)
-        if len(self.summarizer.batch) >= self.batch_summaries or (
-            time.monotonic() - self.last_flush >= self.seal_seconds
+        events = self._events
+        events.append(event)
+        # Checked every 32 events: a step of a small model is a few hundred of them, and the
+        # watchdog seals a batch that sits still anyway.
+        if not len(events) & 31 and (
+            len(self.summarizer.batch) >= self.batch_summaries
+            or time.monotonic() - self.last_flush >= self.seal_seconds
         ):
             self.flush()
 

@@ -489,26 +489,25 @@ class Tracer:
             pass
         return None
 
-    def input_summary(self, t: torch.Tensor, deferrable: bool) -> dict:
-        """Summary of an op's input; one no traced op produced is marked ``external`` (input
-        data, a parameter) and named when it is a parameter, for the input alerts.
+    def external_summary(self, t: torch.Tensor, deferrable: bool) -> dict:
+        """Summary of an op's input that no traced op produced (the memo has none): marked
+        ``external`` (input data, a parameter) and named when it is a parameter, for the
+        input alerts.
 
         An external input whose numbers can be read at once (host memory) gets its stats
         only if the op's outputs turn out non-finite (``_judge_external``): that is the one
         time they matter, and a model's weights are most of what an MLP step would reduce.
         """
-        s = self.memo.get(t)
-        if s is None:
-            if deferrable and self.summarizer.reads_now(t):
-                s = tensor_meta(t)
-                s["stats"] = None
-            else:
-                s = self.summarizer.summarize(t)
-            s["external"] = True
-            param = self.modules.param_name(t)
-            if param is not None:
-                s["param"] = param
-            self.memo.put(t, s)
+        if deferrable and self.summarizer.reads_now(t):
+            s = tensor_meta(t)
+            s["stats"] = None
+        else:
+            s = self.summarizer.summarize(t)
+        s["external"] = True
+        param = self.modules.param_name(t)
+        if param is not None:
+            s["param"] = param
+        self.memo.put(t, s)
         return s
 
     def _judge_external(self, tensors: list[torch.Tensor], inputs: list[dict]) -> None:
@@ -530,7 +529,7 @@ class Tracer:
             deferrable = not writes_inputs(name, kwargs)
             with _no_grad(), self.pipeline.lock:  # type: ignore[union-attr]
                 inputs = [
-                    s if s is not None else self.input_summary(t, deferrable)
+                    s if s is not None else self.external_summary(t, deferrable)
                     for t, s in zip(tensors, inputs, strict=True)
                 ]
         return name, tensors, inputs, _get_sequence_nr(), time.perf_counter_ns()
@@ -700,20 +699,26 @@ class Tracer:
 
     def _grad_event(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> Event | None:
         try:
-            with _no_grad(), self.pipeline.lock:  # type: ignore[union-attr]
-                summary_of = self.summary_of
-                go = [None if g is None else summary_of(g) for g in grad_outputs]
-                if grad_inputs:
-                    # TBackward0 and friends send on a reordered view of what they received.
-                    outs = [g for g in grad_outputs if g is not None]
-                    gi = [None if g is None else summary_of(g, outs) for g in grad_inputs]
-                else:
-                    gi = []
-                event = self._grad_fields(info, go, gi)
-                self.pipeline.add(event)  # type: ignore[union-attr]
+            if torch.is_grad_enabled():  # a create_graph backward: record nothing of ours
+                with _no_grad():
+                    return self._grad_event_now(info, grad_inputs, grad_outputs)
+            return self._grad_event_now(info, grad_inputs, grad_outputs)
         except Exception as exc:
             self.report_error("backward hook", exc)
             return None
+
+    def _grad_event_now(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> Event:
+        with self.pipeline.lock:  # type: ignore[union-attr]
+            summary_of = self.summary_of
+            go = [None if g is None else summary_of(g) for g in grad_outputs]
+            if grad_inputs:
+                # TBackward0 and friends send on a reordered view of what they received.
+                outs = [g for g in grad_outputs if g is not None]
+                gi = [None if g is None else summary_of(g, outs) for g in grad_inputs]
+            else:
+                gi = []
+            event = self._grad_fields(info, go, gi)
+            self.pipeline.add(event)  # type: ignore[union-attr]
         return event
 
     # -- step-through ----------------------------------------------------------------------

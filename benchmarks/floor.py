@@ -1,0 +1,193 @@
+"""What the tracer's design costs before any bookkeeping: a floor under ``overhead.py``'s rows.
+
+    python benchmarks/floor.py [--workload mlp|transformer] [--steps N] [--repeats R]
+
+torchscope's design is a ``TorchFunctionMode`` that sees every forward call, a post-hook on every
+autograd node of every backward call, and min/max/sum/sum-of-squares of every tensor that
+either produces. This script builds that design out of nothing else, in layers, and times
+each layer next to the untraced step and next to torchscope itself, in one run:
+
+  untraced          the plain training step
+  mode              a TorchFunctionMode that calls through (left during ``optimizer.step``,
+                    as torchscope does)
+  + forward stats   ... and reduces every floating output of the calls torchscope traces:
+                    aminmax, sum, dot, read to the host
+  + node hooks      ... and walks the graph at ``backward`` and hooks every node (empty hooks)
+  + grad stats      ... and the hooks reduce every gradient a node sends on
+  torchscope        ``torchscope.trace(keep=False)``
+
+"+ grad stats" does nothing torchscope can skip and none of what it adds (events, source
+lines, module paths, node ids, alerts, dedup of tensors seen twice), so the gap between it
+and the untraced step is the floor of any tracer built this way in Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import os
+import statistics
+import sys
+import time
+import warnings
+from typing import Any
+
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+import torch  # noqa: E402
+from torch.optim.optimizer import (  # noqa: E402
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+from torch.overrides import TorchFunctionMode  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from models import WORKLOADS  # noqa: E402
+
+import torchscope  # noqa: E402
+from torchscope.tracer.mode import op_name  # noqa: E402
+from torchscope.tracer.summary import _dense_view  # noqa: E402
+
+
+def reduce_to_host(t: torch.Tensor) -> tuple[float, float, float, float]:
+    """The four numbers every summary needs, the cheapest way found (see summary.py)."""
+    flat = _dense_view(t.detach()).reshape(-1)
+    mn, mx = torch.aminmax(flat)
+    return mn.item(), mx.item(), flat.sum().item(), torch.dot(flat, flat).item()
+
+
+class FloorMode(TorchFunctionMode):
+    """The design with nothing else: ``level`` 0 = mode, 1 = + forward stats, 2 = + node hooks,
+    3 = + grad stats."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        if func is torch.Tensor.backward and self.level >= 2:
+            return self._backward(func, args, kwargs)
+        result = func(*args, **kwargs)
+        if (
+            self.level >= 1
+            and op_name(func) is not None  # the calls torchscope traces (not `p.grad` reads)
+            and isinstance(result, torch.Tensor)
+            and result.is_floating_point()
+            and result.numel()
+        ):
+            with torch.no_grad():
+                reduce_to_host(result)
+        return result
+
+    def _backward(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        seen: set[Any] = set()
+        todo = [args[0].grad_fn]
+        handles = []
+        while todo:
+            node = todo.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            handles.append(node.register_hook(self._hook))
+            todo.extend(n for n, _ in node.next_functions if n is not None)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _hook(self, grad_inputs: tuple, grad_outputs: tuple) -> None:
+        if self.level >= 3:
+            for g in grad_inputs:
+                if g is not None and g.is_floating_point() and g.numel():
+                    reduce_to_host(g)
+
+
+@contextlib.contextmanager
+def floor(level: int):
+    mode = FloorMode(level)
+
+    def leave(*_: Any) -> None:
+        mode.__exit__(None, None, None)
+
+    def enter(*_: Any) -> None:
+        mode.__enter__()
+
+    mode.__enter__()
+    pre = register_optimizer_step_pre_hook(leave)
+    post = register_optimizer_step_post_hook(enter)
+    try:
+        yield
+    finally:
+        pre.remove()
+        post.remove()
+        mode.__exit__(None, None, None)
+
+
+ROWS = {
+    "untraced": contextlib.nullcontext,
+    "mode": lambda: floor(0),
+    "+ forward stats": lambda: floor(1),
+    "+ node hooks": lambda: floor(2),
+    "+ grad stats": lambda: floor(3),
+    "torchscope": lambda: torchscope.trace(keep=False),
+}
+
+
+def block(step: Any, make: Any, n: int) -> float:
+    times = []
+    with make():
+        for _ in range(2):
+            step()
+        for _ in range(n):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--workload", choices=list(WORKLOADS), default="mlp")
+    p.add_argument("--steps", type=int, default=8, help="timed steps per block (8)")
+    p.add_argument("--repeats", type=int, default=20, help="rounds (20)")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.repeats < 1:
+        p.error("need --steps >= 1 and --repeats >= 1")
+    torch.set_num_threads(1)
+    w = WORKLOADS[args.workload]()
+    names = list(ROWS)
+    medians: dict[str, list[float]] = {n: [] for n in names}
+    gc.collect()
+    gc.freeze()
+    start = time.perf_counter()
+    for r in range(args.repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order
+            gc.collect()
+            medians[name].append(block(w.step, ROWS[name], args.steps))
+    print(f"## Design floor: {w.description}\n")
+    print(
+        f"torch {torch.__version__}, 1 torch thread; {args.repeats} rounds x {args.steps} "
+        f"timed steps per row, interleaved; {time.perf_counter() - start:.0f} s.\n"
+    )
+    print("| row | median ms/step | paired ratio | p25-p75 of ratio |")
+    print("|---|---:|---:|---:|")
+    base = medians["untraced"]
+    for name in names:
+        ratios = [a / b for a, b in zip(medians[name], base, strict=True)]
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        print(
+            f"| {name} | {statistics.median(medians[name]) * 1e3:.2f} | "
+            f"{statistics.median(ratios):.2f}x | {q[0]:.2f}-{q[2]:.2f} |"
+        )
+    print(
+        "\npaired ratio = median over rounds of (row's block median / untraced block median of "
+        "the same round)."
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
