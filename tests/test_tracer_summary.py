@@ -285,6 +285,32 @@ def test_batched_path_gives_the_same_summaries_as_reading_at_once():
         assert got.get("values") == pytest.approx(want.get("values"), nan_ok=True)
 
 
+@pytest.mark.parametrize("host_now", [True, False], ids=["read-at-once", "batched"])
+def test_float32_stats_hold_precision_where_plain_sums_would_not(host_now):
+    """A tiny spread around a big mean (LayerNorm weights near 1) loses every digit of its std
+    to float32 cancellation in sum/sum-of-squares, and 1e19-sized values overflow a float32
+    sum of squares. Both paths keep the std and norm of a float64 reference."""
+    from torchscope.tracer.summary import SealedBatch, Summarizer
+
+    torch.manual_seed(0)
+    cases = [
+        1 + 1e-5 * torch.randn(4096),
+        3e19 + 1e15 * torch.arange(100.0),
+    ]
+    summarizer = Summarizer(host_now=host_now)
+    summaries = [summarizer.summarize(t) for t in cases]
+    if not host_now:
+        sealed = SealedBatch(summarizer.take_batch())
+        sealed.resolve()
+    for s, t in zip(summaries, cases, strict=True):
+        ref = t.double()
+        st = s["stats"]
+        assert st["mean"] == pytest.approx(ref.mean().item(), rel=1e-6)
+        assert st["std"] == pytest.approx(ref.std().item(), rel=1e-3)
+        assert st["norm"] == pytest.approx(ref.norm().item(), rel=1e-6)
+        assert (st["nan"], st["inf"]) == (0, 0)
+
+
 @pytest.mark.parametrize(
     "vals",
     [

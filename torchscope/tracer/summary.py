@@ -181,20 +181,20 @@ class Summarizer:
             at, counts = -1, None
         else:
             mn, mx = torch.aminmax(x)
-            # Moments of x - min: no catastrophic cancellation when the spread is tiny next to
-            # the mean (LayerNorm weights near 1) or the values huge (1e20 squared overflows
-            # float32); the host recombines them in float64 (see _moments).
-            shifted = (x - mn).reshape(-1)
-            total = shifted.sum()
-            scalars = batch.scalars.get(shifted.dtype)
+            # Welford's mean and variance: one pass, no temporary the size of ``x`` (device
+            # memory may be tight), and no cancellation when the spread is tiny next to the
+            # mean (LayerNorm weights near 1); the host derives std and norm (see
+            # _moments_from_var).
+            var, mean = torch.var_mean(x, correction=0)
+            scalars = batch.scalars.get(x.dtype)
             if scalars is None:
-                scalars = batch.scalars[shifted.dtype] = []
+                scalars = batch.scalars[x.dtype] = []
             at = len(scalars)
-            scalars += (mn, mx, total, torch.dot(shifted, shifted))
+            scalars += (mn, mx, mean, var)
             if x.device.type == "cpu":
-                # A finite sum proves there is no NaN or Inf, so the (slow) counting kernels
+                # A finite mean proves there is no NaN or Inf, so the (slow) counting kernels
                 # run only for tensors that need them.
-                counts = (0, 0) if math.isfinite(total.item()) else _count_bad(x)
+                counts = (0, 0) if math.isfinite(mean.item()) else _count_bad(x)
             else:
                 counts = len(batch.counts)
                 batch.counts.append(torch.stack((x.isnan().sum(), x.isinf().sum())))
@@ -341,9 +341,9 @@ class SealedBatch:
         counts = self.counts.tolist() if self.counts is not None else []
         for summary, numel, dt, i, bad, value_at, int_values in self.entries:
             if i >= 0:  # else the stats were read at once
-                mn, mx, total, sq = scalars[dt][i : i + 4]
+                mn, mx, mean, var = scalars[dt][i : i + 4]
                 nan, inf = bad if isinstance(bad, tuple) else counts[bad]
-                summary["stats"].update(_moments(numel, mn, mx, total, sq, nan, inf))
+                summary["stats"].update(_moments_from_var(numel, mn, mx, mean, var, nan, inf))
             if value_at is not None:
                 vdt, at, n = value_at
                 vals = values[vdt][at : at + n]
@@ -356,20 +356,40 @@ class SealedBatch:
 def _moments(n: int, mn: float, mx: float, total: float, sq: float, nan: int, inf: int) -> dict:
     """Stats from min, max and the sums of ``x - min`` and ``(x - min)**2`` (in float64)."""
     if not (math.isfinite(mn) and math.isfinite(total) and math.isfinite(sq)):
-        mean = std = norm = math.nan
-        if inf and not nan:
-            # Infinite values but no NaN: the norm is infinite, and so is the mean unless both
-            # signs of infinity are present.
-            norm = math.inf
-            if mn > -math.inf:
-                mean = math.inf
-            elif mx < math.inf:
-                mean = -math.inf
-    else:
-        mean = mn + total / n
-        # Clamped: rounding can make a near-constant tensor's variance a hair negative.
-        std = math.sqrt(max(sq - total * total / n, 0.0) / (n - 1)) if n > 1 else 0.0
-        norm = math.sqrt(max(sq + 2.0 * mn * total + n * mn * mn, 0.0))
+        return _nonfinite_stats(mn, mx, nan, inf)
+    mean = mn + total / n
+    # Clamped: rounding can make a near-constant tensor's variance a hair negative.
+    std = math.sqrt(max(sq - total * total / n, 0.0) / (n - 1)) if n > 1 else 0.0
+    norm = math.sqrt(max(sq + 2.0 * mn * total + n * mn * mn, 0.0))
+    return _stats(mn, mx, mean, std, norm, nan, inf)
+
+
+def _moments_from_var(
+    n: int, mn: float, mx: float, mean: float, var: float, nan: int, inf: int
+) -> dict:
+    """Stats from min, max, mean and population variance (the device's Welford pass)."""
+    if nan or inf or not math.isfinite(mean):
+        return _nonfinite_stats(mn, mx, nan, inf)
+    var = max(var, 0.0)
+    std = math.sqrt(var * n / (n - 1)) if n > 1 else 0.0
+    # In float64 on the host: mean**2 of 1e20-sized values does not overflow here.
+    return _stats(mn, mx, mean, std, math.sqrt(n * (var + mean * mean)), nan, inf)
+
+
+def _nonfinite_stats(mn: float, mx: float, nan: int, inf: int) -> dict:
+    mean = std = norm = math.nan
+    if inf and not nan:
+        # Infinite values but no NaN: the norm is infinite, and so is the mean unless both
+        # signs of infinity are present.
+        norm = math.inf
+        if mn > -math.inf:
+            mean = math.inf
+        elif mx < math.inf:
+            mean = -math.inf
+    return _stats(mn, mx, mean, std, norm, nan, inf)
+
+
+def _stats(mn: float, mx: float, mean: float, std: float, norm: float, nan: int, inf: int) -> dict:
     return {
         "min": mn,
         "max": mx,
