@@ -339,3 +339,18 @@ def test_small_tensors_read_as_values_give_the_same_stats(vals):
             assert math.isnan(a[k]), k
         else:
             assert a[k] == pytest.approx(b[k], rel=1e-9, abs=1e-12), k
+
+
+def test_a_transposed_gradient_shares_the_stats_it_was_made_from():
+    """TBackward0 sends on a transposed view of what it received: same memory, same numbers,
+    so its two sides share one stats dict and no reduction runs twice."""
+    lin = torch.nn.Linear(8, 4)
+    x = torch.randn(16, 8)
+    with torchscope.trace() as tr:
+        lin(x).sum().backward()
+    (node,) = [g for g in tr.grads if g.node == "TBackward0"]
+    received, sent = node.grad_outputs[0], node.grad_inputs[0]
+    assert (received["shape"], sent["shape"]) == ([8, 4], [4, 8])
+    assert sent["stats"] is received["stats"]
+    assert sent["stats"]["norm"] == pytest.approx(lin.weight.grad.norm().item(), rel=1e-5)
+    assert sent["stats"]["min"] == pytest.approx(lin.weight.grad.min().item(), rel=1e-6)

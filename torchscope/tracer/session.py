@@ -711,12 +711,14 @@ class Tracer:
         with self.pipeline.lock:  # type: ignore[union-attr]
             summary_of = self.summary_of
             go = [None if g is None else summary_of(g) for g in grad_outputs]
-            if grad_inputs:
+            if len(grad_inputs) == 1 and len(grad_outputs) == 1:
                 # TBackward0 and friends send on a reordered view of what they received.
-                outs = [g for g in grad_outputs if g is not None]
-                gi = [None if g is None else summary_of(g, outs) for g in grad_inputs]
+                (g,) = grad_inputs
+                gi = [
+                    None if g is None else summary_of(g, [x for x in grad_outputs if x is not None])
+                ]
             else:
-                gi = []
+                gi = [None if g is None else summary_of(g) for g in grad_inputs]
             event = self._grad_fields(info, go, gi)
             self.pipeline.add(event)  # type: ignore[union-attr]
         return event
