@@ -160,3 +160,80 @@ def test_keep_newest_n():
     with torchscope.trace(keep=False) as tr:
         torch.ones(3) * 2
     assert tr.events == [] and tr.ops == []
+
+
+class RecordingSGD(torch.optim.SGD):
+    """SGD that notes how many torch-function modes are on the stack while it steps, and can
+    be told to fail."""
+
+    def __init__(self, params, fail_at: set[int] = frozenset()):
+        super().__init__(params, lr=0.01)
+        self.modes_seen: list[int] = []
+        self.calls = 0
+        self.fail_at = fail_at
+
+    def step(self, closure=None):
+        self.calls += 1
+        self.modes_seen.append(torch._C._len_torch_function_stack())
+        if self.calls in self.fail_at:
+            raise RuntimeError("update failed")
+        return super().step(closure)
+
+
+def one_step(model, opt) -> None:
+    opt.zero_grad()
+    F.mse_loss(model(torch.randn(2, 8)), torch.zeros(2, 4)).backward()
+    opt.step()
+
+
+def test_optimizer_step_runs_outside_the_mode():
+    """The update's calls do not even reach the tracer's mode (as untraced), and tracing
+    resumes for the next step. A subclass whose step() calls super().step() runs the global
+    hooks twice, nested: still one step."""
+    model = models.mlp()
+    opt = RecordingSGD(model.parameters())
+    with torchscope.trace() as tr:
+        for _ in range(3):
+            one_step(model, opt)
+    assert opt.modes_seen == [0, 0, 0]
+    assert {o.step for o in tr.ops} == {0, 1, 2}
+    assert not any(o.name == "Tensor.add_" for o in tr.ops)  # SGD's update is not traced
+    assert torch._C._len_torch_function_stack() == 0
+
+
+def test_a_failing_optimizer_step_does_not_end_tracing():
+    """Post-hooks do not run when a step raises; the next module call puts the mode back."""
+    model = models.mlp()
+    opt = RecordingSGD(model.parameters(), fail_at={2})
+    with torchscope.trace() as tr:
+        one_step(model, opt)
+        with pytest.raises(RuntimeError, match="update failed"):
+            one_step(model, opt)
+        one_step(model, opt)
+        one_step(model, opt)
+    assert torch._C._len_torch_function_stack() == 0
+    assert module_mod._global_forward_pre_hooks == {}
+    # The failed step did not advance the index; the ops after it are traced all the same.
+    layers = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    forward_ops = [o for o in tr.ops if o.name == "torch.nn.functional.linear"]
+    assert [o.step for o in forward_ops] == [0] * layers + [1] * (2 * layers) + [2] * layers
+    assert tr.errors == []
+
+
+def test_a_mode_entered_after_ours_is_left_alone_during_optimizer_step():
+    from torch.overrides import TorchFunctionMode
+
+    class Outer(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    model = models.mlp()
+    opt = RecordingSGD(model.parameters())
+    with torchscope.trace() as tr:
+        with Outer():
+            one_step(model, opt)  # ours is not on top: it stays, switched off, for the update
+        one_step(model, opt)
+    assert opt.modes_seen == [2, 0]
+    assert not any(o.name == "Tensor.add_" for o in tr.ops)
+    assert {o.step for o in tr.ops} == {0, 1}
+    assert torch._C._len_torch_function_stack() == 0

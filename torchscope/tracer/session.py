@@ -133,6 +133,7 @@ class Tracer:
         self._optimizer_hook: Any = None
         self._optimizer_pre_hook: Any = None
         self._resume_hook: Any = None  # re-enters the mode if an optimizer step raised
+        self._optimizer_depth = 0  # optimizer.step() calls in progress (subclasses nest them)
         self._writer: Any = None
         self._extra_sinks = list(sinks)
         self.pipeline: EventPipeline | None = None
@@ -168,9 +169,8 @@ class Tracer:
         with self.pipeline.lock:
             self.pipeline.add(session)
         if self.optimizer_steps or not self.optimizer_ops:
-            self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
-        if not self.optimizer_ops:
             self._optimizer_pre_hook = register_optimizer_step_pre_hook(self._before_optimizer_step)
+            self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         self._begin_step()
         return self
 
@@ -313,25 +313,33 @@ class Tracer:
 
     # -- steps -----------------------------------------------------------------------------
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # The hook is global: an optimizer stepping on another thread is not this run's step.
+        if threading.get_ident() != self._owner:
+            return
+        self._optimizer_depth += 1
+        if self._optimizer_depth > 1:
+            return  # a subclass's step() calling super().step(): one update, one step
+        # Post-hooks do not run when a step raises: the next module call settles things then.
+        self._resume_hook = module_mod.register_module_forward_pre_hook(
+            lambda module, args: self._after_optimizer()
+        )
+        if self.optimizer_ops:
+            return
         # The update's own ops (one or more per parameter) are not the model's ops; skipping
         # them halves a small model's cost. A NaN the update writes into a weight is still
         # caught: it shows up as a non-finite parameter at its first use (an input alert).
-        if threading.get_ident() != self._owner:
-            return
         self.mode.enabled = False
         # Off the mode stack, the update's calls (p.grad reads, add_, several per parameter)
         # do not even reach the mode: they run exactly as they would untraced.
         if self._mode_pushed and self._mode_on_top():
             self.mode.__exit__(None, None, None)
             self._mode_pushed = False
-            # Post-hooks do not run when a step raises; the next module call re-enters then.
-            self._resume_hook = module_mod.register_module_forward_pre_hook(
-                lambda module, args: self._after_optimizer()
-            )
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        # The hook is global: an optimizer stepping on another thread is not this run's step.
         if threading.get_ident() != self._owner:
+            return
+        if self._optimizer_depth > 1:
+            self._optimizer_depth -= 1
             return
         if self.optimizer_steps:
             self._after_optimizer(resume=False)
@@ -340,6 +348,7 @@ class Tracer:
             self._after_optimizer()
 
     def _after_optimizer(self, resume: bool = True) -> None:
+        self._optimizer_depth = 0
         if self._resume_hook is not None:
             self._resume_hook.remove()
             self._resume_hook = None
