@@ -93,7 +93,7 @@ def _dense_view(x: torch.Tensor) -> torch.Tensor:
 class PendingBatch:
     """Summaries whose numbers are still tensors, in the order they were made.
 
-    ``entries`` rows: (summary, numel, stat dtype, stat index, counts or count index,
+    ``entries`` rows: (summary, numel, stat dtype, stat index, count index,
     value location or None, values are integers).
     """
 
@@ -191,13 +191,10 @@ class Summarizer:
                 scalars = batch.scalars[x.dtype] = []
             at = len(scalars)
             scalars += (mn, mx, mean, var)
-            if x.device.type == "cpu":
-                # A finite mean proves there is no NaN or Inf, so the (slow) counting kernels
-                # run only for tensors that need them.
-                counts = (0, 0) if math.isfinite(mean.item()) else _count_bad(x)
-            else:
-                counts = len(batch.counts)
-                batch.counts.append(torch.stack((x.isnan().sum(), x.isinf().sum())))
+            # The same kernels on every device (host tensors come here only in tests, which is
+            # how this path is covered without a GPU); stacked with the rest when sealed.
+            counts = len(batch.counts)  # counts[i], counts[i + 1]
+            batch.counts += (x.isnan().sum(), x.isinf().sum())
         dtype = x.dtype
         value_at = None
         int_values = False
@@ -342,7 +339,7 @@ class SealedBatch:
         for summary, numel, dt, i, bad, value_at, int_values in self.entries:
             if i >= 0:  # else the stats were read at once
                 mn, mx, mean, var = scalars[dt][i : i + 4]
-                nan, inf = bad if isinstance(bad, tuple) else counts[bad]
+                nan, inf = counts[bad : bad + 2]
                 summary["stats"].update(_moments_from_var(numel, mn, mx, mean, var, nan, inf))
             if value_at is not None:
                 vdt, at, n = value_at
