@@ -132,6 +132,20 @@ async def test_recorded_mlp_alert_jumps_to_where_nan_appeared(recorded):
         assert any(r.param == "0.weight" for r in grads)
 
 
+@sync
+async def test_op_detail_names_weights_and_says_why_they_have_no_stats(recorded):
+    """Weights and the batch enter from outside the traced ops: the detail names the
+    parameter and says its stats are taken only when the op's output goes bad."""
+    app = TorchscopeApp(FileSource(recorded["mlp"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app, 0)
+        select_row(app, lambda r: r.name == "torch.nn.functional.linear")
+        await pilot.pause()
+        detail = app.screen_text()
+        assert "0.weight" in detail and "0.bias" in detail
+        assert "(from outside: stats only on a bad output)" in detail
+
+
 # -- scripted, deterministic -----------------------------------------------------------------
 
 

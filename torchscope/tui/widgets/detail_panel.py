@@ -248,12 +248,19 @@ class DetailPanel(VerticalScroll, can_focus=True):
             f"  {label} [b]{_e(shape_text(s))}[/] {_e(s.get('dtype', '?'))} "
             f"{_e(s.get('device', '?'))}"
         )
+        if isinstance(s.get("param"), str):
+            head += f" [b]{_e(s['param'])}[/]"
         if note:
             head += f" [dim]{_e(note)}[/]"
         lines = [head]
         stats = s.get("stats")
         if not isinstance(stats, dict) or not stats:
-            lines.append(f"{pad}[dim](metadata only: no values summarised)[/]")
+            if s.get("external"):
+                # The tracer reduces data and weights only when the op's output goes bad.
+                why = "from outside: stats only on a bad output"
+            else:
+                why = "metadata only: no values summarised"
+            lines.append(f"{pad}[dim]({why})[/]")
             return lines
         of = " [dim](of |z|)[/]" if s.get("stats_of") == "abs" else ""
         lines.append(
