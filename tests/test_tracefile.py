@@ -333,3 +333,17 @@ def test_two_writer_threads_and_a_flusher(tmp_path: Path) -> None:
     for base in (0, 10_000):  # each thread's events keep their order
         mine = [s for s in seqs if base <= s < base + 3000]
         assert mine == sorted(mine)
+
+
+def test_encoding_after_a_refused_object_starts_clean():
+    """The codec reuses one msgpack Packer per thread: an object it refuses must not leave
+    half an encoding behind for the next message."""
+    import msgpack
+
+    from torchscope.protocol import codec
+
+    with pytest.raises(TypeError):
+        codec.pack({"kind": "op", "seq": 1, "bad": [1, 2, object()]})
+    good = {"kind": "op", "seq": 2, "outputs": [{"shape": [2, 3]}]}
+    assert codec.pack(good) == msgpack.packb(good, use_bin_type=True)
+    assert codec.unpack(codec.pack(good)) == good

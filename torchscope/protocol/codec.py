@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import msgpack
@@ -21,8 +22,17 @@ def _refuse_ext(code: int, data: bytes) -> Any:
     raise ProtocolError(f"msgpack extension type {code} is not allowed")
 
 
+_packers = threading.local()
+
+
 def pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    # One Packer per thread, reused: packb builds a new one (and its buffer) per call, which
+    # doubles the cost of encoding a traced step's events. A Packer is not thread-safe, and
+    # it empties its buffer after each call, also when the call raises.
+    packer = getattr(_packers, "packer", None)
+    if packer is None:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack(obj)
 
 
 def unpack(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
