@@ -76,6 +76,21 @@ def current_tracer() -> Tracer | None:
     return _current
 
 
+def _forget_in_child() -> None:
+    """A forked child (a DataLoader worker) is not the traced job: it inherits the mode on
+    its stack, the global hooks and the parent's open trace file, and must use none of them.
+    Without this, workers trace their own ops (slowly) and write them into the parent's file.
+    """
+    global _current
+    tracer, _current = _current, None
+    if tracer is not None:
+        with contextlib.suppress(Exception):
+            tracer.abandon()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 class Tracer:
     """Traces forward ops and backward nodes of the thread that starts it.
 
@@ -251,6 +266,24 @@ class Tracer:
         if self._writer is not None:
             self._writer.close()
         self._outer = None
+
+    def abandon(self) -> None:
+        """Stop tracing in a forked child without touching what the parent owns: no flush, no
+        file write, no lock (another parent thread may have held one at the fork)."""
+        self.started = False
+        self.mode.enabled = False
+        if self._mode_pushed and self._mode_on_top():
+            self.mode.__exit__(None, None, None)
+        self._mode_pushed = False
+        for hook in (self._optimizer_hook, self._optimizer_pre_hook, self._resume_hook):
+            if hook is not None:
+                hook.remove()
+        self._optimizer_hook = self._optimizer_pre_hook = self._resume_hook = None
+        self.modules.remove()
+        self._writer = None
+        self.publisher = None
+        if self.pipeline is not None:
+            self.pipeline.sinks = []
 
     def stop(self) -> None:
         global _current
