@@ -364,3 +364,17 @@ def test_graph_from_an_earlier_trace():
     assert values(sin.grad_inputs[0]) == pytest.approx((2 * x).cos().tolist())
     (acc,) = second.grads_of("AccumulateGrad")
     assert values(acc.grad_outputs[0]) == x.grad.tolist()
+
+
+def test_view_made_under_no_grad_then_written_in_place():
+    """nn.Embedding(padding_idx=...) zeroes a row through a view made under no_grad: torch
+    refuses to give that view's grad_fn. The op is still recorded, and no error is raised."""
+    with torchscope.trace() as tr:
+        emb = torch.nn.Embedding(10, 4, padding_idx=0)
+        out = emb(torch.tensor([0, 3]))
+        out.sum().backward()
+    assert tr.errors == []
+    fill = [o for o in tr.ops if o.name == "Tensor.fill_"]
+    assert fill and fill[0].grad_fn is None and fill[0].outputs[0]["values"] == [0.0] * 4
+    assert emb.weight.grad[0].abs().sum().item() == 0.0  # padding row gets no gradient
+    assert any(g.node == "EmbeddingBackward0" for g in tr.grads)

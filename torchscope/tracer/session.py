@@ -597,10 +597,10 @@ class Tracer:
         module = self.modules.current()
         if seq_hi != seq_lo:
             for out in outs:
-                gf = out.grad_fn
+                gf = _grad_fn(out)
                 if gf is not None:
                     self._tag_nodes(gf, seq_lo, seq_hi, seq, source, module, nodes)
-        gf0 = outs[0].grad_fn
+        gf0 = _grad_fn(outs[0])
         event = Event(
             kind=OP,
             seq=seq,
@@ -825,6 +825,17 @@ class Tracer:
             pipeline.flush(wait=True)
         except Exception as exc:
             self.report_error("resuming", exc)
+
+
+def _grad_fn(t: torch.Tensor) -> Any:
+    """``t.grad_fn``, or None where torch refuses to say: a view made under no_grad whose
+    memory was then written in place (``weight[pad].fill_(0)`` in ``nn.Embedding``)."""
+    if not t.requires_grad:
+        return None
+    try:
+        return t.grad_fn
+    except RuntimeError:
+        return None
 
 
 class _no_grad:
