@@ -167,3 +167,27 @@ def test_intentional_inf_mask_is_not_an_alert_but_a_fully_masked_row_is(mask_eve
         (alert,) = forward
         assert alert.what == "nan" and alert.name == "torch.softmax"
         assert alert.source == line_of(MaskedAttention.forward, "torch.softmax")
+
+
+def test_initialising_uninitialised_memory_is_not_an_alert():
+    """nn.LSTM (like many modules) makes its weights with torch.empty, wraps them in a
+    Parameter and fills them with nn.init.uniform_: whatever NaN the allocator left there is
+    overwritten unread, so nothing enters. A NaN that is read still does."""
+    nan = float("nan")
+    # NaN memory from outside the trace, as the allocator may hand it out.
+    weights = [torch.nn.Parameter(torch.full((64, 64), nan)) for _ in range(3)]
+    buffers = [torch.full((8,), nan) for _ in range(3)]
+    bad = torch.full((4,), nan)
+    with torchscope.trace() as tr:
+        for w, buf in zip(weights, buffers, strict=True):
+            torch.nn.init.kaiming_uniform_(w)
+            buf.copy_(torch.ones(8))
+            buf.zero_()
+        torch.nn.LSTM(8, 8)
+        bad.add_(1.0)  # reads the NaN
+    inits = [o for o in tr.ops if o.name == "torch.nn.init.kaiming_uniform_"]
+    assert len(inits) == 3 and all(o.inputs[0]["stats"] is None for o in inits)
+    assert not any("external" in o.inputs[0] for o in inits)
+    assert [(a.where, a.name) for a in tr.alerts] == [
+        ("input", "input 0 of Tensor.add_ (from outside the traced ops)")
+    ]

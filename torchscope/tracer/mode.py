@@ -122,6 +122,24 @@ def writes_inputs(name: str, kwargs: dict) -> bool:
     )
 
 
+# In-place calls whose result does not depend on the old values of their first argument: that
+# argument's numbers (often uninitialised memory, as under nn.init) are neither summarised nor
+# blamed for NaN.
+_OVERWRITING_METHODS = frozenset(
+    f"Tensor.{n}_"
+    for n in "fill zero uniform normal random bernoulli exponential geometric cauchy "
+    "log_normal copy".split()
+)
+
+
+def overwrites_first_input(name: str) -> bool:
+    """``x.uniform_()``, ``x.copy_(y)``, ``nn.init.kaiming_uniform_(w)``: ``x``/``w``'s old
+    values do not matter."""
+    return name in _OVERWRITING_METHODS or (
+        name.startswith("torch.nn.init.") and name.endswith("_")
+    )
+
+
 def iter_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
     """Tensors among call arguments, one level into lists and tuples (``torch.cat([a, b])``)."""
     out = []

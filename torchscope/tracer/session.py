@@ -46,7 +46,13 @@ from torchscope.tracer.backward import (
     node_name,
     root_tensors,
 )
-from torchscope.tracer.mode import ForwardMode, iter_tensors, result_tensors, writes_inputs
+from torchscope.tracer.mode import (
+    ForwardMode,
+    iter_tensors,
+    overwrites_first_input,
+    result_tensors,
+    writes_inputs,
+)
 from torchscope.tracer.modules import ModuleTracker
 from torchscope.tracer.pipeline import EventPipeline, Sink
 from torchscope.tracer.source import thread_stack, user_frame
@@ -569,9 +575,17 @@ class Tracer:
         if None in inputs:  # inputs no traced op made: data, weights
             # An op that writes into its input destroys the value the deferral would read.
             deferrable = not writes_inputs(name, kwargs)
+            # uniform_(w), copy_(w, src): w's old values (maybe uninitialised) do not matter.
+            overwritten = None
+            if overwrites_first_input(name):  # nn.init passes its tensor as tensor=...
+                overwritten = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
             with _no_grad(), self.pipeline.lock:  # type: ignore[union-attr]
                 inputs = [
-                    s if s is not None else self.external_summary(t, deferrable)
+                    s
+                    if s is not None
+                    else self._overwritten(t)
+                    if t is overwritten
+                    else self.external_summary(t, deferrable)
                     for t, s in zip(tensors, inputs, strict=True)
                 ]
         return name, tensors, inputs, _get_sequence_nr(), time.perf_counter_ns()
@@ -635,6 +649,13 @@ class Tracer:
                         break
             self.pipeline.add(event)  # type: ignore[union-attr]
         return event, outs
+
+    def _overwritten(self, t: torch.Tensor) -> dict:
+        """What an op that only writes ``t`` (``uniform_``, ``copy_``) finds there: metadata,
+        no numbers (they may be uninitialised memory), nothing to blame."""
+        s = tensor_meta(t)
+        s["stats"] = None
+        return s
 
     def _uninitialized(self, t: torch.Tensor) -> dict:
         s = tensor_meta(t)
