@@ -237,3 +237,26 @@ def test_a_mode_entered_after_ours_is_left_alone_during_optimizer_step():
     assert not any(o.name == "Tensor.add_" for o in tr.ops)
     assert {o.step for o in tr.ops} == {0, 1}
     assert torch._C._len_torch_function_stack() == 0
+
+
+def test_a_step_closure_is_traced():
+    """LBFGS runs the model's forward and backward inside step(closure): those are the
+    model's ops, and they are traced (the update's own ops come along with them)."""
+    torch.manual_seed(0)
+    w = torch.randn(8, 4, requires_grad=True)
+    opt = torch.optim.LBFGS([w], max_iter=3)
+    x, y = torch.randn(16, 8), torch.randn(16, 4)
+
+    def closure():  # plain tensor ops, no module
+        opt.zero_grad()
+        loss = (x @ w - y).pow(2).mean()
+        loss.backward()
+        return loss
+
+    with torchscope.trace() as tr:
+        for _ in range(2):
+            opt.step(closure)
+    assert tr.errors == []
+    assert {o.step for o in tr.ops if o.name == "Tensor.matmul"} == {0, 1}
+    assert {g.step for g in tr.grads if g.node == "MmBackward0"} == {0, 1}
+    assert tr.step_index == 2

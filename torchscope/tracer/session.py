@@ -362,8 +362,9 @@ class Tracer:
         self._resume_hook = module_mod.register_module_forward_pre_hook(
             lambda module, args: self._after_optimizer()
         )
-        if self.optimizer_ops:
-            return
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")
+        if self.optimizer_ops or closure is not None:
+            return  # a closure (LBFGS) runs the model's own forward and backward in step()
         # The update's own ops (one or more per parameter) are not the model's ops; skipping
         # them halves a small model's cost. A NaN the update writes into a weight is still
         # caught: it shows up as a non-finite parameter at its first use (an input alert).
