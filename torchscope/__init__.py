@@ -34,7 +34,8 @@ def trace(
     optimizer_steps: advance the step index at every ``optimizer.step()``.
     optimizer_ops: also trace the ops inside ``optimizer.step()`` (off by default: they are
         many and rarely what you look for; a NaN the update writes into a weight is still
-        reported, at the weight's next use).
+        reported, at the weight's next use). A step given a closure (LBFGS) is always
+        traced: the closure runs the model.
     """
     from torchscope.tracer.session import Tracer
 
