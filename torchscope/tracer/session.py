@@ -581,14 +581,13 @@ class Tracer:
             if overwrites_first_input(name):  # nn.init passes its tensor as tensor=...
                 overwritten = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
             with _no_grad(), self.pipeline.lock:  # type: ignore[union-attr]
-                inputs = [
-                    s
-                    if s is not None
-                    else self._overwritten(t)
-                    if t is overwritten
-                    else self.external_summary(t, deferrable)
-                    for t, s in zip(tensors, inputs, strict=True)
-                ]
+                for i, t in enumerate(tensors):
+                    if inputs[i] is None:
+                        inputs[i] = (
+                            self._overwritten(t)
+                            if t is overwritten
+                            else self.external_summary(t, deferrable)
+                        )
         return name, tensors, inputs, _get_sequence_nr(), time.perf_counter_ns()
 
     def after_op(
