@@ -75,6 +75,10 @@ class ForwardMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         # Every torch call of the job comes through here, most of them noise (``p.grad``):
         # that path is one dict lookup.
+        if torch.compiler.is_compiling():
+            # Dynamo is tracing this call into a torch.compile graph: be transparent, so the
+            # graph holds the ops alone (compiled regions are not traced op by op).
+            return func(*args, **kwargs) if kwargs else func(*args)
         try:
             name = _names[func]
         except (KeyError, TypeError):

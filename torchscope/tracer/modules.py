@@ -45,6 +45,8 @@ class ModuleTracker:
         return stack
 
     def _enter(self, module: nn.Module, args: object) -> None:
+        if torch.compiler.is_compiling():
+            return  # inside a torch.compile graph: no Python state of ours may be traced
         stack = self._stack()
         name = self._names.get(module)
         if name is None:
@@ -52,6 +54,8 @@ class ModuleTracker:
         stack.append(name)
 
     def _exit(self, module: nn.Module, args: object, output: object) -> None:
+        if torch.compiler.is_compiling():
+            return
         stack = self._stack()
         if stack:
             stack.pop()
