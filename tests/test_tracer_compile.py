@@ -51,3 +51,23 @@ def test_a_compiled_model_runs_unchanged_under_tracing():
     counters = torch._dynamo.utils.counters
     assert dict(counters["graph_break"]) == {}
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_jit_trace_records_only_the_model():
+    """torch.jit.trace records every op that runs: the tracer's own reductions must not be
+    among them, nor warn (TracerWarning) about reading numbers on the host."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x = torch.randn(3, 8)
+    plain = torch.jit.trace(model, x)
+    with torchscope.trace() as tr, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        traced = torch.jit.trace(model, x)
+    assert not [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+
+    def kinds(m):
+        return [n.kind() for n in m.inlined_graph.nodes()]
+
+    assert kinds(traced) == kinds(plain)
+    assert torch.equal(traced(x), model(x))
+    assert tr.errors == []

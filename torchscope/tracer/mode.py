@@ -83,7 +83,8 @@ class ForwardMode(TorchFunctionMode):
             name = _names[func]
         except (KeyError, TypeError):
             name = op_name(func)
-        if name is None or not self.enabled:
+        if name is None or not self.enabled or torch._C._is_tracing():
+            # Under torch.jit.trace our reductions would be recorded (and warned about) too.
             return func(*args, **kwargs) if kwargs else func(*args)
         if kwargs is None:
             kwargs = {}
