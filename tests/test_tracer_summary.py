@@ -267,6 +267,10 @@ def test_batched_path_gives_the_same_summaries_as_reading_at_once():
         torch.tensor([True, False, True]),
         1 + 1e-4 * torch.randn(1000, dtype=torch.float64),
         torch.randn(5, dtype=torch.complex64),
+        # float16/bfloat16 take float32 accumulators there, with no float32 copy
+        torch.randn(64, 32).to(torch.bfloat16),
+        (3 * torch.randn(300)).half(),
+        torch.tensor([1.0, float("inf"), 2.0] * 10, dtype=torch.bfloat16),
     ]
     now = Summarizer(host_now=True)
     later = Summarizer(host_now=False)

@@ -15,6 +15,10 @@ from typing import Any
 import torch
 
 _FAST_DTYPES = (torch.float32, torch.float64)
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+# What the four queued scalars after min and max hold.
+_MEAN_VAR = 0  # mean and population variance (Welford)
+_SUMS = 1  # sum and L2 norm (float32 accumulators, for float16/bfloat16)
 # Tensors inside torch.func transforms (vmap's batched, grad's tracking wrappers) look like
 # plain tensors, but their reductions cannot leave the transform (`.item()` raises, stacking
 # them later fails for the whole batch): they get metadata only.
@@ -53,11 +57,13 @@ def tensor_meta(t: torch.Tensor) -> dict[str, Any]:
     return meta
 
 
-def _stat_view(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
+def _stat_view(t: torch.Tensor, keep_half: bool) -> tuple[torch.Tensor | None, str | None]:
     """The real floating tensor to reduce, or None when stats make no sense for this kind.
 
     Returns the tensor and a note for the reader ("abs" for complex, "dequantized"; "empty"
-    with no tensor for one without elements).
+    with no tensor for one without elements). ``keep_half``: float16/bfloat16 stay as they are
+    (the batched path reduces them with float32 accumulators; a float32 copy of a big
+    activation, such as bf16 logits, could exhaust device memory).
     """
     cls = type(t)
     # Subclasses (DTensor, FakeTensor, ...) may run collectives or have no data: metadata only.
@@ -72,7 +78,7 @@ def _stat_view(t: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
         t, note = t.dequantize(), "dequantized"
     if t.is_complex():
         t, note = t.abs(), "abs"
-    if t.dtype not in _FAST_DTYPES:
+    if t.dtype not in _FAST_DTYPES and not (keep_half and t.dtype in _HALF_DTYPES):
         t = t.to(torch.float32 if t.is_floating_point() else torch.float64)
     return t, note
 
@@ -93,8 +99,8 @@ def _dense_view(x: torch.Tensor) -> torch.Tensor:
 class PendingBatch:
     """Summaries whose numbers are still tensors, in the order they were made.
 
-    ``entries`` rows: (summary, numel, stat dtype, stat index, count index,
-    value location or None, values are integers).
+    ``entries`` rows: (summary, numel, stat dtype, stat index, stat kind (_MEAN_VAR or
+    _SUMS), count index, value location or None, values are integers).
     """
 
     def __init__(self) -> None:
@@ -158,7 +164,7 @@ class Summarizer:
                 self._queue(summary, t, t, numel)
             return summary
         summary = tensor_meta(t)
-        x, note = _stat_view(t)
+        x, note = _stat_view(t, keep_half=not self.reads_now(t))
         if x is None:
             summary["stats"] = None
             if note == "empty":
@@ -178,24 +184,35 @@ class Summarizer:
             # Host memory: reading numbers costs no sync, so they are read at once (cheaper
             # than stacking them for a batched copy) and the rare hard case gets a second pass.
             summary["stats"].update(_host_stats(x, numel))
-            at, counts = -1, None
+            at, counts, stat_dtype, at_kind = -1, None, None, None
         else:
             mn, mx = torch.aminmax(x)
-            # Welford's mean and variance: one pass, no temporary the size of ``x`` (device
-            # memory may be tight), and no cancellation when the spread is tiny next to the
-            # mean (LayerNorm weights near 1); the host derives std and norm (see
-            # _moments_from_var).
-            var, mean = torch.var_mean(x, correction=0)
-            scalars = batch.scalars.get(x.dtype)
+            if x.dtype in _HALF_DTYPES:
+                # Sums with float32 accumulators and results, without a float32 copy of x.
+                flat = x.reshape(-1)
+                moments: tuple = (
+                    mn.float(),
+                    mx.float(),
+                    flat.sum(dtype=torch.float32),
+                    torch.linalg.vector_norm(flat, dtype=torch.float32),
+                )
+                stat_dtype, at_kind = torch.float32, _SUMS
+            else:
+                # Welford's mean and variance: one pass, no temporary the size of ``x``
+                # (device memory may be tight), and no cancellation when the spread is tiny
+                # next to the mean (LayerNorm weights near 1); the host derives std and norm
+                # (see _moments_from_var).
+                var, mean = torch.var_mean(x, correction=0)
+                moments, stat_dtype, at_kind = (mn, mx, mean, var), x.dtype, _MEAN_VAR
+            scalars = batch.scalars.get(stat_dtype)
             if scalars is None:
-                scalars = batch.scalars[x.dtype] = []
+                scalars = batch.scalars[stat_dtype] = []
             at = len(scalars)
-            scalars += (mn, mx, mean, var)
+            scalars += moments
             # The same kernels on every device (host tensors come here only in tests, which is
             # how this path is covered without a GPU); stacked with the rest when sealed.
             counts = len(batch.counts)  # counts[i], counts[i + 1]
             batch.counts += (x.isnan().sum(), x.isinf().sum())
-        dtype = x.dtype
         value_at = None
         int_values = False
         if numel <= self.value_limit:
@@ -223,7 +240,9 @@ class Summarizer:
                 batch.value_len[vdt] = vat + vals.numel()
                 value_at = (vdt, vat, vals.numel())
         if at >= 0 or value_at is not None:
-            batch.entries.append((summary, numel, dtype, at, counts, value_at, int_values))
+            batch.entries.append(
+                (summary, numel, stat_dtype, at, at_kind, counts, value_at, int_values)
+            )
 
     def alias_summary(self, t: torch.Tensor, base: torch.Tensor, base_summary: dict) -> dict | None:
         """A summary of ``t`` that shares ``base_summary``'s stats when both tensors are, right
@@ -336,9 +355,13 @@ class SealedBatch:
         scalars = {dt: t.tolist() for dt, t in self.scalars.items()}
         values = {dt: t.tolist() for dt, t in self.values.items()}
         counts = self.counts.tolist() if self.counts is not None else []
-        for summary, numel, dt, i, bad, value_at, int_values in self.entries:
+        for summary, numel, dt, i, kind, bad, value_at, int_values in self.entries:
             if i >= 0:  # else the stats were read at once
                 mn, mx, mean, var = scalars[dt][i : i + 4]
+                if kind == _SUMS:  # sum and norm: mean and population variance from them
+                    total, norm = mean, var
+                    mean = total / numel
+                    var = max(norm * norm / numel - mean * mean, 0.0)
                 nan, inf = counts[bad : bad + 2]
                 summary["stats"].update(_moments_from_var(numel, mn, mx, mean, var, nan, inf))
             if value_at is not None:
