@@ -188,13 +188,13 @@ class Summarizer:
         else:
             mn, mx = torch.aminmax(x)
             if x.dtype in _HALF_DTYPES:
-                # Sums with float32 accumulators and results, without a float32 copy of x.
-                flat = x.reshape(-1)
+                # Sums with float32 accumulators and results, without a copy of x (any
+                # layout: neither reduction needs a flat view).
                 moments: tuple = (
                     mn.float(),
                     mx.float(),
-                    flat.sum(dtype=torch.float32),
-                    torch.linalg.vector_norm(flat, dtype=torch.float32),
+                    x.sum(dtype=torch.float32),
+                    torch.linalg.vector_norm(x, dtype=torch.float32),
                 )
                 stat_dtype, at_kind = torch.float32, _SUMS
             else:
