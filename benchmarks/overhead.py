@@ -272,17 +272,20 @@ def report(workloads, configs, results, counts, args, notes, wall: float) -> Non
     for w in workloads:
         c = counts[w.name]
         base = statistics.median(results[(w.name, "base")].times)
-        traced = statistics.median(results[(w.name, "traced")].times)
-        n_events = max(c["ops"] + c["grads"], 1)
-        per_event_us = (traced - base) * 1e6 / n_events
+        per_event = ""
+        if (w.name, "traced") in results:  # --only may leave it out
+            traced = statistics.median(results[(w.name, "traced")].times)
+            n_events = max(c["ops"] + c["grads"], 1)
+            per_event_us = (traced - base) * 1e6 / n_events
+            per_event = f" (traced - untraced) / (ops + grads) = {per_event_us:.0f} µs per event."
         print(f"### {w.name}: {w.description}\n")
         print(
             f"Per traced step: {c['ops']} ops, {c['grads']} grads (backward nodes that ran), "
-            f"{c['graph nodes']} backward-graph nodes hooked, {c['events']} events in all. "
-            f"(traced - untraced) / (ops + grads) = {per_event_us:.0f} µs per event.\n"
+            f"{c['graph nodes']} backward-graph nodes hooked, {c['events']} events in all."
+            f"{per_event}\n"
         )
         print("\n".join(table(w, configs, results, args.steps)))
-        rec = results[(w.name, "record")].file_bytes
+        rec = results[(w.name, "record")].file_bytes if (w.name, "record") in results else None
         if rec:
             per_step = statistics.median(rec) / args.steps
             print(f"\nTrace file: {per_step / 1024:.1f} KiB per traced step.")
