@@ -120,11 +120,11 @@ class NodeHooks:
             todo.append(node)
         while todo:
             node = todo.pop()
-            md = node.metadata
-            nid = md.get(NODE_ID) or node_id(node)
+            nid = node_id(node)
             if nid in seen:
                 continue
             seen.add(nid)
+            md = node.metadata
             name = node_name(node)
             param = tracer.modules.param_name(node.variable) if name == "AccumulateGrad" else None
             # An op seq of an earlier run names no op of this one; the source line still holds.

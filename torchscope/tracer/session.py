@@ -281,10 +281,7 @@ class Tracer:
         if self._mode_pushed and self._mode_on_top():
             self.mode.__exit__(None, None, None)
         self._mode_pushed = False
-        for hook in (self._optimizer_hook, self._optimizer_pre_hook, self._resume_hook):
-            if hook is not None:
-                hook.remove()
-        self._optimizer_hook = self._optimizer_pre_hook = self._resume_hook = None
+        self._remove_optimizer_hooks()
         self.modules.remove()
         self._writer = None
         self.publisher = None
@@ -301,10 +298,7 @@ class Tracer:
             return
         try:
             self._set_active(False)
-            for hook in (self._optimizer_hook, self._optimizer_pre_hook, self._resume_hook):
-                if hook is not None:
-                    hook.remove()
-            self._optimizer_hook = self._optimizer_pre_hook = self._resume_hook = None
+            self._remove_optimizer_hooks()
             self.modules.remove()
             assert self.pipeline is not None
             self.pipeline.close()
@@ -315,6 +309,12 @@ class Tracer:
                 self.publisher.close()  # after the pipeline: the last events go before "bye"
                 self.publisher = None
             _current = None
+
+    def _remove_optimizer_hooks(self) -> None:
+        for hook in (self._optimizer_hook, self._optimizer_pre_hook, self._resume_hook):
+            if hook is not None:
+                hook.remove()
+        self._optimizer_hook = self._optimizer_pre_hook = self._resume_hook = None
 
     def __enter__(self) -> Tracer:
         return self.start()
@@ -525,17 +525,12 @@ class Tracer:
         return s
 
     def _alias_summary(self, t: torch.Tensor, aliases: list[torch.Tensor]) -> dict | None:
-        try:
-            ptr = t.data_ptr()
-            for a in aliases:
-                if a.data_ptr() == ptr and a is not t:
-                    base = self.memo.get(a)
-                    if base is not None:
-                        s = self.summarizer.alias_summary(t, a, base)
-                        if s is not None:
-                            return s
-        except RuntimeError:  # tensors without storage (sparse, subclasses) have no data_ptr
-            pass
+        for a in aliases:
+            base = self.memo.get(a)
+            if base is not None:
+                s = self.summarizer.alias_summary(t, a, base)  # checks the memory is shared
+                if s is not None:
+                    return s
         return None
 
     def external_summary(self, t: torch.Tensor, deferrable: bool) -> dict:
@@ -658,8 +653,7 @@ class Tracer:
         return s
 
     def _uninitialized(self, t: torch.Tensor) -> dict:
-        s = tensor_meta(t)
-        s["stats"] = None
+        s = self._overwritten(t)
         s["uninitialized"] = True
         self.memo.put(t, s)
         return s
@@ -762,28 +756,21 @@ class Tracer:
 
     def _grad_event(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> Event | None:
         try:
-            if torch.is_grad_enabled():  # a create_graph backward: record nothing of ours
-                with _no_grad():
-                    return self._grad_event_now(info, grad_inputs, grad_outputs)
-            return self._grad_event_now(info, grad_inputs, grad_outputs)
+            with _no_grad(), self.pipeline.lock:  # type: ignore[union-attr]
+                summary_of = self.summary_of
+                go = [None if g is None else summary_of(g) for g in grad_outputs]
+                if len(grad_inputs) == 1 and len(grad_outputs) == 1:
+                    # TBackward0 and friends send on a reordered view of what they received.
+                    (g,), (received,) = grad_inputs, grad_outputs
+                    aliases = [received] if received is not None else ()
+                    gi = [None if g is None else summary_of(g, aliases)]
+                else:
+                    gi = [None if g is None else summary_of(g) for g in grad_inputs]
+                event = self._grad_fields(info, go, gi)
+                self.pipeline.add(event)  # type: ignore[union-attr]
         except Exception as exc:
             self.report_error("backward hook", exc)
             return None
-
-    def _grad_event_now(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> Event:
-        with self.pipeline.lock:  # type: ignore[union-attr]
-            summary_of = self.summary_of
-            go = [None if g is None else summary_of(g) for g in grad_outputs]
-            if len(grad_inputs) == 1 and len(grad_outputs) == 1:
-                # TBackward0 and friends send on a reordered view of what they received.
-                (g,) = grad_inputs
-                gi = [
-                    None if g is None else summary_of(g, [x for x in grad_outputs if x is not None])
-                ]
-            else:
-                gi = [None if g is None else summary_of(g) for g in grad_inputs]
-            event = self._grad_fields(info, go, gi)
-            self.pipeline.add(event)  # type: ignore[union-attr]
         return event
 
     # -- step-through ----------------------------------------------------------------------

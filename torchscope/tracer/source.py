@@ -30,14 +30,9 @@ def _is_internal(code: CodeType) -> bool:
 def user_frame(depth: int = 2) -> tuple[str, int, str] | None:
     """(path, line, function) of the innermost user frame above the caller, or None."""
     frame = sys._getframe(depth)
-    verdicts = _internal
     while frame is not None:
-        code = frame.f_code
-        internal = verdicts.get(code.co_filename)
-        if internal is None:
-            internal = _is_internal(code)
-        if not internal:
-            return code.co_filename, frame.f_lineno, code.co_name
+        if not _is_internal(frame.f_code):
+            return frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name
         frame = frame.f_back
     return None
 

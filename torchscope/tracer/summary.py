@@ -143,8 +143,8 @@ class Summarizer:
             # The common case, kept free of the checks below: it runs for every tensor.
             summary: dict[str, Any] = {
                 "shape": list(t.shape),
-                "dtype": _dtype_names.get(dtype) or _dtype_name(dtype),
-                "device": _device_names.get(device) or _device_name(device),
+                "dtype": _dtype_name(dtype),
+                "device": _device_name(device),
             }
             numel = t.numel()
             if numel == 0:
