@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import gc
 import os
-import statistics
 import sys
 import time
 import warnings
@@ -44,6 +43,7 @@ from torch.overrides import TorchFunctionMode  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import WORKLOADS  # noqa: E402
+from overhead import Config, measure, table  # noqa: E402
 
 import torchscope  # noqa: E402
 from torchscope.tracer.mode import op_name  # noqa: E402
@@ -126,26 +126,16 @@ def floor(level: int):
         mode.__exit__(None, None, None)
 
 
-ROWS = {
-    "untraced": contextlib.nullcontext,
-    "mode": lambda: floor(0),
-    "+ forward stats": lambda: floor(1),
-    "+ node hooks": lambda: floor(2),
-    "+ grad stats": lambda: floor(3),
-    "torchscope": lambda: torchscope.trace(keep=False),
-}
-
-
-def block(step: Any, make: Any, n: int) -> float:
-    times = []
-    with make():
-        for _ in range(2):
-            step()
-        for _ in range(n):
-            t0 = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def rows() -> list[Config]:
+    # "base" is what overhead.py's table divides by.
+    return [
+        Config("base", "untraced", lambda w: contextlib.nullcontext()),
+        Config("mode", "mode", lambda w: floor(0)),
+        Config("fwd", "+ forward stats", lambda w: floor(1)),
+        Config("hooks", "+ node hooks", lambda w: floor(2)),
+        Config("grads", "+ grad stats", lambda w: floor(3)),
+        Config("traced", "torchscope", lambda w: torchscope.trace(keep=False)),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,33 +148,21 @@ def main(argv: list[str] | None = None) -> int:
         p.error("need --steps >= 1 and --repeats >= 1")
     torch.set_num_threads(1)
     w = WORKLOADS[args.workload]()
-    names = list(ROWS)
-    medians: dict[str, list[float]] = {n: [] for n in names}
+    configs = rows()
     gc.collect()
     gc.freeze()
     start = time.perf_counter()
-    for r in range(args.repeats):
-        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order
-            gc.collect()
-            medians[name].append(block(w.step, ROWS[name], args.steps))
+    # The same interleaved rounds (and warm-up block per row) as overhead.py.
+    results = measure([w], configs, args.steps, args.repeats, 2, record=None)
     print(f"## Design floor: {w.description}\n")
     print(
         f"torch {torch.__version__}, 1 torch thread; {args.repeats} rounds x {args.steps} "
         f"timed steps per row, interleaved; {time.perf_counter() - start:.0f} s.\n"
     )
-    print("| row | median ms/step | paired ratio | p25-p75 of ratio |")
-    print("|---|---:|---:|---:|")
-    base = medians["untraced"]
-    for name in names:
-        ratios = [a / b for a, b in zip(medians[name], base, strict=True)]
-        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-        print(
-            f"| {name} | {statistics.median(medians[name]) * 1e3:.2f} | "
-            f"{statistics.median(ratios):.2f}x | {q[0]:.2f}-{q[2]:.2f} |"
-        )
+    print("\n".join(table(w, configs, results, args.steps)))
     print(
         "\npaired ratio = median over rounds of (row's block median / untraced block median of "
-        "the same round)."
+        "the same round); the other columns as in overhead.py."
     )
     return 0
 

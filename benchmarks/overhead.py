@@ -247,7 +247,7 @@ def table(w: Workload, configs: list[Config], results, steps: int) -> list[str]:
     for cfg in configs:
         res = results[(w.name, cfg.key)]
         med = statistics.median(res.times)
-        q1, _, q3 = statistics.quantiles(res.times, n=4)
+        q1, _, q3 = statistics.quantiles(res.times, n=4) if len(res.times) > 1 else [med] * 3
         around = statistics.median(res.around)
         amortized = (med + around / steps) / base
         paired = statistics.median(
