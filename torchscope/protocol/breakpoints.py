@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchscope.protocol.events import all_finite
+
 NAN_CONDITIONS = ("nan", "inf", "anynan")
 
 
@@ -120,12 +122,7 @@ class Breakpoint:
 
 
 def _any_bad(event: dict[str, Any]) -> bool:
-    key = "outputs" if event.get("kind") == "op" else "grad_inputs"
-    for s in event.get(key) or []:
-        stats = s.get("stats") if s else None
-        if stats and (stats.get("nan") or stats.get("inf")):
-            return True
-    return False
+    return not all_finite(event.get("outputs" if event.get("kind") == "op" else "grad_inputs"))
 
 
 _BREAK_KEYS = (

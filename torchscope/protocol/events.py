@@ -37,6 +37,15 @@ class Event(dict):
         return self["kind"]
 
 
+def all_finite(summaries: list | None) -> bool:
+    """No tensor summary in the list counts NaN or Inf (one without stats counts as fine)."""
+    for s in summaries or ():
+        stats = s.get("stats") if s else None
+        if stats and (stats.get("nan") or stats.get("inf")):
+            return False
+    return True
+
+
 def as_event(obj: Any) -> Event:
     """Validate the envelope of a decoded record and wrap it."""
     from torchscope.protocol.codec import ProtocolError

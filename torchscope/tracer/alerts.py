@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from torchscope.protocol.events import ALERT, GRAD, OP, STEP, Event
+from torchscope.protocol.events import ALERT, GRAD, OP, STEP, Event, all_finite
 
 INF_INTENDED = "inf_intended"  # summary flag: its Infs come from an infinite scalar argument
 
@@ -31,15 +31,6 @@ def _bad(summary: dict | None) -> str | None:
     if stats["inf"] and not summary.get(INF_INTENDED):  # type: ignore[union-attr]
         return "inf"
     return None
-
-
-def _all_finite(summaries: list | None) -> bool:
-    """No summary on this side holds NaN or Inf (or none can be judged)."""
-    for s in summaries or ():
-        stats = s.get("stats") if s else None
-        if stats and (stats.get("nan") or stats.get("inf")):
-            return False
-    return True
 
 
 def _worst(summaries: list) -> str | None:
@@ -99,7 +90,7 @@ class AlertDetector:
             self.origins.clear()
             return []
         if kind == OP:
-            if _all_finite(event.get("outputs")) and _all_finite(event.get("inputs")):
+            if all_finite(event.get("outputs")) and all_finite(event.get("inputs")):
                 return []  # nearly every op: nothing bad on either side
             alerts = self._external_inputs(event)
             sides = _sides(event)
@@ -115,7 +106,7 @@ class AlertDetector:
                 alerts.append(self._alert(event, what, "forward", event["name"]))
             return alerts
         if kind == GRAD:
-            if _all_finite(event.get("grad_inputs")) or event.get("op_seq") in self._tainted:
+            if all_finite(event.get("grad_inputs")) or event.get("op_seq") in self._tainted:
                 return []
             what = origin_kind(event)
             if what is not None:

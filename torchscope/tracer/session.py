@@ -34,6 +34,7 @@ from torchscope.protocol.events import (
     STEP,
     Event,
     Trace,
+    all_finite,
 )
 from torchscope.tracer.backward import (
     NODE_ID,
@@ -637,11 +638,8 @@ class Tracer:
             else:
                 summary_of = self.summary_of
                 outputs = event["outputs"] = [summary_of(t, in_tensors) for t in outs]
-                for o in outputs:
-                    stats = o["stats"]
-                    if stats and (stats.get("nan") or stats.get("inf")):
-                        self._judge_external(in_tensors, inputs)
-                        break
+                if not all_finite(outputs):
+                    self._judge_external(in_tensors, inputs)
             self.pipeline.add(event)  # type: ignore[union-attr]
         return event, outs
 

@@ -421,16 +421,6 @@ def _stats(mn: float, mx: float, mean: float, std: float, norm: float, nan: int,
     }
 
 
-def is_finite(summary: dict | None) -> bool | None:
-    """True/False once resolved; None when the summary has no stats to judge by."""
-    if not summary:
-        return None
-    stats = summary.get("stats")
-    if not stats or "nan" not in stats:
-        return None
-    return stats["nan"] == 0 and stats["inf"] == 0
-
-
 class SummaryMemo:
     """Recent summaries by tensor identity and version: each tensor value is summarised once.
 
