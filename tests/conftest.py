@@ -33,15 +33,23 @@ def _tracer_isolation(request: pytest.FixtureRequest):
     from torch.nn.modules import module as module_mod
     from torch.optim import optimizer as optim_mod
 
-    from torchscope.tracer import session
+    from torchscope.tracer import agent, backward_calls, session
 
     torch.set_num_threads(1)
+    backward_fn = torch.autograd.backward
     fwd_hooks = len(module_mod._global_forward_hooks)
     pre_hooks = len(module_mod._global_forward_pre_hooks)
     opt_hooks = len(optim_mod._global_optimizer_post_hooks)
     opt_pre_hooks = len(optim_mod._global_optimizer_pre_hooks)
     yield
     problems = []
+    if agent.current_agent() is not None:
+        agent.current_agent().stop()
+        problems.append("an agent was left running")
+    if torch.autograd.backward is not backward_fn or (
+        backward_calls.installed() and backward_fn is torch.autograd.backward
+    ):
+        problems.append("torch.autograd.backward left wrapped")
     if session.current_tracer() is not None:
         session.current_tracer().stop()
         problems.append("a tracer was left running")

@@ -61,3 +61,22 @@ def test_floor_prints_every_layer_and_torchscope():
         "+ grad stats",
         "torchscope",
     ]
+
+
+def test_attach_benchmark_prints_its_rows_and_the_attach_latency():
+    out = run(
+        "attach.py",
+        "--workload",
+        "mlp",
+        "--steps",
+        "2",
+        "--repeats",
+        "1",
+        "--warmup",
+        "1",
+        "--attach-trials",
+        "1",
+    )
+    rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ")]
+    assert rows[1:5] == ["untraced", "dormant (serve)", "armed, then dormant", "armed (a UI holds)"]
+    assert "## Attach latency" in out and "Median:" in out

@@ -373,9 +373,11 @@ async def test_help_screen_and_quit_leave_the_job_alone():
         await until(pilot, lambda: source.pings >= 2)
         await pilot.press("q")
     assert app.return_code == 0
-    assert calls[:3] == ["connect", "snapshot", "state"] and calls[-1] == "close"
-    # only reads and the lease's pings: quitting sends nothing, no command changes the job
-    assert set(calls) == {"connect", "snapshot", "state", "ping", "close"}
+    assert calls[:4] == ["connect", "snapshot", "state", "arm"]
+    # Reads, the hold on tracing (arm, the lease's pings) and letting go of it when quitting
+    # (disarm): no command that pauses or steps the job.
+    assert calls[-2:] == ["disarm", "close"]
+    assert set(calls) == {"connect", "snapshot", "state", "arm", "ping", "disarm", "close"}
 
 
 @sync

@@ -465,7 +465,9 @@ async def test_live_source_asks_state_on_connect_pings_and_relays_refusals():
         await until(pilot, lambda: ("continue", {}) in FakeClient.calls)
         await pilot.press("q")
     names = {c for c, _ in FakeClient.calls}
-    assert names == {"state", "ping", "break_add", "continue"}
+    # arm on connect (the UI holds the job traced), disarm on quit (it lets go)
+    assert names == {"state", "arm", "ping", "break_add", "continue", "disarm"}
+    assert FakeClient.calls[-1] == ("disarm", {})
 
 
 def test_live_source_refuses_commands_while_not_connected():

@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from torchscope.protocol.events import Trace
+    from torchscope.tracer.agent import Agent
     from torchscope.tracer.session import Tracer
 
 
@@ -24,6 +25,7 @@ def trace(
     keep: bool | int = True,
     optimizer_steps: bool = True,
     optimizer_ops: bool = False,
+    live: bool | None = None,
 ) -> Tracer:
     """Trace the code in a ``with`` block on this thread.
 
@@ -36,6 +38,10 @@ def trace(
         many and rarely what you look for; a NaN the update writes into a weight is still
         reported, at the weight's next use). A step given a closure (LBFGS) is always
         traced: the closure runs the model.
+    live: also stream to UIs (``torchscope ls``, ``torchscope tui PID``) and take their
+        pause, step and breakpoint commands while the block runs (default: the
+        ``TORCHSCOPE_LIVE=1`` environment variable). To make a whole job attachable instead,
+        see ``serve()``.
     """
     from torchscope.tracer.session import Tracer
 
@@ -46,16 +52,85 @@ def trace(
         keep=keep,
         optimizer_steps=optimizer_steps,
         optimizer_ops=optimizer_ops,
+        live=live,
     )
 
 
-def step() -> None:
-    """Mark the end of a training step (for loops that do not call ``optimizer.step()``)."""
+def step(n: int | None = None) -> None:
+    """Mark the end of a training step, for loops that do not call ``optimizer.step()``.
+
+    ``step(n)`` instead numbers the current step ``n`` (a job resumed from a checkpoint at
+    step n), and the count goes on from there (works with optimizer steps too). Once a
+    script calls ``step()``, a ``backward()`` no longer ends a step by itself.
+    """
+    from torchscope.tracer.agent import current_agent
     from torchscope.tracer.session import current_tracer
 
+    agent = current_agent()
     tracer = current_tracer()
-    if tracer is not None:
-        tracer.advance_step()
+    clock = agent.clock if agent is not None else tracer.clock if tracer is not None else None
+    if clock is None:
+        if tracer is not None and n is None:
+            tracer.advance_step()
+        return
+    if n is None:
+        clock.advance()
+    else:
+        clock.set_step(n)
+
+
+def serve(
+    *,
+    steps: str | int | None = None,
+    record: str | os.PathLike | None = None,
+    break_on: str | list[str] | tuple[str, ...] = (),
+    wait: bool = False,
+    lease: float = 10.0,
+    values: int = 16,
+    optimizer_ops: bool = False,
+    quiet: bool = False,
+) -> Agent:
+    """Make this job attachable: ``torchscope tui PID`` or ``torchscope record PID`` can arm it.
+
+    One line at the top of a training script, for jobs started by any launcher. Dormant, it
+    only counts steps (no mode, no hooks, near-zero cost) and serves a private control
+    endpoint (see ``torchscope ls``). The options are those of ``torchscope run``: with
+    ``steps``, ``record``, ``break_on`` or ``wait`` the job is armed for those steps, then goes
+    dormant again. Idempotent: a second call returns the running agent, unchanged. The agent
+    stops when the interpreter exits.
+    """
+    import atexit
+
+    from torchscope.protocol.breakpoints import parse_break_spec
+    from torchscope.tracer.agent import ServeOptions, current_agent
+    from torchscope.tracer.agent import serve as start_agent
+    from torchscope.tracer.steps import parse_steps
+
+    running = current_agent()
+    if running is not None:
+        return running
+    parse_steps(steps)  # a bad spec fails here, with its one line
+    specs = [break_on] if isinstance(break_on, str) else list(break_on)
+    options = ServeOptions(
+        record=os.fspath(record) if record is not None else None,
+        steps=steps,
+        values=values,
+        breakpoints=[parse_break_spec(b) for b in specs],
+        wait=wait,
+        lease=lease,
+        optimizer_ops=optimizer_ops,
+        quiet=quiet,
+    )
+    agent = start_agent(options)
+    atexit.register(agent.stop)
+    if not quiet:
+        import sys
+
+        held = options.held_steps()
+        what = f"tracing steps {held.text}" if held else "dormant"
+        attach = f"; attach: torchscope tui {os.getpid()}" if agent.publisher else ""
+        print(f"torchscope: serving this job, {what}{attach}", file=sys.stderr)
+    return agent
 
 
 def load(path: str | os.PathLike) -> Trace:
@@ -73,4 +148,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'torchscope' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "load", "step", "trace"]
+__all__ = ["__version__", "load", "serve", "step", "trace"]

@@ -6,6 +6,7 @@ Every user mistake ends in one line on stderr and exit code 2, never a traceback
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
@@ -35,21 +36,30 @@ RUN_USAGE = r"""usage: torchscope run [--record FILE] [--steps SPEC] [--values N
                       [--break-on COND] [--wait] [--lease SECONDS] [--optimizer-ops]
                       [--quiet] (SCRIPT | -m MODULE) [ARGS ...]
 
-Run a Python script (or module, like `python -m`) with every forward op and backward node
-traced. Options must come before the script; everything after it goes to the script.
+Run a Python script (or module, like `python -m`) so that torchscope can trace it. Options
+must come before the script; everything after it goes to the script.
+
+With none of --record, --steps, --break-on, --wait the job runs dormant: it only counts its
+steps (no tracing, near-zero cost) until a UI attaches (`torchscope tui PID`, or
+`torchscope record PID --next N`), which arms it at the next step boundary; when the UI
+leaves, it goes dormant again. Those four options arm it for the steps they select (all
+steps unless --steps says otherwise), and it goes dormant after them.
+
+Steps are the job's own: numbered from 0 at its start, one per optimizer.step() (or per
+torchscope.step() call; in a job with neither, one per backward()).
 
   --record FILE   write a trace file (replay it with `torchscope dump FILE`)
   --steps SPEC    steps to trace: N, A-B, A-, every:N, or a comma list (default: all)
   --values N      keep the values of tensors with at most N elements (default 16)
-  --no-live       do not stream to UIs (`torchscope tui` finds live sessions)
+  --no-live       no control endpoint: no UI can attach (`torchscope tui` finds live jobs)
   --break-on COND pause where COND holds (repeatable); conditions joined by ',' all
                   must hold: nan, inf (where it first appears), anynan, op:REGEX,
                   module:REGEX, line:FILE:LINE, gradnorm:X, step:N, from:N
                   e.g. --break-on nan --break-on 'op:^Tensor.div$'
                        --break-on 'module:^blocks\.3\.,nan'
   --wait          pause before the first op until a UI connects
-  --lease SECONDS a paused job resumes by itself when no UI has answered for this
-                  long (default 10)
+  --lease SECONDS a UI that stops answering for this long lets go: a pause it held
+                  resumes, its breakpoints go, and the job goes dormant (default 10)
   --optimizer-ops also trace the ops inside optimizer.step()
   --quiet         no torchscope lines on stderr
 """
@@ -171,23 +181,25 @@ def cmd_run(opts: RunOptions) -> int:
     import runpy
 
     from torchscope.protocol.tracefile import TraceFileError
-    from torchscope.tracer.session import Tracer
+    from torchscope.tracer.agent import Agent, ServeOptions
 
     script = os.path.abspath(opts.script) if opts.script else None
-    tracer = Tracer(
-        opts.record,
-        steps=opts.steps,
-        values=opts.values,
-        keep=False,
-        live=opts.live,
-        optimizer_ops=opts.optimizer_ops,
-        breakpoints=opts.breakpoints,
-        wait=opts.wait,
-        lease=opts.lease,
-        metadata={
-            "script": script or opts.module,
-            "argv": [opts.script or opts.module, *opts.args],
-        },
+    agent = Agent(
+        ServeOptions(
+            record=opts.record,
+            steps=opts.steps,
+            values=opts.values,
+            live=opts.live,
+            breakpoints=opts.breakpoints,
+            wait=opts.wait,
+            lease=opts.lease,
+            optimizer_ops=opts.optimizer_ops,
+            quiet=opts.quiet,
+            metadata={
+                "script": script or opts.module,
+                "argv": [opts.script or opts.module, *opts.args],
+            },
+        )
     )
     target = opts.script or f"-m {opts.module}"
     sys.argv = [opts.script or opts.module or "", *opts.args]
@@ -196,14 +208,17 @@ def cmd_run(opts: RunOptions) -> int:
     else:
         sys.path.insert(0, os.getcwd())
     try:
-        tracer.start()
+        agent.start()
     except TraceFileError as exc:
         raise UsageError(str(exc)) from None
     if not opts.quiet:
+        held = agent.options.held_steps()
+        what = f"tracing {target} (steps: {held.text})" if held else f"running {target} dormant"
         where = f", recording to {opts.record}" if opts.record else ""
-        if tracer.publisher is not None:
-            where += f"; live: torchscope tui {os.getpid()}"
-        print(f"torchscope: tracing {target} (steps: {tracer.steps.text}){where}", file=sys.stderr)
+        if agent.publisher is not None:
+            attach = "live" if held else "attach"
+            where += f"; {attach}: torchscope tui {os.getpid()}"
+        print(f"torchscope: {what}{where}", file=sys.stderr)
     code = 0
     try:
         if opts.module is not None:
@@ -218,14 +233,15 @@ def cmd_run(opts: RunOptions) -> int:
         _print_user_traceback(exc)
         code = 1
     finally:
-        tracer.stop()
+        agent.stop()
     if not opts.quiet:
-        steps = tracer.step_index + 1
+        steps = agent.clock.step + 1
+        traced = f", {agent.traced_steps} traced" if agent.traced_steps != steps else ""
         saved = ""
         if opts.record:
-            n = tracer._writer.events_written if tracer._writer is not None else 0
+            n = agent.writer.events_written if agent.writer is not None else 0
             saved = f"; {n} events written to {opts.record}"
-        print(f"torchscope: {steps} step(s) seen{saved}", file=sys.stderr)
+        print(f"torchscope: {steps} step(s) seen{traced}{saved}", file=sys.stderr)
     return code
 
 
@@ -301,36 +317,58 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if not records:
         print("no running torchscope sessions (start one with `torchscope run SCRIPT`)")
         return 0
-    print(f"{'PID':>7} {'RANK':>4} {'STEP':>6} {'STARTED':<19} {'SCRIPT':<28} ENDPOINTS")
+    print(
+        f"{'PID':>7} {'RANK':>4} {'STEP':>6} {'TRACING':<8} {'STARTED':<19} {'SCRIPT':<28} "
+        "ENDPOINTS"
+    )
     for rec in records:
-        step = "?"
+        step = tracing = "?"
         try:
             with SessionClient() as client:
                 hello = client.connect(rec, timeout=args.timeout)
                 step = str(hello.get("step"))
+                tracing = hello.get("tracing") or "traced"  # a trace(live=True) block
         except (SessionUnreachable, SessionRefused, ep.EndpointError):
             pass
         started = datetime.datetime.fromtimestamp(rec.started).strftime("%Y-%m-%d %H:%M:%S")
         rank = "-" if rec.rank is None else str(rec.rank)
         script = os.path.basename(rec.script or "") or "?"
         print(
-            f"{rec.pid:>7} {rank:>4} {step:>6} {started:<19} {script:<28} "
+            f"{rec.pid:>7} {rank:>4} {step:>6} {tracing:<8} {started:<19} {script:<28} "
             f"events {rec.events}  control {rec.control}"
         )
     return 0
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    """Capture a live session into a trace file, headless, with a progress line."""
+    """Capture a live session into a trace file, headless, with a progress line.
+
+    A dormant job is armed for the recording: for its next N steps (``--next N``), or until
+    Ctrl-C / SIGTERM / the job's end; either way the file is complete.
+    """
+    import signal
+    import time
+
     from torchscope.protocol import endpoints as ep
     from torchscope.protocol.client import SessionClient, SessionRefused, SessionUnreachable
-    from torchscope.protocol.events import STEP
+    from torchscope.protocol.events import SESSION, STEP, TRACING
     from torchscope.protocol.tracefile import TraceFileError, TraceWriter
 
+    if args.next is not None and args.next < 1:
+        return _fail("--next takes a number of steps, at least 1")
     client = SessionClient()
+    holder = None
     try:
         client.connect(ep.resolve(args.target), timeout=args.timeout)
-        snap = client.snapshot(args.snapshot)
+        # --next records from the arming on; otherwise the recent events the job still holds
+        # come first (a job traced from its start).
+        snap = {"session": client.session} if args.next else client.snapshot(args.snapshot)
+        try:
+            armed = client.request("arm", timeout=args.timeout, next=args.next, by="record")
+            holder = armed["holder"]
+        except SessionRefused as exc:  # a torchscope.trace(live=True) block: always traced
+            if args.next:
+                raise SessionRefused(f"this job cannot be armed for --next ({exc})") from None
     except (SessionUnreachable, SessionRefused, ep.EndpointError) as exc:
         client.close()
         return _fail(str(exc))
@@ -343,30 +381,51 @@ def cmd_record(args: argparse.Namespace) -> int:
     progress = _Progress(enabled=not args.quiet)
     steps = set()
     written = 0
+    done = False  # the job let go of this recording's hold (its N steps are recorded)
+    last_ping = time.monotonic()
+    old_term = signal.signal(signal.SIGTERM, _interrupt)
     try:
         events = snap.get("events") or []
+        if session and not any(e.get("kind") == SESSION for e in events):
+            writer.write([session])  # a file opens with who the job is, as --record's do
+            written += 1
         while True:
             if events:
                 writer.write(events)
                 written += len(events)
-                steps.update(e["step"] for e in events if e.get("kind") == STEP)
+                for e in events:
+                    if e.get("kind") == STEP:
+                        steps.add(e["step"])
+                    elif e.get("kind") == TRACING and holder in (e.get("released") or ()):
+                        done = True
                 progress.show(
                     f"recording pid {session.get('pid', '?')}: {written} events, "
                     f"{len(steps)} traced steps, step {client.step}, {client.dropped} dropped"
                 )
-            if client.ended or not client.alive:
+            if done or client.ended or not client.alive:
                 break
+            if holder is not None and time.monotonic() - last_ping >= 1.0:
+                last_ping = time.monotonic()
+                client.request("ping", timeout=args.timeout)  # holds the job armed (lease)
             events = client.recv_events(200)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SessionUnreachable):
         pass
     finally:
+        signal.signal(signal.SIGTERM, old_term)
+        if holder is not None and not done and not client.ended:
+            with contextlib.suppress(Exception):
+                client.request("disarm", timeout=1.0)  # the job goes dormant again
         writer.close()
         client.close()
+    ended = "" if client.ended or done else " (stopped before the job ended)"
     progress.done(
-        f"torchscope: {written} events written to {args.output}"
-        + ("" if client.ended else " (stopped before the job ended)")
+        f"torchscope: {written} events, {len(steps)} traced steps written to {args.output}{ended}"
     )
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 class _Progress:
@@ -391,6 +450,18 @@ class _Progress:
         if self._shown:
             sys.stderr.write("\r\033[K")
         print(text, file=sys.stderr)
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    """Start the dormant agent inside a job that never imported torchscope."""
+    from torchscope.attach import AttachError, attach
+
+    try:
+        control = attach(args.pid, timeout=args.timeout)
+    except AttachError as exc:
+        return _fail(str(exc))
+    print(f"torchscope: attached to {args.pid} ({control}); look: torchscope tui {args.pid}")
+    return 0
 
 
 # -- tui -------------------------------------------------------------------------------------
@@ -434,11 +505,23 @@ def build_parser() -> argparse.ArgumentParser:
         )
     keys = sub.add_parser("keys", help="create CURVE keys, needed to bind a public address")
     keys.add_argument("--force", action="store_true", help="replace existing keys")
+    attach = sub.add_parser(
+        "attach",
+        help="make a running Python job attachable (Python 3.14+: sys.remote_exec)",
+    )
+    attach.add_argument("pid", type=int, help="process id of the job")
+    attach.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for it")
     ls = sub.add_parser("ls", help="list live torchscope sessions on this machine")
     ls.add_argument("--timeout", type=float, default=0.5, help="seconds to wait for each session")
     record = sub.add_parser("record", help="record a live session into a trace file")
     record.add_argument("target", nargs="?", help="pid or control endpoint (default: the only one)")
     record.add_argument("-o", "--output", required=True, help="trace file to write")
+    record.add_argument(
+        "--next",
+        type=int,
+        metavar="N",
+        help="arm the job for its next N steps, record them, and let it go dormant again",
+    )
     record.add_argument("--snapshot", type=int, default=10_000, help="recent events to start with")
     record.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the job")
     record.add_argument("--quiet", action="store_true", help="no progress line")
@@ -463,6 +546,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cli_keys(args)
         if args.command == "record":
             return cmd_record(args)
+        if args.command == "attach":
+            return cmd_attach(args)
         build_parser().print_help()
         return 0 if not argv else 2
     except UsageError as exc:

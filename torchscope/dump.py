@@ -8,7 +8,17 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from torchscope.protocol.events import ALERT, ERROR, GRAD, GRAPH, OP, SESSION, STEP, Event
+from torchscope.protocol.events import (
+    ALERT,
+    ERROR,
+    GRAD,
+    GRAPH,
+    OP,
+    SESSION,
+    STEP,
+    TRACING,
+    Event,
+)
 
 
 def _json_safe(obj: Any) -> Any:
@@ -117,7 +127,21 @@ def text_line(ev: Event) -> str:
         )
     if kind == ERROR:
         return f"{head}error {ev.get('where', '')}: {ev.get('message', '')}"
+    if kind == TRACING:
+        by = ", ".join(_holder_text(h) for h in ev.get("holders") or []) or "nobody"
+        return f"{head}tracing {ev.get('state')} (held by {by})"
     return f"{head}{kind}"
+
+
+def _holder_text(holder: Any) -> str:
+    if not isinstance(holder, dict):
+        return str(holder)
+    text = str(holder.get("by", "?"))
+    if holder.get("steps") is not None:
+        text += f" steps {holder['steps']}"
+    if holder.get("remaining") is not None:
+        text += f", {holder['remaining']} more"
+    return text
 
 
 TEXT_HEADER = f"{'seq':>7} {'step':>5} kind  {'name':<34} {'module / param':<22} details"

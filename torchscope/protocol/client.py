@@ -92,6 +92,7 @@ class SessionClient:
         self.stale_replies = 0  # replies to requests we had given up on
         self.dropped = 0  # the publisher's total, as of the last frame
         self.step: int | None = None
+        self.tracing: str | None = None  # dormant / arming / traced, for jobs that say
         self.events_total = 0
         self._last_seen: float | None = None
 
@@ -155,6 +156,7 @@ class SessionClient:
         self.snapshot_frame = self.frames_lost = self.bad_frames = self.stale_replies = 0
         self.dropped = self.events_total = 0
         self.step = None
+        self.tracing = None
         self._last_seen = None
 
     def _uses_curve(self, endpoint: str) -> bool:
@@ -257,6 +259,8 @@ class SessionClient:
             self.events_total = d["events_total"]
         if "step" in d and (d["step"] is None or isinstance(d["step"], int)):
             self.step = d["step"]
+        if isinstance(d.get("tracing"), str):
+            self.tracing = d["tracing"]
 
     # -- events ---------------------------------------------------------------------------------
     def recv(self, timeout_ms: int = 100) -> list[dict[str, Any]]:

@@ -18,7 +18,13 @@ ALERT = "alert"
 ERROR = "error"
 PAUSE = "pause"  # the job stopped at an op or node (step-through)
 RESUME = "resume"  # ... and went on: "by" says what let it go (continue, step, lease, ...)
-KINDS = (SESSION, STEP, OP, GRAD, GRAPH, ALERT, ERROR, PAUSE, RESUME)
+TRACING = "tracing"  # an attached job armed or went dormant: "state", who holds it
+KINDS = (SESSION, STEP, OP, GRAD, GRAPH, ALERT, ERROR, PAUSE, RESUME, TRACING)
+
+# What an attached job is doing (session events, hello, heartbeats, ``ls``).
+DORMANT = "dormant"  # counting steps only: no mode, no hooks
+ARMING = "arming"  # asked to trace; starts at the next step boundary
+TRACED = "traced"
 
 
 class Event(dict):

@@ -240,11 +240,13 @@ def register_command(
 
 
 _SESSION = EventMap()
+_TRACING = Str(16, re.compile(r"[a-z]+"), default=None, nullable=True)
 _COUNTERS = {
     "step": Int(nullable=True),
     "frame": Int(),
     "dropped": Int(),
     "events_total": Int(),
+    "tracing": _TRACING,  # dormant / arming / traced (jobs served by an agent)
 }
 
 register_command(
@@ -286,6 +288,24 @@ _STATE = fields({"state": Map()}, extra=True)
 for _name in ("pause", "step", "continue", "detach", "state", "break_list"):
     register_command(_name, fields(), _STATE)
 register_command("next", fields(), _STATE)
+
+# Arming an attached job (torchscope.tracer.agent): the asking client holds it traced from the
+# next step boundary, for ``next`` steps or, without it, while the client keeps talking (its
+# lease). ``disarm`` (or the lease ending) lets go and deletes the client's breakpoints.
+_ARMED = fields({"holder": Int(), "tracing": _TRACING, "state": Map(default=None)}, extra=True)
+register_command(
+    "arm",
+    fields(
+        {
+            "next": Int(1, 2**31, default=None, nullable=True),
+            # A recorder only records: its contact does not count as a UI's (no --wait
+            # release, no say over pauses).
+            "by": Str(16, re.compile(r"ui|record"), default="ui"),
+        }
+    ),
+    _ARMED,
+)
+register_command("disarm", fields(), _ARMED)
 register_command(
     "break_add",
     fields(
@@ -448,9 +468,11 @@ def status_frame(
     events_total: int,
     pid: int,
     t: float,
+    tracing: str | None = None,
 ) -> dict[str, Any]:
     """A heartbeat or bye frame."""
     return {
+        "tracing": tracing,
         "v": VERSION,
         "type": kind,
         "frame": frame,
@@ -480,6 +502,7 @@ _FRAME_RULES: dict[str, Validator] = {
             "events_total": Int(default=0),
             "pid": Int(default=0),
             "t": Float(default=None, nullable=True),
+            "tracing": _TRACING,
         },
         extra=True,
     ),

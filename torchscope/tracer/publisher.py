@@ -133,6 +133,7 @@ class EventPublisher:
         self.step: int | None = (
             self.session.get("step") if isinstance(self.session.get("step"), int) else None
         )
+        self.tracing: str | None = None  # an agent's dormant / arming / traced
 
         self._lock = threading.Lock()
         self._pending: deque[list[Any]] = deque()
@@ -156,11 +157,14 @@ class EventPublisher:
         self._closed = False
         self._accepting = False
         self._bound_ipc: list[str] = []
-        # Extra commands the tracer serves (step-through control): name -> handler(args).
+        # Extra commands the tracer serves (step-through control, arming): name ->
+        # handler(args, client), where client is the asking connection's id (bytes).
         # Handlers run on this thread; they must be quick and thread-safe.
-        self.commands: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
-        # Called for every valid request: any message from a UI proves it is alive (lease).
-        self.on_request: Callable[[], None] | None = None
+        self.commands: dict[str, Callable[[dict[str, Any], bytes], dict[str, Any]]] = {}
+        # Called with the client id and command of every valid request: a UI is alive.
+        self.on_request: Callable[[bytes, str], None] | None = None
+        # Called on this thread about four times a second (lease expiry).
+        self.on_tick: Callable[[], None] | None = None
 
     # -- training-thread side ------------------------------------------------------------------
     def __call__(self, events: list[Any]) -> None:
@@ -340,6 +344,7 @@ class EventPublisher:
         poller.register(self._wake_r, zmq.POLLIN)
         wake_fd = self._wake_r.fileno()  # the poller reports plain sockets by descriptor
         next_beat = time.monotonic() + self.heartbeat_interval
+        next_tick = 0.0
         busy = False
         while not self._stop.is_set():
             try:
@@ -353,6 +358,9 @@ class EventPublisher:
                     self._serve(router, pub)
                 busy = self._pump(pub)
                 now = time.monotonic()
+                if self.on_tick is not None and now >= next_tick:
+                    next_tick = now + 0.25
+                    self.on_tick()
                 if now >= next_beat:
                     next_beat = now + self.heartbeat_interval
                     if self._has_subscriber:
@@ -431,6 +439,7 @@ class EventPublisher:
             events_total=self.events_total,
             pid=self.pid,
             t=time.time(),
+            tracing=self.tracing,
         )
         self._send(pub, pack(msg))
 
@@ -484,9 +493,10 @@ class EventPublisher:
                 self.bad_requests += 1
                 self._reply(router, envelope, error_reply(exc.request_id, str(exc)))
                 continue
+            client = envelope[0]  # ROUTER's id of the UI's connection
             if self.on_request is not None:
                 with contextlib.suppress(Exception):
-                    self.on_request()
+                    self.on_request(client, req.cmd)
             try:
                 handler = getattr(self, f"_cmd_{req.cmd}", None)
                 extra = self.commands.get(req.cmd)
@@ -494,7 +504,7 @@ class EventPublisher:
                     reply = ok_reply(req.id, handler(req.args, pub))
                 elif extra is not None:
                     try:
-                        reply = ok_reply(req.id, extra(req.args))
+                        reply = ok_reply(req.id, extra(req.args, client))
                     except ValueError as exc:  # a refused command (bad breakpoint, not paused)
                         reply = error_reply(req.id, str(exc))
                 else:
@@ -517,6 +527,7 @@ class EventPublisher:
             "frame": self._frame,
             "dropped": self.dropped,
             "events_total": self.events_total,
+            "tracing": self.tracing,
         }
 
     def _cmd_hello(self, args: dict[str, Any], pub: zmq.Socket) -> dict[str, Any]:

@@ -11,15 +11,12 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch._C._autograd import _get_sequence_nr
-from torch.nn.modules import module as module_mod
-from torch.optim.optimizer import (
-    register_optimizer_step_post_hook,
-    register_optimizer_step_pre_hook,
-)
 
 from torchscope.protocol.breakpoints import AFTER, BEFORE
 from torchscope.protocol.codec import PROTOCOL_VERSION
@@ -47,6 +44,7 @@ from torchscope.tracer.backward import (
     node_name,
     root_tensors,
 )
+from torchscope.tracer.clock import StepClock
 from torchscope.tracer.mode import (
     ForwardMode,
     iter_tensors,
@@ -57,7 +55,7 @@ from torchscope.tracer.mode import (
 from torchscope.tracer.modules import ModuleTracker
 from torchscope.tracer.pipeline import EventPipeline, Sink
 from torchscope.tracer.source import thread_stack, user_frame
-from torchscope.tracer.stepper import PausePoint, Stepper
+from torchscope.tracer.stepper import PausePoint, Stepper, stepping_commands
 from torchscope.tracer.steps import parse_steps
 from torchscope.tracer.summary import Summarizer, SummaryMemo, tensor_meta
 
@@ -98,6 +96,15 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
+@dataclass
+class DrivenBy:
+    """What a tracer takes from the agent that arms it (see torchscope.tracer.agent)."""
+
+    stepper: Stepper | None
+    step: int  # the job's current step
+    next_seq: Callable[[], int]  # one numbering for every armed period of the process
+
+
 class Tracer:
     """Traces forward ops and backward nodes of the thread that starts it.
 
@@ -120,16 +127,20 @@ class Tracer:
         stepping: bool = False,
         metadata: dict[str, Any] | None = None,
         sinks: list[Sink] = (),  # type: ignore[assignment]
+        driven: DrivenBy | None = None,
     ) -> None:
         self.steps = parse_steps(steps)
+        # Driven by the process-long agent (torchscope.tracer.agent): it owns the step clock,
+        # the stepper, the live stream and the numbering; this tracer lives while armed.
+        self.driven = driven
         self.record = os.fspath(record) if record is not None else None
         self.optimizer_steps = optimizer_steps
         self.optimizer_ops = optimizer_ops
         self.live = os.environ.get("TORCHSCOPE_LIVE") == "1" if live is None else live
         self.publisher: Any = None
         # Step-through control, whenever a UI could attach or the job was told where to stop.
-        self.stepper: Stepper | None = None
-        if self.live or breakpoints or wait or stepping:
+        self.stepper: Stepper | None = driven.stepper if driven is not None else None
+        if driven is None and (self.live or breakpoints or wait or stepping):
             self.stepper = Stepper(lease_seconds=lease, wait_for_ui=wait)
             for spec in breakpoints:
                 self.stepper.add_breakpoint(spec)
@@ -143,19 +154,20 @@ class Tracer:
         self.memo = SummaryMemo()
         self.modules = ModuleTracker()
         self.mode = ForwardMode(self)
-        self.step_index = 0
+        self.step_index = driven.step if driven is not None else 0
         self.step_traced = False
-        self._seq = itertools.count()
+        self.next_seq = driven.next_seq if driven is not None else itertools.count().__next__
         self._node_ids = _node_ids
         self.run_id = next(_runs)
         self._backward_index = 0
         self._errors_seen: set[tuple[str, str]] = set()
         self._owner = threading.get_ident()
         self._mode_pushed = False
-        self._optimizer_hook: Any = None
-        self._optimizer_pre_hook: Any = None
-        self._resume_hook: Any = None  # re-enters the mode if an optimizer step raised
-        self._optimizer_depth = 0  # optimizer.step() calls in progress (subclasses nest them)
+        # Standalone, the tracer counts steps itself; driven, the agent's clock calls the
+        # same three methods (update_begins, update_ends, boundary).
+        self.clock: StepClock | None = None
+        if driven is None and (optimizer_steps or not optimizer_ops):
+            self.clock = StepClock(self, optimizer_steps=optimizer_steps)
         self._writer: Any = None
         self._extra_sinks = list(sinks)
         self.pipeline: EventPipeline | None = None
@@ -171,16 +183,17 @@ class Tracer:
             return self
         if _current is not None:
             return self._start_nested(_current)
-        session = self._session_event()
+        session = self._session_event() if self.driven is None else None
         sinks: list[Sink] = list(self._extra_sinks)
         if self._keep:
             sinks.insert(0, self.trace.events.extend)
         if self.record is not None:
             from torchscope.protocol.tracefile import TraceWriter
 
-            self._writer = TraceWriter(self.record, metadata={"session": dict(session)})
+            meta = {"session": dict(session)} if session is not None else {}
+            self._writer = TraceWriter(self.record, metadata=meta)
             sinks.append(self._writer.write)
-        if self.live:
+        if self.live and session is not None:
             self._start_publisher(session, sinks)
         self.pipeline = EventPipeline(
             self.summarizer, sinks, self.next_seq, on_error=self.report_error, on_idle=self._tick
@@ -188,11 +201,11 @@ class Tracer:
         self._owner = threading.get_ident()
         _current = self
         self.started = True
-        with self.pipeline.lock:
-            self.pipeline.add(session)
-        if self.optimizer_steps or not self.optimizer_ops:
-            self._optimizer_pre_hook = register_optimizer_step_pre_hook(self._before_optimizer_step)
-            self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        if session is not None:
+            with self.pipeline.lock:
+                self.pipeline.add(session)
+        if self.clock is not None:
+            self.clock.install()
         self._begin_step()
         return self
 
@@ -209,39 +222,10 @@ class Tracer:
         self.publisher.note_step(self.step_index)
         sinks.append(self.publisher)
         if self.stepper is not None:
-            self._serve_stepping(self.publisher, self.stepper)
-
-    def _serve_stepping(self, publisher: Any, stepper: Stepper) -> None:
-        """Control commands of step-through debugging (run on the publisher's thread)."""
-
-        def answer(action: Any) -> Any:
-            def handle(args: dict[str, Any]) -> dict[str, Any]:
-                action(args)
-                return {"state": stepper.state()}
-
-            return handle
-
-        def add(args: dict[str, Any]) -> None:
-            stepper.add_breakpoint({k: v for k, v in args.items() if v is not None})
-
-        publisher.commands.update(
-            {
-                "pause": answer(lambda a: stepper.request_pause()),
-                "step": answer(lambda a: stepper.request_step()),
-                "next": answer(lambda a: stepper.request_next(self.step_index)),
-                "continue": answer(lambda a: stepper.request_continue()),
-                "detach": answer(lambda a: stepper.detach()),
-                "state": answer(lambda a: None),
-                "break_list": answer(lambda a: None),
-                "break_add": answer(add),
-                "break_enable": answer(lambda a: stepper.set_enabled(a["bp"], a["enabled"])),
-                "break_delete": answer(lambda a: stepper.delete_breakpoint(a["bp"])),
-                "inspect": lambda a: stepper.inspect(
-                    a["group"], a["index"], a["start"], a["count"]
-                ),
-            }
-        )
-        publisher.on_request = stepper.contact
+            self.publisher.commands.update(
+                stepping_commands(self.stepper, lambda: self.step_index)
+            )
+            self.publisher.on_request = lambda client, cmd: self.stepper.contact()
 
     def _start_nested(self, outer: Tracer) -> Tracer:
         """``trace()`` inside a traced run (``torchscope run`` of a script that calls it):
@@ -282,7 +266,8 @@ class Tracer:
         if self._mode_pushed and self._mode_on_top():
             self.mode.__exit__(None, None, None)
         self._mode_pushed = False
-        self._remove_optimizer_hooks()
+        if self.clock is not None:
+            self.clock.remove()
         self.modules.remove()
         self._writer = None
         self.publisher = None
@@ -299,7 +284,8 @@ class Tracer:
             return
         try:
             self._set_active(False)
-            self._remove_optimizer_hooks()
+            if self.clock is not None:
+                self.clock.remove()
             self.modules.remove()
             assert self.pipeline is not None
             self.pipeline.close()
@@ -310,12 +296,6 @@ class Tracer:
                 self.publisher.close()  # after the pipeline: the last events go before "bye"
                 self.publisher = None
             _current = None
-
-    def _remove_optimizer_hooks(self) -> None:
-        for hook in (self._optimizer_hook, self._optimizer_pre_hook, self._resume_hook):
-            if hook is not None:
-                hook.remove()
-        self._optimizer_hook = self._optimizer_pre_hook = self._resume_hook = None
 
     def __enter__(self) -> Tracer:
         return self.start()
@@ -351,18 +331,9 @@ class Tracer:
     def grads_of(self, node: str) -> list[Event]:
         return self.trace.grads_of(node)
 
-    # -- steps -----------------------------------------------------------------------------
-    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        # The hook is global: an optimizer stepping on another thread is not this run's step.
-        if threading.get_ident() != self._owner:
-            return
-        self._optimizer_depth += 1
-        if self._optimizer_depth > 1:
-            return  # a subclass's step() calling super().step(): one update, one step
-        # Post-hooks do not run when a step raises: the next module call settles things then.
-        self._resume_hook = module_mod.register_module_forward_pre_hook(
-            lambda module, args: self._after_optimizer()
-        )
+    # -- steps (called by the step clock, on the training thread) ---------------------------
+    def update_begins(self, args: tuple, kwargs: dict) -> None:
+        """``optimizer.step()`` begins."""
         closure = args[1] if len(args) > 1 else kwargs.get("closure")
         if self.optimizer_ops or closure is not None:
             return  # a closure (LBFGS) runs the model's own forward and backward in step()
@@ -376,28 +347,13 @@ class Tracer:
             self.mode.__exit__(None, None, None)
             self._mode_pushed = False
 
-    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if threading.get_ident() != self._owner:
-            return
-        if self._optimizer_depth > 1:
-            self._optimizer_depth -= 1
-            return
-        if self.optimizer_steps:
-            self._after_optimizer(resume=False)
-            self.advance_step()  # re-enters the mode when the next step is traced
-        else:
-            self._after_optimizer()
-
-    def _after_optimizer(self, resume: bool = True) -> None:
-        self._optimizer_depth = 0
-        if self._resume_hook is not None:
-            self._resume_hook.remove()
-            self._resume_hook = None
-        if resume and self.started and threading.get_ident() == self._owner:
+    def update_ends(self) -> None:
+        """``optimizer.step()`` returned (or raised) without ending the step."""
+        if self.started and threading.get_ident() == self._owner:
             self._set_active(self.step_traced)
 
-    def advance_step(self) -> None:
-        """End the current step and begin the next one."""
+    def boundary(self, step: int) -> None:
+        """Step ``step`` begins: re-enters the mode when it is traced."""
         if not self.started:
             return
         try:
@@ -406,12 +362,19 @@ class Tracer:
             # A fresh step forgets old summaries: code that updates weights through `.data` or
             # numpy bypasses the version counter the memo trusts within a step.
             self.memo.clear()
-            self.step_index += 1
+            self.step_index = step
             if self.publisher is not None:
-                self.publisher.note_step(self.step_index)  # untraced steps show progress too
+                self.publisher.note_step(step)  # untraced steps show progress too
             self._begin_step()
         except Exception as exc:
             self.report_error("advancing the step", exc)
+
+    def advance_step(self) -> None:
+        """End the current step and begin the next one (``torchscope.step()``)."""
+        if self.clock is not None:
+            self.clock.advance()
+        else:
+            self.boundary(self.step_index + 1)
 
     def _begin_step(self) -> None:
         traced = self.step_index in self.steps
@@ -441,9 +404,6 @@ class Tracer:
         return n > 0 and torch._C._get_function_stack_at(n - 1) is self.mode
 
     # -- events ----------------------------------------------------------------------------
-    def next_seq(self) -> int:
-        return next(self._seq)
-
     def _emit(self, event: Event) -> None:
         assert self.pipeline is not None
         with self.pipeline.lock:
@@ -483,29 +443,14 @@ class Tracer:
             pass
 
     def _session_event(self) -> Event:
-        main = sys.modules.get("__main__")
-        fields = dict(
-            kind=SESSION,
-            seq=self.next_seq(),
-            step=self.step_index,
-            protocol=list(PROTOCOL_VERSION),
-            pid=os.getpid(),
-            host=socket.gethostname(),
-            argv=list(sys.argv),
-            script=getattr(main, "__file__", None),
-            cwd=os.getcwd(),
-            started=time.time(),
-            rank=_env_int("RANK"),
-            world_size=_env_int("WORLD_SIZE"),
-            torch=str(torch.__version__),  # plain str, as it reads back from a file
-            python=sys.version.split()[0],
+        return session_event(
+            self.next_seq(),
+            self.step_index,
             steps=self.steps.text,
             values=self.summarizer.value_limit,
-            # A UI that had to drop old steps reloads them from here.
-            record=os.path.abspath(self.record) if self.record else None,
+            record=self.record,
+            metadata=self.metadata,
         )
-        fields.update(self.metadata)
-        return Event(fields)
 
     # -- per op ----------------------------------------------------------------------------
     def summary_of(self, t: torch.Tensor, aliases: list[torch.Tensor] = ()) -> dict:  # type: ignore[assignment]
@@ -831,6 +776,41 @@ class Tracer:
             pipeline.flush(wait=True)
         except Exception as exc:
             self.report_error("resuming", exc)
+
+
+def session_event(
+    seq: int,
+    step: int,
+    *,
+    steps: str,
+    values: int,
+    record: str | None,
+    metadata: dict[str, Any],
+) -> Event:
+    """The event that opens a trace and answers a UI's hello: who this job is."""
+    main = sys.modules.get("__main__")
+    fields = dict(
+        kind=SESSION,
+        seq=seq,
+        step=step,
+        protocol=list(PROTOCOL_VERSION),
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        argv=list(sys.argv),
+        script=getattr(main, "__file__", None),
+        cwd=os.getcwd(),
+        started=time.time(),
+        rank=_env_int("RANK"),
+        world_size=_env_int("WORLD_SIZE"),
+        torch=str(torch.__version__),  # plain str, as it reads back from a file
+        python=sys.version.split()[0],
+        steps=steps,
+        values=values,
+        # A UI that had to drop old steps reloads them from here.
+        record=os.path.abspath(record) if record else None,
+    )
+    fields.update(metadata)
+    return Event(fields)
 
 
 def _grad_fn(t: torch.Tensor) -> Any:

@@ -75,6 +75,8 @@ class Stepper:
         self._resume_reason: str | None = None
         self._next_id = 1
         self.breakpoints: dict[int, Breakpoint] = {}
+        # Who set each breakpoint (a UI's client id; None: the command line): it goes with them.
+        self.owners: dict[int, Any] = {}
         self.paused: PausePoint | None = None
         self.auto_resumed = 0
         # Read on every op by the training thread: a plain attribute, kept current under _cv.
@@ -178,6 +180,13 @@ class Stepper:
         """The UI leaves: forget every breakpoint and let the job run."""
         with self._cv:
             self.breakpoints.clear()
+            self.owners.clear()
+            self.detach_uis()
+
+    def detach_uis(self) -> None:
+        """The last UI left: what it asked for (a pause, a step, waiting for it) ends and a
+        pause it was looking at resumes; the command line's breakpoints stay."""
+        with self._cv:
             self._attached = False
             self._waiting_for_ui = False
             self._mode = RUN
@@ -187,13 +196,24 @@ class Stepper:
             self._refresh()
             self._cv.notify_all()
 
-    def add_breakpoint(self, spec: dict[str, Any]) -> dict[str, Any]:
+    def add_breakpoint(self, spec: dict[str, Any], owner: Any = None) -> dict[str, Any]:
         with self._cv:
             bp = Breakpoint.from_spec(self._next_id, spec)
             self._next_id += 1
             self.breakpoints[bp.id] = bp
+            self.owners[bp.id] = owner
             self._refresh()
             return bp.to_dict()
+
+    def release(self, owner: Any) -> int:
+        """Delete the breakpoints ``owner`` set (a UI that left); returns how many."""
+        with self._cv:
+            gone = [i for i, o in self.owners.items() if o == owner and i in self.breakpoints]
+            for i in gone:
+                del self.breakpoints[i]
+                del self.owners[i]
+            self._refresh()
+            return len(gone)
 
     def set_enabled(self, bp_id: int, enabled: bool) -> dict[str, Any]:
         with self._cv:
@@ -206,6 +226,7 @@ class Stepper:
         with self._cv:
             self._get(bp_id)
             del self.breakpoints[bp_id]
+            self.owners.pop(bp_id, None)
             self._refresh()
 
     def _get(self, bp_id: int) -> Breakpoint:
@@ -239,6 +260,41 @@ class Stepper:
         if t is None:
             return {"group": group, "index": index, "values": None}
         return _slice_values(t, group, index, start, max(0, min(count, MAX_INSPECT)))
+
+
+Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
+
+
+def stepping_commands(stepper: Stepper, current_step: Callable[[], int]) -> dict[str, Handler]:
+    """Control commands of step-through debugging, for a publisher's ``commands`` table.
+
+    Handlers run on the publisher's thread and take (args, client): the client id of the UI
+    that asked. Every reply carries the stepper's state.
+    """
+
+    def answer(action: Callable[[dict[str, Any], Any], Any]) -> Handler:
+        def handle(args: dict[str, Any], client: Any) -> dict[str, Any]:
+            action(args, client)
+            return {"state": stepper.state()}
+
+        return handle
+
+    def add(args: dict[str, Any], client: Any) -> None:
+        stepper.add_breakpoint({k: v for k, v in args.items() if v is not None}, owner=client)
+
+    return {
+        "pause": answer(lambda a, c: stepper.request_pause()),
+        "step": answer(lambda a, c: stepper.request_step()),
+        "next": answer(lambda a, c: stepper.request_next(current_step())),
+        "continue": answer(lambda a, c: stepper.request_continue()),
+        "detach": answer(lambda a, c: stepper.detach()),
+        "state": answer(lambda a, c: None),
+        "break_list": answer(lambda a, c: None),
+        "break_add": answer(add),
+        "break_enable": answer(lambda a, c: stepper.set_enabled(a["bp"], a["enabled"])),
+        "break_delete": answer(lambda a, c: stepper.delete_breakpoint(a["bp"])),
+        "inspect": lambda a, c: stepper.inspect(a["group"], a["index"], a["start"], a["count"]),
+    }
 
 
 def _slice_values(t: Any, group: str, index: int, start: int, count: int) -> dict[str, Any]:

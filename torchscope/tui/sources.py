@@ -463,6 +463,7 @@ class LiveSource(EventSource):
                     self._load_recorded(step, inbox)
         finally:
             self._running = False
+            self._let_go()
             self._close_client()
 
     def close(self) -> None:
@@ -500,6 +501,25 @@ class LiveSource(EventSource):
         except Exception:  # a job gone or hung shows as not alive; nothing to add here
             return
         self.pings += 1
+
+    def _arm(self, inbox: Inbox) -> None:
+        """Hold the job traced while this UI is here (a dormant job arms at its next step
+        boundary). A job that cannot be armed (a ``trace(live=True)`` block) is traced anyway."""
+        try:
+            result = self.client.request("arm", timeout=self.timeout)
+        except Exception:
+            return
+        if isinstance(result.get("tracing"), str):
+            inbox.status(tracing=result["tracing"])
+
+    def _let_go(self) -> None:
+        """Quitting: the job goes dormant at its next step boundary (unless others hold it),
+        and this UI's breakpoints and pauses go with it. Best effort: a gone job needs none."""
+        c = self.client
+        if c is None or getattr(c, "ended", False) or not getattr(c, "alive", True):
+            return
+        with contextlib.suppress(Exception):
+            c.request("disarm", timeout=0.5)
 
     def _ask_state(self, inbox: Inbox) -> None:
         """The job's stepping state (is it paused already?), posted as a reply with token 0
@@ -575,6 +595,7 @@ class LiveSource(EventSource):
             "events_total": hello.get("events_total"),
             "recording": self.recording,
             "subscribed": hello.get("subscribed"),
+            "tracing": hello.get("tracing"),
             **_session_status(session),
         }
         for key in ("pid", "rank"):
@@ -589,6 +610,7 @@ class LiveSource(EventSource):
             self._snapshot_max = max(self._snapshot_seqs, default=-1)
             self._put(inbox, prepare(events))
         self._ask_state(inbox)
+        self._arm(inbox)
         self._last_ping = time.monotonic()
         return True
 
@@ -626,6 +648,7 @@ class LiveSource(EventSource):
             "dropped": getattr(c, "dropped", 0) or 0,
             "gaps": getattr(c, "frames_lost", 0) or 0,
             "step": getattr(c, "step", None),
+            "tracing": getattr(c, "tracing", None),
             "connected": alive and not ended,
             "state": "ended" if ended else ("connected" if alive else "disconnected"),
         }

@@ -72,6 +72,13 @@ class StatusBar(Static):
             n = len(stepper.breakpoints)
             text = f"{n} breakpoint{'s' if n != 1 else ''}"
             parts.append(text + (f" ({on} on)" if on != n else ""))
+        tracing = status.get("tracing") if mode == "live" and status.get("connected") else None
+        if tracing == "dormant":
+            parts.append("[$text-muted]dormant[/]")
+        elif tracing == "arming":
+            parts.append("[$warning]arming at the next step…[/]")
+        elif tracing == "traced":
+            parts.append("traced")
         if status.get("pid") is not None:
             parts.append(f"pid {escape(str(status['pid']))}")
         if status.get("rank") is not None:

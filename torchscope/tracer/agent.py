@@ -1,0 +1,459 @@
+"""The dormant agent: what runs in a job for its whole life, so a UI can attach at any time.
+
+``torchscope run`` and ``torchscope.serve()`` start one per process. Dormant, it costs close to
+nothing: no mode on the stack, no module or node hooks, no events. It keeps
+
+- the step clock (global optimizer hooks; after ``backward()`` for jobs without an optimizer),
+  so the job's steps are numbered from its start whether or not they are traced;
+- the control endpoint and the registry entry (``torchscope ls``, ``tui PID``, ``record PID``),
+  served by the publisher's thread, which wakes a few times a second, never per step;
+- the stepper (breakpoints and pauses outlive an armed period: a breakpoint set on a dormant
+  job hits in its next traced step).
+
+Tracing is *held*: by the command line (``--record``, ``--steps``, ``--break-on``, ``--wait``:
+the steps they select), by a UI (while its lease lasts: any request renews it), or by
+``record --next N`` (N steps). At every step boundary, on the training thread, the agent arms
+(starts a :class:`~torchscope.tracer.session.Tracer`) when someone holds tracing for the new
+step and disarms (stops it: no mode, no hooks, no threads of its own left) when nobody does.
+Arming never starts in the middle of a step. A holder that goes (``disarm``, ``q`` in the UI,
+or its lease running out) takes its breakpoints with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchscope.protocol.events import ARMING, DORMANT, TRACED, TRACING, Event
+from torchscope.tracer.clock import StepClock
+from torchscope.tracer.pipeline import Sink
+from torchscope.tracer.session import DrivenBy, Tracer, current_tracer, session_event
+from torchscope.tracer.stepper import Stepper, stepping_commands
+from torchscope.tracer.steps import ALL_STEPS, StepSelection, parse_steps
+
+_agent: Agent | None = None
+STEPPING_COMMANDS = frozenset(
+    "pause step next continue detach state break_list break_add break_enable break_delete "
+    "inspect".split()
+)
+
+
+def current_agent() -> Agent | None:
+    return _agent
+
+
+@dataclass
+class ServeOptions:
+    """What the command line (or ``serve()``) asks for; nothing of it arms a job by default."""
+
+    record: str | None = None
+    steps: str | int | None = None
+    values: int = 16
+    live: bool = True
+    breakpoints: list[dict[str, Any]] = field(default_factory=list)
+    wait: bool = False
+    lease: float = 10.0
+    optimizer_ops: bool = False
+    quiet: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def held_steps(self) -> StepSelection | None:
+        """The steps the command line holds traced (None: it holds none: dormant)."""
+        if self.steps is not None:
+            return parse_steps(self.steps)
+        if self.record is not None or self.breakpoints or self.wait:
+            return ALL_STEPS
+        return None
+
+
+@dataclass
+class Holder:
+    """Someone who wants the job traced."""
+
+    id: int
+    label: str  # "command line", "ui", "record"
+    client: bytes | None = None  # the UI's connection; None: the command line
+    steps: StepSelection | None = None  # absolute steps (command line)
+    remaining: int | None = None  # the next N steps (record --next N)
+    last_contact: float = field(default_factory=time.monotonic)
+
+    def takes(self, step: int) -> bool | None:
+        """Whether it holds ``step`` traced; None when it is done and goes."""
+        if self.steps is not None:
+            if step in self.steps:
+                return True
+            last = self.steps.last()
+            return None if last is not None and step > last else False
+        if self.remaining is not None:
+            if self.remaining <= 0:
+                return None
+            self.remaining -= 1
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "by": self.label}
+        if self.steps is not None:
+            out["steps"] = self.steps.text
+        if self.remaining is not None:
+            out["remaining"] = self.remaining
+        return out
+
+
+class Agent:
+    """One per process (see :func:`serve`). ``start()`` on the training thread."""
+
+    def __init__(self, options: ServeOptions | None = None) -> None:
+        self.options = options or ServeOptions()
+        self.next_seq = itertools.count().__next__
+        self.clock = StepClock(self, backward_steps=True)
+        self.tracer: Tracer | None = None
+        self.stepper: Stepper | None = None
+        self.publisher: Any = None
+        self.writer: Any = None
+        self.sinks: list[Sink] = []
+        self.started = False
+        self.armed_periods = 0  # how often it armed (tests, benchmarks)
+        self.traced_steps = 0
+        self._lock = threading.Lock()  # holders: control thread and training thread
+        self._holders: dict[int, Holder] = {}
+        self._ids = itertools.count(1)
+        self._released: list[int] = []  # holders gone since the last boundary (to announce)
+        self._blocked_said = False
+
+    # -- lifecycle (training thread) -----------------------------------------------------------
+    def start(self) -> Agent:
+        global _agent
+        if self.started:
+            return self
+        opts = self.options
+        held = opts.held_steps()
+        if opts.live or opts.breakpoints or opts.wait:
+            self.stepper = Stepper(lease_seconds=opts.lease, wait_for_ui=opts.wait)
+            for spec in opts.breakpoints:
+                self.stepper.add_breakpoint(spec)
+        if held is not None:
+            self._add_holder(Holder(next(self._ids), "command line", steps=held))
+        session = self.session_event()
+        if opts.record is not None:
+            from torchscope.protocol.tracefile import TraceWriter  # raises TraceFileError
+
+            self.writer = TraceWriter(opts.record, metadata={"session": dict(session)})
+            self.sinks.append(self.writer.write)
+            self.writer.write([session])
+        if opts.live:
+            self._start_publisher(session)
+        self.clock.install()
+        self.started = True
+        _agent = self
+        self.boundary(self.clock.step)  # step 0 begins now: the command line may hold it
+        return self
+
+    def session_event(self) -> Event:
+        return session_event(
+            self.next_seq(),
+            self.clock.step,
+            steps=self.options.held_steps().text if self.options.held_steps() else "none",
+            values=self.options.values,
+            record=self.options.record,
+            metadata={
+                "agent": True,
+                "tracing": DORMANT,
+                # Without an optimizer step, a top-level backward() ends a step (see clock).
+                "steps_by": "optimizer.step(), torchscope.step(), else backward()",
+                **self.options.metadata,
+            },
+        )
+
+    def _start_publisher(self, session: Event) -> None:
+        """A job whose live view cannot start still runs (and records, when asked)."""
+        from torchscope.tracer.publisher import EventPublisher  # pyzmq only when live
+
+        try:
+            publisher = EventPublisher(session, sndhwm=100).start()
+        except Exception as exc:  # unsafe runtime dir, bad TORCHSCOPE_BIND, bind failure
+            self._say(f"live view disabled: {exc}", force=True)
+            return
+        self.publisher = publisher
+        publisher.note_step(self.clock.step)
+        publisher.tracing = self._tracing_state()
+        self.sinks.append(publisher)
+        assert self.stepper is not None
+        publisher.commands.update(stepping_commands(self.stepper, lambda: self.clock.step))
+        publisher.commands.update(
+            {"arm": self._cmd_arm, "disarm": self._cmd_disarm, "detach": self._cmd_detach}
+        )
+        publisher.on_request = self._contact
+        publisher.on_tick = self._expire_leases
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forget_in_child(ref))
+
+    def stop(self) -> None:
+        """The job is done: the last traced events reach the file and the UIs, then bye."""
+        global _agent
+        if not self.started:
+            return
+        self.started = False
+        try:
+            self._disarm()
+            self.clock.remove()
+            if self.writer is not None:
+                self.writer.close()
+        finally:
+            if self.publisher is not None:
+                self.publisher.close()
+            if _agent is self:
+                _agent = None
+
+    def abandon(self) -> None:
+        """In a forked child: drop everything the parent owns without touching it."""
+        self.started = False
+        if self.tracer is not None:
+            self.tracer.abandon()
+        self.tracer = None
+        self.clock.remove()
+        self.sinks = []
+        self.writer = self.publisher = None
+
+    # -- step clock (training thread) ----------------------------------------------------------
+    def update_begins(self, args: tuple, kwargs: dict) -> None:
+        if self.tracer is not None:
+            self.tracer.update_begins(args, kwargs)
+
+    def update_ends(self) -> None:
+        if self.tracer is not None:
+            self.tracer.update_ends()
+
+    def boundary(self, step: int) -> None:
+        """Step ``step`` begins: arm or disarm here, never inside a step."""
+        try:
+            with self._lock:
+                want = False
+                for holder in list(self._holders.values()):
+                    takes = holder.takes(step)
+                    if takes is None:
+                        self._drop_holder(holder)
+                    else:
+                        want = want or takes
+                released, self._released = self._released, []
+            if self.publisher is not None:
+                self.publisher.note_step(step)
+            if want and self.tracer is None:
+                self._arm(step, released)
+            elif want:
+                self.tracer.boundary(step)  # type: ignore[union-attr]
+                if released:
+                    self._announce(released)
+            else:
+                self._disarm(released)
+            if self.tracer is not None:
+                self.traced_steps += 1
+        except Exception as exc:  # never into the job
+            self._say(f"internal error at a step boundary: {type(exc).__name__}: {exc}")
+        finally:
+            if self.publisher is not None:
+                self.publisher.tracing = self._tracing_state()
+
+    def _arm(self, step: int, released: list[int]) -> None:
+        outer = current_tracer()
+        if outer is not None:
+            # The script's own torchscope.trace() block owns the mode now.
+            if not self._blocked_said:
+                self._blocked_said = True
+                self._say("not arming while the script's torchscope.trace() block runs")
+            return
+        self._announce(released, TRACED)
+        opts = self.options
+        tracer = Tracer(
+            None,
+            values=opts.values,
+            keep=False,
+            optimizer_ops=opts.optimizer_ops,
+            sinks=self.sinks,
+            driven=DrivenBy(self.stepper, step, self.next_seq),
+        )
+        tracer.start()
+        self.tracer = tracer
+        self.armed_periods += 1
+
+    def _disarm(self, released: list[int] = ()) -> None:  # type: ignore[assignment]
+        tracer, self.tracer = self.tracer, None
+        if tracer is not None:
+            tracer.stop()  # the armed period's last events are delivered first
+            self._announce(released, DORMANT)
+        elif released:
+            self._announce(released)
+
+    def _announce(self, released: list[int], state: str | None = None) -> None:
+        """A ``tracing`` event: armed / dormant, who holds it, whose hold just ended."""
+        if state is None:
+            state = TRACED if self.tracer is not None else DORMANT
+        with self._lock:
+            holders = [h.describe() for h in self._holders.values()]
+        event = Event(
+            kind=TRACING,
+            seq=self.next_seq(),
+            step=self.clock.step,
+            state=state,
+            holders=holders,
+            released=list(released),
+            t=time.time(),
+        )
+        if self.tracer is not None and self.tracer.pipeline is not None:
+            self.tracer._emit(event)  # in order after the step's events still in flight
+            return
+        for sink in self.sinks:
+            with contextlib.suppress(Exception):
+                sink([event])
+
+    def _tracing_state(self) -> str:
+        if self.tracer is not None:
+            return TRACED
+        return ARMING if self._holders else DORMANT
+
+    # -- holders (control thread, and the boundary) ---------------------------------------------
+    def _add_holder(self, holder: Holder) -> None:
+        self._holders[holder.id] = holder
+
+    def _drop_holder(self, holder: Holder) -> None:
+        """Called with the lock held."""
+        if self._holders.pop(holder.id, None) is None:
+            return
+        self._released.append(holder.id)
+        if holder.client is not None and self.stepper is not None:
+            self.stepper.release(holder.client)
+            if not any(h.client is not None for h in self._holders.values()):
+                # No UI left: nobody will say continue. A pause held for a UI ends now.
+                self.stepper.detach_uis()
+
+    def _client_holder(self, client: bytes) -> Holder | None:
+        return next((h for h in self._holders.values() if h.client == client), None)
+
+    def _contact(self, client: bytes, cmd: str) -> None:
+        """Any request renews its client's hold. Only a UI counts as a UI being there for
+        the stepper (its pauses' lease, ``--wait``): a client that holds the job as a UI, or
+        one that sends stepping commands; ``ls`` and ``record`` do not."""
+        with self._lock:
+            holder = self._client_holder(client)
+            if holder is not None:
+                holder.last_contact = time.monotonic()
+        is_ui = holder.label == "ui" if holder is not None else cmd in STEPPING_COMMANDS
+        if is_ui and self.stepper is not None:
+            self.stepper.contact()
+
+    def _expire_leases(self) -> None:
+        lease = self.options.lease
+        now = time.monotonic()
+        with self._lock:
+            for holder in list(self._holders.values()):
+                if holder.client is not None and now - holder.last_contact > lease:
+                    self._say(f"a {holder.label} stopped responding; its hold on tracing ended")
+                    self._drop_holder(holder)
+        if self.publisher is not None:
+            self.publisher.tracing = self._tracing_state()
+
+    def _cmd_arm(self, args: dict[str, Any], client: bytes) -> dict[str, Any]:
+        by = args.get("by") or "ui"
+        with self._lock:
+            old = self._client_holder(client)
+            if old is not None:
+                del self._holders[old.id]  # a new request replaces the client's old one
+            holder = Holder(next(self._ids), by, client=client, remaining=args.get("next"))
+            self._add_holder(holder)
+        if by == "ui" and self.stepper is not None:
+            self.stepper.contact()
+        if self.publisher is not None:
+            self.publisher.tracing = self._tracing_state()
+        return self._armed_reply(holder.id)
+
+    def _cmd_disarm(self, args: dict[str, Any], client: bytes) -> dict[str, Any]:
+        """This client lets go: its hold, its breakpoints, and (the last UI) its pauses."""
+        with self._lock:
+            holder = self._client_holder(client)
+            if holder is not None:
+                self._drop_holder(holder)
+            elif self.stepper is not None:
+                self.stepper.release(client)
+                if not any(h.client is not None for h in self._holders.values()):
+                    self.stepper.detach_uis()
+        if self.publisher is not None:
+            self.publisher.tracing = self._tracing_state()
+        return self._armed_reply(holder.id if holder is not None else 0)
+
+    def _cmd_detach(self, args: dict[str, Any], client: bytes) -> dict[str, Any]:
+        """Let the job run free: every breakpoint goes, the command line's too."""
+        reply = self._cmd_disarm(args, client)
+        if self.stepper is not None:
+            self.stepper.detach()
+        return {"state": self.stepper.state() if self.stepper is not None else {}, **reply}
+
+    def _armed_reply(self, holder: int) -> dict[str, Any]:
+        return {
+            "holder": holder,
+            "tracing": self._tracing_state(),
+            "state": self.stepper.state() if self.stepper is not None else None,
+        }
+
+    # -- reporting -----------------------------------------------------------------------------
+    def _say(self, text: str, force: bool = False) -> None:
+        if self.options.quiet and not force:
+            return
+        with contextlib.suppress(Exception):
+            print(f"torchscope: {text}", file=sys.stderr)
+
+
+def _forget_in_child(ref: weakref.ref[Agent]) -> None:
+    global _agent
+    agent = ref()
+    if agent is not None:
+        with contextlib.suppress(Exception):
+            agent.abandon()
+    _agent = None
+
+
+def attach_here() -> Agent:
+    """What ``torchscope attach PID`` runs inside the job (on its main thread, between two
+    bytecodes, maybe in the middle of a step): a dormant agent, which arms only at a step
+    boundary. Steps are numbered from the optimizers' own count where they keep one."""
+    agent = _agent
+    if agent is not None:
+        return agent
+    import atexit
+
+    agent = Agent(ServeOptions(metadata={"attached": True}))
+    agent.clock.step = optimizer_step_count()
+    agent.start()
+    atexit.register(agent.stop)
+    agent._say(f"attached; this job is served dormant (torchscope tui {os.getpid()})")
+    return agent
+
+
+def optimizer_step_count() -> int:
+    """The most updates any live optimizer has counted (Adam's ``state[p]["step"]``), or 0.
+    One pass over the heap, once, at attach time."""
+    import gc
+
+    from torch.optim import Optimizer
+
+    best = 0
+    for obj in gc.get_objects():
+        if isinstance(obj, Optimizer):
+            for state in obj.state.values():
+                step = state.get("step") if isinstance(state, dict) else None
+                if step is not None:
+                    with contextlib.suppress(Exception):
+                        best = max(best, int(step))
+    return best
+
+
+def serve(options: ServeOptions | None = None) -> Agent:
+    """Start this process's agent, or return the running one (idempotent)."""
+    if _agent is not None:
+        return _agent
+    return Agent(options).start()

@@ -1,0 +1,112 @@
+"""Top-level ``backward()`` calls, seen with no mode on the stack.
+
+A dormant job has no TorchFunctionMode, yet it must know when a backward pass runs: jobs that
+update their weights by hand (no ``torch.optim``) end a training step there, and the NaN
+watch keeps the step's graph for a replay. ``Tensor.backward`` calls
+``torch.autograd.backward`` through the module attribute, so one wrapper there sees both
+spellings. It is installed while at least one listener wants it and removed after the last
+one leaves, restoring the original function.
+
+A listener's ``backward_begins(kwargs)`` runs before the call on the calling thread and may
+return replacement keyword arguments (``retain_graph``); ``backward_ends(ok)`` runs after it,
+also when it raised. Nested calls (a backward inside a backward hook) are not reported: only
+the outermost call of a thread is a step's backward. Listener errors never reach the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+import threading
+from typing import Any, Protocol
+
+import torch
+
+
+class BackwardListener(Protocol):
+    def backward_begins(self, kwargs: dict[str, Any]) -> dict[str, Any] | None: ...
+
+    def backward_ends(self, ok: bool) -> None: ...
+
+
+_listeners: list[BackwardListener] = []
+_lock = threading.Lock()
+_depth = threading.local()
+_original: Any = None
+_wrapper: Any = None
+
+
+def _report(exc: BaseException) -> None:
+    with contextlib.suppress(Exception):  # a closed stderr must not reach the job
+        print(f"torchscope: internal error around backward(): {exc!r}", file=sys.stderr)
+
+
+def _make_wrapper(original: Any) -> Any:
+    @functools.wraps(original)
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        depth = getattr(_depth, "n", 0)
+        listeners = _listeners if depth == 0 else ()
+        for listener in listeners:
+            try:
+                changed = listener.backward_begins(kwargs)
+            except Exception as exc:
+                _report(exc)
+                changed = None
+            if changed is not None:
+                kwargs = changed
+        _depth.n = depth + 1
+        ok = False
+        try:
+            result = original(*args, **kwargs)
+            ok = True
+            return result
+        finally:
+            _depth.n = depth
+            for listener in listeners:
+                try:
+                    listener.backward_ends(ok)
+                except Exception as exc:
+                    _report(exc)
+
+    return backward
+
+
+class Listening:
+    """Handle of one listener; ``remove()`` is idempotent."""
+
+    def __init__(self, listener: BackwardListener) -> None:
+        self.listener = listener
+
+    def remove(self) -> None:
+        global _original, _wrapper, _listeners
+        with _lock:
+            if self.listener not in _listeners:
+                return
+            # Copy on write: the wrapper may be iterating the old list on another thread.
+            _listeners = [x for x in _listeners if x is not self.listener]
+            if not _listeners and _original is not None:
+                if torch.autograd.backward is _wrapper:
+                    torch.autograd.backward = _original
+                _original = _wrapper = None
+
+
+def listen(listener: BackwardListener) -> Listening:
+    """Report the top-level backward calls of every thread to ``listener``."""
+    global _original, _wrapper, _listeners
+    with _lock:
+        if _original is None:
+            _original = torch.autograd.backward
+            _wrapper = _make_wrapper(_original)
+            torch.autograd.backward = _wrapper
+            # The traced mode recognises backward calls by function identity; with the
+            # wrapper in place, torch's own override dispatch names the wrapper.
+            from torchscope.tracer.mode import BACKWARD_CALLS
+
+            BACKWARD_CALLS.setdefault(_wrapper, "torch.autograd.backward")
+        _listeners = [*_listeners, listener]
+    return Listening(listener)
+
+
+def installed() -> bool:
+    return _original is not None

@@ -1,0 +1,190 @@
+"""The job's step counter: where training steps begin and end, on the training thread.
+
+A step ends at ``optimizer.step()`` (global optimizer hooks), at ``torchscope.step()``, or, in a
+job that updates its weights by hand and has shown neither, after a top-level ``backward()``
+(optional: ``backward_steps``). Whoever listens (a tracer, the dormant agent) is told:
+
+- ``update_begins(args, kwargs)`` / ``update_ends()``: an optimizer update starts / ends without
+  ending the step (the tracer leaves its mode during the update);
+- ``boundary(step)``: step ``step`` begins. The listener may start or stop tracing here: it is
+  the training thread, between two steps.
+
+Only the thread that owns the clock counts (optimizer hooks are global: another thread's
+optimizer is not this job's step). A subclass whose ``step()`` calls ``super().step()`` runs the
+hooks nested: one update, one step.
+
+A boundary after ``backward()`` is not taken at once (the hand-written update that follows is
+not the next step's work) but at the next module call or backward, whichever comes first.
+The first ``optimizer.step()`` turns these provisional boundaries off and renumbers the step
+as the optimizer counts it, so gradient accumulation is counted right from then on.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol
+
+from torch.nn.modules import module as module_mod
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+
+from torchscope.tracer import backward_calls
+
+
+class StepListener(Protocol):
+    def update_begins(self, args: tuple, kwargs: dict) -> None: ...
+
+    def update_ends(self) -> None: ...
+
+    def boundary(self, step: int) -> None: ...
+
+
+# What ended the last step; the session event and ``ls`` say which rule is counting.
+BY_OPTIMIZER = "optimizer"
+BY_BACKWARD = "backward"
+BY_CALL = "torchscope.step"
+
+
+class StepClock:
+    def __init__(
+        self,
+        listener: StepListener,
+        *,
+        start: int = 0,
+        optimizer_steps: bool = True,
+        backward_steps: bool = False,
+        optimizer_hooks: bool = True,
+    ) -> None:
+        self.listener = listener
+        self.step = start
+        self.optimizer_steps = optimizer_steps
+        self.backward_steps = backward_steps
+        self._optimizer_hooks = optimizer_hooks
+        self.counted_by: str | None = None  # the rule that ended a step last
+        self._owner = threading.get_ident()
+        self._depth = 0  # optimizer.step() calls in progress
+        self._optimizer_seen = False
+        self._manual_seen = False
+        self._provisional = 0  # steps counted from backward() before any optimizer step
+        self._hooks: list[Any] = []
+        self._resume_hook: Any = None  # settles an update whose step() raised
+        self._pending_hook: Any = None  # takes a boundary deferred after backward()
+        self._backward: backward_calls.Listening | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def install(self) -> StepClock:
+        self._owner = threading.get_ident()
+        if self._optimizer_hooks and not self._hooks:
+            self._hooks = [
+                register_optimizer_step_pre_hook(self._before_update),
+                register_optimizer_step_post_hook(self._after_update),
+            ]
+        if self.backward_steps and self._backward is None:
+            self._backward = backward_calls.listen(self)
+        return self
+
+    def remove(self) -> None:
+        for hook in (*self._hooks, self._resume_hook, self._pending_hook):
+            if hook is not None:
+                hook.remove()
+        self._hooks = []
+        self._resume_hook = self._pending_hook = None
+        if self._backward is not None:
+            self._backward.remove()
+            self._backward = None
+
+    @property
+    def owner(self) -> int:
+        return self._owner
+
+    # -- the rules -----------------------------------------------------------------------------
+    def advance(self, by: str = BY_CALL) -> None:
+        """End the current step (``torchscope.step()``, or a rule below)."""
+        if by == BY_CALL:
+            self._manual_seen = True
+            self._drop_pending()
+        self.counted_by = by
+        self.step += 1
+        self.listener.boundary(self.step)
+
+    def set_step(self, step: int) -> None:
+        """Number the current step ``step`` (a job resumed from a checkpoint); the rules keep
+        counting from there."""
+        self._provisional = 0
+        self.step = int(step)
+        self.listener.boundary(self.step)
+
+    def _before_update(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        if threading.get_ident() != self._owner:
+            return
+        self._depth += 1
+        if self._depth > 1:
+            return
+        self._drop_pending()
+        # Post-hooks do not run when step() raises: the next module call settles things then.
+        self._resume_hook = module_mod.register_module_forward_pre_hook(self._update_failed)
+        self.listener.update_begins(args, kwargs)
+
+    def _after_update(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        if threading.get_ident() != self._owner:
+            return
+        if self._depth > 1:
+            self._depth -= 1
+            return
+        self._settle()
+        if self.optimizer_steps:
+            if not self._optimizer_seen:
+                self._optimizer_seen = True
+                # Steps counted from backward() before the first update were micro-batches of
+                # one optimizer step (gradient accumulation): count as the optimizer does.
+                self.step -= self._provisional
+                self._provisional = 0
+            self.advance(BY_OPTIMIZER)
+        else:
+            self.listener.update_ends()
+
+    def _update_failed(self, module: Any, args: Any) -> None:
+        self._settle()
+        self.listener.update_ends()
+
+    def _settle(self) -> None:
+        self._depth = 0
+        if self._resume_hook is not None:
+            self._resume_hook.remove()
+            self._resume_hook = None
+
+    # -- backward() as a step's end, for jobs without an optimizer ------------------------------
+    def _counts_backward(self) -> bool:
+        return (
+            self.backward_steps
+            and self.optimizer_steps
+            and not self._optimizer_seen
+            and not self._manual_seen
+            and threading.get_ident() == self._owner
+        )
+
+    def backward_begins(self, kwargs: dict[str, Any]) -> None:
+        if self._pending_hook is not None and threading.get_ident() == self._owner:
+            self._take_pending()  # two backward calls with no module call between them
+        return None
+
+    def backward_ends(self, ok: bool) -> None:
+        if ok and self._pending_hook is None and self._counts_backward():
+            self._pending_hook = module_mod.register_module_forward_pre_hook(
+                lambda module, args: self._take_pending()
+            )
+
+    def _take_pending(self) -> None:
+        if threading.get_ident() != self._owner or self._pending_hook is None:
+            return
+        self._drop_pending()
+        if self._counts_backward():
+            self._provisional += 1
+            self.advance(BY_BACKWARD)
+
+    def _drop_pending(self) -> None:
+        if self._pending_hook is not None:
+            self._pending_hook.remove()
+            self._pending_hook = None
