@@ -106,13 +106,17 @@ def test_arm_for_the_next_3_steps_at_step_20_then_dormant_again():
 
 
 def test_a_ui_holds_tracing_while_its_lease_lasts_and_takes_its_breakpoints_with_it():
+    from torchscope.tracer.stepper import Stepper
+
     a, events = agent(lease=0.3)
+    a.stepper = Stepper(lease_seconds=0.3, note=lambda text: None)
 
     def on_step(i: int) -> None:
         if i == 3:
             a._cmd_arm({"next": None}, b"ui")
+            a.stepper.add_breakpoint({"op": "^never$"}, owner=b"ui")
         if i in (4, 5, 6):
-            a._contact(b"ui")  # pings renew the lease
+            a._contact(b"ui", "ping")  # pings renew the lease
         if i == 7:
             import time
 
@@ -124,6 +128,7 @@ def test_a_ui_holds_tracing_while_its_lease_lasts_and_takes_its_breakpoints_with
     finally:
         a.stop()
     assert traced_steps(events) == [4, 5, 6, 7]
+    assert a.stepper.breakpoints == {}  # its breakpoint went with it
 
 
 def test_ui_breakpoints_go_when_the_ui_disarms_command_line_ones_stay():

@@ -125,6 +125,7 @@ class Agent:
         self._holders: dict[int, Holder] = {}
         self._ids = itertools.count(1)
         self._released: list[int] = []  # holders gone since the last boundary (to announce)
+        self._client_holders_gone: set[int] = set()
         self._blocked_said = False
 
     # -- lifecycle (training thread) -----------------------------------------------------------
@@ -281,12 +282,15 @@ class Agent:
         tracer.start()
         self.tracer = tracer
         self.armed_periods += 1
+        self._say_holders(f"tracing from step {step}")
 
     def _disarm(self, released: list[int] = ()) -> None:  # type: ignore[assignment]
         tracer, self.tracer = self.tracer, None
         if tracer is not None:
             tracer.stop()  # the armed period's last events are delivered first
             self._announce(released, DORMANT)
+            if self.started:
+                self._say_holders(f"dormant again at step {self.clock.step}", released)
         elif released:
             self._announce(released)
 
@@ -326,6 +330,8 @@ class Agent:
         if self._holders.pop(holder.id, None) is None:
             return
         self._released.append(holder.id)
+        if holder.client is not None:
+            self._client_holders_gone.add(holder.id)
         if holder.client is not None and self.stepper is not None:
             self.stepper.release(holder.client)
             if not any(h.client is not None for h in self._holders.values()):
@@ -401,6 +407,16 @@ class Agent:
         }
 
     # -- reporting -----------------------------------------------------------------------------
+    def _say_holders(self, text: str, released: list[int] = ()) -> None:  # type: ignore[assignment]
+        """One line when a UI or a recorder arms or leaves (the command line's own steps
+        are what the user asked for: nothing to say)."""
+        with self._lock:
+            clients = [h.label for h in self._holders.values() if h.client is not None]
+        if clients or any(i in self._client_holders_gone for i in released):
+            who = ", ".join(sorted(set(clients))) or "nobody"
+            self._say(f"{text} (held by: {who})")
+
+
     def _say(self, text: str, force: bool = False) -> None:
         if self.options.quiet and not force:
             return
