@@ -191,3 +191,18 @@ def test_initialising_uninitialised_memory_is_not_an_alert():
     assert [(a.where, a.name) for a in tr.alerts] == [
         ("input", "input 0 of Tensor.add_ (from outside the traced ops)")
     ]
+
+
+def test_the_standard_causal_mask_is_not_an_inf_origin_but_a_fully_masked_row_is_a_nan():
+    """``nn.Transformer.generate_square_subsequent_mask``: ``triu(full(-inf))``. The Inf is
+    intended at ``full`` and stays intended through ``triu`` and the masked scores; a row
+    that is masked entirely still turns into NaN in ``softmax``, which is reported there."""
+    scores = torch.randn(4, 4)
+    with torchscope.trace() as tr:
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(4)
+        attn = torch.softmax(scores + mask, dim=-1)
+        full = torch.full((4, 4), float("-inf"))
+        dead = torch.softmax(scores + full, dim=-1)  # every position masked
+    assert torch.isfinite(attn).all() and torch.isnan(dead).all()
+    assert [(a.what, a.name) for a in tr.alerts] == [("nan", "torch.softmax")]
+    assert tr.alerts[0].event_seq == [o for o in tr.ops if o.name == "torch.softmax"][1].seq

@@ -33,7 +33,7 @@ class _Parser(argparse.ArgumentParser):
 
 # -- run -------------------------------------------------------------------------------------
 RUN_USAGE = r"""usage: torchscope run [--record FILE] [--steps SPEC] [--values N] [--no-live]
-                      [--break-on COND] [--wait] [--lease SECONDS] [--optimizer-ops]
+                      [--break-on COND] [--wait] [--hold] [--lease SECONDS] [--optimizer-ops]
                       [--quiet] (SCRIPT | -m MODULE) [ARGS ...]
 
 Run a Python script (or module, like `python -m`) so that torchscope can trace it. Options
@@ -57,7 +57,10 @@ torchscope.step() call; in a job with neither, one per backward()).
                   module:REGEX, line:FILE:LINE, gradnorm:X, step:N, from:N
                   e.g. --break-on nan --break-on 'op:^Tensor.div$'
                        --break-on 'module:^blocks\.3\.,nan'
-  --wait          pause before the first op until a UI connects
+  --wait          wait before the first op until a UI connects, then run (like
+                  debugpy's --wait-for-client); it says so on stderr
+  --hold          a pause with no UI attached waits for one, instead of resuming
+                  after the lease (a breakpoint with no UI says at once where it paused)
   --lease SECONDS a UI that stops answering for this long lets go: a pause it held
                   resumes, its breakpoints go, and the job goes dormant (default 10)
   --optimizer-ops also trace the ops inside optimizer.step()
@@ -75,6 +78,7 @@ class RunOptions:
     optimizer_ops: bool = False
     breakpoints: list[dict] = field(default_factory=list)
     wait: bool = False
+    hold: bool = False
     lease: float = 10.0
     module: str | None = None
     script: str | None = None
@@ -121,6 +125,8 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
             opts.live = False
         elif tok == "--wait":
             opts.wait = True
+        elif tok == "--hold":
+            opts.hold = True
         elif tok == "--optimizer-ops":
             opts.optimizer_ops = True
         elif tok in ("-h", "--help"):
@@ -192,6 +198,7 @@ def cmd_run(opts: RunOptions) -> int:
             live=opts.live,
             breakpoints=opts.breakpoints,
             wait=opts.wait,
+            hold=opts.hold,
             lease=opts.lease,
             optimizer_ops=opts.optimizer_ops,
             quiet=opts.quiet,

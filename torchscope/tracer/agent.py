@@ -59,6 +59,7 @@ class ServeOptions:
     live: bool = True
     breakpoints: list[dict[str, Any]] = field(default_factory=list)
     wait: bool = False
+    hold: bool = False
     lease: float = 10.0
     optimizer_ops: bool = False
     quiet: bool = False
@@ -136,7 +137,10 @@ class Agent:
         opts = self.options
         held = opts.held_steps()
         if opts.live or opts.breakpoints or opts.wait:
-            self.stepper = Stepper(lease_seconds=opts.lease, wait_for_ui=opts.wait)
+            hint = f"attach: torchscope tui {os.getpid()}" if opts.live else "no UI can attach"
+            self.stepper = Stepper(
+                lease_seconds=opts.lease, wait_for_ui=opts.wait, hold=opts.hold, attach_hint=hint
+            )
             for spec in opts.breakpoints:
                 self.stepper.add_breakpoint(spec)
         if held is not None:
@@ -351,7 +355,7 @@ class Agent:
                 holder.last_contact = time.monotonic()
         is_ui = holder.label == "ui" if holder is not None else cmd in STEPPING_COMMANDS
         if is_ui and self.stepper is not None:
-            self.stepper.contact()
+            self.stepper.contact(client)
 
     def _expire_leases(self) -> None:
         lease = self.options.lease
@@ -373,7 +377,7 @@ class Agent:
             holder = Holder(next(self._ids), by, client=client, remaining=args.get("next"))
             self._add_holder(holder)
         if by == "ui" and self.stepper is not None:
-            self.stepper.contact()
+            self.stepper.contact(client)
         if self.publisher is not None:
             self.publisher.tracing = self._tracing_state()
         return self._armed_reply(holder.id)

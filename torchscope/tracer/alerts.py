@@ -4,7 +4,8 @@
   first appears.
 - An Inf made on purpose (a call given an infinite scalar, like the ``masked_fill(mask,
   -inf)`` of causal attention) is not an alert, and its outputs count as finite for the ops
-  that use them: a fully masked row turning into NaN in ``softmax`` is reported there.
+  that use them, and so on down the line (``torch.triu`` of a ``full(-inf)`` mask, the mask
+  added to the scores): a fully masked row turning into NaN in ``softmax`` is reported there.
 - A non-finite tensor that enters from outside the traced ops (input data, a parameter the
   optimizer wrote) is reported at its first use.
 
@@ -31,6 +32,11 @@ def _bad(summary: dict | None) -> str | None:
     if stats["inf"] and not summary.get(INF_INTENDED):  # type: ignore[union-attr]
         return "inf"
     return None
+
+
+def _holds_inf(summaries: list) -> bool:
+    """Some summary counts an Inf, intended or not."""
+    return any(s and (s.get("stats") or {}).get("inf") for s in summaries)
 
 
 def _worst(summaries: list) -> str | None:
@@ -95,7 +101,9 @@ class AlertDetector:
             alerts = self._external_inputs(event)
             sides = _sides(event)
             assert sides is not None
-            if event.get("inf_arg") and _worst(sides[0]) is None:
+            if _worst(sides[0]) is None and (event.get("inf_arg") or _holds_inf(sides[0])):
+                # An Inf made on purpose stays on purpose through the ops it flows into
+                # (torch.triu of a -inf mask, the mask added to attention scores).
                 for s in sides[1]:
                     if _bad(s) == "inf":
                         s[INF_INTENDED] = True

@@ -98,7 +98,7 @@ class ForwardMode(TorchFunctionMode):
             pending = None
         stepper = tracer.stepper
         if pending is not None and stepper is not None and stepper.active:
-            tracer.pause_before_op(pending)
+            pending = tracer.pause_before_op(pending)
         result = func(*args, **kwargs)
         if pending is not None:
             try:

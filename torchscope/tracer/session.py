@@ -141,7 +141,11 @@ class Tracer:
         # Step-through control, whenever a UI could attach or the job was told where to stop.
         self.stepper: Stepper | None = driven.stepper if driven is not None else None
         if driven is None and (self.live or breakpoints or wait or stepping):
-            self.stepper = Stepper(lease_seconds=lease, wait_for_ui=wait)
+            self.stepper = Stepper(
+                lease_seconds=lease,
+                wait_for_ui=wait,
+                attach_hint=f"attach: torchscope tui {os.getpid()}" if self.live else "",
+            )
             for spec in breakpoints:
                 self.stepper.add_breakpoint(spec)
         self.metadata = dict(metadata or {})
@@ -225,7 +229,7 @@ class Tracer:
             self.publisher.commands.update(
                 stepping_commands(self.stepper, lambda: self.step_index)
             )
-            self.publisher.on_request = lambda client, cmd: self.stepper.contact()
+            self.publisher.on_request = lambda client, cmd: self.stepper.contact(client)
 
     def _start_nested(self, outer: Tracer) -> Tracer:
         """``trace()`` inside a traced run (``torchscope run`` of a script that calls it):
@@ -721,7 +725,9 @@ class Tracer:
         seq = event.get("seq")
         return self.pipeline.alerts.origins.get(seq) if seq is not None else None  # type: ignore[union-attr]
 
-    def pause_before_op(self, pending: tuple) -> None:
+    def pause_before_op(self, pending: tuple) -> tuple:
+        """Maybe pause before the op runs; returns ``pending`` with its clock restarted
+        after a pause (an op's duration never counts the time it sat paused)."""
         name, _in_tensors, inputs, _, _ = pending
         try:
             frame = user_frame(1)
@@ -738,21 +744,24 @@ class Tracer:
             )
         except Exception as exc:
             self.report_error("pausing before an op", exc)
-            return
-        self.pause_point(BEFORE, stub, {"inputs": list(pending[1])})
+            return pending
+        if self.pause_point(BEFORE, stub, {"inputs": list(pending[1])}):
+            return (*pending[:4], time.perf_counter_ns())
+        return pending
 
     def pause_after_op(self, pending: tuple, event: Event, outs: list[torch.Tensor]) -> None:
         self.pause_point(AFTER, event, {"inputs": list(pending[1]), "outputs": outs})
 
-    def pause_point(self, phase: str, event: Event, tensors: dict[str, list]) -> None:
+    def pause_point(self, phase: str, event: Event, tensors: dict[str, list]) -> bool:
         """Ask the stepper whether to stop here; if so, block this thread until told to go.
+        Returns whether it paused.
 
         Never raises into the job: a failure here is reported and the job runs on.
         """
         stepper = self.stepper
         pipeline = self.pipeline
         if stepper is None or pipeline is None:
-            return
+            return False
         try:
             # Value conditions (NaN, gradient norm) need this event's numbers now: a sync, paid
             # only while such a breakpoint could match here.
@@ -760,7 +769,7 @@ class Tracer:
                 pipeline.flush(wait=True)
             reason = stepper.should_pause(phase, event, self._origin_of)
             if reason is None:
-                return
+                return False
             pipeline.flush(wait=True)  # everything up to here reaches the UI and the file
             point = PausePoint(phase, event, tensors, thread_stack(self._owner), reason)
             self._emit(
@@ -769,13 +778,14 @@ class Tracer:
             pipeline.flush(wait=True)
         except Exception as exc:
             self.report_error("deciding whether to pause", exc)
-            return
+            return False
         resumed_by = stepper.at_point(point)  # blocks the training thread
         try:
             self._emit(Event(kind=RESUME, seq=self.next_seq(), step=self.step_index, by=resumed_by))
             pipeline.flush(wait=True)
         except Exception as exc:
             self.report_error("resuming", exc)
+        return True
 
 
 def session_event(

@@ -33,6 +33,9 @@ STEP = "step"  # at the next "after" point: one op or node, complete
 NEXT = "next"  # at the first point of a later training step
 
 MAX_INSPECT = 100_000
+# A breakpoint that paused with no UI attached and ran out its lease pauses again at most
+# this often while still nobody is attached (a NaN in every step must not stall the job).
+UNATTENDED_QUIET_SECONDS = 60.0
 
 
 @dataclass
@@ -45,6 +48,7 @@ class PausePoint:
     stack: list[tuple[str, int, str]]
     reason: str
     since: float = field(default_factory=time.time)
+    owner: Any = None  # the UI whose request or breakpoint stopped here; None: command line
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -53,7 +57,14 @@ class PausePoint:
             "reason": self.reason,
             "stack": [list(f) for f in self.stack],
             "since": self.since,
+            "by": "command line" if self.owner is None else "a UI",
         }
+
+    def where(self) -> str:
+        ev = self.event
+        name = ev.get("name") or ev.get("node") or "?"
+        source = ev.get("source")
+        return f"{name} ({self.phase}){f' at {source}' if source else ''}"
 
 
 class Stepper:
@@ -62,9 +73,14 @@ class Stepper:
         *,
         lease_seconds: float = 10.0,
         wait_for_ui: bool = False,
+        hold: bool = False,
+        attach_hint: str = "",
         note: Callable[[str], None] | None = None,
     ) -> None:
         self.lease_seconds = lease_seconds
+        # --hold: a pause with no UI attached waits for one instead of resuming after the lease.
+        self.hold = hold
+        self.attach_hint = attach_hint  # "attach: torchscope tui PID", said with every wait
         self._note = note or (lambda text: print(f"torchscope: {text}", file=sys.stderr))
         self._cv = threading.Condition()
         self._mode = PAUSE if wait_for_ui else RUN
@@ -72,6 +88,10 @@ class Stepper:
         self._waiting_for_ui = wait_for_ui
         self._attached = False
         self._last_contact = 0.0
+        self._contacts: dict[Any, float] = {}  # each UI's last message (its own lease)
+        self._request_owner: Any = None  # who asked for the pending pause / step / next
+        self._quiet_until: dict[int, float] = {}  # breakpoint id -> rate-limited until
+        self._quiet_said = False
         self._resume_reason: str | None = None
         self._next_id = 1
         self.breakpoints: dict[int, Breakpoint] = {}
@@ -108,34 +128,45 @@ class Stepper:
             return "step"
         if mode == NEXT and event.get("step", 0) > (self._next_after_step or 0):
             return "next step"
-        return first_hit(list(self.breakpoints.values()), phase, event, origin)
+        bps = list(self.breakpoints.values())
+        if self._quiet_until:
+            now = time.monotonic()
+            bps = [bp for bp in bps if self._quiet_until.get(bp.id, 0.0) <= now]
+        return first_hit(bps, phase, event, origin)
 
     def at_point(self, point: PausePoint) -> str:
         """Block the calling (training) thread until the UI lets it go or the lease ends.
 
-        Returns what resumed it: "continue", "step", "next", "detach" or "lease".
+        Returns what resumed it: "continue", "step", "next", "detach", "attached" (--wait:
+        a UI came), "left" (the UI that owned the pause went) or "lease".
         """
         with self._cv:
+            point.owner = self._owner_of(point.reason)
             self.paused = point
             self._mode = RUN  # the step/next/pause request that brought us here is used up
             self._next_after_step = None
+            self._request_owner = None
             self._resume_reason = None
-            # --wait: no lease until the first UI arrives; that is what was asked for.
-            while self._waiting_for_ui and not self._attached and self._resume_reason is None:
-                self._cv.wait(0.5)
-            self._waiting_for_ui = False
+            if self._waiting_for_ui:
+                # --wait: like debugpy's --wait-for-client, the job waits for a UI to connect,
+                # then runs until a breakpoint or a pause.
+                if not self._attached:
+                    hint = f"; {self.attach_hint}" if self.attach_hint else ""
+                    self._note(f"waiting for a UI before the first op (--wait){hint}")
+                while not self._attached and self._resume_reason is None:
+                    self._cv.wait(0.5)
+                self._waiting_for_ui = False
+                if self._resume_reason is None:
+                    self._resume_reason = "attached"
+            elif not self._attached:
+                self._say_unattended(point)
+                while self.hold and not self._attached and self._resume_reason is None:
+                    self._cv.wait(0.5)
             start = time.monotonic()
             while self._resume_reason is None:
-                since = max(self._last_contact, start) if self._attached else start
-                left = self.lease_seconds - (time.monotonic() - since)
+                left = self.lease_seconds - (time.monotonic() - self._lease_since(point, start))
                 if left <= 0:
-                    self.auto_resumed += 1
-                    who = "its UI stopped responding" if self._attached else "no UI is attached"
-                    self._note(
-                        f"paused job resumed by itself after {self.lease_seconds:g} s: {who}"
-                    )
-                    self._attached = False
-                    self._resume_reason = "lease"
+                    self._lease_ended(point)
                     break
                 self._cv.wait(min(left, 0.5))
             reason, self._resume_reason = self._resume_reason, None
@@ -143,34 +174,73 @@ class Stepper:
             self._refresh()
             return reason
 
+    def _owner_of(self, reason: str) -> Any:
+        if reason.startswith("breakpoint "):
+            return self.owners.get(int(reason.split()[1]))
+        return self._request_owner
+
+    def _lease_since(self, point: PausePoint, start: float) -> float:
+        """A UI's pause lasts while that UI talks; the command line's while any UI does."""
+        if not self._attached:
+            return start
+        if point.owner is not None and point.owner in self._contacts:
+            return max(self._contacts[point.owner], start)
+        return max(self._last_contact, start)
+
+    def _say_unattended(self, point: PausePoint) -> None:
+        then = "waits for a UI (--hold)" if self.hold else f"resumes in {self.lease_seconds:g} s"
+        parts = [f"paused at {point.where()} by {point.reason}", self.attach_hint, then]
+        self._note("; ".join(p for p in parts if p))
+
+    def _lease_ended(self, point: PausePoint) -> None:
+        self.auto_resumed += 1
+        who = "its UI stopped responding" if self._attached else "no UI is attached"
+        self._note(f"paused job resumed by itself after {self.lease_seconds:g} s: {who}")
+        if not self._attached and point.reason.startswith("breakpoint "):
+            bp_id = int(point.reason.split()[1])
+            self._quiet_until[bp_id] = time.monotonic() + UNATTENDED_QUIET_SECONDS
+            if not self._quiet_said:
+                self._quiet_said = True
+                self._note(
+                    f"breakpoint {bp_id} keeps firing with no UI attached: it pauses at most "
+                    f"once every {UNATTENDED_QUIET_SECONDS:g} s until a UI attaches"
+                )
+        self._attached = False
+        self._resume_reason = "lease"
+
     # -- what the UI asks (control thread) -------------------------------------------------
-    def contact(self) -> None:
-        """Any message from the UI: it is alive (renews the lease)."""
+    def contact(self, client: Any = None) -> None:
+        """Any message from a UI: it is alive (renews the lease of its pauses)."""
         with self._cv:
             self._attached = True
             self._last_contact = time.monotonic()
+            if client is not None:
+                self._contacts[client] = self._last_contact
+            self._quiet_until.clear()  # someone is here: breakpoints fire as set
             self._cv.notify_all()
 
-    def request_pause(self) -> None:
+    def request_pause(self, owner: Any = None) -> None:
         with self._cv:
             if self.paused is None:
                 self._mode = PAUSE
+                self._request_owner = owner
                 self._refresh()
 
-    def request_continue(self) -> None:
-        self._resume(RUN, "continue")
+    def request_continue(self, owner: Any = None) -> None:
+        self._resume(RUN, "continue", owner)
 
-    def request_step(self) -> None:
-        self._resume(STEP, "step")
+    def request_step(self, owner: Any = None) -> None:
+        self._resume(STEP, "step", owner)
 
-    def request_next(self, current_step: int) -> None:
+    def request_next(self, current_step: int, owner: Any = None) -> None:
         with self._cv:
             self._next_after_step = current_step
-        self._resume(NEXT, "next")
+        self._resume(NEXT, "next", owner)
 
-    def _resume(self, mode: str, why: str) -> None:
+    def _resume(self, mode: str, why: str, owner: Any = None) -> None:
         with self._cv:
             self._mode = mode
+            self._request_owner = owner if mode != RUN else None
             if self.paused is not None:
                 self._resume_reason = why
             self._refresh()
@@ -206,13 +276,22 @@ class Stepper:
             return bp.to_dict()
 
     def release(self, owner: Any) -> int:
-        """Delete the breakpoints ``owner`` set (a UI that left); returns how many."""
+        """A UI left: its breakpoints go, what it asked for ends, and a pause it owns
+        resumes. Returns how many breakpoints went."""
         with self._cv:
             gone = [i for i, o in self.owners.items() if o == owner and i in self.breakpoints]
             for i in gone:
                 del self.breakpoints[i]
                 del self.owners[i]
+            self._contacts.pop(owner, None)
+            if self._request_owner == owner and self._request_owner is not None:
+                self._mode = RUN
+                self._request_owner = None
+                self._next_after_step = None
+            if self.paused is not None and self.paused.owner == owner and owner is not None:
+                self._resume_reason = "left"
             self._refresh()
+            self._cv.notify_all()
             return len(gone)
 
     def set_enabled(self, bp_id: int, enabled: bool) -> dict[str, Any]:
@@ -283,10 +362,10 @@ def stepping_commands(stepper: Stepper, current_step: Callable[[], int]) -> dict
         stepper.add_breakpoint({k: v for k, v in args.items() if v is not None}, owner=client)
 
     return {
-        "pause": answer(lambda a, c: stepper.request_pause()),
-        "step": answer(lambda a, c: stepper.request_step()),
-        "next": answer(lambda a, c: stepper.request_next(current_step())),
-        "continue": answer(lambda a, c: stepper.request_continue()),
+        "pause": answer(lambda a, c: stepper.request_pause(c)),
+        "step": answer(lambda a, c: stepper.request_step(c)),
+        "next": answer(lambda a, c: stepper.request_next(current_step(), c)),
+        "continue": answer(lambda a, c: stepper.request_continue(c)),
         "detach": answer(lambda a, c: stepper.detach()),
         "state": answer(lambda a, c: None),
         "break_list": answer(lambda a, c: None),
