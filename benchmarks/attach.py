@@ -41,9 +41,10 @@ from torchscope.tracer.agent import Agent, ServeOptions, current_agent  # noqa: 
 
 
 @contextlib.contextmanager
-def serving(w: Workload, arm: str | None = None):
-    """A live agent around one block; ``arm``: "briefly" (2 steps, then dormant) or "held"."""
-    agent = Agent(ServeOptions(quiet=True)).start()
+def serving(w: Workload, arm: str | None = None, **options):
+    """A live agent around one block, as ``torchscope.serve(**options)`` starts it; ``arm``:
+    "briefly" (2 steps, then dormant) or "held"."""
+    agent = Agent(ServeOptions(quiet=True, **options)).start()
     try:
         if arm == "briefly":
             agent._cmd_arm({"next": 2}, b"bench")

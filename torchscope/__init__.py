@@ -90,6 +90,8 @@ def serve(
     values: int = 16,
     optimizer_ops: bool = False,
     quiet: bool = False,
+    watch: str | None = None,
+    on_nan: str = "continue",
 ) -> Agent:
     """Make this job attachable: ``torchscope tui PID`` or ``torchscope record PID`` can arm it.
 
@@ -99,18 +101,28 @@ def serve(
     ``steps``, ``record``, ``break_on`` or ``wait`` the job is armed for those steps, then goes
     dormant again. Idempotent: a second call returns the running agent, unchanged. The agent
     stops when the interpreter exits.
+
+    ``watch="nan"`` (or ``"gradnorm:X"``) checks every step before the update for NaN/Inf
+    gradients and loss, for about one fused reduction and one host sync per step, and
+    replays a bad step traced to name its origin; ``on_nan`` is then ``"continue"``,
+    ``"pause"`` or ``"stop"`` (raises ``torchscope.tracer.watch.WatchStop`` from
+    ``optimizer.step()``, before the update).
     """
     import atexit
 
     from torchscope.protocol.breakpoints import parse_break_spec
     from torchscope.tracer.agent import ServeOptions, current_agent
     from torchscope.tracer.agent import serve as start_agent
-    from torchscope.tracer.steps import parse_steps
+    from torchscope.tracer.steps import WATCH_POLICIES, parse_steps, parse_watch
 
     running = current_agent()
     if running is not None:
         return running
     parse_steps(steps)  # a bad spec fails here, with its one line
+    if watch is not None:
+        parse_watch(watch)
+    if on_nan not in WATCH_POLICIES:
+        raise ValueError(f"on_nan must be one of {', '.join(WATCH_POLICIES)}, not {on_nan!r}")
     specs = [break_on] if isinstance(break_on, str) else list(break_on)
     options = ServeOptions(
         record=os.fspath(record) if record is not None else None,
@@ -122,6 +134,8 @@ def serve(
         lease=lease,
         optimizer_ops=optimizer_ops,
         quiet=quiet,
+        watch=watch,
+        on_nan=on_nan,
     )
     agent = start_agent(options)
     atexit.register(agent.stop)
@@ -130,6 +144,8 @@ def serve(
 
         held = options.held_steps()
         what = f"tracing steps {held.text}" if held else "dormant"
+        if watch:
+            what += f", watching every step ({watch}, then {on_nan})"
         attach = f"; attach: torchscope tui {os.getpid()}" if agent.publisher else ""
         print(f"torchscope: serving this job, {what}{attach}", file=sys.stderr)
     return agent

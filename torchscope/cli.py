@@ -34,6 +34,7 @@ class _Parser(argparse.ArgumentParser):
 # -- run -------------------------------------------------------------------------------------
 RUN_USAGE = r"""usage: torchscope run [--record FILE] [--steps SPEC] [--values N] [--no-live]
                       [--break-on COND] [--wait] [--hold] [--lease SECONDS] [--optimizer-ops]
+                      [--watch nan|gradnorm:X] [--on-nan continue|pause|stop]
                       [--quiet] (SCRIPT | -m MODULE) [ARGS ...]
 
 Run a Python script (or module, like `python -m`) so that torchscope can trace it. Options
@@ -64,6 +65,13 @@ torchscope.step() call; in a job with neither, one per backward()).
   --lease SECONDS a UI that stops answering for this long lets go: a pause it held
                   resumes, its breakpoints go, and the job goes dormant (default 10)
   --optimizer-ops also trace the ops inside optimizer.step()
+  --watch SPEC    check every step, before the update, that the gradients and the loss are
+                  finite (one fused check, one host sync per step; nothing per op):
+                  nan, or gradnorm:X (also a total gradient norm above X). A bad step is
+                  replayed traced to name where the NaN/Inf first appears (recorded with
+                  --record; shown to an attached UI)
+  --on-nan POLICY after the watch reports: continue (default), pause (hold at the origin in
+                  the replay for a UI), or stop (exit with code 3 before the update)
   --quiet         no torchscope lines on stderr
 """
 
@@ -80,6 +88,8 @@ class RunOptions:
     wait: bool = False
     hold: bool = False
     lease: float = 10.0
+    watch: str | None = None
+    on_nan: str = "continue"
     module: str | None = None
     script: str | None = None
     args: list[str] = field(default_factory=list)
@@ -91,7 +101,16 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
     it = iter(argv)
     for tok in it:
         name, eq, inline = tok.partition("=")
-        if name in ("--record", "--steps", "--values", "--break-on", "--lease", "-m"):
+        if name in (
+            "--record",
+            "--steps",
+            "--values",
+            "--break-on",
+            "--lease",
+            "--watch",
+            "--on-nan",
+            "-m",
+        ):
             value = inline if eq else next(it, None)
             if value is None or value == "":
                 raise UsageError(f"{name} needs a value (see 'torchscope run --help')")
@@ -101,6 +120,14 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
                 opts.steps = value
             elif name == "--break-on":
                 opts.breakpoints.append(_break_spec(value))
+            elif name == "--watch":
+                opts.watch = _watch_spec(value)
+            elif name == "--on-nan":
+                from torchscope.tracer.steps import WATCH_POLICIES
+
+                if value not in WATCH_POLICIES:
+                    raise UsageError(f"--on-nan takes {', '.join(WATCH_POLICIES)}, not {value!r}")
+                opts.on_nan = value
             elif name == "--lease":
                 try:
                     opts.lease = float(value)
@@ -153,6 +180,16 @@ def _break_spec(text: str) -> dict:
         raise UsageError(f"--break-on: {exc}") from None
 
 
+def _watch_spec(text: str) -> str:
+    from torchscope.tracer.steps import StepSpecError, parse_watch
+
+    try:
+        parse_watch(text)
+    except StepSpecError as exc:
+        raise UsageError(f"--watch: {exc}") from None
+    return text
+
+
 def _check_public_bind() -> None:
     """A public TORCHSCOPE_BIND without CURVE keys refuses to start (it would expose pause and
     tensor reads to the network); other endpoint trouble only turns the live view off."""
@@ -188,6 +225,7 @@ def cmd_run(opts: RunOptions) -> int:
 
     from torchscope.protocol.tracefile import TraceFileError
     from torchscope.tracer.agent import Agent, ServeOptions
+    from torchscope.tracer.watch import WatchStop
 
     script = os.path.abspath(opts.script) if opts.script else None
     agent = Agent(
@@ -202,6 +240,8 @@ def cmd_run(opts: RunOptions) -> int:
             lease=opts.lease,
             optimizer_ops=opts.optimizer_ops,
             quiet=opts.quiet,
+            watch=opts.watch,
+            on_nan=opts.on_nan,
             metadata={
                 "script": script or opts.module,
                 "argv": [opts.script or opts.module, *opts.args],
@@ -221,6 +261,8 @@ def cmd_run(opts: RunOptions) -> int:
     if not opts.quiet:
         held = agent.options.held_steps()
         what = f"tracing {target} (steps: {held.text})" if held else f"running {target} dormant"
+        if opts.watch:
+            what += f", watching every step ({opts.watch}, then {opts.on_nan})"
         where = f", recording to {opts.record}" if opts.record else ""
         if agent.publisher is not None:
             attach = "live" if held else "attach"
@@ -236,6 +278,15 @@ def cmd_run(opts: RunOptions) -> int:
         code = _exit_code(exc.code)
     except KeyboardInterrupt:
         code = 130
+    except WatchStop as exc:  # --on-nan stop: reported, the file complete, the update not made
+        code = exc.exit_code
+        if not opts.quiet:
+            step = exc.detection.get("step")
+            print(
+                f"torchscope: stopped before the update of step {step} (--on-nan stop); "
+                f"exit code {code}",
+                file=sys.stderr,
+            )
     except BaseException as exc:  # the script's own error: show it as Python would
         _print_user_traceback(exc)
         code = 1

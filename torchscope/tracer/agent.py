@@ -31,7 +31,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchscope.protocol.events import ARMING, DORMANT, TRACED, TRACING, Event
+from torchscope.protocol.events import ALERT, ARMING, DORMANT, TRACED, TRACING, Event
 from torchscope.tracer.clock import StepClock
 from torchscope.tracer.pipeline import Sink
 from torchscope.tracer.session import DrivenBy, Tracer, current_tracer, session_event
@@ -39,6 +39,7 @@ from torchscope.tracer.stepper import Stepper, stepping_commands
 from torchscope.tracer.steps import ALL_STEPS, StepSelection, parse_steps
 
 _agent: Agent | None = None
+WATCH_TRACE_STEPS = 3  # steps traced in full after a NaN the replay could not reproduce
 STEPPING_COMMANDS = frozenset(
     "pause step next continue detach state break_list break_add break_enable break_delete "
     "inspect".split()
@@ -63,6 +64,8 @@ class ServeOptions:
     lease: float = 10.0
     optimizer_ops: bool = False
     quiet: bool = False
+    watch: str | None = None  # "nan", "gradnorm:X": the always-on NaN watch (tracer/watch.py)
+    on_nan: str = "continue"  # what the watch does after a detection: continue, pause, stop
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def held_steps(self) -> StepSelection | None:
@@ -70,7 +73,8 @@ class ServeOptions:
         if self.steps is not None:
             return parse_steps(self.steps)
         if self.record is not None or self.breakpoints or self.wait:
-            return ALL_STEPS
+            # --record with --watch records what the watch finds, not every step.
+            return None if self.watch and not self.breakpoints and not self.wait else ALL_STEPS
         return None
 
 
@@ -115,6 +119,7 @@ class Agent:
         self.next_seq = itertools.count().__next__
         self.clock = StepClock(self, backward_steps=True)
         self.tracer: Tracer | None = None
+        self.watch: Any = None  # NanWatch, with --watch
         self.stepper: Stepper | None = None
         self.publisher: Any = None
         self.writer: Any = None
@@ -155,6 +160,8 @@ class Agent:
         if opts.live:
             self._start_publisher(session)
         self.clock.install()
+        if opts.watch:
+            self._start_watch()  # after the clock: its optimizer hook runs first
         self.started = True
         _agent = self
         self.boundary(self.clock.step)  # step 0 begins now: the command line may hold it
@@ -199,12 +206,68 @@ class Agent:
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _forget_in_child(ref))
 
+    def _start_watch(self) -> None:
+        from torchscope.tracer.steps import parse_watch
+        from torchscope.tracer.watch import NanWatch
+
+        self.watch = NanWatch(
+            gradnorm=parse_watch(self.options.watch or "nan"),
+            on_nan=self.options.on_nan,
+            tracer_factory=self._replay_tracer,
+            step_of=lambda: self.clock.step,
+            report=self._watch_report,
+            replay_wanted=lambda: self.tracer is None,
+            on_unreproduced=self._trace_after_unreproduced,
+        ).install()
+
+    def _replay_tracer(self, step: int) -> Tracer:
+        """The tracer a watch replay records into: this job's file and UIs, its numbering."""
+        return Tracer(
+            None,
+            values=self.options.values,
+            keep=False,
+            optimizer_ops=True,
+            sinks=self.sinks,
+            driven=DrivenBy(self.stepper, step, self.next_seq),
+        ).start()
+
+    def _watch_report(self, text: str) -> None:
+        if not self.options.quiet:
+            with contextlib.suppress(Exception):
+                print(text, file=sys.stderr)  # already "torchscope: ..." (with its rank)
+        det = self.watch.detections[-1] if self.watch and self.watch.detections else None
+        if det is None or det.get("reproduced") or det.get("last_step") != det.get("step"):
+            return  # a reproduced replay recorded its own alert; a "lasted" summary is a note
+        event = Event(
+            kind=ALERT,
+            seq=self.next_seq(),
+            step=det["step"],
+            what=det["what"] if det["what"] in ("nan", "inf") else "gradnorm",
+            where="watch",
+            event_seq=None,
+            name="the gradients",
+            source=None,
+            message=text.removeprefix("torchscope: "),
+        )
+        for sink in self.sinks:
+            with contextlib.suppress(Exception):
+                sink([event])
+
+    def _trace_after_unreproduced(self, det: dict[str, Any]) -> None:
+        """The replay could not say where it came from: trace the next steps in full."""
+        with self._lock:
+            self._add_holder(Holder(next(self._ids), "watch", remaining=WATCH_TRACE_STEPS))
+        self._say(f"tracing the next {WATCH_TRACE_STEPS} steps in full to catch it live")
+
     def stop(self) -> None:
         """The job is done: the last traced events reach the file and the UIs, then bye."""
         global _agent
         if not self.started:
             return
         self.started = False
+        if self.watch is not None:
+            with contextlib.suppress(Exception):
+                self.watch.remove()
         try:
             self._disarm()
             self.clock.remove()
@@ -223,6 +286,9 @@ class Agent:
             self.tracer.abandon()
         self.tracer = None
         self.clock.remove()
+        if self.watch is not None:
+            with contextlib.suppress(Exception):
+                self.watch.remove()
         self.sinks = []
         self.writer = self.publisher = None
 

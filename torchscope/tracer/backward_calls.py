@@ -7,8 +7,9 @@ watch keeps the step's graph for a replay. ``Tensor.backward`` calls
 spellings. It is installed while at least one listener wants it and removed after the last
 one leaves, restoring the original function.
 
-A listener's ``backward_begins(kwargs)`` runs before the call on the calling thread and may
-return replacement keyword arguments (``retain_graph``); ``backward_ends(ok)`` runs after it,
+A listener's ``backward_begins(kwargs)`` runs before the call on the calling thread, with every
+argument by name (``tensors`` are the roots), and may return replacement keyword arguments
+(``retain_graph``); ``backward_ends(ok)`` runs after it,
 also when it raised. Nested calls (a backward inside a backward hook) are not reported: only
 the outermost call of a thread is a step's backward. Listener errors never reach the job.
 """
@@ -42,11 +43,19 @@ def _report(exc: BaseException) -> None:
         print(f"torchscope: internal error around backward(): {exc!r}", file=sys.stderr)
 
 
+# torch.autograd.backward's parameters, in order: ``Tensor.backward`` passes them
+# positionally, and a listener sees (and may replace) them by name only.
+PARAMETERS = ("tensors", "grad_tensors", "retain_graph", "create_graph", "grad_variables", "inputs")
+
+
 def _make_wrapper(original: Any) -> Any:
     @functools.wraps(original)
     def backward(*args: Any, **kwargs: Any) -> Any:
         depth = getattr(_depth, "n", 0)
         listeners = _listeners if depth == 0 else ()
+        if listeners and args:
+            kwargs = {**dict(zip(PARAMETERS, args, strict=False)), **kwargs}
+            args = ()
         for listener in listeners:
             try:
                 changed = listener.backward_begins(kwargs)

@@ -68,3 +68,26 @@ def parse_steps(spec: str | int | None) -> StepSelection:
                 f"bad step spec {part!r} in {spec!r}: use N, A-B, A-, every:N or a comma list"
             ) from None
     return StepSelection(tuple(ranges), tuple(every), False, spec)
+
+
+WATCH_POLICIES = ("continue", "pause", "stop")
+
+
+def parse_watch(spec: str) -> float | None:
+    """``--watch`` spec: ``nan`` (NaN/Inf in the gradients or the loss), ``gradnorm:X`` (that,
+    and a total gradient norm above X), joined by ``,``. Returns X or None; raises
+    StepSpecError with a one-line message on bad input."""
+    gradnorm = None
+    for part in (p.strip() for p in str(spec).split(",")):
+        if part == "nan":
+            continue
+        if part.startswith("gradnorm:"):
+            try:
+                gradnorm = float(part[9:])
+            except ValueError:
+                gradnorm = None
+            if gradnorm is None or not gradnorm > 0 or gradnorm != gradnorm:
+                raise StepSpecError(f"bad watch {part!r}: gradnorm:X needs a number above 0")
+            continue
+        raise StepSpecError(f"bad watch {part!r} in {spec!r}: use nan, gradnorm:X or both")
+    return gradnorm

@@ -1,0 +1,621 @@
+"""The always-on NaN watch: the check, the capture, the replay that names the origin, and the
+promise that the job goes on exactly as it would have without the watch."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import struct
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.modules import module as module_mod
+from torch.optim import optimizer as optim_mod
+
+import torchscope
+from torchscope.tracer import backward_calls
+from torchscope.tracer.session import current_tracer
+from torchscope.tracer.watch import NanWatch, WatchStop
+
+ORIGINAL_AUTOGRAD_BACKWARD = torch.autograd.backward
+ORIGINAL_TENSOR_BACKWARD = torch.Tensor.backward
+
+
+def _hook_counts() -> tuple[int, ...]:
+    return (
+        len(module_mod._global_forward_pre_hooks),
+        len(module_mod._global_forward_hooks),
+        len(optim_mod._global_optimizer_pre_hooks),
+        len(optim_mod._global_optimizer_post_hooks),
+    )
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    torch.set_num_threads(1)
+    before = _hook_counts()
+    yield
+    assert current_tracer() is None
+    assert torch._C._len_torch_function_stack() == 0
+    assert _hook_counts() == before
+    assert torch.autograd.backward is ORIGINAL_AUTOGRAD_BACKWARD
+    assert torch.Tensor.backward is ORIGINAL_TENSOR_BACKWARD
+
+
+def line_of(func, needle: str) -> str:
+    lines, first = inspect.getsourcelines(func)
+    (i,) = [i for i, s in enumerate(lines) if needle in s]
+    return f"{inspect.getsourcefile(func)}:{first + i}"
+
+
+def bits(values: list[float]) -> list[bytes]:
+    """Exact comparison, NaN included."""
+    return [struct.pack("<d", v) for v in values]
+
+
+def data(step: int, *shape: int) -> torch.Tensor:
+    """Batches from their own generator: the global RNG belongs to the model (dropout)."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(1000 + step))
+
+
+# -- models ----------------------------------------------------------------------------------
+class SqrtNet(nn.Module):
+    """NaN in the forward: sqrt of a negative, at the step whose batch has one."""
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(dropout)
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        gate = self.drop(x.abs() + 1.0)  # finite numbers that show the dropout mask
+        r = torch.sqrt(x)  # NaN where x < 0
+        return self.lin(r * gate)
+
+
+class DivGrad(torch.autograd.Function):
+    """Identity forward; backward divides by ``d``: Inf where ``d`` is 0."""
+
+    @staticmethod
+    def forward(ctx, x, d):
+        ctx.save_for_backward(d)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        (d,) = ctx.saved_tensors
+        return g / d, None
+
+
+class DivGradNet(nn.Module):
+    """A backward-only origin inside a module."""
+
+    def __init__(self, bn: bool = False) -> None:
+        super().__init__()
+        self.lin1 = nn.Linear(4, 4)
+        self.bn = nn.BatchNorm1d(4) if bn else nn.Identity()
+        self.lin2 = nn.Linear(4, 2)
+
+    def forward(self, x, d):
+        h = self.bn(self.lin1(x))
+        h = DivGrad.apply(h, d)  # Inf in the backward where d == 0
+        return self.lin2(h)
+
+
+class NormNet(nn.Module):
+    """A backward-only origin inside a module: the norm of a zero row (sqrt at 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin1 = nn.Linear(4, 4)
+        self.lin2 = nn.Linear(5, 2)
+
+    def forward(self, x, mask):
+        h = self.lin1(x) * mask
+        norm = torch.sqrt(h.pow(2).sum(1, keepdim=True))  # Inf in the backward at 0
+        return self.lin2(torch.cat([h, norm], 1))
+
+
+def positive(step: int) -> torch.Tensor:
+    x = data(step, 8, 4).abs() + 0.1
+    if step == 3:
+        x[2, 1] = -1.0
+    return x
+
+
+def divisor(step: int) -> torch.Tensor:
+    d = data(step + 50, 8, 4).abs() + 0.5
+    if step == 3:
+        d[1, 2] = 0.0
+    return d
+
+
+def norm_loop(model, step):
+    mask = torch.ones(8, 1)
+    if step == 3:
+        mask[5] = 0.0
+    return model(data(step, 8, 4), mask).pow(2).mean()
+
+
+def sqrt_loop(model, step):
+    return model(positive(step)).pow(2).mean()
+
+
+def divgrad_loop(model, step):
+    return model(data(step, 8, 4), divisor(step)).pow(2).mean()
+
+
+def sqrt_at_zero_loop(model, step):
+    """Loop code outside any module: sqrt(0) is fine forward, Inf in its backward."""
+    out = model(data(step, 8, 4))
+    mask = torch.zeros(8, 3) if step == 3 else torch.ones(8, 3)
+    energy = (out * mask).pow(2).sum()
+    return torch.sqrt(energy)  # backward: Inf at sqrt(0)
+
+
+def train(model_fn, loop, steps: int, *, ctx=None, seed: int = 0, after_step=None):
+    torch.manual_seed(seed)
+    model = model_fn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    with ctx if ctx is not None else contextlib.nullcontext():
+        for step in range(steps):
+            opt.zero_grad()
+            loss = loop(model, step)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if after_step is not None:
+                after_step(step, model)
+    return losses, model
+
+
+def first_alert(tr, step: int, where: str):
+    return next(a for a in tr.alerts if a.step == step and a.where == where)
+
+
+def quiet() -> list[str]:
+    return []
+
+
+def watch(**kw) -> tuple[NanWatch, list[str]]:
+    lines: list[str] = []
+    return NanWatch(report=lines.append, **kw), lines
+
+
+# -- tests -----------------------------------------------------------------------------------
+def test_forward_origin_found_by_replay_as_full_tracing_finds_it():
+    _, _ = train(SqrtNet, sqrt_loop, 4, ctx=(tr := torchscope.trace()))
+    full = first_alert(tr, 3, "forward")
+    w, lines = watch()
+    train(SqrtNet, sqrt_loop, 4, ctx=w)
+    (det,) = w.detections
+    assert det["step"] == 3 and det["what"] == "nan" and det["reproduced"] is True
+    assert (det["origin"], det["where"], det["source"]) == (full.name, "forward", full.source)
+    assert det["origin"] == "torch.sqrt"
+    assert det["source"] == line_of(SqrtNet.forward, "torch.sqrt(x)")
+    assert det["unit_gradient"] is False
+    (line,) = lines
+    assert line.startswith("torchscope: NaN first appears at step 3 in torch.sqrt (forward) at ")
+    assert line.endswith("— replayed") and "test_watch.py:" in line
+    # the replay was recorded: forward and backward events of step 3, marked as a replay
+    events = w.last_replay.events
+    assert events and all(e.get("replay") for e in events)
+    assert any(e["kind"] == "op" and e["name"] == "torch.sqrt" for e in events)
+    assert any(e["kind"] == "grad" for e in events)
+    assert all(e["step"] == 3 for e in events if e["kind"] in ("op", "grad", "alert"))
+
+
+@pytest.mark.parametrize(
+    ("net", "loop", "node", "needle"),
+    [
+        (NormNet, norm_loop, "SqrtBackward0", "torch.sqrt(h.pow(2)"),
+        # the tracer links no forward op to a custom Function's node: no line, either way
+        (DivGradNet, divgrad_loop, "DivGradBackward", None),
+    ],
+)
+def test_backward_origin_inside_a_module_same_node_and_line_as_full_tracing(
+    net, loop, node, needle
+):
+    train(net, loop, 4, ctx=(tr := torchscope.trace()))
+    full = first_alert(tr, 3, "backward")
+    assert full.name == node
+    w, lines = watch()
+    train(net, loop, 4, ctx=w)
+    det = w.detections[0]
+    assert (det["step"], det["origin_what"], det["reproduced"]) == (3, full.what, True)
+    assert (det["origin"], det["where"], det["source"]) == (full.name, "backward", full.source)
+    if needle is not None:
+        assert det["source"] == line_of(net.forward, needle)
+    assert det["outside_modules"] is False
+    noun = "NaN" if full.what == "nan" else "Inf"
+    assert lines[0].startswith(f"torchscope: {noun} first appears at step 3 in {node} (backward)")
+
+
+def test_backward_origin_in_loop_code_found_over_the_retained_graph():
+    train(lambda: nn.Linear(4, 3), sqrt_at_zero_loop, 4, ctx=(tr := torchscope.trace()))
+    full = first_alert(tr, 3, "backward")
+    assert full.name == "SqrtBackward0"
+    w, lines = watch()
+    train(lambda: nn.Linear(4, 3), sqrt_at_zero_loop, 4, ctx=w)
+    det = w.detections[0]
+    assert (det["step"], det["where"], det["origin"]) == (3, "backward", full.name)
+    assert det["origin_what"] == full.what == "inf"
+    assert det["reproduced"] is True and det["outside_modules"] is True
+    # no line for a node made by untraced loop code, but the backward() call that ran it
+    assert det["source"] is None
+    assert "outside the module calls" in lines[0] and "backward() at" in lines[0]
+
+
+def test_forward_nan_in_loop_code_is_placed_outside_the_modules():
+    """The loop is not re-run: the watch says the NaN came from loop code in the forward (the
+    loss is NaN, the replayed model output is not) and where the backward first shows it."""
+
+    def loop(model, step):
+        mse = model(data(step, 8, 4)).pow(2).mean()
+        return torch.sqrt(mse - (100.0 if step == 2 else 0.0))  # NaN in the forward at step 2
+
+    w, lines = watch()
+    train(lambda: nn.Linear(4, 3), loop, 3, ctx=w)
+    (det,) = w.detections
+    assert det["step"] == 2 and det["in_loss"] and det["reproduced"] is True
+    assert det["where"] == "forward" and det["outside_modules"] is True
+    assert det["backward_node"] == "SqrtBackward0"
+    assert "in the forward, outside the module calls" in lines[0]
+
+
+class RootMeanSquare(nn.Module):
+    """A loss module: its own top-level call, replayed on its own."""
+
+    def forward(self, pred, shift):
+        return torch.sqrt(pred.pow(2).mean() - shift)  # NaN when shift is too big
+
+
+def test_model_and_loss_module_each_replayed_from_its_own_inputs():
+    crit = RootMeanSquare()
+
+    def loop(model, step):
+        out = model(data(step, 8, 4)) * 2.0  # loop code between the two calls
+        return crit(out, torch.tensor(1e3 if step == 3 else 0.0))
+
+    train(lambda: nn.Linear(4, 3), loop, 4, ctx=(tr := torchscope.trace()))
+    full = first_alert(tr, 3, "forward")
+    w, _ = watch()
+    lw, _model = train(lambda: nn.Linear(4, 3), loop, 5, ctx=w)  # roots are held weakly
+    lp, _ = train(lambda: nn.Linear(4, 3), loop, 5)
+    assert bits(lw) == bits(lp)
+    assert {type(m).__name__ for m in w.roots} == {"Linear", "RootMeanSquare"}
+    det = w.detections[0]
+    assert (det["step"], det["origin"], det["where"]) == (3, "torch.sqrt", "forward")
+    assert det["source"] == full.source == line_of(RootMeanSquare.forward, "torch.sqrt")
+    assert det["notes"] == []
+
+
+@pytest.mark.parametrize("keep", [False, "auto"])
+def test_without_the_graph_loop_code_is_placed_not_replayed(keep):
+    """The gradient at the model's output was already Inf (the loss was finite): the origin
+    is loop code. "auto" keeps the graph from then on, and names the node the next time."""
+
+    def loop(model, step):
+        return sqrt_at_zero_loop(model, 3 if step in (3, 6) else step)
+
+    w, lines = watch(keep_graph=keep)
+    train(lambda: nn.Linear(4, 3), loop, 4, ctx=w)
+    det = w.detections[0]
+    assert det["step"] == 3 and det["reproduced"] is False and det["outside_modules"] is True
+    assert "in the backward, outside the module calls" in lines[0]
+    assert w.keeping is (keep == "auto")
+
+    torch.manual_seed(0)
+    w, lines = watch(keep_graph=keep)
+    model = nn.Linear(4, 3)
+    with w:
+        for step in range(7):
+            model.zero_grad()
+            loop(model, step).backward()
+            w.before_update()  # no optimizer: the job calls the check itself
+    found = [d for d in w.detections if d["reproduced"]]
+    if keep == "auto":
+        assert [(d["step"], d["origin"]) for d in found] == [(6, "SqrtBackward0")]
+    else:
+        assert found == []
+
+
+def test_dropout_replay_uses_the_steps_rng():
+    """The replay's dropout mask is the step's own: its ops carry the very numbers a fully
+    traced run shows for that step; and the job's RNG is where it was."""
+    train(lambda: SqrtNet(0.5), sqrt_loop, 4, ctx=(tr := torchscope.trace()))
+    w, _ = watch()
+    losses_w, _ = train(lambda: SqrtNet(0.5), sqrt_loop, 6, ctx=w)
+    losses_0, _ = train(lambda: SqrtNet(0.5), sqrt_loop, 6)
+    assert bits(losses_w) == bits(losses_0)
+    det = w.detections[0]
+    assert det["step"] == 3 and det["origin"] == "torch.sqrt"
+
+    def stats(events, step):
+        return [
+            (e["name"], e["outputs"][0]["stats"])
+            for e in events
+            if e["kind"] == "op" and e["step"] == step and e["name"].endswith("dropout")
+        ]
+
+    full = stats(tr.events, 3)
+    assert full and stats(det["events"], 3) == full
+
+
+def test_batchnorm_stats_and_grads_are_bit_identical_after_a_replay():
+    seen: dict[str, list] = {"watched": [], "plain": []}
+
+    def keep(into):
+        def after(step, model):
+            into.append([b.clone() for b in model.bn.buffers()])
+
+        return after
+
+    w, _ = watch()
+    lw, _ = train(
+        lambda: DivGradNet(bn=True), divgrad_loop, 5, ctx=w, after_step=keep(seen["watched"])
+    )
+    lp, _ = train(lambda: DivGradNet(bn=True), divgrad_loop, 5, after_step=keep(seen["plain"]))
+    assert w.detections and w.detections[0]["step"] == 3
+    assert w.detections[0]["reproduced"] is True
+    assert bits(lw) == bits(lp)
+    for a, b in zip(seen["watched"], seen["plain"], strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert x.dtype == y.dtype and x.view(-1).view(torch.uint8).equal(
+                y.view(-1).view(torch.uint8)
+            )
+
+
+def test_grads_untouched_by_the_replay():
+    grads: dict[str, list] = {"watched": [], "plain": []}
+    keep = {}
+
+    class Spy(torch.optim.SGD):
+        def step(self, closure=None):
+            keep["grads"].append([p.grad.clone() for g in self.param_groups for p in g["params"]])
+            return super().step(closure)
+
+    for name, ctx in (("watched", watch()[0]), ("plain", None)):
+        keep["grads"] = grads[name]
+        torch.manual_seed(0)
+        model = DivGradNet()
+        opt = Spy(model.parameters(), lr=0.05)
+        with ctx if ctx is not None else contextlib.nullcontext():
+            for step in range(4):
+                opt.zero_grad()
+                divgrad_loop(model, step).backward()
+                opt.step()
+        if ctx is not None:
+            assert ctx.detections[0]["step"] == 3
+    for a, b in zip(grads["watched"], grads["plain"], strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert x.view(torch.int32).equal(y.view(torch.int32))
+
+
+class Mixed(nn.Module):
+    """Dropout, BatchNorm, a loss module: everything the watch has to leave as it found it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(6, 16), nn.BatchNorm1d(16), nn.GELU(), nn.Dropout(0.3), nn.Linear(16, 3)
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def test_losses_bit_identical_when_nothing_goes_wrong():
+    crit = nn.CrossEntropyLoss()
+
+    def loop(model, step):
+        target = torch.randint(0, 3, (16,), generator=torch.Generator().manual_seed(step))
+        return crit(model(data(step, 16, 6)), target)
+
+    w, lines = watch()
+    lw, mw = train(Mixed, loop, 6, ctx=w)
+    lp, mp = train(Mixed, loop, 6)
+    assert bits(lw) == bits(lp)
+    assert w.detections == [] and lines == []
+    assert w.steps_checked == 6
+    assert {type(m).__name__ for m in w.roots} == {"Mixed", "CrossEntropyLoss"}
+    for a, b in zip(mw.state_dict().values(), mp.state_dict().values(), strict=True):
+        assert a.equal(b)
+
+
+def test_losses_bit_identical_through_a_detection():
+    w, lines = watch()
+    lw, _ = train(lambda: SqrtNet(0.2), sqrt_loop, 6, ctx=w)
+    lp, _ = train(lambda: SqrtNet(0.2), sqrt_loop, 6)
+    assert bits(lw) == bits(lp)
+    # the update wrote NaN into the weights: the later steps are bad too, counted, not
+    # replayed again
+    (det,) = w.detections
+    assert (det["step"], det["repeats"], det["last_step"]) == (3, 2, 5)
+    assert len(lines) == 2 and lines[1] == (
+        "torchscope: NaN/Inf from step 3 lasted 3 checked steps (to step 5; reported once)"
+    )
+
+
+def test_a_nan_the_replay_cannot_reproduce_is_reported_as_such():
+    """The batch is overwritten in place after backward(): the replay sees other numbers."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w, lines = watch()
+    buf = torch.empty(8, 4)
+    with w:
+        for step in range(3):
+            buf.copy_(data(step, 8, 4))
+            if step == 2:
+                buf[0, 0] = float("nan")
+            opt.zero_grad()
+            model(buf).sum().backward()
+            buf.copy_(data(99, 8, 4))  # the next batch is prefetched into the same buffer
+            opt.step()
+    (det,) = w.detections
+    assert det["step"] == 2 and det["what"] == "nan" and det["reproduced"] is False
+    assert "changed in place after its call" in " ".join(det["notes"])
+    (line,) = lines
+    assert "did not reproduce" in line and "origin unknown" in line
+
+
+def test_stop_raises_before_the_update_and_pause_without_a_ui_continues():
+    torch.manual_seed(0)
+    model = SqrtNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w, lines = watch(on_nan="stop")
+    with w, pytest.raises(WatchStop) as info:
+        for step in range(5):
+            opt.zero_grad()
+            sqrt_loop(model, step).backward()
+            before = [p.clone() for p in model.parameters()]
+            opt.step()
+    assert info.value.detection["step"] == 3 and info.value.exit_code == 3
+    assert all(p.equal(b) for p, b in zip(model.parameters(), before, strict=True))
+    assert lines[0] == str(info.value)
+
+    w, lines = watch(on_nan="pause")
+    train(SqrtNet, sqrt_loop, 4, ctx=w)
+    assert w.detections[0]["reproduced"] is True
+    assert "no UI or stepper" in " ".join(w.detections[0]["notes"])
+
+
+def test_gradnorm_threshold():
+    w, lines = watch(gradnorm=1e-6)
+    train(lambda: nn.Linear(4, 3), lambda m, s: m(data(s, 8, 4)).pow(2).mean(), 2, ctx=w)
+    (det,) = w.detections
+    assert det["what"] == "gradnorm" and det["repeats"] == 1
+    assert lines[0].startswith("torchscope: gradient norm ") and "at step 0" in lines[0]
+
+
+def test_remove_leaves_nothing_behind():
+    torch.manual_seed(0)
+    model = SqrtNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = _hook_counts()
+    w = NanWatch(report=lambda s: None).install()
+    assert torch.autograd.backward is not ORIGINAL_AUTOGRAD_BACKWARD
+    for step in range(2):
+        opt.zero_grad()
+        sqrt_loop(model, step).backward()
+        opt.step()
+    assert w.roots == [model] and model._forward_pre_hooks and model._forward_hooks
+    w.remove()
+    assert _hook_counts() == before
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    assert torch.autograd.backward is ORIGINAL_AUTOGRAD_BACKWARD
+    assert torch.Tensor.backward is ORIGINAL_TENSOR_BACKWARD
+    assert not backward_calls.installed()
+    assert w._calls == [] and w._backwards == []
+
+
+def test_errors_inside_the_watch_never_reach_the_job(capsys):
+    def broken(text):
+        raise RuntimeError("report sink is broken")
+
+    w = NanWatch(report=broken)
+    losses, _ = train(SqrtNet, sqrt_loop, 4, ctx=w)
+    assert len(losses) == 4 and w.detections[0]["reproduced"] is True
+    assert "internal error in the NaN watch (reporting)" in capsys.readouterr().err
+
+
+def test_a_traced_run_and_a_watched_run_can_nest():
+    """The watch replays under its own tracer even inside a fully traced run."""
+    w, _ = watch()
+    with torchscope.trace() as tr:
+        train(SqrtNet, sqrt_loop, 4, ctx=w)
+    assert w.detections[0]["origin"] == "torch.sqrt"
+    assert first_alert(tr, 3, "forward").name == "torch.sqrt"
+
+
+def test_nan_on_the_first_step_is_replayed_from_the_discovery_capture():
+    """Step 0 is captured by the global hooks that find the top-level modules, keyword
+    arguments included."""
+
+    def loop(model, step):
+        x = data(step, 8, 4).abs() + 0.1
+        if step == 0:
+            x[0, 0] = -1.0
+        return model(x=x).pow(2).mean()
+
+    w, _ = watch()
+    _, model = train(SqrtNet, loop, 2, ctx=w)
+    det = w.detections[0]
+    assert (det["step"], det["origin"], det["reproduced"]) == (0, "torch.sqrt", True)
+    assert w.roots == [model]
+    del model
+    assert w.roots == []  # held weakly: a watch never keeps a model alive
+
+
+def test_ddp_replays_the_wrapped_module_not_the_wrapper(tmp_path):
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        ddp = DistributedDataParallel(SqrtNet())
+        wrapper_calls = []
+        handle = ddp.register_forward_pre_hook(lambda m, a: wrapper_calls.append(1))
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        w, _ = watch()
+        with w:
+            for step in range(4):
+                opt.zero_grad()
+                sqrt_loop(ddp, step).backward()
+                opt.step()
+        handle.remove()
+        assert len(wrapper_calls) == 4  # the replay ran ddp.module: no DDP forward, no collective
+        assert w.roots == [ddp]
+        det = w.detections[0]
+        assert (det["step"], det["origin"], det["where"]) == (3, "torch.sqrt", "forward")
+        assert det["source"] == line_of(SqrtNet.forward, "torch.sqrt(x)")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_pause_stops_inside_the_replay_at_the_origin():
+    """With a stepper (a UI could attach), "pause" stops the replay at the origin; with no UI
+    the lease lets it go on by itself."""
+    from torchscope.tracer.session import Tracer
+
+    made = []
+
+    def factory(step):
+        tracer = Tracer(
+            keep=True, optimizer_steps=False, optimizer_ops=True, stepping=True, lease=0.2
+        )
+        tracer.step_index = step
+        made.append(tracer)
+        return tracer.start()
+
+    w, _ = watch(on_nan="pause", tracer_factory=factory)
+    train(SqrtNet, sqrt_loop, 4, ctx=w)
+    det = w.detections[0]
+    assert det["paused"] is True and det["origin"] == "torch.sqrt"
+    (tracer,) = made
+    assert tracer.stepper.auto_resumed == 1
+    (pause,) = [e for e in det["events"] if e["kind"] == "pause"]
+    assert pause["event"]["name"] == "torch.sqrt" and pause["step"] == 3
+    assert tracer.stepper.breakpoints == {}  # the watch's breakpoints went with the replay
+
+
+def test_the_benchmark_prints_its_table():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "watch.py"
+    args = ["--workload", "mlp", "--steps", "2", "--repeats", "1", "--warmup", "0"]
+    proc = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for row in ("| untraced |", "| watch nan (keep_graph=True) |", "| detect_anomaly() |"):
+        assert row in proc.stdout
+    assert "| retained graph (saved activations a plain backward frees) |" in proc.stdout

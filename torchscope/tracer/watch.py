@@ -1,0 +1,916 @@
+"""Always-on NaN watch: check every step for almost nothing, replay only the step that went bad.
+
+Every training step, the watch
+  1. **checks**, in a global optimizer pre-hook (before the update), that every gradient the
+     optimizer is about to use -- and the loss, when its ``backward()`` was seen -- is finite:
+     one ``torch._foreach_norm`` per device, stacked and reduced on the device, read with
+     **one** ``.tolist()``: the step's only host sync (what ``GradScaler`` costs). A
+     non-finite total is confirmed exactly (``isnan``/``isinf`` per tensor) before it counts:
+     a finite gradient whose squares overflow is not a NaN. ``gradnorm=X`` also reports a
+     total L2 norm above X (it is the same number). No per-op work.
+  2. **captures** what re-running the step's model part needs: for each call of a top-level
+     module (the model, a loss module) made with grad enabled, references to its arguments,
+     the CPU and CUDA RNG states before it, the autocast state, the autograd sequence-number
+     window of the nodes it created, and -- up to ``capture_bytes`` in all (64 MiB default) --
+     references to the gradients that arrive at its outputs. Top-level modules are found on
+     the first step with global module hooks (every module call pays for them on that step
+     only), then watched with hooks on those modules alone. Nothing else is copied.
+  3. **keeps the step's graph** (``keep_graph``): the top-level ``backward()`` runs with
+     ``retain_graph=True`` and the watch holds its roots until the check; afterwards only the
+     job's own references keep it (see "Memory" below).
+  4. on a detection, **replays** the step before the update, under a full tracer (see
+     ``watch_replay``): module calls again with their inputs and RNG, the module backward
+     from the captured output gradients, and -- when neither finds the origin -- the backward
+     again over the retained graph, which covers loop code between module calls (a ``sqrt``
+     of the loss). Buffers (BatchNorm statistics) and RNG states are restored, ``.grad`` is
+     never touched (the replay uses ``torch.autograd.grad``): the job continues bit-identically.
+  5. prints one line and applies the policy: ``continue``, ``pause`` (the replay stops at the
+     origin when the tracer has a stepper) or ``stop`` (raises :class:`WatchStop` from
+     ``optimizer.step()``, before the update, after the report; the only exception the watch
+     ever raises into the job -- its own errors are reported once and swallowed).
+
+Memory held per step (the benchmark measures it):
+  - RNG state: 5 KiB (CPU generator) + 16 B per CUDA device, per top-level call.
+  - References to the top-level calls' arguments (alive anyway while the step runs) and to
+    the gradients at their outputs: at most ``capture_bytes``; a call whose output gradients
+    do not fit is replayed from a unit gradient (said so in the report) unless the retained
+    graph covers it.
+  - The retained graph: the tensors autograd saved for the backward (activations), which a
+    plain ``backward()`` frees as it goes. The watch drops its references at the check (before
+    the update); the job's own references (``loss``, ``logits`` in the loop) keep them until
+    they are rebound -- in a loop that keeps ``loss`` alive into the next step, until that
+    step's forward has finished, i.e. up to one extra step's activations at the peak. With
+    gradient accumulation only the latest micro-batch's graph is kept (``max_graphs``).
+    ``keep_graph=False`` turns this off (backward origins outside module calls are then not
+    replayed).
+
+Not covered (said in the report when it matters): a forward origin in loop code (the loop is
+not re-run; the loss check still catches its NaN, the retained-graph replay names the first
+backward node it poisons), optimizer steps given a closure (LBFGS), ``GradScaler`` steps it
+skips (they never call ``optimizer.step()``), module Python state changed by ``forward``,
+parameters modified in place by ``forward``, other generators than CPU/CUDA, FSDP (the replay
+would run collectives: refused). User hooks on tensors and modules run again in the replay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch._C._autograd import _get_sequence_nr
+from torch.nn.modules import module as module_mod
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+
+from torchscope.tracer import backward_calls
+
+if TYPE_CHECKING:
+    from torchscope.tracer.session import Tracer
+
+POLICIES = ("continue", "pause", "stop")
+NAN, INF, GRADNORM = "nan", "inf", "gradnorm"
+STOP_EXIT_CODE = 3  # what `torchscope run --on-nan stop` should exit with
+
+
+class WatchStop(Exception):
+    """Raised from ``optimizer.step()`` (before the update) when ``on_nan="stop"`` and a step
+    went bad. ``detection`` is the report's dict; ``exit_code`` what a CLI should exit with."""
+
+    exit_code = STOP_EXIT_CODE
+
+    def __init__(self, detection: dict[str, Any]) -> None:
+        super().__init__(detection.get("message", "torchscope: NaN watch stopped the job"))
+        self.detection = detection
+
+
+# -- capture records -------------------------------------------------------------------------
+class Call:
+    """One top-level module call of the step."""
+
+    __slots__ = (
+        "args",
+        "autocast",
+        "grad_bytes",
+        "handles",
+        "kwargs",
+        "module",
+        "n_out",
+        "out_grads",
+        "released",
+        "rng",
+        "seq_hi",
+        "seq_lo",
+        "target",
+        "unit",
+        "versions",
+        "versions_after",
+    )
+
+    def __init__(self, module: nn.Module, args: tuple, kwargs: dict | None) -> None:
+        self.module = module
+        self.target = replay_target(module)
+        self.args = args
+        self.kwargs = kwargs
+        self.rng = rng_state()
+        self.autocast = autocast_state()
+        self.seq_lo = _get_sequence_nr()
+        self.seq_hi = self.seq_lo
+        self.versions = versions_of(args, kwargs)
+        self.versions_after: list[int] = []
+        self.out_grads: dict[int, torch.Tensor] = {}
+        self.grad_bytes = 0
+        self.n_out = 0
+        self.unit = False  # some output gradient did not fit under the cap
+        self.handles: list[Any] = []
+        self.released = False
+
+    def release(self) -> None:
+        self.released = True
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.args = ()
+        self.kwargs = None
+        self.out_grads = {}
+        self.rng = None
+
+
+class Backward:
+    """One top-level ``backward()`` of the step."""
+
+    __slots__ = ("grad_tensors", "inputs", "roots", "source", "user_retains", "values")
+
+    def __init__(self, roots: list[torch.Tensor], kwargs: dict[str, Any], user_retains: bool):
+        self.values = [r.detach() for r in roots]  # for the loss check: no graph reference
+        self.roots: list[torch.Tensor] | None = None  # set while the watch keeps the graph
+        self.grad_tensors = kwargs.get("grad_tensors")
+        self.inputs = kwargs.get("inputs")
+        self.user_retains = user_retains
+        self.source = _call_site()
+
+    def drop_graph(self) -> None:
+        self.roots = None
+        self.grad_tensors = None
+        self.inputs = None
+
+
+# -- the watch -------------------------------------------------------------------------------
+class NanWatch:
+    """Watch every training step for NaN/Inf gradients (and loss); replay the bad one traced.
+
+    gradnorm: also report a total gradient L2 norm above this.
+    on_nan: "continue" (report and go on), "pause" (pause inside the replay at the origin when
+        the replay's tracer has a stepper -- a UI or ``--break-on``; otherwise continue, and
+        say so), "stop" (report, then raise :class:`WatchStop` from ``optimizer.step()``,
+        before the update).
+    capture_bytes: cap on the output gradients held per step (references, not copies).
+    tracer_factory: ``f(step) -> started Tracer`` that records the replay of ``step``. It must
+        not advance steps on its own (``optimizer_steps=False``). Default: an in-memory
+        ``Tracer(keep=True)`` numbered ``step``, stopped after the replay.
+    step_of: the job's current step number; default: optimizer steps counted by the watch.
+    report: where the one-line reports go; default: stderr.
+    keep_graph: keep the step's autograd graph until the check, so that backward origins in
+        loop code are replayed: True (every step), False (never), or "auto" (from the step
+        after a detection that showed the origin outside the module calls, or could not place
+        it: the watch stays at its cheapest until then).
+    roots: the top-level modules to watch; default: found on the first step.
+    max_calls: top-level module calls captured per step (more are not replayed).
+    max_graphs: retained graphs held per step (gradient accumulation: the latest ones).
+    on_unreproduced: ``f(detection)`` when the replay did not reproduce the bad values (for
+        example: arm full tracing for the next steps).
+    replay_wanted: ``f() -> bool``, asked at a detection; False skips the replay (the step
+        was traced live already: its alert says where the value came from).
+    """
+
+    def __init__(
+        self,
+        *,
+        gradnorm: float | None = None,
+        on_nan: str = "continue",
+        capture_bytes: int = 64 << 20,
+        tracer_factory: Callable[[int], Tracer] | None = None,
+        step_of: Callable[[], int] | None = None,
+        report: Callable[[str], None] | None = None,
+        keep_graph: bool | str = True,
+        roots: Iterable[nn.Module] | None = None,
+        max_calls: int = 64,
+        max_graphs: int = 1,
+        on_unreproduced: Callable[[dict[str, Any]], None] | None = None,
+        replay_wanted: Callable[[], bool] | None = None,
+    ) -> None:
+        if keep_graph not in (True, False, "auto"):
+            raise ValueError(f"keep_graph must be True, False or 'auto', not {keep_graph!r}")
+        if on_nan not in POLICIES:
+            raise ValueError(f"on_nan must be one of {', '.join(POLICIES)}, not {on_nan!r}")
+        if gradnorm is not None and not gradnorm > 0:
+            raise ValueError("gradnorm must be a positive number")
+        self.gradnorm = gradnorm
+        self.on_nan = on_nan
+        self.capture_bytes = int(capture_bytes)
+        self.tracer_factory = tracer_factory
+        self._step_of = step_of
+        self.report = report or _print_report
+        self.keep_graph = keep_graph
+        self.keeping = keep_graph is True  # "auto" turns this on after a detection needs it
+        self.max_calls = max_calls
+        self.max_graphs = max_graphs
+        self.on_unreproduced = on_unreproduced
+        self.replay_wanted = replay_wanted or (lambda: True)
+        self.detections: list[dict[str, Any]] = []
+        self.steps_checked = 0
+        self.installed = False
+        # per step
+        self._calls: list[Call] = []
+        self._backwards: list[Backward] = []
+        self._pending: Call | None = None
+        self._current_backward: Backward | None = None
+        self._overflow = False
+        self._unseen_backward = False  # a backward whose roots the watch could not see
+        self._grad_bytes = 0
+        # state
+        self._owner = threading.get_ident()
+        self._lock = threading.Lock()
+        self._step = 0
+        self._depth = 0  # top-level module calls in progress (owner thread)
+        self._in_update = False
+        self._replaying = False
+        # Weak: a watch that outlives a model (a sweep building one per trial) must not keep
+        # it alive; a model that is gone is simply no longer watched.
+        self._root_refs: list[weakref.ref[nn.Module]] = [weakref.ref(m) for m in roots or ()]
+        self._explicit_roots = roots is not None
+        self._discovering = False
+        self._global_hooks: list[Any] = []
+        self._root_hooks: list[Any] = []
+        self._optimizer_hooks: list[Any] = []
+        self._listening: backward_calls.Listening | None = None
+        self._errors_seen: set[tuple[str, str]] = set()
+        self._said: set[str] = set()
+        self.last_replay: Any = None  # the replay object of the last detection (tests, UI)
+        self._bad_run: dict[str, Any] | None = None  # the detection of the current bad stretch
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def install(self) -> NanWatch:
+        """Start watching from the calling thread (the training thread)."""
+        if self.installed:
+            return self
+        self._owner = threading.get_ident()
+        self._optimizer_hooks = [
+            register_optimizer_step_pre_hook(self._before_update),
+            register_optimizer_step_post_hook(self._after_update),
+        ]
+        if self._explicit_roots:
+            self._hook_roots()  # roots=() watches no module calls: the check alone
+        else:
+            self._discover()
+        self._listening = backward_calls.listen(self)
+        self.installed = True
+        return self
+
+    def remove(self) -> None:
+        """Remove every hook and wrapper and drop every captured reference."""
+        self.installed = False
+        for h in (*self._optimizer_hooks, *self._global_hooks, *self._root_hooks):
+            h.remove()
+        self._optimizer_hooks, self._global_hooks, self._root_hooks = [], [], []
+        self._discovering = False
+        if self._listening is not None:
+            self._listening.remove()
+            self._listening = None
+        self._end_step(count=False)
+        self._end_run()
+
+    def __enter__(self) -> NanWatch:
+        return self.install()
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    @property
+    def step(self) -> int:
+        if self._step_of is not None:
+            return int(self._step_of())
+        return self._step
+
+    @property
+    def roots(self) -> list[nn.Module]:
+        return self._live_roots()
+
+    def _live_roots(self) -> list[nn.Module]:
+        live = [m for m in (r() for r in self._root_refs) if m is not None]
+        if len(live) != len(self._root_refs):
+            self._root_refs = [weakref.ref(m) for m in live]
+        return live
+
+    # -- finding and hooking top-level modules -------------------------------------------------
+    def _discover(self) -> None:
+        """Global module hooks until the next check: they find the top-level calls (and
+        capture them meanwhile); every module call pays for them, on this step only."""
+        for h in self._root_hooks:
+            h.remove()
+        self._root_hooks = []
+        self._depth = 0
+        self._global_hooks = [
+            module_mod.register_module_forward_pre_hook(self._global_pre),
+            module_mod.register_module_forward_hook(
+                self._global_post, with_kwargs=True, always_call=True
+            ),
+        ]
+        self._discovering = True
+
+    def _end_discovery(self, found: list[nn.Module]) -> None:
+        for h in self._global_hooks:
+            h.remove()
+        self._global_hooks = []
+        self._discovering = False
+        live = self._live_roots()
+        known = {id(m) for m in live}
+        for m in found:
+            if id(m) not in known:
+                known.add(id(m))
+                self._root_refs.append(weakref.ref(m))
+        self._hook_roots()
+
+    def _hook_roots(self) -> None:
+        for h in self._root_hooks:
+            h.remove()
+        self._depth = 0
+        hooks = []
+        for m in self._live_roots():
+            hooks.append(m.register_forward_pre_hook(self._root_pre, with_kwargs=True))
+            hooks.append(
+                m.register_forward_hook(self._root_post, with_kwargs=True, always_call=True)
+            )
+        self._root_hooks = hooks
+
+    def _global_pre(self, module: nn.Module, args: tuple) -> None:
+        if torch.compiler.is_compiling() or self._replaying:
+            return
+        if threading.get_ident() != self._owner:
+            return
+        try:
+            depth = self._depth
+            self._depth = depth + 1
+            if depth == 0:
+                self._begin_call(module, args, None)  # kwargs: in the post-hook
+        except Exception as exc:
+            self._error("capturing a module call", exc)
+
+    def _global_post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if torch.compiler.is_compiling() or self._replaying:
+            return
+        if threading.get_ident() != self._owner:
+            return
+        try:
+            self._depth = max(self._depth - 1, 0)
+            if self._depth == 0:
+                self._end_call(module, kwargs, output)
+        except Exception as exc:
+            self._error("capturing a module call", exc)
+
+    def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if torch.compiler.is_compiling() or self._replaying:
+            return None
+        if threading.get_ident() != self._owner:
+            return None
+        try:
+            depth = self._depth
+            self._depth = depth + 1
+            if depth == 0:
+                self._begin_call(module, args, kwargs)
+        except Exception as exc:
+            self._error("capturing a module call", exc)
+        return None
+
+    def _root_post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        self._global_post(module, args, kwargs, output)
+        return None
+
+    # -- capture -------------------------------------------------------------------------------
+    def _begin_call(self, module: nn.Module, args: tuple, kwargs: dict | None) -> None:
+        self._in_update = False  # a step() that raised never ran its post-hook
+        self._pending = None
+        if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+            return  # evaluation: nothing of it reaches a gradient
+        if len(self._calls) >= self.max_calls:
+            self._overflow = True
+            return
+        self._pending = Call(module, args, dict(kwargs) if kwargs is not None else None)
+
+    def _end_call(self, module: nn.Module, kwargs: dict, output: Any) -> None:
+        call, self._pending = self._pending, None
+        if call is None or call.module is not module:
+            return
+        if call.kwargs is None:
+            call.kwargs = dict(kwargs or {})
+        call.seq_hi = _get_sequence_nr()
+        call.versions_after = versions_of(call.args, call.kwargs)
+        outs = tensors_in(output)
+        call.n_out = len(outs)
+        ref = weakref.ref(self)
+        for i, t in enumerate(outs):
+            if t.requires_grad:
+                call.handles.append(t.register_hook(_grad_catcher(ref, call, i)))
+        self._calls.append(call)
+
+    def _keep_grad(self, call: Call, i: int, grad: torch.Tensor) -> None:
+        if self._replaying or call.released or grad is None:
+            return
+        with self._lock:
+            old = call.out_grads.get(i)
+            if old is not None:  # a second backward through the same output this step
+                call.out_grads[i] = old + grad
+                return
+            n = grad.numel() * grad.element_size()
+            if self._grad_bytes + n > self.capture_bytes:
+                call.unit = True
+                return
+            self._grad_bytes += n
+            call.grad_bytes += n
+            call.out_grads[i] = grad
+
+    # -- backward (backward_calls listener) ----------------------------------------------------
+    def backward_begins(self, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        if not self.installed or self._replaying or threading.get_ident() != self._owner:
+            return None
+        self._in_update = False
+        self._current_backward = None
+        try:
+            if "tensors" not in kwargs:
+                # Called with positional arguments we cannot see: no loss check, no graph kept.
+                self._unseen_backward = True
+                return None
+            roots = kwargs["tensors"]
+            roots = [roots] if isinstance(roots, torch.Tensor) else list(roots)
+            if not roots or not all(isinstance(r, torch.Tensor) for r in roots):
+                return None  # GradientEdge roots
+            retain = kwargs.get("retain_graph")
+            user_retains = bool(kwargs.get("create_graph")) if retain is None else bool(retain)
+            rec = Backward(roots, kwargs, user_retains)
+            self._backwards.append(rec)
+            self._current_backward = rec
+            if not self.keeping:
+                return None
+            kept = [b for b in self._backwards if b.roots is not None]
+            while len(kept) >= self.max_graphs and kept:
+                kept.pop(0).drop_graph()  # keep the latest micro-batch's graph
+            if self.max_graphs <= 0:
+                return None
+            rec.roots = roots
+            if user_retains:
+                return None
+            return {**kwargs, "retain_graph": True}
+        except Exception as exc:
+            self._error("before backward()", exc)
+            return None
+
+    def backward_ends(self, ok: bool) -> None:
+        rec, self._current_backward = self._current_backward, None
+        if rec is not None and not ok:
+            rec.drop_graph()
+            with contextlib.suppress(ValueError):
+                self._backwards.remove(rec)
+
+    # -- the check -----------------------------------------------------------------------------
+    def _before_update(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        if not self.installed or self._replaying or threading.get_ident() != self._owner:
+            return
+        if self._in_update:
+            return  # a subclass's step() calling super().step(): one update, one check
+        self._in_update = True
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")
+        stop: WatchStop | None = None
+        try:
+            if closure is not None:
+                self._say_once(
+                    "closure",
+                    "torchscope: optimizer.step(closure) is not watched for NaN "
+                    "(the closure computes the gradients inside the update)",
+                )
+            else:
+                detection = self.check(_params_of(optimizer))
+                if detection is not None and self.on_nan == "stop":
+                    stop = WatchStop(detection)
+        except Exception as exc:
+            self._error("checking the step", exc)
+        finally:
+            self._end_step()
+        if stop is not None:
+            raise stop
+
+    def _after_update(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        if threading.get_ident() == self._owner:
+            self._in_update = False
+
+    def before_update(self, params: Iterable[torch.Tensor] | None = None) -> dict[str, Any] | None:
+        """What the optimizer pre-hook does, for a job that updates its weights by hand: check
+        ``params``' gradients (default: the watched modules'), end the step, and apply the
+        policy (``WatchStop`` under "stop"). Call it on the training thread, before the update.
+        """
+        try:
+            detection = self.check(params)
+        finally:
+            self._end_step()
+        if detection is not None and self.on_nan == "stop":
+            raise WatchStop(detection)
+        return detection
+
+    def check(self, params: Iterable[torch.Tensor] | None = None) -> dict[str, Any] | None:
+        """Check the current gradients of ``params`` (default: the watched modules') and the
+        step's losses; on a detection replay the step, report it and return its dict.
+
+        The optimizer pre-hook calls this; a job that updates its weights by hand can call it
+        before its update. Does not end the step (the hook does, after it); never raises.
+        """
+        try:
+            params = list(params) if params is not None else self._root_params()
+            grads = [p.grad for p in params if p.grad is not None]
+            values = [v for b in self._backwards for v in b.values]
+            if not grads and not values:
+                return None
+            self.steps_checked += 1
+            with torch.no_grad(), torch._C.DisableTorchFunction():
+                total = _total_norms(grads, values)
+                grad_norm, loss_norm = total.tolist()  # the step's one host sync
+            what = None
+            bad: list[int] = []
+            in_loss = False
+            if not (math.isfinite(grad_norm) and math.isfinite(loss_norm)):
+                what, bad, in_loss = _confirm(grads, values)  # rare: a few more syncs
+            if what is None and self.gradnorm is not None and grad_norm > self.gradnorm:
+                what = GRADNORM
+            run = self._bad_run
+            if run is not None and (what is None or _category(what) != _category(run["what"])):
+                self._end_run()
+                run = None
+            if what is None:
+                return None
+            if run is not None:
+                # Still bad (NaN weights stay NaN): counted, not replayed or reported again.
+                run["repeats"] += 1
+                run["last_step"] = self.step
+                return None
+            det = self._detected(what, grad_norm, params, bad, in_loss)
+            self._bad_run = det
+            return det
+        except Exception as exc:
+            self._error("checking the step", exc)
+            return None
+
+    def _detected(
+        self, what: str, grad_norm: float, params: list, bad: list[int], in_loss: bool
+    ) -> dict[str, Any]:
+        step = self.step
+        det: dict[str, Any] = {
+            "step": step,
+            "what": what,
+            "grad_norm": grad_norm,
+            "in_loss": in_loss,
+            "bad_params": self._param_names([params[i] for i in bad]),
+            "origin": None,
+            "where": None,
+            "source": None,
+            "module": None,
+            "outside_modules": False,
+            "reproduced": None,
+            "replayed": False,
+            "unit_gradient": False,
+            "paused": False,
+            "alerts": [],
+            "events": [],
+            "notes": [],
+            "message": "",
+            "repeats": 0,
+            "last_step": step,
+        }
+        if what in (NAN, INF) and not self.replay_wanted():
+            det["notes"].append("the step was traced live: its alert names the origin")
+        elif what in (NAN, INF):
+            from torchscope.tracer.watch_replay import Replay
+
+            replay = Replay(self, det)
+            self.last_replay = replay
+            replay.run()
+            det["events"] = replay.events
+            unplaced = det["outside_modules"] or not det["reproduced"]
+            if self.keep_graph == "auto" and not self.keeping and unplaced:
+                self.keeping = True
+                det["notes"].append("the step's graph is kept from now on (keep_graph='auto')")
+        det["message"] = describe(det, rank=_rank())
+        self.detections.append(det)
+        try:
+            self.report(det["message"])
+        except Exception as exc:
+            self._error("reporting", exc)
+        if det["reproduced"] is False and self.on_unreproduced is not None:
+            try:
+                self.on_unreproduced(det)
+            except Exception as exc:
+                self._error("on_unreproduced", exc)
+        return det
+
+    def _end_run(self) -> None:
+        """The steps after a detection are fine again (or bad in another way): say how long
+        the bad stretch lasted, if it outlived its first step."""
+        run, self._bad_run = self._bad_run, None
+        if run is not None and run["repeats"]:
+            what = "a gradient norm above the limit" if run["what"] == GRADNORM else "NaN/Inf"
+            with contextlib.suppress(Exception):
+                self.report(
+                    f"torchscope: {what} from step {run['step']} lasted {run['repeats'] + 1} "
+                    f"checked steps (to step {run['last_step']}; reported once)"
+                )
+
+    def _root_params(self) -> list[torch.Tensor]:
+        out, seen = [], set()
+        for m in self._live_roots():
+            for p in m.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
+    def _param_names(self, tensors: list[torch.Tensor]) -> list[str]:
+        if not tensors:
+            return []
+        names = {}
+        for m in self._live_roots():
+            for n, p in replay_target(m).named_parameters():
+                names.setdefault(id(p), n)
+        return [names.get(id(t), f"<tensor {tuple(t.shape)}>") for t in tensors]
+
+    # -- step end ------------------------------------------------------------------------------
+    def _end_step(self, count: bool = True) -> None:
+        """Drop the step's captures (and the watch's hold on its graph)."""
+        calls, self._calls = self._calls, []
+        for call in calls:
+            call.release()
+        for b in self._backwards:
+            b.drop_graph()
+        had_backward = bool(self._backwards) or self._unseen_backward
+        self._backwards = []
+        self._pending = None
+        self._current_backward = None
+        self._grad_bytes = 0
+        self._overflow = False
+        self._unseen_backward = False
+        if not count:
+            return
+        self._step += 1
+        if not self.installed or self._explicit_roots:
+            return
+        if self._discovering:
+            if calls or self._root_refs:
+                self._end_discovery([c.module for c in calls])
+        elif had_backward and not calls:
+            self._discover()  # the model was replaced (or compiled) since: look again
+
+    # -- errors and notes ----------------------------------------------------------------------
+    def _error(self, where: str, exc: BaseException) -> None:
+        key = (where, type(exc).__name__)
+        if key in self._errors_seen:
+            return
+        self._errors_seen.add(key)
+        text = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+        with contextlib.suppress(Exception):
+            print(
+                f"torchscope: internal error in the NaN watch ({where}): {text} "
+                "(the job continues; reported once)",
+                file=sys.stderr,
+            )
+
+    def _say_once(self, key: str, text: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            with contextlib.suppress(Exception):
+                self.report(text)
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _grad_catcher(ref: weakref.ref, call: Call, i: int) -> Callable[[torch.Tensor], None]:
+    # Captures the call record and a weak watch reference, never the output tensor itself.
+    def hook(grad: torch.Tensor) -> None:
+        watch = ref()
+        if watch is not None:
+            try:
+                watch._keep_grad(call, i, grad)
+            except Exception as exc:
+                watch._error("capturing an output gradient", exc)
+
+    return hook
+
+
+def _category(what: str) -> str:
+    return GRADNORM if what == GRADNORM else "nonfinite"
+
+
+def _params_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    return t._values() if t.is_sparse else t
+
+
+def _norm_of(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """L2 norm of all ``tensors`` together, as a float32 0-d tensor on ``device``; NaN if any
+    is NaN, Inf if any is Inf (or the squares overflow). No host sync."""
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for t in tensors:
+        t = _dense(t)
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    parts = []
+    for (dev, dtype), ts in groups.items():
+        if dtype in (torch.float32, torch.float64):
+            norms = torch._foreach_norm(ts)
+        elif dtype.is_floating_point or dtype.is_complex:
+            norms = torch._foreach_norm(ts, dtype=torch.float32)
+        else:
+            continue
+        part = torch.linalg.vector_norm(torch.stack(norms)).float()
+        parts.append(part if dev == device else part.to(device))
+    if not parts:
+        return torch.zeros((), device=device)
+    return torch.linalg.vector_norm(torch.stack(parts)) if len(parts) > 1 else parts[0]
+
+
+def _total_norms(grads: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+    device = (grads or values)[0].device
+    return torch.stack([_norm_of(grads, device), _norm_of(values, device)])
+
+
+def _confirm(
+    grads: list[torch.Tensor], values: list[torch.Tensor]
+) -> tuple[str | None, list[int], bool]:
+    """Exact verdict after a non-finite norm: ("nan"/"inf"/None, indices of bad grads, whether
+    a loss is bad)."""
+    with torch.no_grad(), torch._C.DisableTorchFunction():
+        kinds = []
+        for t in (*grads, *values):
+            t = _dense(t)
+            if not (t.dtype.is_floating_point or t.dtype.is_complex):
+                kinds.append((False, False))
+                continue
+            kinds.append((bool(torch.isnan(t).any()), bool(torch.isinf(t).any())))
+    bad = [i for i, (n, f) in enumerate(kinds[: len(grads)]) if n or f]
+    in_loss = any(n or f for n, f in kinds[len(grads) :])
+    if any(n for n, _ in kinds):
+        return NAN, bad, in_loss
+    if any(f for _, f in kinds):
+        return INF, bad, in_loss
+    return None, [], False
+
+
+def replay_target(module: nn.Module) -> nn.Module:
+    """What the replay calls for a top-level module: the module inside a DDP/DataParallel
+    wrapper (its forward would run collectives) or a ``torch.compile`` wrapper (traced eagerly)."""
+    seen = 0
+    while seen < 8:
+        seen += 1
+        cls = type(module).__name__
+        if cls in ("DistributedDataParallel", "DataParallel") and isinstance(
+            getattr(module, "module", None), nn.Module
+        ):
+            module = module.module
+        elif cls == "OptimizedModule" and isinstance(getattr(module, "_orig_mod", None), nn.Module):
+            module = module._orig_mod
+        else:
+            break
+    return module
+
+
+def tensors_in(obj: Any, depth: int = 0) -> list[torch.Tensor]:
+    """Tensors in a call's output or arguments, in a fixed order: tuples, lists, dicts (a
+    ``ModelOutput`` is one), three levels deep."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if depth >= 3:
+        return []
+    out: list[torch.Tensor] = []
+    if isinstance(obj, dict):
+        for v in obj.values():
+            out.extend(tensors_in(v, depth + 1))
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            out.extend(tensors_in(v, depth + 1))
+    return out
+
+
+def versions_of(args: tuple, kwargs: dict | None) -> list[int]:
+    return [t._version for t in tensors_in((args, kwargs or {}))]
+
+
+def rng_state() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    cuda = None
+    if torch.cuda.is_initialized():
+        cuda = torch.cuda.get_rng_state_all()
+    return torch.get_rng_state(), cuda
+
+
+def set_rng_state(state: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
+_AUTOCAST_DEVICES = ("cuda", "cpu")
+
+
+def autocast_state() -> tuple[tuple[str, torch.dtype], ...]:
+    """(device type, dtype) of each autocast that is on; () almost always."""
+    on = []
+    for dev in _AUTOCAST_DEVICES:
+        if torch.is_autocast_enabled(dev):
+            on.append((dev, torch.get_autocast_dtype(dev)))
+    return tuple(on)
+
+
+def _call_site() -> str | None:
+    """``file:line`` of the user's ``backward()`` call."""
+    from torchscope.tracer.source import user_frame
+
+    frame = user_frame(2)
+    return f"{frame[0]}:{frame[1]}" if frame else None
+
+
+def _rank() -> int | None:
+    try:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            return int(os.environ["RANK"])
+    except (KeyError, ValueError):
+        pass
+    return None
+
+
+def _print_report(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _short(source: str | None) -> str | None:
+    if not source:
+        return source
+    path, sep, line = source.rpartition(":")
+    if not sep:
+        return source
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        rel = path
+    return f"{rel if not rel.startswith('..') else path}:{line}"
+
+
+def describe(det: dict[str, Any], rank: int | None = None) -> str:
+    """The one line a detection prints."""
+    who = f"torchscope[rank {rank}]" if rank is not None else "torchscope"
+    step = det["step"]
+    if det["what"] == GRADNORM:
+        return f"{who}: gradient norm {det['grad_norm']:.4g} above the limit at step {step}"
+    noun = "NaN" if det["what"] == NAN else "Inf"
+    if det["reproduced"]:
+        noun = "NaN" if det.get("origin_what", det["what"]) == NAN else "Inf"
+        source = _short(det.get("source"))
+        at = f" at {source}" if source else ""
+        if det.get("loop_forward"):
+            site = _short(det.get("backward_source"))
+            return (
+                f"{who}: {noun} first appears at step {step} in the forward, outside the module "
+                "calls (training-loop code: the loss is non-finite, the replayed modules' "
+                f"outputs are not{f'; backward() at {site}' if site else ''}); in the backward "
+                f"it first shows at {det['backward_node']} — replayed"
+            )
+        if det["where"] == "input":
+            text = f"{who}: {noun} enters at step {step} as {det['origin']}{at}"
+        else:
+            origin, where = det["origin"], det["where"]
+            text = f"{who}: {noun} first appears at step {step} in {origin} ({where}){at}"
+        if det.get("outside_modules"):
+            site = _short(det.get("backward_source"))
+            text += " outside the module calls (training-loop code"
+            text += f"; backward() at {site})" if site else ")"
+        text += " — replayed"
+        if det.get("unit_gradient"):
+            text += " (backward from a unit gradient: output gradients were above the capture cap)"
+        return text
+    if det.get("outside_modules"):
+        return (
+            f"{who}: {noun} first appears at step {step} in the backward, outside the module "
+            "calls (training-loop code between the loss and the modules' outputs: the "
+            "gradients arriving at those outputs are already non-finite); not replayed there: "
+            + ("; ".join(det.get("notes") or []) or "the step's graph was not kept")
+        )
+    where = "the loss" if det.get("in_loss") and not det.get("bad_params") else "the gradients"
+    reasons = "; ".join(det.get("notes") or []) or "no replayed op or node made it"
+    return (
+        f"{who}: {noun} in {where} at step {step}, but the replay did not reproduce it "
+        f"({reasons}) — origin unknown"
+    )
