@@ -1,9 +1,9 @@
 """CURVE on public addresses: keys, refusals, and who gets through.
 
-What a user is promised: ipc and loopback stay as they were; a job refuses to bind a public
-address without keys, in one line that says to run `torchscope keys`; with keys, a UI holding
-an authorized client key gets events and control, and a UI with any other key, or none, gets
-nothing at all.
+What a user is promised: ipc needs no keys and loopback tcp uses per-session keys (see
+test_transport_auth.py); a job refuses to bind a public address without keys, in one line
+that says to run `torchscope keys`; with keys, a UI holding an authorized client key gets
+events and control, and a UI with any other key, or none, gets nothing at all.
 """
 
 from __future__ import annotations
@@ -416,13 +416,18 @@ def test_other_clients_get_nothing(
     good.close()
 
 
-def test_loopback_publisher_stays_plain_with_keys(keys, publishers, sockets, rt: Path) -> None:
+def test_loopback_publisher_is_curve_with_session_keys(keys, publishers, sockets, rt: Path) -> None:
+    """Loopback TCP is reachable by every local user: it is CURVE too, with keys of its own
+    (the user's keys are for public addresses). More in test_transport_auth.py."""
     pub = publishers(events_endpoint="tcp://127.0.0.1:*", control_endpoint="tcp://127.0.0.1:*")
-    assert pub._curve is None
+    assert pub._curve is None and pub._session_keys is not None
     dealer = sockets(zmq.DEALER)  # no CURVE at all
     dealer.connect(pub.endpoints[1])
     dealer.send(build_request(1, "ping"))
-    assert dealer.poll(2000, zmq.POLLIN)
+    assert not dealer.poll(500, zmq.POLLIN)
+    with SessionClient() as c:  # the same user: no set-up
+        c.connect(pub.endpoints[1], timeout=3)
+        assert c.subscribed and c.ping() < 1
 
 
 def test_authorizations_are_read_at_start(keys, ip: str, publishers, tmp_path, monkeypatch) -> None:

@@ -2,6 +2,18 @@
 
 Shared by the tracer (which evaluates them) and the UI (which lets people write them), so it
 imports neither torch nor textual.
+
+Name conditions run on the training thread for every op and node, so a pattern must never be
+able to stall the job (``^(.|.)*X$`` backtracks for minutes on a 30-character op name, holding
+the GIL, so control replies stall too). Three rules make that so:
+
+* patterns are at most :data:`MAX_PATTERN_CHARS` long (longer: a one-line BreakpointError);
+* they are evaluated by :class:`SafePattern`, a Thompson-NFA simulation over Python's own
+  parse of the pattern: time linear in the text times the pattern's size, whatever the
+  pattern (no backtracking); the constructs that need backtracking (backreferences,
+  lookarounds, atomic groups, possessive repeats) are refused with one line;
+* each breakpoint remembers its verdict per distinct op name and module path (at most
+  :data:`MAX_CACHED_VERDICTS` each), so a pattern is matched against a name once.
 """
 
 from __future__ import annotations
@@ -14,6 +26,18 @@ from typing import Any
 from torchscope.protocol.events import all_finite
 
 NAN_CONDITIONS = ("nan", "inf", "anynan")
+MAX_PATTERN_CHARS = 256  # longer op/module patterns are refused
+MAX_PATTERN_STATES = 2000  # the matcher's size once repeats are expanded (a{1000}{1000}: refused)
+MAX_CACHED_VERDICTS = 16_384  # per breakpoint and condition; then the cache starts over
+
+try:  # Python 3.11+
+    from re import _compiler as _sre_compile
+    from re import _constants as _sre_c
+    from re import _parser as _sre_parse
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_compile as _sre_compile  # type: ignore[no-redef]
+    import sre_constants as _sre_c  # type: ignore[no-redef]
+    import sre_parse as _sre_parse  # type: ignore[no-redef]
 
 
 class BreakpointError(ValueError):
@@ -34,8 +58,8 @@ class Breakpoint:
     from_step: int | None = None  # from this step on
     enabled: bool = True
     hits: int = 0
-    _op: re.Pattern | None = field(default=None, repr=False)
-    _module: re.Pattern | None = field(default=None, repr=False)
+    _op: SafePattern | None = field(default=None, repr=False)
+    _module: SafePattern | None = field(default=None, repr=False)
 
     KEYS = ("op", "module", "source", "nan", "grad_norm", "step", "from_step", "enabled")
 
@@ -52,10 +76,7 @@ class Breakpoint:
             if pattern is not None:
                 if not isinstance(pattern, str):
                     raise BreakpointError(f"{name} must be a regular expression string")
-                try:
-                    setattr(bp, f"_{name}", re.compile(pattern))
-                except re.error as exc:
-                    raise BreakpointError(f"bad {name} regex {pattern!r}: {exc}") from None
+                setattr(bp, f"_{name}", SafePattern(pattern, what=name))
         if bp.source is not None:
             file, sep, line = str(bp.source).rpartition(":")
             if not sep or not file or not line.isdigit():
@@ -88,11 +109,14 @@ class Breakpoint:
             return False
         if self.from_step is not None and step < self.from_step:
             return False
-        name = event.get("name") or event.get("node") or ""
-        if self._op is not None and not self._op.search(name):
-            return False
-        if self._module is not None and not self._module.search(event.get("module") or ""):
-            return False
+        if self._op is not None:
+            name = event.get("name") or event.get("node") or ""
+            if not self._op.search(name if isinstance(name, str) else str(name)):
+                return False
+        if self._module is not None:
+            module = event.get("module") or ""
+            if not self._module.search(module if isinstance(module, str) else str(module)):
+                return False
         if self.source is not None:
             src = event.get("source") or ""
             if not (src == self.source or src.endswith("/" + self.source)):
@@ -198,3 +222,166 @@ def first_hit(
             bp.hits += 1
             return f"breakpoint {bp.id}"
     return None
+
+
+# -- a regex matcher that cannot stall ------------------------------------------------------------
+_CHAR, _ZERO, _SPLIT, _MATCH = 0, 1, 2, 3
+_REFUSED = {
+    "GROUPREF": "backreferences",
+    "GROUPREF_EXISTS": "conditional groups",
+    "ASSERT": "lookahead/lookbehind",
+    "ASSERT_NOT": "lookahead/lookbehind",
+    "ATOMIC_GROUP": "atomic groups",
+    "POSSESSIVE_REPEAT": "possessive repeats",
+}
+
+
+class _TooBig(Exception):
+    pass
+
+
+class SafePattern:
+    """``search()`` with Python ``re`` syntax and meaning, in time linear in the text.
+
+    The pattern is parsed by Python's own parser (so it means what ``re`` says it means);
+    each single character test (literal, class, ``.``, ``\\d``...) and each anchor (``^``,
+    ``$``, ``\\b``...) is compiled alone by ``re``, where it cannot backtrack, and the rest
+    (sequence, ``|``, repeats, groups) becomes a Thompson NFA that is simulated position by
+    position: O(len(text) x states), whatever the pattern. Only whether it matches is
+    computed. Verdicts are cached per text (bounded). Raises BreakpointError (one line) for
+    a pattern that is too long, invalid, too big once expanded, or needs backtracking.
+    Thread-safe: the cache is a dict written one entry at a time and cleared when full.
+    """
+
+    def __init__(self, pattern: str, *, what: str = "pattern") -> None:
+        if len(pattern) > MAX_PATTERN_CHARS:
+            raise BreakpointError(
+                f"{what} regex is {len(pattern)} characters long; the limit is {MAX_PATTERN_CHARS}"
+            )
+        try:
+            parsed = _sre_parse.parse(pattern, 0)
+        except (re.error, RecursionError, OverflowError) as exc:
+            raise BreakpointError(f"bad {what} regex {pattern!r}: {exc}") from None
+        self.pattern = pattern
+        self._kind: list[int] = []
+        self._test: list[Any] = []  # _CHAR/_ZERO: a compiled one-node re; else None
+        self._a: list[int] = []
+        self._b: list[int] = []
+        self._atoms: dict[tuple, Any] = {}
+        try:
+            match = self._new(_MATCH, None)
+            self.start = self._seq(list(parsed), parsed.state.flags, match)
+        except _TooBig:
+            raise BreakpointError(
+                f"{what} regex {pattern!r} is too complex (more than {MAX_PATTERN_STATES} "
+                f"states once its repeats are expanded)"
+            ) from None
+        except (re.error, RecursionError, OverflowError, ValueError, TypeError) as exc:
+            raise BreakpointError(f"bad {what} regex {pattern!r}: {exc}") from None
+        del self._atoms
+        self._cache: dict[str, bool] = {}
+
+    # -- building ----------------------------------------------------------------------------
+    def _new(self, kind: int, test: Any, a: int = -1, b: int = -1) -> int:
+        if len(self._kind) >= MAX_PATTERN_STATES:
+            raise _TooBig
+        self._kind.append(kind)
+        self._test.append(test)
+        self._a.append(a)
+        self._b.append(b)
+        return len(self._kind) - 1
+
+    def _atom(self, node: tuple, flags: int) -> Any:
+        key = (repr(node), flags)
+        atom = self._atoms.get(key)
+        if atom is None:
+            state = _sre_parse.State()
+            state.flags = flags
+            atom = _sre_compile.compile(_sre_parse.SubPattern(state, [node]), flags)
+            self._atoms[key] = atom
+        return atom
+
+    def _seq(self, items: list, flags: int, nxt: int) -> int:
+        for node in reversed(items):
+            nxt = self._node(node, flags, nxt)
+        return nxt
+
+    def _node(self, node: tuple, flags: int, nxt: int) -> int:
+        op, av = node
+        name = str(op)
+        if name in _REFUSED:
+            raise BreakpointError(f"{_REFUSED[name]} are not supported in breakpoint patterns")
+        if op in (_sre_c.LITERAL, _sre_c.NOT_LITERAL, _sre_c.ANY, _sre_c.IN):
+            return self._new(_CHAR, self._atom(node, flags), nxt)
+        if op is _sre_c.AT:
+            return self._new(_ZERO, self._atom(node, flags), nxt)
+        if op is _sre_c.SUBPATTERN:
+            _group, add, remove, sub = av
+            return self._seq(list(sub), (flags | add) & ~remove, nxt)
+        if op is _sre_c.BRANCH:
+            alternatives = [self._seq(list(alt), flags, nxt) for alt in av[1]]
+            start = alternatives[-1]
+            for alt in reversed(alternatives[:-1]):
+                start = self._new(_SPLIT, None, alt, start)
+            return start
+        if op in (_sre_c.MAX_REPEAT, _sre_c.MIN_REPEAT):
+            lo, hi, sub = av
+            body = list(sub)
+            if hi == _sre_c.MAXREPEAT:
+                loop = self._new(_SPLIT, None, -1, nxt)
+                self._a[loop] = self._seq(body, flags, loop)
+                nxt = loop
+            else:
+                for _ in range(hi - lo):
+                    nxt = self._new(_SPLIT, None, self._seq(body, flags, nxt), nxt)
+            for _ in range(lo):
+                nxt = self._seq(body, flags, nxt)
+            return nxt
+        raise BreakpointError(f"{name.lower()} is not supported in breakpoint patterns")
+
+    # -- matching ----------------------------------------------------------------------------
+    def search(self, text: str) -> bool:
+        """Whether the pattern matches anywhere in ``text`` (like ``re.search``), cached."""
+        verdict = self._cache.get(text)
+        if verdict is None:
+            verdict = self._run(text)
+            if len(self._cache) >= MAX_CACHED_VERDICTS:
+                self._cache.clear()
+            self._cache[text] = verdict
+        return verdict
+
+    def _run(self, text: str) -> bool:
+        kind, test, a, b = self._kind, self._test, self._a, self._b
+        seen = [-1] * len(kind)
+        n = len(text)
+        current: list[int] = []
+        for pos in range(n + 1):
+            # Unanchored search: a new thread starts at every position.
+            stack = [*reversed(current), self.start] if current else [self.start]
+            current = []
+            # Depth-first from the new start last, then the surviving threads; order does not
+            # matter for a yes/no answer.
+            while stack:
+                s = stack.pop()
+                if seen[s] == pos:
+                    continue
+                seen[s] = pos
+                k = kind[s]
+                if k == _CHAR:
+                    current.append(s)
+                elif k == _SPLIT:
+                    stack.append(b[s])
+                    stack.append(a[s])
+                elif k == _ZERO:
+                    if test[s].match(text, pos) is not None:
+                        stack.append(a[s])
+                else:  # _MATCH
+                    return True
+            if pos == n:
+                break
+            nxt = []
+            for s in current:
+                if test[s].match(text, pos) is not None:
+                    nxt.append(a[s])
+            current = nxt
+        return False

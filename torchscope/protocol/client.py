@@ -12,10 +12,17 @@ Joining a running job without gaps or duplicates (zguide "Clone")::
         for frame in client.recv(100):   # frames covered by the snapshot are skipped
             ...
 
-A tcp endpoint that is not loopback (a job bound to a public address) is reached with CURVE:
-this machine's client key pair and the job's public key, from the key directory (see
-:mod:`torchscope.protocol.security`). A job bound to ``0.0.0.0`` names its events endpoint
-``tcp://0.0.0.0:PORT``; the client connects to that port on the host it reached control on.
+Every tcp endpoint is reached with CURVE (see :mod:`torchscope.protocol.security`): a loopback
+one with the keys its job wrote for this session into the user's private runtime directory
+(nothing to set up; another user's job is unreachable), a public one with this machine's
+client key pair and the job's public key, from the key directory. A job bound to ``0.0.0.0``
+names its events endpoint ``tcp://0.0.0.0:PORT``; the client connects to that port on the
+host it reached control on. IPv6 literals (``tcp://[::1]:PORT``) work.
+
+Losses are counted per UI: the job drops frames for a UI that reads too slowly (that UI
+alone), and every frame carries its number and the running count of events sent, so
+``frames_lost`` and ``events_lost`` say what *this* client missed; ``dropped`` is what the job
+could not send to anyone.
 
 Imports neither torch nor textual.
 """
@@ -73,9 +80,10 @@ class SessionClient:
     ) -> None:
         self._ctx = context or zmq.Context.instance()
         self._rcvhwm = rcvhwm
-        # CURVE on tcp endpoints: None = when not loopback; True/False = always/never.
+        # CURVE on tcp endpoints: None/True = always (session keys on loopback, the key
+        # directory's on a public address); False = never (only for tests of refusals).
         self._curve = curve
-        self._client_keys: security.ClientKeys | None = None
+        self._client_keys: dict[str, security.ClientKeys] = {}
         self._ids = itertools.count(1)
         self.dealer: zmq.Socket | None = None
         self.sub: zmq.Socket | None = None
@@ -87,7 +95,8 @@ class SessionClient:
         self.ended = False  # a "bye" frame arrived
         self.last_frame: int | None = None  # number of the newest frame received
         self.snapshot_frame = 0  # frames up to this number are covered by the snapshot
-        self.frames_lost = 0  # gaps in frame numbers (the publisher could not send them)
+        self.frames_lost = 0  # gaps in frame numbers: frames this client missed
+        self.events_lost = 0  # events in the frames this client missed (from "sent" counts)
         self.bad_frames = 0  # frames that failed validation (skipped)
         self.stale_replies = 0  # replies to requests we had given up on
         self.dropped = 0  # the publisher's total, as of the last frame
@@ -95,6 +104,7 @@ class SessionClient:
         self.tracing: str | None = None  # dormant / arming / traced, for jobs that say
         self.events_total = 0
         self._last_seen: float | None = None
+        self._sent: int | None = None  # the "sent" count of the newest frame
 
     # -- connecting -----------------------------------------------------------------------------
     def connect(
@@ -118,7 +128,10 @@ class SessionClient:
                 f"torchscope session at {record.control} is gone (no socket file)"
             )
         curve = self._uses_curve(record.control)
-        self.dealer = self._socket(zmq.DEALER, record.control if curve else None)
+        self._client_keys = {}
+        self.dealer = self._socket(
+            zmq.DEALER, record.control if curve else None, ipv6=_ipv6(record.control)
+        )
         self.dealer.connect(record.control)
         deadline = time.monotonic() + timeout
         try:
@@ -131,7 +144,12 @@ class SessionClient:
         self.events_endpoint = reachable_endpoint(advertised, record.control)
         curve = self._uses_curve(advertised) or self._uses_curve(self.events_endpoint)
         token = secrets.token_hex(8)
-        self.sub = self._socket(zmq.SUB, self.events_endpoint if curve else None)
+        self.sub = self._socket(
+            zmq.SUB,
+            self.events_endpoint if curve else None,
+            ipv6=_ipv6(self.events_endpoint),
+            also=record.control if curve else None,
+        )
         self.sub.setsockopt(zmq.RCVHWM, self._rcvhwm)
         # Everything, plus a topic no frame matches: when the publisher reports seeing that
         # one, our subscription to everything (sent before it on the same pipe) is in place.
@@ -154,27 +172,57 @@ class SessionClient:
         self.subscribed = self.ended = False
         self.last_frame = None
         self.snapshot_frame = self.frames_lost = self.bad_frames = self.stale_replies = 0
-        self.dropped = self.events_total = 0
+        self.dropped = self.events_total = self.events_lost = 0
+        self._sent = None
         self.step = None
         self.tracing = None
         self._last_seen = None
 
     def _uses_curve(self, endpoint: str) -> bool:
-        if self._curve is None:
-            return ep.is_public_tcp(endpoint)
-        return self._curve and endpoint.startswith("tcp://")
+        return self._curve is not False and endpoint.startswith("tcp://")
 
-    def _socket(self, kind: int, curve_endpoint: str | None = None) -> zmq.Socket:
-        """A socket with our limits; a CURVE client when ``curve_endpoint`` is given (keys are
-        loaded then: SecurityError, an EndpointError, when they are missing)."""
-        if curve_endpoint is not None and self._client_keys is None:
-            self._client_keys = security.load_client_keys(endpoint=curve_endpoint)
+    def _keys(self, endpoint: str, also: str | None = None) -> security.ClientKeys:
+        """CURVE keys for ``endpoint``: a public address uses the key directory's (SecurityError
+        when missing); a loopback one the keys its job wrote for this session (found by this
+        endpoint, or by ``also``, the same job's control endpoint); SessionUnreachable when
+        there are none (not this user's job, or it has ended)."""
+        keys = self._client_keys.get(endpoint)
+        if keys is not None:
+            return keys
+        if ep.is_public_tcp(endpoint):
+            keys = security.load_client_keys(endpoint=endpoint)
+        else:
+            keys = security.find_session_keys(endpoint)
+            if keys is None and also is not None:
+                keys = self._client_keys.get(also) or security.find_session_keys(also)
+            if keys is None:
+                where = _runtime_dir_text()
+                raise SessionUnreachable(
+                    f"no torchscope session of yours listens at {endpoint}: a job bound to "
+                    f"loopback TCP admits only UIs holding the keys it keeps in {where}, and "
+                    "there are none for this address (another user's job, or it has ended)"
+                )
+        self._client_keys[endpoint] = keys
+        return keys
+
+    def _socket(
+        self,
+        kind: int,
+        curve_endpoint: str | None = None,
+        *,
+        ipv6: bool | None = None,
+        also: str | None = None,
+    ) -> zmq.Socket:
+        """A socket with our limits; a CURVE client when ``curve_endpoint`` is given (see
+        :meth:`_keys`); IPv6-capable for an IPv6 literal endpoint."""
+        keys = self._keys(curve_endpoint, also) if curve_endpoint is not None else None
         s = self._ctx.socket(kind)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # bound what a peer can make us hold
-        if curve_endpoint is not None:
-            assert self._client_keys is not None
-            security.configure_client(s, self._client_keys)
+        if ipv6 if ipv6 is not None else _ipv6(curve_endpoint):
+            s.setsockopt(zmq.IPV6, 1)
+        if keys is not None:
+            security.configure_client(s, keys)
         return s
 
     def close(self) -> None:
@@ -303,7 +351,15 @@ class SessionClient:
                     # traced again). Its frames are all new.
                     self.snapshot_frame = 0
                     self.ended = False
+                    self._sent = None
             self.last_frame = n
+            sent = frame.get("sent")
+            if type(sent) is int:
+                # Events sent before this frame's own.
+                before = sent - len(frame["events"]) if frame["type"] == EVENTS else sent
+                if self._sent is not None and before > self._sent:
+                    self.events_lost += before - self._sent
+                self._sent = sent
             self.dropped = frame.get("dropped", self.dropped)
             if frame["type"] == BYE:
                 self.ended = True
@@ -347,17 +403,26 @@ def reachable_endpoint(endpoint: str, control: str) -> str:
 
 def _hint(control: str, curve: bool) -> str:
     """What else an unanswered hello may mean, on tcp."""
-    if curve:
+    if curve and ep.is_public_tcp(control):
         return (
             "; with CURVE, also check that this machine's client.key is in the job's "
             "authorized_clients and that server.key is the job's"
         )
-    if control.startswith("tcp://"):
-        return (
-            "; a job bound to a public address answers only CURVE clients: connect to that "
-            "address, with keys from `torchscope keys`"
-        )
+    if control.startswith("tcp://") and not curve:
+        return "; a job bound to tcp answers only CURVE clients"
     return ""
+
+
+def _ipv6(endpoint: str | None) -> bool:
+    """An IPv6 literal tcp endpoint (``tcp://[::1]:PORT``): its socket needs zmq.IPV6."""
+    return bool(endpoint) and endpoint.startswith("tcp://[")
+
+
+def _runtime_dir_text() -> str:
+    try:
+        return str(ep.runtime_dir())
+    except ep.EndpointError:
+        return "your torchscope runtime directory"
 
 
 @contextlib.contextmanager

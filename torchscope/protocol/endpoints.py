@@ -3,9 +3,15 @@
 Each traced process binds two ZeroMQ sockets (events PUB, control ROUTER) and writes a small
 JSON record into a per-user registry, ``<runtime_dir>/sessions/``, so that ``torchscope ls`` and
 the UI can find it without being told an address. Security rests on the runtime directory:
-it is private (0700, ours), so only our user can reach the ``ipc://`` sockets inside it. TCP on
-loopback is plain; a non-loopback TCP bind needs CURVE keys (:mod:`torchscope.protocol.security`);
+it is private (0700, ours), so only our user can reach the ``ipc://`` sockets inside it. Every
+TCP bind is CURVE (:mod:`torchscope.protocol.security`): on loopback with keys the job makes and
+keeps in the runtime directory, on a public address with the user's keys (refused without);
 every bind goes through :func:`check_bind_address`.
+
+A process that dies without closing leaves its record, its ``ipc://`` socket files and its
+session key file behind: :func:`list_sessions` (``torchscope ls``, ``tui``) removes those of
+processes that are gone, and :func:`cleanup_process` is what a SIGTERM handler calls to
+remove its own before exiting.
 
 Imports neither torch nor textual nor zmq (a non-loopback bind loads keys, which uses zmq).
 """
@@ -17,6 +23,7 @@ import getpass
 import ipaddress
 import json
 import os
+import re
 import socket
 import stat
 import sys
@@ -470,7 +477,8 @@ def pid_alive(pid: int, started: float | None = None) -> bool:
 
 def list_sessions() -> list[SessionRecord]:
     """Live session records, oldest first. Deletes records of dead processes and files that
-    do not parse (a crashed job cannot clean up after itself)."""
+    do not parse, and the socket and key files dead processes left in the runtime directory
+    (a crashed or killed job cannot clean up after itself)."""
     directory = sessions_dir()
     here = _hostname()
     records: list[SessionRecord] = []
@@ -478,13 +486,96 @@ def list_sessions() -> list[SessionRecord]:
         rec = _read_record(path)
         stale = rec is None or (rec.host in ("", here) and not pid_alive(rec.pid, rec.started))
         if stale:
+            if rec is not None:
+                for endpoint in (rec.events, rec.control):
+                    _remove_socket(ipc_path(endpoint))
             with contextlib.suppress(OSError):
                 path.unlink()
             continue
         assert rec is not None
         records.append(rec)
+    _sweep_runtime_dir(lambda pid: not pid_alive(pid))
     records.sort(key=lambda r: (r.started, r.pid, r.rank or 0))
     return records
+
+
+# Files a traced process leaves in the runtime directory: <pid>[-rank].events / .control
+# (ipc sockets) and <pid>[-rank].<hex>.curve (session keys, see security.write_session_keys).
+_PROCESS_FILE = re.compile(r"(\d{1,10})(?:-\d{1,10})?\.(?:events|control|[0-9a-f]{1,64}\.curve)")
+
+
+def _remove_socket(path: Path | None) -> bool:
+    """Unlink ``path`` if it is a Unix socket (never a regular file someone named there)."""
+    if path is None:
+        return False
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return False
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+
+
+def _sweep_runtime_dir(remove_pid: Any) -> int:
+    """Remove the socket and key files in the runtime directory of the processes for which
+    ``remove_pid(pid)`` is true; returns how many."""
+    try:
+        entries = list(os.scandir(runtime_dir()))
+    except (OSError, EndpointError):
+        return 0
+    verdicts: dict[int, bool] = {}
+    removed = 0
+    for entry in entries:
+        m = _PROCESS_FILE.fullmatch(entry.name)
+        if m is None:
+            continue
+        pid = int(m.group(1))
+        if pid not in verdicts:
+            verdicts[pid] = pid > 0 and bool(remove_pid(pid))
+        if not verdicts[pid]:
+            continue
+        path = Path(entry.path)
+        if entry.name.endswith(".curve"):
+            try:
+                if entry.is_file(follow_symlinks=False):
+                    os.unlink(path)
+                    removed += 1
+            except OSError:
+                pass
+        elif _remove_socket(path):
+            removed += 1
+    return removed
+
+
+def cleanup_process(pid: int | None = None) -> int:
+    """Remove what process ``pid`` (default: this one) left for UIs to find: its registry
+    records (every rank), and its ipc socket files and session key files in the runtime
+    directory. Returns how many files went.
+
+    For a process about to exit without closing its publisher (a SIGTERM handler that
+    cannot wait for it): afterwards no UI can find or reach this process's sessions. Safe to
+    call twice, and after a clean close (it then finds nothing). Never raises.
+    """
+    pid = os.getpid() if pid is None else pid
+    removed = 0
+    here = _hostname()
+    try:
+        paths = list(sessions_dir().glob(f"{pid}-*.json"))
+    except (OSError, EndpointError):
+        paths = []
+    for path in paths:
+        rec = _read_record(path)
+        if rec is not None and (rec.pid != pid or rec.host not in ("", here)):
+            continue
+        if rec is not None:
+            for endpoint in (rec.events, rec.control):
+                removed += _remove_socket(ipc_path(endpoint))
+        with contextlib.suppress(OSError):
+            path.unlink()
+            removed += 1
+    removed += _sweep_runtime_dir(lambda p: p == pid)
+    return removed
 
 
 def resolve(target: str | None) -> SessionRecord:

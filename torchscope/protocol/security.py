@@ -1,9 +1,17 @@
-"""CURVE keys: what a job needs to bind a public address, and what a UI needs to reach it.
+"""CURVE keys: what a job needs to bind TCP, and what a UI needs to reach it.
 
-Loopback TCP and ``ipc://`` endpoints are private to this machine (ipc: to this user) and stay
-unencrypted. A non-loopback TCP endpoint is reachable from the network, so it is bound only as
-a ZeroMQ CURVE server (encrypted, and the job proves who it is) with a ZAP authenticator that
-admits only the client public keys in ``authorized_clients/`` (pyzmq's ``zmq.auth``).
+``ipc://`` endpoints (the default) are private to this user: they live in the 0700 runtime
+directory. Any TCP port, loopback included, is reachable by every user of the machine, so every
+TCP endpoint is bound as a ZeroMQ CURVE server (encrypted, the job proves who it is) with a ZAP
+authenticator (pyzmq's ``zmq.auth``) that admits only known client keys:
+
+* loopback TCP (``tcp://127.0.0.1``, ``tcp://[::1]``): **per-session keys**, made fresh by
+  each job (:func:`new_session_keys`) and written, with the endpoints they are for, into a
+  0600 file ``<pid>[-rank].<random>.curve`` in the user's 0700 runtime directory
+  (:func:`write_session_keys`). The same user's UI finds them there (:func:`find_session_keys`)
+  with no set-up; another user cannot read them, so gets nothing. The file goes at close.
+* a public address: the user's keys (below), made once by ``torchscope keys``; only the client
+  public keys in ``authorized_clients/`` are admitted.
 
 Key directory (``$TORCHSCOPE_KEYS_DIR``, else ``$XDG_CONFIG_HOME/torchscope/keys``, else
 ``~/.config/torchscope/keys``), mode 0700, written by ``torchscope keys``::
@@ -23,15 +31,21 @@ Imports neither torch nor textual; zmq only when keys are made, loaded or used.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import secrets
 import shutil
 import stat
 import sys
 import tempfile
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchscope.protocol import endpoints as ep
 from torchscope.protocol.endpoints import EndpointError
 
 if TYPE_CHECKING:
@@ -50,6 +64,8 @@ PUBLIC_MODE = 0o644
 SECRET_MODE = 0o600
 MAX_CERT_BYTES = 64 * 1024  # a certificate is ~300 bytes; anything much bigger is not one
 EXAMPLE_BIND = "tcp://0.0.0.0:5555"
+SESSION_SUFFIX = ".curve"  # per-session key files in the runtime directory
+MAX_SESSION_FILE_BYTES = 64 * 1024
 
 
 class SecurityError(EndpointError):
@@ -359,6 +375,168 @@ def generate_keys(directory: str | os.PathLike[str] | None = None, force: bool =
     return paths
 
 
+# -- per-session keys (loopback TCP) ---------------------------------------------------------
+@dataclass(frozen=True)
+class SessionKeys:
+    """Keys one job makes for its loopback TCP endpoints: its server pair and the one client
+    pair it admits. z85 text (40 bytes)."""
+
+    server_public: bytes
+    server_secret: bytes = field(repr=False)
+    client_public: bytes
+    client_secret: bytes = field(repr=False)
+
+    @property
+    def server(self) -> ServerKeys:
+        """As :class:`ServerKeys`, for :func:`configure_server`."""
+        here = Path(".")
+        return ServerKeys(
+            public=self.server_public,
+            secret=self.server_secret,
+            authorized=frozenset({self.client_public}),
+            authorized_dir=here,
+            directory=here,
+        )
+
+
+def require_curve(endpoint: str | None = None) -> None:
+    """SecurityError (one line) when this libzmq cannot do CURVE (TCP then is refused)."""
+    import zmq
+
+    if not zmq.has("curve"):
+        what = f"binding {endpoint}" if endpoint else "a tcp endpoint"
+        raise SecurityError(
+            f"{what} needs CURVE, which this libzmq lacks; use the default ipc:// endpoint "
+            "(unset TORCHSCOPE_BIND)"
+        )
+
+
+def new_session_keys() -> SessionKeys:
+    """Fresh server and client key pairs for one job's loopback TCP endpoints."""
+    import zmq
+
+    require_curve()
+    server_public, server_secret = zmq.curve_keypair()
+    client_public, client_secret = zmq.curve_keypair()
+    return SessionKeys(server_public, server_secret, client_public, client_secret)
+
+
+def write_session_keys(
+    keys: SessionKeys, endpoints: Iterable[str], *, pid: int, rank: int | None = None
+) -> Path:
+    """Write ``keys`` and the ``endpoints`` they open into the runtime directory (0700), as
+    ``<pid>[-rank].<random>.curve``, mode 0600, atomically (temp file, rename). Returns the
+    path; :func:`remove_session_keys` undoes it. Raises EndpointError / OSError."""
+    directory = ep.runtime_dir()
+    stem = f"{pid}" if rank is None else f"{pid}-{rank}"
+    final = directory / f"{stem}.{secrets.token_hex(4)}{SESSION_SUFFIX}"
+    tmp = directory / f".{final.name}.{time.monotonic_ns()}.tmp"
+    data = json.dumps(
+        {
+            "v": 1,
+            "pid": pid,
+            "rank": rank,
+            "endpoints": [e for e in endpoints if isinstance(e, str)],
+            "server_public": keys.server_public.decode(),
+            "client_public": keys.client_public.decode(),
+            "client_secret": keys.client_secret.decode(),
+        }
+    ).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return final
+
+
+def remove_session_keys(path: str | os.PathLike[str] | None) -> None:
+    """Delete a file written by :func:`write_session_keys`; quiet if it is gone."""
+    if path:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _read_session_file(path: Path) -> dict[str, Any] | None:
+    """A session key file's contents, if it is ours, private and well formed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            uid = _uid()
+            if not stat.S_ISREG(st.st_mode) or (
+                uid is not None and (st.st_uid != uid or st.st_mode & 0o077)
+            ):
+                return None
+            data = fh.read(MAX_SESSION_FILE_BYTES + 1)
+        if len(data) > MAX_SESSION_FILE_BYTES:
+            return None
+        d = json.loads(data)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(d, dict) or not isinstance(d.get("endpoints"), list):
+        return None
+    for key in ("server_public", "client_public", "client_secret"):
+        value = d.get(key)
+        if not isinstance(value, str) or not _valid_key(value.encode("ascii", "replace")):
+            return None
+    if not isinstance(d.get("pid"), int):
+        return None
+    return d
+
+
+def _tcp_key(endpoint: str) -> tuple[str, str] | None:
+    """(host, port) of a tcp endpoint, host normalised; None if it is not one."""
+    if not isinstance(endpoint, str) or not endpoint.startswith("tcp://"):
+        return None
+    try:
+        host, port = ep._split_tcp(endpoint)
+    except EndpointError:
+        return None
+    if port is None:
+        return None
+    host = host.lower()
+    if host == "localhost":
+        host = "127.0.0.1"
+    return host, port
+
+
+def find_session_keys(endpoint: str) -> ClientKeys | None:
+    """The client keys for a loopback tcp ``endpoint`` of one of this user's running jobs,
+    from its session key file in the runtime directory; None when there is none (another
+    user's job, a job that has ended, not a torchscope job)."""
+    want = _tcp_key(endpoint)
+    if want is None:
+        return None
+    try:
+        directory = ep.runtime_dir()
+        paths = list(directory.glob("*" + SESSION_SUFFIX))
+    except (OSError, EndpointError):
+        return None
+    best: tuple[float, ClientKeys] | None = None
+    for path in paths:
+        d = _read_session_file(path)
+        if d is None or want not in {_tcp_key(e) for e in d["endpoints"]}:
+            continue
+        if not ep.pid_alive(d["pid"]):
+            continue  # a dead job's file (its port may be someone else's now)
+        with contextlib.suppress(OSError):
+            mtime = path.stat().st_mtime
+            keys = ClientKeys(
+                public=d["client_public"].encode(),
+                secret=d["client_secret"].encode(),
+                server_public=d["server_public"].encode(),
+                directory=path,
+            )
+            if best is None or mtime > best[0]:
+                best = (mtime, keys)
+    return best[1] if best is not None else None
+
+
 # -- using keys on sockets --------------------------------------------------------------------
 def configure_server(sock: zmq.Socket, keys: ServerKeys) -> None:
     """Make ``sock`` a CURVE server that asks the ZAP handler (see :func:`start_authenticator`)
@@ -383,21 +561,41 @@ def configure_client(sock: zmq.Socket, keys: ClientKeys) -> None:
     sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
 
 
-def start_authenticator(context: zmq.Context, keys: ServerKeys) -> ThreadAuthenticator:
-    """A ZAP handler in ``context`` admitting exactly ``keys.authorized``. Start it before
-    binding; ``stop()`` it before terminating the context. Keys added to the directory later
-    are seen by the next job, not this one."""
+class _Admit:
+    """zmq.auth credentials provider: admits exactly a fixed set of z85 client keys."""
+
+    def __init__(self, keys: frozenset[bytes]) -> None:
+        self.keys = keys
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key in self.keys
+
+
+def start_authenticator(
+    context: zmq.Context, keys: ServerKeys | None, extra_clients: Iterable[bytes] = ()
+) -> ThreadAuthenticator:
+    """A ZAP handler in ``context`` admitting exactly ``keys.authorized`` (the user's
+    authorized UIs, for a public bind) and ``extra_clients`` (a session's own client key, for
+    loopback). Start it before binding; ``stop()`` it before terminating the context. Keys
+    added to the directory later are seen by the next job, not this one."""
     from zmq.auth.thread import ThreadAuthenticator
 
     auth = ThreadAuthenticator(context)
     auth.start()
     try:
-        auth.configure_curve(domain=ZAP_DOMAIN, location=str(keys.authorized_dir))
-        loaded = frozenset(auth.certs.get(ZAP_DOMAIN, {}))
-        if loaded != keys.authorized:  # the directory changed since we checked it
-            raise SecurityError(
-                f"{keys.authorized_dir} changed while it was being read; start the job again"
-            )
+        admitted = set(extra_clients)
+        if keys is not None:
+            auth.configure_curve(domain=ZAP_DOMAIN, location=str(keys.authorized_dir))
+            loaded = frozenset(auth.certs.get(ZAP_DOMAIN, {}))
+            if loaded != keys.authorized:  # the directory changed since we checked it
+                raise SecurityError(
+                    f"{keys.authorized_dir} changed while it was being read; start the job again"
+                )
+            admitted |= keys.authorized
+        # A credentials provider takes precedence over the certificates loaded above.
+        auth.configure_curve_callback(
+            domain=ZAP_DOMAIN, credentials_provider=_Admit(frozenset(admitted))
+        )
     except BaseException:
         auth.stop()
         raise
@@ -422,7 +620,7 @@ def generate_and_describe(
             "",
             "Bind a public address (a job refuses to without these keys):",
             f"  TORCHSCOPE_BIND={EXAMPLE_BIND} torchscope run train.py",
-            "Loopback and ipc:// endpoints stay as they were, without CURVE.",
+            "ipc:// endpoints need no keys; loopback TCP uses keys each job makes for itself.",
             "",
             "Watch from another machine (UIHOST): copy the job's public key and the UI key pair",
             "there, privately (or into its $TORCHSCOPE_KEYS_DIR):",
@@ -455,14 +653,20 @@ __all__ = [
     "KeyPaths",
     "SecurityError",
     "ServerKeys",
+    "SessionKeys",
     "cli_keys",
     "configure_client",
     "configure_server",
+    "find_session_keys",
     "generate_and_describe",
     "generate_keys",
     "keys_dir",
     "load_authorized",
     "load_client_keys",
     "load_server_keys",
+    "new_session_keys",
+    "remove_session_keys",
+    "require_curve",
     "start_authenticator",
+    "write_session_keys",
 ]

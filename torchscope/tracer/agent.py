@@ -234,7 +234,7 @@ class Agent:
     def _watch_report(self, text: str) -> None:
         if not self.options.quiet:
             with contextlib.suppress(Exception):
-                print(text, file=sys.stderr)  # already "torchscope: ..." (with its rank)
+                say_line(text)  # already "torchscope: ..." (with its rank)
         det = self.watch.detections[-1] if self.watch and self.watch.detections else None
         if det is None or det.get("reproduced") or det.get("last_step") != det.get("step"):
             return  # a reproduced replay recorded its own alert; a "lasted" summary is a note
@@ -490,8 +490,16 @@ class Agent:
     def _say(self, text: str, force: bool = False) -> None:
         if self.options.quiet and not force:
             return
+        rank = os.environ.get("RANK")
+        who = f"torchscope[rank {rank}]" if rank and rank.isdigit() else "torchscope"
         with contextlib.suppress(Exception):
-            print(f"torchscope: {text}", file=sys.stderr)
+            say_line(f"{who}: {text}")
+
+
+def say_line(text: str) -> None:
+    """One line on stderr in one write: ranks sharing a terminal must not interleave it."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 def _forget_in_child(ref: weakref.ref[Agent]) -> None:

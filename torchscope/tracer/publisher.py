@@ -4,17 +4,25 @@ The training thread only ever appends a list to a bounded deque (``__call__``): 
 socket calls, no waiting on a UI. One daemon thread owns every ZeroMQ socket (they are not
 thread-safe) and does the rest:
 
-* XPUB (events): frames of at most ``frame_events`` events, sent with NOBLOCK and
-  ``XPUB_NODROP`` so a full queue is *reported* (zmq.Again) instead of silently dropped; the
-  events of a frame that does not fit are counted in ``dropped``. Frames are only packed when
-  somebody is subscribed (XPUB tells us about subscriptions).
+* XPUB (events): frames of at most ``frame_events`` events, sent with NOBLOCK. Each subscriber
+  has its own queue (``sndhwm`` frames); when a UI stops reading, libzmq drops frames for that
+  UI alone and every other UI keeps getting everything (frames, heartbeats, bye). (With
+  ``XPUB_NODROP`` one full queue made every send fail, for everyone: a UI that stopped reading
+  cut off all the others.) A UI learns what *it* lost from the numbers every frame carries:
+  ``frame`` (consecutive) and ``sent`` (events published up to and including this frame), so
+  ``SessionClient.frames_lost`` / ``events_lost`` count its own gaps. ``dropped`` counts what
+  every UI lost: events the job's side could not take (bounded queue, unencodable). Frames are
+  only packed when somebody is subscribed (XPUB tells us about subscriptions).
 * ROUTER (control): ``hello`` / ``snapshot`` / ``ping`` requests, each validated by
   :func:`torchscope.protocol.frames.parse_request`; a malformed request gets an error reply
   and bumps ``bad_requests``, nothing else happens.
 * a ring of the last ``ring`` events for snapshots, heartbeats every second, and "bye" at close.
-* a socket bound to a non-loopback tcp address is a CURVE server, and a ZAP authenticator
-  (pyzmq ``zmq.auth``) in this thread's context admits only the client keys in
-  ``authorized_clients/`` (see :mod:`torchscope.protocol.security`); ipc and loopback: plain.
+* every tcp socket is a CURVE server, and a ZAP authenticator (pyzmq ``zmq.auth``) in this
+  thread's context admits only known client keys (see :mod:`torchscope.protocol.security`):
+  on loopback, the session's own client key, written with the session's keys into a 0600
+  file in the user's 0700 runtime directory (so the same user's UIs connect with no set-up
+  and other users get nothing); on a public address, the user's ``authorized_clients/``.
+  ipc: plain (the runtime directory is private).
 
 Snapshot consistency (zguide "Clone"): events enter the ring and a frame in the same step on
 this thread, so a snapshot's ``frame`` number says exactly which frames it covers; the client
@@ -109,6 +117,15 @@ class EventPublisher:
         self._curve: security.ServerKeys | None = (
             security.load_server_keys(endpoint=public[0]) if public else None
         )
+        # A loopback tcp endpoint is open to every local user: CURVE with keys made for this
+        # session, the client's half written where only this user can read it (at start()).
+        loopback = [e for e in self.endpoints if e.startswith("tcp://") and e not in public]
+        if loopback:
+            security.require_curve(loopback[0])
+        self._session_keys: security.SessionKeys | None = (
+            security.new_session_keys() if loopback else None
+        )
+        self.keys_file: str | None = None
         self.record = ep.SessionRecord.from_session(
             self.session, events=self.endpoints[0], control=self.endpoints[1]
         )
@@ -124,8 +141,10 @@ class EventPublisher:
         # the sink (under _lock) and the publisher thread. Read anywhere.
         self.events_total = 0  # events handed to the sink
         self._dropped_queue = 0  # sink side: pushed out of the bounded queue
-        self._dropped_send = 0  # thread side: frames the socket would not take, or unencodable
-        self.frames_sent = 0  # messages that made it onto the events socket
+        self._dropped_send = 0  # thread side: unencodable events (or a send error)
+        self.frames_sent = 0  # messages handed to the events socket
+        # Events handed to the events socket; frames carry it as "sent", so each UI can tell
+        # how many events it missed (libzmq drops per subscriber and does not say).
         self.events_sent = 0
         self.requests = 0
         self.bad_requests = 0
@@ -219,6 +238,19 @@ class EventPublisher:
                 raise ep.EndpointError(f"cannot bind torchscope live endpoints: {err}") from None
             raise err
         self.record.events, self.record.control = self.endpoints
+        if self._session_keys is not None:
+            # Before registering: a UI that finds the session must find its keys too.
+            try:
+                self.keys_file = str(
+                    security.write_session_keys(
+                        self._session_keys,
+                        [e for e in self.endpoints if not ep.is_public_tcp(e)],
+                        pid=self.pid,
+                        rank=self.rank,
+                    )
+                )
+            except (OSError, ep.EndpointError) as exc:
+                self._report("writing the session's keys (no UI can connect)", exc)
         if self._register:
             try:
                 ep.register(self.record)
@@ -250,6 +282,8 @@ class EventPublisher:
             self._thread.join(timeout)
         if self._register and self.record.path:
             ep.unregister(self.record)
+        security.remove_session_keys(self.keys_file)
+        self.keys_file = None
         for path in self._bound_ipc:
             # libzmq removes the socket files it created; this covers the cases it does not.
             with contextlib.suppress(OSError):
@@ -264,7 +298,8 @@ class EventPublisher:
 
     @property
     def dropped(self) -> int:
-        """Events that never reached the events socket (queue overflow, full socket queue)."""
+        """Events no UI can get: pushed out of the bounded queue, or unencodable. What one UI
+        lost because it read too slowly, it counts itself (``SessionClient.events_lost``)."""
         return self._dropped_queue + self._dropped_send
 
     @property
@@ -287,14 +322,20 @@ class EventPublisher:
         pub = router = auth = None
         try:
             ctx = zmq.Context()
-            if self._curve is not None:  # the ZAP handler must be there before any client
-                auth = security.start_authenticator(ctx, self._curve)
+            if self._curve is not None or self._session_keys is not None:
+                # The ZAP handler must be there before any client.
+                auth = security.start_authenticator(
+                    ctx,
+                    self._curve,
+                    [self._session_keys.client_public] if self._session_keys is not None else [],
+                )
             pub = ctx.socket(zmq.XPUB)
             router = ctx.socket(zmq.ROUTER)
             for s in (pub, router):
                 s.setsockopt(zmq.LINGER, 0)
+            # Per subscriber: a UI whose queue is full loses frames alone (no XPUB_NODROP,
+            # which would make one stuck UI stop the stream for every UI).
             pub.setsockopt(zmq.SNDHWM, self.sndhwm)
-            pub.setsockopt(zmq.XPUB_NODROP, 1)  # full queue → zmq.Again, which we count
             pub.setsockopt(zmq.MAXMSGSIZE, SUBSCRIBE_MAX_MSG)
             router.setsockopt(zmq.MAXMSGSIZE, CONTROL_MAX_MSG)
             router.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished UI: drop its reply
@@ -305,6 +346,8 @@ class EventPublisher:
                     s.setsockopt(zmq.IPV6, 1)
                 if self._curve is not None and ep.is_public_tcp(addr):
                     security.configure_server(s, self._curve)
+                elif self._session_keys is not None and addr.startswith("tcp://"):
+                    security.configure_server(s, self._session_keys.server)
                 s.bind(addr)
                 bound = s.getsockopt_string(zmq.LAST_ENDPOINT)
                 actual.append(bound)
@@ -410,23 +453,24 @@ class EventPublisher:
     def _send_events(self, pub: zmq.Socket, events: list[Any]) -> None:
         self._frame += 1
         try:
-            data = pack(
-                events_frame(frame=self._frame, rank=self.rank, dropped=self.dropped, events=events)
-            )
+            data = pack(self._events_msg(events))
         except Exception as exc:  # an event the codec cannot encode: find it, keep the rest
             self._report("encoding events", exc)
             good = [e for e in events if _packable(e)]
             self._dropped_send += len(events) - len(good)
             if not good:
                 return
-            data = pack(
-                events_frame(frame=self._frame, rank=self.rank, dropped=self.dropped, events=good)
-            )
             events = good
+            data = pack(self._events_msg(events))
         if self._send(pub, data):
             self.events_sent += len(events)
         else:
             self._dropped_send += len(events)
+
+    def _events_msg(self, events: list[Any]) -> dict[str, Any]:
+        msg = events_frame(frame=self._frame, rank=self.rank, dropped=self.dropped, events=events)
+        msg["sent"] = self.events_sent + len(events)  # if this frame goes out
+        return msg
 
     def _send_status(self, pub: zmq.Socket, kind: str) -> None:
         self._frame += 1
@@ -441,12 +485,13 @@ class EventPublisher:
             t=time.time(),
             tracing=self.tracing,
         )
+        msg["sent"] = self.events_sent
         self._send(pub, pack(msg))
 
     def _send(self, pub: zmq.Socket, data: bytes) -> bool:
         try:
             pub.send(data, zmq.NOBLOCK, copy=len(data) < 65536)
-        except zmq.Again:  # some subscriber's queue is full: never wait for it
+        except zmq.ZMQError:  # not expected without XPUB_NODROP; never wait, never raise
             return False
         self.frames_sent += 1
         return True

@@ -601,6 +601,13 @@ class NanWatch:
             self.last_replay = replay
             replay.run()
             det["events"] = replay.events
+            if not det["reproduced"] and any(
+                type(m).__name__ == "DistributedDataParallel" for m in self._live_roots()
+            ):
+                det["notes"].append(
+                    "this rank's replay is finite: under DDP the NaN/Inf most likely came from "
+                    "another rank through the gradient all-reduce (see that rank's report)"
+                )
             unplaced = det["outside_modules"] or not det["reproduced"]
             if self.keep_graph == "auto" and not self.keeping and unplaced:
                 self.keeping = True
@@ -853,7 +860,8 @@ def _rank() -> int | None:
 
 
 def _print_report(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    sys.stderr.write(text + "\n")  # one write: ranks sharing a terminal must not interleave it
+    sys.stderr.flush()
 
 
 def _short(source: str | None) -> str | None:
