@@ -220,6 +220,13 @@ def cmd_run(opts: RunOptions) -> int:
 
     if opts.live:
         _check_public_bind()
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        raise UsageError(
+            f"torchscope run needs PyTorch in this environment ({exc}); the UI and the trace "
+            "readers work without it"
+        ) from None
 
     import runpy
 
@@ -273,10 +280,12 @@ def cmd_run(opts: RunOptions) -> int:
         if opts.module is not None:
             runpy.run_module(opts.module, run_name="__main__", alter_sys=True)
         else:
-            runpy.run_path(opts.script, run_name="__main__")  # type: ignore[arg-type]
+            # An absolute __file__, as python gives the main script since 3.9.
+            runpy.run_path(script, run_name="__main__")  # type: ignore[arg-type]
     except SystemExit as exc:
         code = _exit_code(exc.code)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # as python: the traceback, then exit code 130
+        _print_user_traceback(exc)
         code = 130
     except WatchStop as exc:  # --on-nan stop: reported, the file complete, the update not made
         code = exc.exit_code
@@ -299,6 +308,8 @@ def cmd_run(opts: RunOptions) -> int:
         if opts.record:
             n = agent.writer.events_written if agent.writer is not None else 0
             saved = f"; {n} events written to {opts.record}"
+            if agent.writer is not None and agent.writer.stopped:
+                saved += " (recording stopped early: see above)"
         print(f"torchscope: {steps} step(s) seen{traced}{saved}", file=sys.stderr)
     return code
 
@@ -357,6 +368,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
                 f"(the writer did not finish); showing the {len(reader)} events before it",
                 file=sys.stderr,
             )
+        if reader.damaged:
+            print(f"torchscope: {args.file}: {reader.damaged}", file=sys.stderr)
     return 0
 
 
@@ -476,8 +489,11 @@ def cmd_record(args: argparse.Namespace) -> int:
         writer.close()
         client.close()
     ended = "" if client.ended or done else " (stopped before the job ended)"
+    lost = getattr(client, "events_lost", 0) or 0
+    missed = f"; {lost} events missed (this recorder read too slowly)" if lost else ""
     progress.done(
-        f"torchscope: {written} events, {len(steps)} traced steps written to {args.output}{ended}"
+        f"torchscope: {written} events, {len(steps)} traced steps written to {args.output}"
+        f"{ended}{missed}"
     )
     return 0
 

@@ -21,8 +21,20 @@ from torchscope.protocol.events import (
 )
 
 
+def _json_key(key: Any) -> str:
+    """A map key as JSON writes it (the same text as the C encoder's for str/int/bool/None)."""
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, bool):
+        return json.dumps(key)
+    if isinstance(key, bytes):
+        return key.hex()
+    return str(_json_safe(key))
+
+
 def _json_safe(obj: Any) -> Any:
-    """JSON has no NaN/Infinity: write them as the strings "nan", "inf", "-inf"."""
+    """JSON has no NaN/Infinity: write them as the strings "nan", "inf", "-inf"; bytes as
+    hex."""
     if isinstance(obj, float):
         if math.isnan(obj):
             return "nan"
@@ -30,7 +42,7 @@ def _json_safe(obj: Any) -> Any:
             return "inf" if obj > 0 else "-inf"
         return obj
     if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
+        return {_json_key(k): _json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_json_safe(v) for v in obj]
     if isinstance(obj, bytes):
@@ -38,8 +50,18 @@ def _json_safe(obj: Any) -> Any:
     return obj
 
 
+# Reused: json.dumps with arguments builds a new encoder per call.
+_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
 def to_jsonl(event: Event) -> str:
-    return json.dumps(_json_safe(event), separators=(",", ":"), allow_nan=False)
+    """One event as one line of JSON. Most events hold only JSON's own types and go through
+    the C encoder as they are; only one that it refuses (a NaN or Inf, bytes) is rewritten
+    first, which costs a walk over the whole event in Python."""
+    try:
+        return _encode(event)
+    except (ValueError, TypeError):
+        return _encode(_json_safe(event))
 
 
 def _num(x: Any) -> str:
@@ -58,7 +80,7 @@ def compact_stat(summary: dict | None) -> str:
         return "None"
     stats = summary.get("stats")
     if not stats:
-        return summary.get("dtype", "?")
+        return summary.get("dtype") or "?"
     values = summary.get("values")
     if values is not None and len(values) == 1:
         text = _num(values[0])

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import signal
 import sys
 import threading
 import time
@@ -154,12 +155,17 @@ class Agent:
         if opts.record is not None:
             from torchscope.protocol.tracefile import TraceWriter  # raises TraceFileError
 
-            self.writer = TraceWriter(opts.record, metadata={"session": dict(session)})
+            self.writer = TraceWriter(
+                opts.record,
+                metadata={"session": dict(session)},
+                on_stop=lambda message: self._say(message, force=True),
+            )
             self.sinks.append(self.writer.write)
             self.writer.write([session])
         if opts.live:
             self._start_publisher(session)
         self.clock.install()
+        self._handle_sigterm()
         if opts.watch:
             self._start_watch()  # after the clock: its optimizer hook runs first
         self.started = True
@@ -205,6 +211,20 @@ class Agent:
         publisher.on_tick = self._expire_leases
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _forget_in_child(ref))
+
+    def _handle_sigterm(self) -> None:
+        """SIGTERM (schedulers, ``timeout``) would kill the job with no cleanup: the trace
+        file without its index, the registry entry and sockets left behind. Stop first, then
+        die of the same signal, as the job would have. A handler the job set is left alone
+        (it decides how to exit; exiting runs our cleanup)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+                return
+            signal.signal(signal.SIGTERM, _on_sigterm)
+        except (ValueError, OSError):
+            pass
 
     def _start_watch(self) -> None:
         from torchscope.tracer.steps import parse_watch
@@ -278,6 +298,9 @@ class Agent:
                 self.publisher.close()
             if _agent is self:
                 _agent = None
+            with contextlib.suppress(ValueError, OSError):
+                if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def abandon(self) -> None:
         """In a forked child: drop everything the parent owns without touching it."""
@@ -494,6 +517,15 @@ class Agent:
         who = f"torchscope[rank {rank}]" if rank and rank.isdigit() else "torchscope"
         with contextlib.suppress(Exception):
             say_line(f"{who}: {text}")
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    agent = _agent
+    if agent is not None:
+        with contextlib.suppress(Exception):
+            agent.stop()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def say_line(text: str) -> None:

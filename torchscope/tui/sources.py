@@ -218,6 +218,7 @@ class FileSource(EventSource):
             state="ready",
             complete=reader.complete,
             truncated=reader.truncated,
+            damaged=getattr(reader, "damaged", None),
             events_total=len(reader),
             chunks=len(chunks),
             metadata=reader.metadata,
@@ -647,6 +648,7 @@ class LiveSource(EventSource):
         now = {
             "dropped": getattr(c, "dropped", 0) or 0,
             "gaps": getattr(c, "frames_lost", 0) or 0,
+            "lost": getattr(c, "events_lost", 0) or 0,  # what this UI missed, reading slowly
             "step": getattr(c, "step", None),
             "tracing": getattr(c, "tracing", None),
             "connected": alive and not ended,

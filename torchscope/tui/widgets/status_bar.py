@@ -57,6 +57,8 @@ class StatusBar(Static):
                 parts.append("[b $error]unreadable[/]")
             elif status.get("truncated"):
                 parts.append("[$warning]cut short[/]")
+            elif status.get("damaged"):
+                parts.append("[$warning]index damaged (read by scanning)[/]")
         pause = stepper.paused if stepper is not None else None
         if pause is not None:
             ev = pause_event(pause)
@@ -92,6 +94,7 @@ class StatusBar(Static):
         if mode == "live":
             parts.append(f"{_rate(rate)} ev/s")
             dropped = (status.get("dropped") or 0) + (status.get("ui_dropped") or 0)
+            dropped += status.get("lost") or 0  # the stream's drops for this UI alone
             gaps = status.get("gaps") or 0
             style = "$error" if dropped or gaps else "$text-muted"
             text = f"dropped {dropped}" + (f" (gaps {gaps})" if gaps else "")
