@@ -241,3 +241,52 @@ def test_foreach_optimizer_ops_are_named_as_torch_functions():
         assert s["shape"] == list(p.shape)
         assert s["stats"]["norm"] == pytest.approx(p.norm().item(), rel=1e-6)
         assert s["stats"]["norm"] != pytest.approx(b.norm().item(), rel=1e-9)
+
+
+def test_two_models_never_share_a_name_and_a_parameter_used_before_any_call_is_named():
+    class Generator(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.main = torch.nn.Sequential(torch.nn.Linear(4, 4))
+
+        def forward(self, x):
+            return self.main(x)
+
+    class Discriminator(Generator):
+        def init_hidden(self):
+            return next(self.parameters()).new_zeros(2, 4)  # before any module call
+
+    net_g, net_d = Generator(), Discriminator()
+    with torchscope.trace() as tr:
+        h = net_d.init_hidden()
+        fake = net_g(torch.randn(2, 4))
+        net_d(fake + h).sum().backward()
+    params = {g.param for g in tr.grads if g.node == "AccumulateGrad"}
+    assert params == {
+        "main.0.weight",
+        "main.0.bias",
+        "Discriminator:main.0.weight",
+        "Discriminator:main.0.bias",
+    } or params == {
+        "Generator:main.0.weight",
+        "Generator:main.0.bias",
+        "main.0.weight",
+        "main.0.bias",
+    }
+    (first,) = [o for o in tr.ops if o.name == "Tensor.new_zeros"]
+    assert first.inputs[0]["param"].endswith("main.0.weight")
+    modules = {o.module for o in tr.ops if o.name == "torch.nn.functional.linear"}
+    assert len(modules) == 2  # the two Linear layers are told apart
+
+
+def test_alerts_are_written_in_seq_order(tmp_path):
+    path = tmp_path / "t.tsc"
+    x = torch.full((3,), -1.0, requires_grad=True)
+    with torchscope.trace(record=path):
+        for _ in range(3):
+            y = torch.sqrt(x) * 2  # NaN origin, then ops downstream
+            (y.sum() + x.sum()).backward()
+            torchscope.step()
+    seqs = [e["seq"] for e in torchscope.load(path).events]
+    assert any(e.kind == "alert" for e in torchscope.load(path).events)
+    assert seqs == sorted(seqs)

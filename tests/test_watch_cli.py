@@ -203,3 +203,32 @@ def test_ddp_two_ranks_each_rank_reports_what_its_own_replay_found(tmp_path):
         and "came from another rank" in err
     )
     assert sum(1 for line in res.stdout.splitlines() if line.endswith("step 4 nan")) == 2, err
+
+
+def test_the_watch_switched_on_from_outside_on_a_dormant_job(tmp_path):
+    """``torchscope watch PID`` on a job started plainly: it watches from its next step."""
+    script = job(tmp_path, bad=40, steps=60, prelude="import time")
+    script.write_text(script.read_text().replace("flush=True)", "flush=True); time.sleep(0.03)"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchscope", "run", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        while not proc.stdout.readline().startswith("step 5 "):
+            pass
+        res = run("watch", str(proc.pid), cwd=tmp_path)
+        assert res.returncode == 0 and "watches every step" in res.stdout, res.stderr
+        out = proc.stdout.read()
+        err = proc.stderr.read()
+        assert proc.wait(60) == 0, err
+    finally:
+        proc.kill()
+    assert "watching every step from step" in err
+    assert "NaN first appears at step 40 in torch.sqrt (forward)" in err
+    assert "step 59 nan" in out
+    bad = run("watch", str(proc.pid), "--spec", "nope", cwd=tmp_path)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1

@@ -526,6 +526,29 @@ class _Progress:
         print(text, file=sys.stderr)
 
 
+def cmd_watch(args: argparse.Namespace) -> int:
+    """Switch the NaN watch of a running job on or off (from its next backward)."""
+    from torchscope.protocol import endpoints as ep
+    from torchscope.protocol.client import SessionClient, SessionRefused, SessionUnreachable
+
+    spec = None if args.off else args.spec
+    try:
+        with SessionClient() as client:
+            client.connect(ep.resolve(args.target), timeout=args.timeout)
+            client.request("watch", timeout=args.timeout, spec=spec, on_nan=args.on_nan)
+            pid = (client.session or {}).get("pid", args.target)
+    except (SessionUnreachable, SessionRefused, ep.EndpointError) as exc:
+        return _fail(str(exc))
+    if spec is None:
+        print(f"torchscope: {pid} stops watching for NaN at its next backward()")
+    else:
+        print(
+            f"torchscope: {pid} watches every step from its next backward() ({spec}, then "
+            f"{args.on_nan}); its reports go to its stderr, its trace file and attached UIs"
+        )
+    return 0
+
+
 def cmd_attach(args: argparse.Namespace) -> int:
     """Start the dormant agent inside a job that never imported torchscope."""
     from torchscope.attach import AttachError, attach
@@ -548,6 +571,35 @@ def cmd_tui(args: argparse.Namespace) -> int:
     except SourceError as exc:
         return _fail(str(exc))
     return run_tui(source, max_events=args.max_events)
+
+
+# -- diff, export, tui --web -----------------------------------------------------------------
+def cmd_diff(args: argparse.Namespace) -> int:
+    from torchscope.diff import main as diff_main
+
+    return diff_main(args)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from torchscope.export import main as export_main
+
+    return export_main(args)
+
+
+def cmd_tui_web(args: argparse.Namespace) -> int:
+    from torchscope.export.web import WebError, serve
+
+    if args.target and os.path.isfile(args.target):  # a bad file fails here, not in each tab
+        from torchscope.tui.sources import SourceError, open_source
+
+        try:
+            open_source(args.target).close()
+        except SourceError as exc:
+            return _fail(str(exc))
+    try:
+        return serve(args.target, host=args.host, port=args.port, max_events=args.max_events)
+    except WebError as exc:
+        return _fail(str(exc))
 
 
 # -- entry point -----------------------------------------------------------------------------
@@ -577,6 +629,16 @@ def build_parser() -> argparse.ArgumentParser:
         tui.add_argument(
             "--max-events", type=int, default=250_000, help="events kept in memory (default 250k)"
         )
+        if name == "tui":
+            tui.add_argument(
+                "--web",
+                action="store_true",
+                help="serve the UI to a browser (textual-serve: pip install 'torchscope[web]')",
+            )
+            tui.add_argument("--port", type=int, default=8000, help="--web port (default 8000)")
+            tui.add_argument(
+                "--host", default="localhost", help="--web address (default localhost only)"
+            )
     keys = sub.add_parser("keys", help="create CURVE keys, needed to bind a public address")
     keys.add_argument("--force", action="store_true", help="replace existing keys")
     attach = sub.add_parser(
@@ -585,6 +647,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     attach.add_argument("pid", type=int, help="process id of the job")
     attach.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for it")
+    watch = sub.add_parser(
+        "watch", help="switch the NaN watch of a running job on or off (see 'run --watch')"
+    )
+    watch.add_argument("target", nargs="?", help="pid or control endpoint (default: the only one)")
+    watch.add_argument("--spec", default="nan", help="nan or gradnorm:X (default nan)")
+    watch.add_argument(
+        "--on-nan", default="continue", choices=("continue", "pause", "stop"), help="policy"
+    )
+    watch.add_argument("--off", action="store_true", help="stop watching")
+    watch.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the job")
     ls = sub.add_parser("ls", help="list live torchscope sessions on this machine")
     ls.add_argument("--timeout", type=float, default=0.5, help="seconds to wait for each session")
     record = sub.add_parser("record", help="record a live session into a trace file")
@@ -599,6 +671,33 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--snapshot", type=int, default=10_000, help="recent events to start with")
     record.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the job")
     record.add_argument("--quiet", action="store_true", help="no progress line")
+    diff = sub.add_parser(
+        "diff", help="compare two trace files: the first op or node where they diverge"
+    )
+    diff.add_argument("a", help="trace file A")
+    diff.add_argument("b", help="trace file B")
+    diff.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance (1e-5)")
+    diff.add_argument("--atol", type=float, default=1e-8, help="absolute tolerance (1e-8)")
+    diff.add_argument(
+        "--exact", action="store_true", help="bit for bit: any difference in stats or values"
+    )
+    diff.add_argument(
+        "--strict-dtype",
+        action="store_true",
+        help="a float dtype change (float32 vs bfloat16) is a divergence too",
+    )
+    diff.add_argument("--step", help="only these steps (3, 0-9, 1,4,7-8)")
+    export = sub.add_parser(
+        "export", help="write a trace file as Perfetto/Chrome trace JSON, CSV or Parquet"
+    )
+    export.add_argument("file", help="trace file")
+    export.add_argument("--format", choices=("perfetto", "csv", "parquet"), default="perfetto")
+    export.add_argument("-o", "--output", required=True, help="file to write ('-': stdout)")
+    export.add_argument(
+        "--kind",
+        default="op",
+        help="csv/parquet: which rows (op, grad, step, alert, ..., or tensor: one per summary)",
+    )
     return parser
 
 
@@ -612,6 +711,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_dump(args)
         if args.command == "ls":
             return cmd_ls(args)
+        if args.command == "tui" and args.web:
+            return cmd_tui_web(args)
+        if args.command == "diff":
+            return cmd_diff(args)
+        if args.command == "export":
+            return cmd_export(args)
         if args.command in ("tui", "replay"):
             return cmd_tui(args)
         if args.command == "keys":
@@ -622,6 +727,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_record(args)
         if args.command == "attach":
             return cmd_attach(args)
+        if args.command == "watch":
+            return cmd_watch(args)
         build_parser().print_help()
         return 0 if not argv else 2
     except UsageError as exc:

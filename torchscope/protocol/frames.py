@@ -306,6 +306,18 @@ register_command(
     _ARMED,
 )
 register_command("disarm", fields(), _ARMED)
+# The always-on NaN watch, switched on (spec "nan", "gradnorm:X") or off (spec null) from
+# outside; it starts or stops at the job's next step boundary.
+register_command(
+    "watch",
+    fields(
+        {
+            "spec": Str(64, default="nan", nullable=True),
+            "on_nan": Str(16, re.compile(r"continue|pause|stop"), default="continue"),
+        }
+    ),
+    fields({"watch": Str(64, default=None, nullable=True)}, extra=True),
+)
 register_command(
     "break_add",
     fields(

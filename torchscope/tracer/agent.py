@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchscope.protocol.events import ALERT, ARMING, DORMANT, TRACED, TRACING, Event
+from torchscope.tracer import backward_calls
 from torchscope.tracer.clock import StepClock
 from torchscope.tracer.pipeline import Sink
 from torchscope.tracer.session import DrivenBy, Tracer, current_tracer, session_event
@@ -132,6 +133,10 @@ class Agent:
         self._holders: dict[int, Holder] = {}
         self._ids = itertools.count(1)
         self._released: list[int] = []  # holders gone since the last boundary (to announce)
+        # A watch switched on or off from outside, applied at the next step boundary (the
+        # watch hooks the training thread): (spec or None, on_nan).
+        self._watch_request: tuple[str | None, str] | None = None
+        self._watch_listening: backward_calls.Listening | None = None
         self._client_holders_gone: set[int] = set()
         self._blocked_said = False
 
@@ -205,7 +210,12 @@ class Agent:
         assert self.stepper is not None
         publisher.commands.update(stepping_commands(self.stepper, lambda: self.clock.step))
         publisher.commands.update(
-            {"arm": self._cmd_arm, "disarm": self._cmd_disarm, "detach": self._cmd_detach}
+            {
+                "arm": self._cmd_arm,
+                "disarm": self._cmd_disarm,
+                "detach": self._cmd_detach,
+                "watch": self._cmd_watch,
+            }
         )
         publisher.on_request = self._contact
         publisher.on_tick = self._expire_leases
@@ -225,6 +235,51 @@ class Agent:
             signal.signal(signal.SIGTERM, _on_sigterm)
         except (ValueError, OSError):
             pass
+
+    # The switch happens at the job's next backward(): not at a step boundary, which may run
+    # inside torch's loop over the optimizer hooks (installing the watch adds some), nor in a
+    # module call (the watch finds the top-level calls from a step's start: it begins looking
+    # at the next step).
+    def backward_begins(self, kwargs: dict[str, Any]) -> None:
+        if threading.get_ident() != self.clock.owner:
+            return None
+        listening, self._watch_listening = self._watch_listening, None
+        if listening is not None:
+            listening.remove()
+        if self._watch_request is not None:
+            self._apply_watch_request()
+        return None
+
+    def backward_ends(self, ok: bool) -> None:
+        pass
+
+    def _apply_watch_request(self) -> None:
+        (spec, on_nan), self._watch_request = self._watch_request, None  # type: ignore[misc]
+        try:
+            if self.watch is not None:
+                self.watch.remove()
+                self.watch = None
+            self.options.watch, self.options.on_nan = spec, on_nan
+            if spec:
+                self._start_watch()
+                self._say(
+                    f"watching every step from step {self.clock.step} ({spec}, then {on_nan})"
+                )
+            else:
+                self._say(f"not watching for NaN from step {self.clock.step}")
+        except Exception as exc:
+            self._say(f"internal error switching the NaN watch: {type(exc).__name__}: {exc}")
+
+    def _cmd_watch(self, args: dict[str, Any], client: bytes) -> dict[str, Any]:
+        from torchscope.tracer.steps import parse_watch
+
+        spec = args.get("spec")
+        if spec is not None:
+            parse_watch(spec)  # StepSpecError (a ValueError): refused with its one line
+        self._watch_request = (spec, args.get("on_nan") or "continue")
+        if self._watch_listening is None:
+            self._watch_listening = backward_calls.listen(self)
+        return {"watch": spec, "step": self.clock.step}
 
     def _start_watch(self) -> None:
         from torchscope.tracer.steps import parse_watch
@@ -288,6 +343,9 @@ class Agent:
         if self.watch is not None:
             with contextlib.suppress(Exception):
                 self.watch.remove()
+        if self._watch_listening is not None:
+            self._watch_listening.remove()
+            self._watch_listening = None
         try:
             self._disarm()
             self.clock.remove()
@@ -508,7 +566,6 @@ class Agent:
         if clients or any(i in self._client_holders_gone for i in released):
             who = ", ".join(sorted(set(clients))) or "nobody"
             self._say(f"{text} (held by: {who})")
-
 
     def _say(self, text: str, force: bool = False) -> None:
         if self.options.quiet and not force:

@@ -6,6 +6,7 @@ module that was called (the root): ``blocks.3.attn.proj``; the root itself is ``
 
 from __future__ import annotations
 
+import gc
 import threading
 import weakref
 
@@ -22,6 +23,8 @@ class ModuleTracker:
         self._params: dict[int, tuple[weakref.ref, str]] = {}
         self._local = threading.local()
         self._handles: list = []
+        self._param_roots: list[str] = []  # class names of the roots that own parameters
+        self._searched: set[int] = set()  # ids of parameters looked for among live modules
 
     # -- hooks ---------------------------------------------------------------------------
     def install(self) -> None:
@@ -71,10 +74,24 @@ class ModuleTracker:
         )
 
     def index_root(self, root: nn.Module) -> None:
-        """Name every submodule and parameter of ``root`` (done once per root)."""
+        """Name every submodule and parameter of ``root`` (done once per root).
+
+        The first root that owns parameters (the model) names them plainly
+        (``blocks.3.attn.proj.weight``); a later one (a GAN's second network, a critic) is
+        named with its class in front (``Discriminator:main.0.weight``), so that two models
+        never share a name.
+        """
         if root in self._indexed_roots:
             return
         self._indexed_roots.add(root)
+        prefix = ""
+        params = list(root.parameters())
+        # A root that holds parameters named before is the model around an earlier root
+        # (a submodule that ran on its own first): it takes the plain names over.
+        if params and not any(id(p) in self._params for p in params):
+            if self._param_roots:
+                prefix = self._root_label(root) + ":"
+            self._param_roots.append(type(root).__name__)
         # Only modules nobody named yet become roots, so a root named here contains any root
         # indexed before it (a submodule called on its own first): the outer names win. Within
         # one root, a shared module or parameter keeps its first name.
@@ -82,11 +99,29 @@ class ModuleTracker:
         for name, mod in root.named_modules(remove_duplicate=False):
             if id(mod) not in seen:
                 seen.add(id(mod))
-                self._names[mod] = name
+                # The root itself is "" (the model) or its label ("Discriminator").
+                self._names[mod] = prefix + name if name else prefix.removesuffix(":")
         for name, p in root.named_parameters(remove_duplicate=False):
             if id(p) not in seen:
                 seen.add(id(p))
-                self._params[id(p)] = (weakref.ref(p), name)
+                self._params[id(p)] = (weakref.ref(p), prefix + name)
+
+    def _root_label(self, root: nn.Module) -> str:
+        cls = type(root).__name__
+        n = self._param_roots.count(cls)
+        return cls if n == 0 else f"{cls}#{n + 1}"
+
+    def _index_live_roots(self) -> None:
+        """Index the top-level modules alive in the process (once per unnamed parameter):
+        a parameter used before any module call (``next(self.parameters()).new_zeros(...)``
+        in an ``init_hidden``) still gets its name."""
+        module_type = nn.Module
+        # type(), not isinstance(): some objects compute __class__ (and warn) when asked.
+        mods = [o for o in gc.get_objects() if issubclass(type(o), module_type)]
+        inner = {id(c) for m in mods for c in m.children()}
+        for m in mods:
+            if id(m) not in inner:
+                self.index_root(m)
 
     # -- queries -------------------------------------------------------------------------
     def current(self) -> str:
@@ -97,4 +132,10 @@ class ModuleTracker:
         entry = self._params.get(id(t))
         if entry is not None and entry[0]() is t:
             return entry[1]
+        if isinstance(t, nn.Parameter) and id(t) not in self._searched:
+            self._searched.add(id(t))  # parameters are few: at most one search each
+            self._index_live_roots()
+            entry = self._params.get(id(t))
+            if entry is not None and entry[0]() is t:
+                return entry[1]
         return None

@@ -105,11 +105,13 @@ class EventPipeline:
                 self.on_error(f"event sink {getattr(sink, '__qualname__', sink)}", exc)
 
     def _with_alerts(self, events: list[Event]) -> list[Event]:
-        out: list[Event] = []
+        """The batch, then its alerts: an alert is numbered when it is found, after every
+        event of the batch, so this keeps files and streams in ``seq`` order."""
+        alerts: list[Event] = []
+        check = self.alerts.check
         for ev in events:
-            out.append(ev)
-            out.extend(self.alerts.check(ev))
-        return out
+            alerts.extend(check(ev))
+        return events + alerts if alerts else events
 
     def _watch(self) -> None:
         while not self._closing.wait(0.25):
