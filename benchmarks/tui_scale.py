@@ -1,6 +1,6 @@
 """How the terminal UI scales. No torch needed.
 
-    python benchmarks/tui_scale.py                 # all three parts, prints a table
+    python benchmarks/tui_scale.py                 # all four parts, prints a table
     python benchmarks/tui_scale.py --events 200000 --live-seconds 3   # a quicker run
 
 (a) replay: a synthetic 1,000,000-event trace written with TraceWriter (MLP-shaped op, grad
@@ -13,6 +13,8 @@
 (c) latency: one step with 100,000 events; keypress to repainted screen for down, page down,
     and filter keystrokes, median and p95 (Pilot, headless; the screen is re-rendered in full
     after each key, which is more than a terminal repaint costs).
+(d) small: the same 100,000-event step at 80x24: a full render with no cached lines (a first
+    paint or a resize), and down / page down keypress latency.
 
 Each measurement runs in a fresh process, so one part's memory does not hide another's.
 """
@@ -268,6 +270,37 @@ async def _latency(n_events: int, presses: int) -> dict:
     return out
 
 
+async def _small(n_events: int, presses: int) -> dict:
+    """80x24: a full render of the screen (every line composed, as a first paint or a
+    resize needs), and keypress latency, on a step of ``n_events`` events."""
+    from torchscope.tui.app import TorchscopeApp
+    from torchscope.tui.sources import ScriptedSource
+    from torchscope.tui.synthetic import events_per_step, make_trace
+
+    layers = max(1, n_events // (events_per_step(1000) // 1000))
+    app = TorchscopeApp(ScriptedSource(make_trace(1, layers, nan_step=0), mode="replay"))
+    out: dict = {}
+    async with app.run_test(size=(80, 24)) as pilot:
+        while app.store.data(0) is None or len(app.store.data(0).rows) < n_events * 0.9:
+            await pilot.pause(0.05)
+        await pilot.pause(0.3)
+        out["events_in_step"] = len(app.store.data(0))
+        renders = []
+        for _ in range(presses):
+            app.main.timeline._cache.clear()  # no cached lines: the cost of a first paint
+            t = time.perf_counter()
+            app.screen._compositor.render_update(full=True)
+            renders.append(time.perf_counter() - t)
+        out["full render"] = (statistics.median(renders) * 1000, _p95(renders) * 1000)
+        for name, keys in (("down", ["down"] * presses), ("page down", ["pagedown"] * presses)):
+            lat = []
+            for k in keys:
+                lat.append(await key_latency(app, pilot, k))
+                await asyncio.sleep(0.01)
+            out[name] = (statistics.median(lat) * 1000, _p95(lat) * 1000)
+    return out
+
+
 def child(argv: list[str]) -> None:
     what = argv[0]
     if what == "first":
@@ -276,6 +309,8 @@ def child(argv: list[str]) -> None:
         res = asyncio.run(_live(int(argv[1]), float(argv[2]), int(argv[3])))
     elif what == "latency":
         res = asyncio.run(_latency(int(argv[1]), int(argv[2])))
+    elif what == "small":
+        res = asyncio.run(_small(int(argv[1]), int(argv[2])))
     else:
         raise SystemExit(f"unknown child {what}")
     print("RESULT " + json.dumps(res))
@@ -309,7 +344,7 @@ def main() -> None:
     ap.add_argument("--step-events", type=int, default=100_000, help="events in one step (c)")
     ap.add_argument("--presses", type=int, default=40)
     ap.add_argument("--dir", default=None, help="where to keep the trace (reused if present)")
-    ap.add_argument("--only", choices=["replay", "live", "latency"], default=None)
+    ap.add_argument("--only", choices=["replay", "live", "latency", "small"], default=None)
     args = ap.parse_args()
 
     rows: list[tuple[str, str, str]] = []
@@ -392,6 +427,18 @@ def main() -> None:
                     f"{r['events_in_step']:,}-event step: {key}",
                     f"{med:.1f} / {p95:.1f} ms",
                     "median / p95, < 100 ms" if key != "graph toggle (g)" else "median / p95",
+                )
+            )
+
+    if args.only in (None, "small"):
+        r = run_child("small", str(args.step_events), str(args.presses))
+        for key in ("full render", "down", "page down"):
+            med, p95 = r[key]
+            rows.append(
+                (
+                    f"80x24, {r['events_in_step']:,}-event step: {key}",
+                    f"{med:.1f} / {p95:.1f} ms",
+                    "median / p95" + (" (no cached lines)" if key == "full render" else ""),
                 )
             )
 

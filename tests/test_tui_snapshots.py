@@ -124,3 +124,16 @@ def test_paused_after_an_op_with_values(snap_compare):
         terminal_size=SIZE,
         run_before=when_paused("v"),
     )
+
+
+# -- every terminal size (issue 12): the README's screenshots come from these ----------------
+
+
+def test_main_screen_at_80x24(snap_compare):
+    assert snap_compare(app(), terminal_size=(80, 24), run_before=loaded(1))
+
+
+def test_main_screen_at_200x50(snap_compare):
+    assert snap_compare(
+        app(), terminal_size=(200, 50), run_before=on_row("torch.nn.functional.linear", 1)
+    )

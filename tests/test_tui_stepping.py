@@ -104,7 +104,7 @@ async def test_space_pauses_before_the_next_op_then_s_runs_it():
     app = TorchscopeApp(job)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.main.timeline.row_count() == 1, what="first op")
-        assert "Pause" in app.screen_text()  # the footer of a live session
+        assert "space pause" in app.screen_text()  # the key bar of a live session
         await pilot.press("space")
         await until(pilot, lambda: paused(app) is not None, what="pause")
         assert cmds(job) == ["pause"]
@@ -354,7 +354,8 @@ async def test_breakpoint_list_add_toggle_delete_and_bad_conditions():
         assert re.search(r"│\s+1\s+✓\s+1\s+nan\s", text)  # id, enabled, hits, condition
         assert cmds(job) == ["break_list"]
         # bad input: the one-line error, nothing sent
-        await pilot.press("a", *"op:(", "enter")
+        assert screen.query_one(Input).has_focus  # typing goes to the box from the start
+        await pilot.press(*"op:(", "enter")
         await pilot.pause(0.05)
         error = str(screen.query_one("#bpl-error").render())
         assert "bad op regex '('" in error
@@ -367,6 +368,7 @@ async def test_breakpoint_list_add_toggle_delete_and_bad_conditions():
         # a good one
         box.value = "module:^blocks\\.1\\.,nan"
         await pilot.press("enter")
+        screen.query_one("#bpl-table").focus()
         await until(pilot, lambda: len(app.store.stepper.breakpoints) == 2)
         await pilot.pause(0.05)
         assert job.received[-1] == ("break_add", {"module": "^blocks\\.1\\.", "nan": "nan"})
@@ -377,16 +379,46 @@ async def test_breakpoint_list_add_toggle_delete_and_bad_conditions():
         await until(pilot, lambda: app.store.stepper.breakpoints[0]["enabled"] is False)
         await pilot.pause(0.05)
         assert re.search(r"│\s+1\s+✗\s+1\s+nan\s", app.screen_text())
-        await pilot.press("e")
+        await pilot.press("space")
         await until(pilot, lambda: app.store.stepper.breakpoints[0]["enabled"] is True)
-        await pilot.press("d")
+        await pilot.press("delete")  # asks first
+        await pilot.pause(0.05)
+        assert "delete breakpoint 1 (nan)? delete again" in str(
+            screen.query_one("#bpl-error").render()
+        )
+        assert "break_delete" not in cmds(job)
+        await pilot.press("delete")
         await until(pilot, lambda: [b["id"] for b in app.store.stepper.breakpoints] == [2])
         assert job.received[-1] == ("break_delete", {"bp": 1})
         assert [c for c, _ in job.received if c == "break_enable"] == ["break_enable"] * 2
+        await pilot.press("ctrl+z")  # undo: the same condition again
+        await until(pilot, lambda: len(app.store.stepper.breakpoints) == 2)
+        assert job.received[-1] == ("break_add", {"nan": "nan"})
         await pilot.press("escape")
         assert not isinstance(app.screen, BreakpointsScreen)
         await pilot.pause(0.05)
-        assert "1 breakpoint" in app.screen_text()
+        assert "2 breakpoints" in app.screen_text()
+
+
+@sync
+async def test_breakpoint_list_letters_go_to_the_box_never_to_the_list():
+    # The review: with the list focused, "step:2" + enter disabled breakpoint 2 (e) and
+    # "gradnorm:100,step:3" deleted one (d). Letters now always land in the input box.
+    job = FakeJob(TRACE, pause_at=GELU0, breakpoints=[{"nan": "nan"}, {"op": "^gelu$"}])
+    app = TorchscopeApp(job)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: paused(app) is not None)
+        await pilot.press("B")
+        screen = app.screen
+        assert isinstance(screen, BreakpointsScreen)
+        await until(pilot, lambda: len(app.store.stepper.breakpoints) == 2)
+        screen.query_one("#bpl-table").focus()
+        await pilot.pause()
+        await pilot.press(*"gradnorm:100,step:3", "enter")
+        await until(pilot, lambda: len(app.store.stepper.breakpoints) == 3)
+        assert job.received[-1] == ("break_add", {"grad_norm": 100.0, "step": 3})
+        assert [c for c, _ in job.received if c in ("break_enable", "break_delete")] == []
+        assert all(b.get("enabled", True) for b in app.store.stepper.breakpoints)
 
 
 # -- replay ----------------------------------------------------------------------------------

@@ -135,7 +135,7 @@ def test_bad_watch_options_are_one_line(tmp_path):
 
 
 DDP_JOB = """\
-import datetime, torch, torch.distributed as dist
+import datetime, sys, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
 rank = dist.get_rank()
@@ -161,7 +161,8 @@ for step in range(5):
     opt.zero_grad()
     loss.backward()
     opt.step()
-    print(f"rank {rank} step {step} {loss.item()!r}", flush=True)
+    sys.stdout.write(f"rank {rank} step {step} {loss.item()!r}\n")  # one write: shared pipe
+    sys.stdout.flush()
 dist.destroy_process_group()
 """
 

@@ -49,7 +49,8 @@ steps unless --steps says otherwise), and it goes dormant after them.
 Steps are the job's own: numbered from 0 at its start, one per optimizer.step() (or per
 torchscope.step() call; in a job with neither, one per backward()).
 
-  --record FILE   write a trace file (replay it with `torchscope dump FILE`)
+  --record FILE   write a trace file (replay it with `torchscope dump FILE`); under
+                  torchrun each rank writes its own: trace.tsc -> trace.rank0.tsc, ...
   --steps SPEC    steps to trace: N, A-B, A-, every:N, or a comma list (default: all)
   --values N      keep the values of tensors with at most N elements (default 16)
   --no-live       no control endpoint: no UI can attach (`torchscope tui` finds live jobs)
@@ -270,7 +271,7 @@ def cmd_run(opts: RunOptions) -> int:
         what = f"tracing {target} (steps: {held.text})" if held else f"running {target} dormant"
         if opts.watch:
             what += f", watching every step ({opts.watch}, then {opts.on_nan})"
-        where = f", recording to {opts.record}" if opts.record else ""
+        where = f", recording to {agent.options.record}" if opts.record else ""
         if agent.publisher is not None:
             attach = "live" if held else "attach"
             where += f"; {attach}: torchscope tui {os.getpid()}"
@@ -307,7 +308,7 @@ def cmd_run(opts: RunOptions) -> int:
         saved = ""
         if opts.record:
             n = agent.writer.events_written if agent.writer is not None else 0
-            saved = f"; {n} events written to {opts.record}"
+            saved = f"; {n} events written to {agent.options.record}"
             if agent.writer is not None and agent.writer.stopped:
                 saved += " (recording stopped early: see above)"
         print(f"torchscope: {steps} step(s) seen{traced}{saved}", file=sys.stderr)
@@ -590,12 +591,12 @@ def cmd_tui_web(args: argparse.Namespace) -> int:
     from torchscope.export.web import WebError, serve
 
     if args.target and os.path.isfile(args.target):  # a bad file fails here, not in each tab
-        from torchscope.tui.sources import SourceError, open_source
+        from torchscope.protocol.tracefile import TraceFileError, TraceReader
 
         try:
-            open_source(args.target).close()
-        except SourceError as exc:
-            return _fail(str(exc))
+            TraceReader(args.target).close()
+        except TraceFileError as exc:
+            return _fail(f"{args.target}: {exc}")
     try:
         return serve(args.target, host=args.host, port=args.port, max_events=args.max_events)
     except WebError as exc:
@@ -630,6 +631,11 @@ def build_parser() -> argparse.ArgumentParser:
             "--max-events", type=int, default=250_000, help="events kept in memory (default 250k)"
         )
         if name == "tui":
+            tui.add_argument(
+                "--wait",
+                action="store_true",
+                help="wait for a pid or endpoint that is not (yet) a session, saying so",
+            )
             tui.add_argument(
                 "--web",
                 action="store_true",
@@ -718,6 +724,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "export":
             return cmd_export(args)
         if args.command in ("tui", "replay"):
+            from torchscope.tui.targets import check_target  # one rule, before the screen opens
+
+            problem = check_target(args.command, args.target, wait=getattr(args, "wait", False))
+            if problem:
+                return _fail(problem)
             return cmd_tui(args)
         if args.command == "keys":
             from torchscope.protocol.security import cli_keys

@@ -835,3 +835,18 @@ def load_trace(
         trace.truncated = reader.truncated  # type: ignore[attr-defined]
         trace.damaged = reader.damaged  # type: ignore[attr-defined]
     return trace
+
+
+def per_rank_path(path: str, rank: int | None = None) -> str:
+    """Where rank ``rank`` of a multi-process job records ``path``: ``trace.tsc`` becomes
+    ``trace.rank1.tsc`` (every rank would otherwise write the same file). ``rank`` defaults
+    to the ``RANK`` environment variable torchrun sets; without it, ``path`` as it is."""
+    if rank is None:
+        try:
+            rank = int(os.environ["RANK"])
+        except (KeyError, ValueError):
+            return path
+    head, tail = os.path.split(path)
+    stem, dot, ext = tail.rpartition(".")
+    name = f"{stem}.rank{rank}.{ext}" if dot and stem else f"{tail}.rank{rank}"
+    return os.path.join(head, name)

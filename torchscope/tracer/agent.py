@@ -156,10 +156,12 @@ class Agent:
                 self.stepper.add_breakpoint(spec)
         if held is not None:
             self._add_holder(Holder(next(self._ids), "command line", steps=held))
+        if opts.record is not None:
+            from torchscope.protocol.tracefile import TraceWriter, per_rank_path
+
+            opts.record = per_rank_path(opts.record)  # torchrun: one file per rank
         session = self.session_event()
         if opts.record is not None:
-            from torchscope.protocol.tracefile import TraceWriter  # raises TraceFileError
-
             self.writer = TraceWriter(
                 opts.record,
                 metadata={"session": dict(session)},

@@ -35,6 +35,8 @@ _names: dict[Any, str | None] = {}
 
 
 def _resolve(func: Any) -> str | None:
+    if getattr(func, "__module__", "").startswith("torch.distributed"):
+        return "torch.distributed." + getattr(func, "__name__", repr(func))  # all_reduce, ...
     name = resolve_name(func) or getattr(func, "__qualname__", None) or repr(func)
     if name.startswith("torch.Tensor."):
         name = name[6:]

@@ -23,7 +23,9 @@ class ModuleTracker:
         self._params: dict[int, tuple[weakref.ref, str]] = {}
         self._local = threading.local()
         self._handles: list = []
+        self.owner: int | None = None  # the traced thread (None: every thread)
         self._param_roots: list[str] = []  # class names of the roots that own parameters
+        self._ddp: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # DDP-wrapped roots
         self._searched: set[int] = set()  # ids of parameters looked for among live modules
 
     # -- hooks ---------------------------------------------------------------------------
@@ -50,6 +52,8 @@ class ModuleTracker:
     def _enter(self, module: nn.Module, args: object) -> None:
         if torch.compiler.is_compiling():
             return  # inside a torch.compile graph: no Python state of ours may be traced
+        if self.owner is not None and threading.get_ident() != self.owner:
+            return  # another thread's model: not traced, and not named before ours
         stack = self._stack()
         name = self._names.get(module)
         if name is None:
@@ -84,6 +88,8 @@ class ModuleTracker:
         if root in self._indexed_roots:
             return
         self._indexed_roots.add(root)
+        if type(root).__name__ == "DistributedDataParallel":
+            self._ddp.add(root)
         prefix = ""
         params = list(root.parameters())
         # A root that holds parameters named before is the model around an earlier root
@@ -124,6 +130,17 @@ class ModuleTracker:
                 self.index_root(m)
 
     # -- queries -------------------------------------------------------------------------
+    @property
+    def has_ddp(self) -> bool:
+        """Whether some model called so far is wrapped in DistributedDataParallel."""
+        return bool(self._ddp)
+
+    def ddp_roots(self) -> list[nn.Module]:
+        return list(self._ddp)
+
+    def name_of(self, module: nn.Module) -> str:
+        return self._names.get(module, "")
+
     def current(self) -> str:
         stack = getattr(self._local, "stack", None)
         return stack[-1] if stack else ""

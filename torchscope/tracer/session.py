@@ -33,6 +33,7 @@ from torchscope.protocol.events import (
     Trace,
     all_finite,
 )
+from torchscope.protocol.tracefile import per_rank_path
 from torchscope.tracer.backward import (
     NODE_ID,
     NODE_MOD,
@@ -45,6 +46,7 @@ from torchscope.tracer.backward import (
     root_tensors,
 )
 from torchscope.tracer.clock import StepClock
+from torchscope.tracer.collectives import COLLECTIVES, group_size, is_async, written_tensors
 from torchscope.tracer.mode import (
     ForwardMode,
     iter_tensors,
@@ -133,7 +135,7 @@ class Tracer:
         # Driven by the process-long agent (torchscope.tracer.agent): it owns the step clock,
         # the stepper, the live stream and the numbering; this tracer lives while armed.
         self.driven = driven
-        self.record = os.fspath(record) if record is not None else None
+        self.record = per_rank_path(os.fspath(record)) if record is not None else None
         self.optimizer_steps = optimizer_steps
         self.optimizer_ops = optimizer_ops
         self.live = os.environ.get("TORCHSCOPE_LIVE") == "1" if live is None else live
@@ -202,7 +204,7 @@ class Tracer:
         self.pipeline = EventPipeline(
             self.summarizer, sinks, self.next_seq, on_error=self.report_error, on_idle=self._tick
         )
-        self._owner = threading.get_ident()
+        self._owner = self.modules.owner = threading.get_ident()
         _current = self
         self.started = True
         if session is not None:
@@ -541,6 +543,8 @@ class Tracer:
         """Record the op; returns its event and output tensors (for the stepper)."""
         name, in_tensors, inputs, seq_lo, t0 = pending
         t1 = time.perf_counter_ns()
+        if name in COLLECTIVES:
+            return self._after_collective(pending, t1, args, kwargs, result)
         outs = result_tensors(result)
         if not outs:
             # In-place calls like __setitem__ return None; their output is the first argument.
@@ -589,6 +593,48 @@ class Tracer:
                 outputs = event["outputs"] = [summary_of(t, in_tensors) for t in outs]
                 if not all_finite(outputs):
                     self._judge_external(in_tensors, inputs)
+            self.pipeline.add(event)  # type: ignore[union-attr]
+        return event, outs
+
+    def _after_collective(
+        self, pending: tuple, t1: int, args: tuple, kwargs: dict, result: Any
+    ) -> tuple[Event, list[torch.Tensor]]:
+        """A ``torch.distributed`` call: what it wrote, summarised after it (see collectives)."""
+        name, _in_tensors, inputs, _seq_lo, t0 = pending
+        outs = written_tensors(name, args, kwargs)
+        pending_data = is_async(name, args, kwargs, result)
+        frame = user_frame(1)
+        event = Event(
+            kind=OP,
+            seq=self.next_seq(),
+            step=self.step_index,
+            name=name,
+            module=self.modules.current(),
+            source=f"{frame[0]}:{frame[1]}" if frame else None,
+            function=frame[2] if frame else None,
+            inputs=inputs,
+            outputs=None,
+            grad_fn=None,
+            nodes=[],
+            duration_us=(t1 - t0) / 1000,
+            thread=_thread_name(),
+            group_size=group_size(name, args, kwargs),
+        )
+        if pending_data:
+            event["async_op"] = True
+        with _no_grad(), self.pipeline.lock:  # type: ignore[union-attr]
+            outputs = []
+            for t in outs:
+                if pending_data:  # not there yet: the first op after wait() summarises it
+                    s = tensor_meta(t)
+                    s["stats"] = None
+                    s["pending"] = True
+                    self.memo.discard(t)
+                else:  # written in place, maybe with no version bump: never the memo's
+                    s = self.summarizer.summarize(t)
+                    self.memo.put(t, s)
+                outputs.append(s)
+            event["outputs"] = outputs
             self.pipeline.add(event)  # type: ignore[union-attr]
         return event, outs
 
@@ -661,6 +707,46 @@ class Tracer:
                     )
                 except Exception as exc:
                     self.report_error("removing backward hooks", exc)
+            if call != "torch.autograd.grad" and self.modules.has_ddp:
+                try:
+                    self._ddp_synced_grads(frame)
+                except Exception as exc:
+                    self.report_error("recording DDP's synchronised gradients", exc)
+
+    def _ddp_synced_grads(self, frame: tuple | None) -> None:
+        """Under DDP the gradient the optimizer uses is the ranks' average, which DDP's C++
+        reducer writes into ``p.grad`` by the time ``backward()`` returns; AccumulateGrad
+        only ever sees this rank's local one. One event per DDP model and backward call."""
+        for ddp in self.modules.ddp_roots():
+            if not ddp.require_backward_grad_sync:
+                continue  # inside no_sync(): gradients are accumulated locally, not averaged
+            outputs = []
+            with _no_grad(), self.pipeline.lock:  # type: ignore[union-attr]
+                for name, p in ddp.named_parameters():
+                    if p.grad is None:
+                        continue
+                    s = dict(self.summarizer.summarize(p.grad))
+                    s["param"] = self.modules.param_name(p) or name
+                    outputs.append(s)
+                self.pipeline.add(  # type: ignore[union-attr]
+                    Event(
+                        kind=OP,
+                        seq=self.next_seq(),
+                        step=self.step_index,
+                        name="torch.distributed.ddp_gradient_sync",
+                        module=self.modules.name_of(ddp),
+                        source=f"{frame[0]}:{frame[1]}" if frame else None,
+                        function=frame[2] if frame else None,
+                        inputs=[],
+                        outputs=outputs,
+                        grad_fn=None,
+                        nodes=[],
+                        duration_us=0.0,
+                        thread=_thread_name(),
+                        group_size=_ddp_world(ddp),
+                        backward=self._backward_index,
+                    )
+                )
 
     def on_grad(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> None:
         """Post-hook of one node: runs on the thread that executes the node."""
@@ -812,6 +898,7 @@ def session_event(
         started=time.time(),
         rank=_env_int("RANK"),
         world_size=_env_int("WORLD_SIZE"),
+        local_rank=_env_int("LOCAL_RANK"),
         torch=str(torch.__version__),  # plain str, as it reads back from a file
         python=sys.version.split()[0],
         steps=steps,
@@ -821,6 +908,13 @@ def session_event(
     )
     fields.update(metadata)
     return Event(fields)
+
+
+def _ddp_world(ddp: Any) -> int | None:
+    try:
+        return int(ddp.process_group.size())
+    except Exception:
+        return None
 
 
 def _grad_fn(t: torch.Tensor) -> Any:

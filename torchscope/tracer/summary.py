@@ -451,6 +451,10 @@ class SummaryMemo:
         if len(self._entries) > self.max_entries:
             self.prune()
 
+    def discard(self, t: torch.Tensor) -> None:
+        """Forget ``t``'s summary (its data changes behind the version counter)."""
+        self._entries.pop(id(t), None)
+
     def clear(self) -> None:
         self._entries.clear()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import linecache
 import math
 import os
+import re
 from typing import Any
 
 from torchscope.dump import compact_stat, shape_text, short_source
@@ -182,3 +183,68 @@ def source_context(
         return None
     lo, hi = max(1, line - radius), min(len(lines), line + radius)
     return [(n, lines[n - 1].rstrip("\n"), n == line) for n in range(lo, hi + 1)]
+
+
+# -- numbers that fit -------------------------------------------------------------------------
+# A number is never cut: a cell too narrow for it gets the number shortened (fewer digits,
+# ``16k`` for a count), and only when even that does not fit is the cell cut with an ellipsis.
+
+_FLOAT = re.compile(r"(?<![\w.])(-?(?:\d+\.\d*|\d*\.\d+|\d+)(?:e[+-]?\d+)?)(?![\w.])")
+_COUNT = re.compile(r"\b(NaN|Inf|nan|inf):(\d+)")
+
+
+def count_text(n: int) -> str:
+    """``16384`` -> ``16k``, ``2500000`` -> ``2.5M``: a count in at most 4 characters."""
+    if n < 1000:
+        return str(n)
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= div:
+            v = n / div
+            return f"{v:.1f}{unit}" if v < 10 else f"{v:.0f}{unit}"
+    return str(n)
+
+
+def _digits(text: str, sig: int) -> str:
+    def one(m: re.Match[str]) -> str:
+        token = m.group(1)
+        try:
+            x = float(token)
+        except ValueError:
+            return token
+        if x == int(x) and abs(x) < 10**sig and "e" not in token:
+            return str(int(x)) if "." not in token else token.rstrip("0").rstrip(".") or "0"
+        short = f"{x:.{sig}g}"
+        if "e" in short:  # 1e+02 -> 1e2
+            mant, _, exp = short.partition("e")
+            short = f"{mant}e{int(exp)}"
+        return short if len(short) < len(token) else token
+
+    return _FLOAT.sub(one, text)
+
+
+def fit_numbers(text: str, width: int) -> str:
+    """``text`` in at most ``width`` cells, shortening its numbers before cutting anything:
+    counts become ``16k``, then the ``norm=`` label goes, then digits go (4, 3, 2, 1
+    significant), then a second stat; an ellipsis only when nothing else fits."""
+    if width <= 0:
+        return ""
+    if len(text) <= width:
+        return text
+    candidates = []
+    t = _COUNT.sub(lambda m: f"{m.group(1)}:{count_text(int(m.group(2)))}", text)
+    candidates.append(t)
+    t = t.replace("norm=", "")
+    candidates.append(t)
+    for sig in (3, 2, 1):
+        candidates.append(_digits(t, sig))
+    last = candidates[-1].replace(" …", "")
+    parts = last.split(" ")
+    if len(parts) > 1:  # keep the first stat and the NaN/Inf counts
+        keep = [parts[0]] + [p for p in parts[1:] if _COUNT.match(p)]
+        candidates.append(" ".join(keep))
+        candidates.append(" ".join(p for p in keep if _COUNT.match(p)) or keep[0])
+    for cand in candidates:
+        if len(cand) <= width:
+            return cand
+    best = candidates[-1]
+    return best[: width - 1] + "…" if width > 1 else "…"

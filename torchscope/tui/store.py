@@ -425,6 +425,7 @@ class Changes:
     events_changed: set[int] = field(default_factory=set)  # resident rows
     loaded: set[int] = field(default_factory=set)
     evicted: set[int] = field(default_factory=set)
+    removed: set[int] = field(default_factory=set)  # empty trailing steps dropped
     alerts_added: int = 0
     events: int = 0
     status: dict[str, Any] = field(default_factory=dict)
@@ -448,6 +449,7 @@ class Changes:
             or self.events_changed
             or self.loaded
             or self.evicted
+            or self.removed
             or self.alerts_added
             or self.status
             or self.progress
@@ -481,6 +483,8 @@ class EventStore:
         self._alert_seqs: set[int] = set()
         self.errors: list[Event] = []
         self.session: Event | None = None
+        self.ended = False  # a live job said it ended
+        self.complete = True  # a replay's file says it is complete (status "complete")
         self.pinned: set[int] = set()
         self.resident_events = 0
         self.events_applied = 0
@@ -556,11 +560,15 @@ class EventStore:
                 self._counts(item[1], item[2], ch)
             elif tag == "status":
                 ch.status.update(item[1])
+                if "complete" in item[1]:
+                    self.complete = bool(item[1]["complete"]) or bool(item[1].get("truncated"))
                 state = item[1].get("state")
                 if state in ("ended", "disconnected", "unreachable"):
                     ch.paused_changed |= self.stepper.clear()
                 if state == "ended":  # the job is gone, and its breakpoints with it
                     ch.breakpoints_changed |= self.stepper.forget()
+                    self.ended = True
+                    self._drop_empty_tail(ch)
             elif tag in ("reply", "refused"):
                 if tag == "reply" and isinstance(item[4], dict):
                     paused, bps = self.stepper.on_state(item[4].get("state"))
@@ -580,8 +588,33 @@ class EventStore:
                     info.state = EVICTED
                     ch.steps_changed.add(item[1])
                 ch.errors.append(item[2])
+        if ch.loaded or ch.steps_changed:
+            self._drop_empty_tail(ch)
         self._evict(ch)
         return ch
+
+    def _drop_empty_tail(self, ch: Changes) -> None:
+        """Forget the last step when it never began: the step the last ``optimizer.step()``
+        opened, with no op, node or alert (complete counts; a live job only once it ended)."""
+        if not self.order or (self.live and not self.ended):
+            return
+        step = self.order[-1]
+        info = self.steps[step]
+        if len(self.order) < 2 or not info.counted or info.state == LOADING:
+            return
+        if info.n_ops or info.n_grads or info.n_graph_nodes or info.n_alerts:
+            return
+        if info.state == ON_DISK and not self.complete:
+            return  # a file still being written: the step may yet begin
+        self.order.pop()
+        del self.steps[step]
+        data = self._data.pop(step, None)
+        if data is not None:
+            self.resident_events -= _resident_rows(data)
+        ch.removed.add(step)
+        ch.steps_changed.discard(step)
+        ch.events_changed.discard(step)
+        ch.loaded.discard(step)
 
     def ingest(self, events: Iterable[dict]) -> Changes:
         """Prepare and apply events in one go (tests, and callers on the UI thread)."""

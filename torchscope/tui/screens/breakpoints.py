@@ -127,14 +127,25 @@ class BreakHereScreen(ModalScreen[dict | None]):
 
 class BreakpointsScreen(ModalScreen[None]):
     """The job's breakpoints: id, enabled, hits, conditions. Add one by typing a condition in
-    ``--break-on`` syntax; enable/disable; delete."""
+    ``--break-on`` syntax; enable/disable; delete.
+
+    Typing always goes to the input box, wherever the focus is: the list takes no letters,
+    only ``space`` (enable/disable) and ``delete`` (which asks: press it again to delete),
+    and ``ctrl+z`` adds the last deleted breakpoint back."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "close", "Close"),
-        Binding("space,e", "toggle", "Enable/disable"),
-        Binding("d,delete", "delete", "Delete"),
-        Binding("a", "add", "Add"),
+        Binding("space", "toggle", "Enable/disable"),
+        Binding("delete", "delete", "Delete"),
+        Binding("ctrl+z", "undo", "Undo delete"),
+        Binding("down", "list_down", "Down", show=False),
+        Binding("up", "list_up", "Up", show=False),
     ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.confirm: int | None = None  # the id a first `delete` asked about
+        self.deleted: dict[str, Any] | None = None  # the last deleted, for ctrl+z
 
     @property
     def tapp(self) -> TorchscopeApp:
@@ -149,10 +160,12 @@ class BreakpointsScreen(ModalScreen[None]):
                 placeholder="add: nan, inf, anynan, op:REGEX, module:REGEX, line:FILE:LINE, "
                 "gradnorm:X, step:N, from:N — joined by ','",
                 id="bpl-input",
+                select_on_focus=False,  # a letter typed in the list must not be selected
             )
             yield Static("", id="bpl-error")
             yield Static(
-                "[dim]space/e enable·disable · d delete · a add (enter in the box) · esc close[/]",
+                "[dim]type a condition + enter: add · ↑↓ choose · space enable/disable · "
+                "delete (twice) delete · ctrl+z undo · esc close[/]",
                 id="bpl-help",
             )
 
@@ -163,7 +176,7 @@ class BreakpointsScreen(ModalScreen[None]):
         table.add_column("hits", key="hits")
         table.add_column("condition", key="condition")
         self.refresh_list()
-        table.focus()
+        self.query_one(Input).focus()
         self.tapp.command("break_list")
 
     # -- the list ----------------------------------------------------------------------------
@@ -194,6 +207,34 @@ class BreakpointsScreen(ModalScreen[None]):
             return None
         return bps[row]["id"]
 
+    def _say(self, text: str, *, error: bool = False) -> None:
+        line = self.query_one("#bpl-error", Static)
+        line.update(f"[b $text-error]{escape(text)}[/]" if error else escape(text))
+        line.set_class(bool(text), "-shown")
+
+    def on_key(self, event) -> None:
+        if event.key != "delete" and self.confirm is not None:
+            self.confirm = None  # any other key keeps the breakpoint
+            self._say("")
+        box = self.query_one(Input)
+        if box.has_focus or not event.is_printable or event.character in (None, " "):
+            return
+        # A letter typed while the list has the focus belongs to the box, not to the list.
+        event.stop()
+        event.prevent_default()
+        box.focus()
+        box.insert_text_at_cursor(event.character)
+
+    def action_list_down(self) -> None:
+        self.query_one(DataTable).action_cursor_down()
+
+    def action_list_up(self) -> None:
+        self.query_one(DataTable).action_cursor_up()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # In the box, space is a character and delete edits the text.
+        return not (action in ("toggle", "delete") and self.query_one(Input).has_focus)
+
     def action_toggle(self) -> None:
         bp_id = self.current_id()
         if bp_id is None:
@@ -205,47 +246,59 @@ class BreakpointsScreen(ModalScreen[None]):
         bp_id = self.current_id()
         if bp_id is None:
             return
-        self.tapp.command(
-            "break_delete",
-            bp=bp_id,
-            then=lambda ok, _: ok and self.notify(f"breakpoint {bp_id} deleted", timeout=2),
-        )
+        bp = self.tapp.store.stepper.breakpoint(bp_id) or {}
+        if self.confirm != bp_id:
+            self.confirm = bp_id
+            self._say(f"delete breakpoint {bp_id} ({spec_text(bp)})? delete again: yes")
+            return
+        self.confirm = None
+
+        def done(ok: bool, _: Any) -> None:
+            if ok:
+                self.deleted = bp
+                self._say(f"breakpoint {bp_id} deleted · ctrl+z adds it back")
+
+        self.tapp.command("break_delete", bp=bp_id, then=done)
+
+    def action_undo(self) -> None:
+        bp = self.deleted
+        if bp is None:
+            self._say("nothing to undo")
+            return
+        spec = parse_break_spec(spec_text(bp))
+        self.deleted = None
+
+        def done(ok: bool, _: Any) -> None:
+            if ok:
+                self._say(f"added back: {spec_text(spec)}")
+
+        self.tapp.command("break_add", then=done, **spec)
 
     # -- adding ------------------------------------------------------------------------------
-    def action_add(self) -> None:
-        self.query_one(Input).focus()
-
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
         text = event.value.strip()
-        error = self.query_one("#bpl-error", Static)
         if not text:
             self.query_one(DataTable).focus()
             return
         try:
             spec = parse_break_spec(text)
         except BreakpointError as exc:
-            error.update(f"[b $text-error]{escape(str(exc))}[/]")
-            error.add_class("-shown")
+            self._say(str(exc), error=True)
             return
 
         def done(ok: bool, payload: Any) -> None:
             if ok:
                 self.query_one(Input).value = ""
-                error.update("")
-                error.remove_class("-shown")
-                self.query_one(DataTable).focus()
+                self._say("")
             else:
-                error.update(f"[b $text-error]{escape(str(payload))}[/]")
-                error.add_class("-shown")
+                self._say(str(payload), error=True)
 
         self.tapp.command("break_add", then=done, **spec)
 
     def on_input_changed(self, event: Input.Changed) -> None:
-        error = self.query_one("#bpl-error", Static)
-        if error.has_class("-shown"):
-            error.update("")
-            error.remove_class("-shown")
+        if self.query_one("#bpl-error", Static).has_class("-shown"):
+            self._say("")
 
     def action_close(self) -> None:
         self.dismiss(None)

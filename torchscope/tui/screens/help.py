@@ -14,6 +14,8 @@ KEYS: list[tuple[str, str]] = [
     ("↑↓ pgup pgdn", "move in the focused list; home/end: first/last (mouse: click, wheel)"),
     ("enter", "op → its backward node(s); node → the op that created it; alert → its event"),
     ("backspace", "back to where the last jump started"),
+    ("esc", "back to the timeline (from the graph, a side panel, a maximised panel)"),
+    ("+", "maximise the focused panel (again: restore)"),
     ("g", "backward graph of the step ⇄ timeline (on the node under the cursor)"),
     ("→ ←", "graph: expand / collapse a node's other inputs"),
     ("a", "alerts: where NaN/Inf first appeared"),
@@ -28,10 +30,10 @@ KEYS: list[tuple[str, str]] = [
     ("n", "live: run to the next training step"),
     ("c", "live: continue (to the next breakpoint)"),
     ("b", "live: breakpoint from the selected event (same name, module or line; AND nan)"),
-    ("B", "live: breakpoints — add (--break-on syntax), enable/disable, delete"),
+    ("B", "live: breakpoints — type a condition + enter; space on/off; delete twice; ctrl+z"),
     ("v", "paused: fetch values of the paused event's tensors (again: next tensor)"),
     ("< >", "paused: previous / next 1000 values"),
-    ("q", "quit the UI (sends nothing: a job it paused resumes after its lease, 10 s)"),
+    ("q", "quit the UI (the job goes on: a pause this UI held resumes)"),
 ]
 
 ABOUT = """\

@@ -23,9 +23,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import ContentSwitcher, Footer, Input, Label, OptionList, ProgressBar, Tree
+from textual.widgets import ContentSwitcher, Input, Label, OptionList, ProgressBar, Tree
 
 from torchscope.protocol.events import GRAD, OP, Event
+from torchscope.tui.format import short_name
 from torchscope.tui.screens.breakpoints import BreakHereScreen, BreakpointsScreen
 from torchscope.tui.stepping import (
     ValuesView,
@@ -49,6 +50,7 @@ from torchscope.tui.widgets.alert_list import AlertList
 from torchscope.tui.widgets.detail_panel import DetailPanel
 from torchscope.tui.widgets.filter_input import FilterInput
 from torchscope.tui.widgets.graph_tree import GraphTree
+from torchscope.tui.widgets.key_bar import Hint, KeyBar
 from torchscope.tui.widgets.op_timeline import OpTimeline
 from torchscope.tui.widgets.status_bar import StatusBar
 from torchscope.tui.widgets.step_list import StepList
@@ -98,6 +100,7 @@ class MainScreen(Screen[None]):
         Binding("right_square_bracket", "next_step", "Next step", show=False),
         Binding("m", "stat_mode", "Norm/mean", show=False),
         Binding("escape", "escape", "Timeline", show=False),
+        Binding("plus,equals_sign", "maximize_panel", "Maximise", show=False),
         *STEP_BINDINGS,
     ]
 
@@ -149,7 +152,7 @@ class MainScreen(Screen[None]):
             yield Label("", id="progress-label")
             yield ProgressBar(id="progress", show_eta=False)
         yield StatusBar(id="status")
-        yield Footer()
+        yield KeyBar(id="keys")
 
     def on_mount(self) -> None:
         self.steps = self.query_one(StepList)
@@ -160,6 +163,7 @@ class MainScreen(Screen[None]):
         self.filter = self.query_one(FilterInput)
         self.switch = self.query_one(ContentSwitcher)
         self.status_bar = self.query_one(StatusBar)
+        self.key_bar = self.query_one(KeyBar)
         self.steps.bind_store(self.store)
         self.steps.border_title = "Steps"
         self.alerts.border_title = "Alerts"
@@ -185,13 +189,91 @@ class MainScreen(Screen[None]):
         self.follow = self.live
         self.timeline.follow = self.follow
         self.steps.bind_store(self.store)
+        self.steps.refresh_rows()
+        self.alerts.set_alerts(self.store.alerts)  # the old run's alerts went with its store
+        if self.center == "graph":
+            self.center = "timeline"
+            self.switch.current = "timeline"
         self.detail.show_message("select an op or a backward node")
         self.timeline.set_step(self.store, None, None, "new run: waiting for events…")
         self._title()
         self.refresh_status()
 
+    #: Below these widths the layout changes: narrower side panels, then (compact) the
+    #: steps/alerts column folds away (shown alone while it has the focus) and the detail
+    #: goes under the timeline.
+    NARROW = 120
+    COMPACT = 100
+
     def on_resize(self) -> None:
-        self.set_class(self.size.width < 110, "-narrow")
+        width = self.size.width
+        self.set_class(width < self.NARROW, "-narrow")
+        self.set_class(width < self.COMPACT, "-compact")
+        self._side_for_focus()
+
+    def _side_for_focus(self) -> None:
+        focused = self.focused
+        side = focused is not None and focused in (self.steps, self.alerts)
+        self.set_class(side and self.has_class("-compact"), "-side")
+
+    def on_descendant_blur(self, event: events.DescendantBlur) -> None:
+        self.call_after_refresh(self._side_for_focus)
+
+    MAX_CLASSES = ("-max-center", "-max-detail", "-max-steps", "-max-alerts")
+
+    @property
+    def maximised(self) -> str | None:
+        """Which panel ``+`` maximised ("center", "detail", "steps", "alerts"), if any."""
+        return next((c[5:] for c in self.MAX_CLASSES if self.has_class(c)), None)
+
+    def action_maximize_panel(self) -> None:
+        """lazygit's ``+``: the focused panel takes the whole screen; again (or esc): back."""
+        if self.maximised is not None:
+            self._restore()
+            return
+        focus = self.focused
+        if focus is self.detail or (focus is not None and self.detail in focus.ancestors):
+            panel = "detail"
+        elif focus is self.steps:
+            panel = "steps"
+        elif focus is self.alerts:
+            panel = "alerts"
+        else:
+            panel = "center"
+        self.add_class(f"-max-{panel}")
+        self.refresh_status()
+
+    def _restore(self) -> None:
+        self.remove_class(*self.MAX_CLASSES)
+        self.refresh_status()
+
+    def hints(self) -> list[Hint]:
+        """The key bar, most useful first (it shows what fits)."""
+        live = self.live
+        paused = live and self.store.stepper.paused is not None
+        focus = self.focused
+        out: list[Hint] = []
+        if paused:
+            out += [("s", "step"), ("n", "next step"), ("c", "continue"), ("v", "values")]
+        elif live:
+            out += [("space", "pause"), ("c", "continue")]
+        if focus is self.graph:
+            out += [("enter", "op"), ("g", "timeline")]
+        elif focus is self.alerts:
+            out += [("enter", "go to alert")]
+        else:
+            out += [("enter", "jump")]
+        if live:
+            out += [("b", "break"), ("B", "breakpoints")]
+        out += [("a", "alerts"), ("/", "filter"), ("[ ]", "step")]
+        if focus is not self.graph:
+            out += [("g", "graph")]
+        out += [("⌫", "back")]
+        out += [("+", "restore" if self.maximised is not None else "maximise")]
+        if live:
+            out += [("f", "follow")]
+        out += [("tab", "panel"), ("m", "norm/mean")]
+        return out
 
     def _title(self) -> None:
         step = self.current_step
@@ -215,8 +297,12 @@ class MainScreen(Screen[None]):
             if isinstance(cwd, str):
                 for w in (self.timeline, self.graph, self.detail, self.alerts):
                     w.cwd = cwd
-        if ch.steps_added or ch.steps_changed or ch.evicted:
+        if ch.steps_added or ch.steps_changed or ch.evicted or ch.removed:
             self.steps.refresh_rows()
+        if self.current_step in ch.removed:  # an empty trailing step, dropped
+            self.current_step = None
+            if self.pending is not None and self.pending.step in ch.removed:
+                self.pending = None
         if self.current_step is None and store.order:
             first = store.newest_step if self.follow else store.order[0]
             self.show_step(first)
@@ -260,6 +346,7 @@ class MainScreen(Screen[None]):
             self._sync_pause_marks()  # the paused event's row may have come
 
     def refresh_status(self) -> None:
+        self.key_bar.show(self.hints())
         app = self.tapp
         self.status_bar.show(
             app.status,
@@ -317,6 +404,8 @@ class MainScreen(Screen[None]):
         self._sync_pause_marks()
         if data is None and self.timeline.pending is None:
             self.detail.show_message(message)
+        elif data is not None and self.timeline.row_count() == 0:
+            self.detail.show_message(self.timeline.empty_text())
         self._title()
         self.refresh_status()
 
@@ -404,8 +493,14 @@ class MainScreen(Screen[None]):
             self._show_graph()
 
     def action_escape(self) -> None:
+        """Back to the timeline, from wherever: a maximised panel, the graph, a side panel."""
+        if self.maximised is not None:
+            self._restore()
+            return
         if self.center == "graph":
             self._show_timeline_from_graph()
+        else:
+            self.timeline.focus()
 
     def _show_graph(self, node: int | None = None) -> None:
         step = self.current_step
@@ -526,11 +621,17 @@ class MainScreen(Screen[None]):
                     names = ", ".join(g.name for g in grads[:6])
                     self.notify(f"{row.name} created {len(ids)} nodes: {names}", timeout=4)
             elif ids:
-                self._go(Location("graph", self.current_step, node=ids[0]))
-                if all(data.graph_of_node(i) is not None for i in ids):
+                in_graph = [i for i in ids if data.graph_of_node(i) is not None]
+                if in_graph:
+                    self._go(Location("graph", self.current_step, node=in_graph[0]))
                     self.notify("its node did not run in this backward call", timeout=4)
-                else:
-                    self.notify("no backward has reached this op yet", timeout=4)
+                else:  # no graph holds it yet: an empty graph view would say nothing
+                    nodes = ", ".join(f"node #{i}" for i in ids[:4])
+                    self.notify(
+                        f"backward has not reached {short_name(row.name)} yet ({nodes}): "
+                        "enter again once it has run",
+                        timeout=5,
+                    )
             else:
                 self.notify(f"{row.name} created no autograd node", timeout=4)
         else:
@@ -564,10 +665,14 @@ class MainScreen(Screen[None]):
     def on_descendant_focus(self, event: events.DescendantFocus) -> None:
         if event.widget is self.alerts and self.alerts.highlighted is not None:
             self._show_alert(self.alerts.highlighted)
+        self._side_for_focus()
+        if self.ready:
+            self.key_bar.show(self.hints())
 
     def _show_alert(self, index: int) -> None:
         if 0 <= index < len(self.alerts.alerts):
-            self.detail.show_alert(self.alerts.alerts[index])
+            origin = self.alerts.alerts[index]
+            self.detail.show_alert(origin, self.alerts.knock_on_of(origin))
 
     def on_alert_list_jump(self, event: AlertList.Jump) -> None:
         self.jump_to_alert(event.alert)

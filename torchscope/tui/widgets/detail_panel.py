@@ -110,7 +110,7 @@ class DetailPanel(VerticalScroll, can_focus=True):
         self.subject = ("node", nid)
         self._set(self._node(store, data, node, call))
 
-    def show_alert(self, alert: Event) -> None:
+    def show_alert(self, alert: Event, knock_on: list[Event] | None = None) -> None:
         self.subject = ("alert", alert.get("seq"))
         lines = [
             f"[b $text-error]⚠ {_e(alert.get('message', 'alert'))}[/]",
@@ -118,6 +118,25 @@ class DetailPanel(VerticalScroll, can_focus=True):
             f"event #{_e(alert.get('event_seq'))}",
             "[dim]enter jumps to the event[/]",
         ]
+        if knock_on:
+            lines.append("")
+            lines.append(
+                f"[b]{len(knock_on)} knock-on alert{'s' * (len(knock_on) != 1)}[/] "
+                "[dim](NaN/Inf coming in from it, not new causes)[/]"
+            )
+            counts: dict[tuple, int] = {}
+            for a in knock_on:
+                label = str(a.get("name", "?"))
+                if label.startswith("parameter "):
+                    label = "parameters"
+                elif label.startswith("input "):
+                    label = "input of " + label.split(" of ", 1)[-1].split(" (")[0]
+                key = (a.get("step"), label)
+                counts[key] = counts.get(key, 0) + 1
+            for (step, label), n in list(counts.items())[:12]:
+                lines.append(f"  step {_e(step)} · {n}x {_e(label)}")
+            if len(counts) > 12:
+                lines.append(f"  [dim]… {len(counts) - 12} more[/]")
         self._set("\n".join(lines))
 
     def _set(self, markup: str) -> None:

@@ -23,13 +23,20 @@ from textual.events import MouseScrollUp
 from textual.message import Message
 
 from torchscope.protocol.events import OP
-from torchscope.tui.format import shapes_text, short_name, short_source, stat_text
+from torchscope.tui.format import (
+    fit_numbers,
+    shapes_text,
+    short_name,
+    short_source,
+    stat_text,
+)
 from torchscope.tui.store import (
     FLAG_INF_IN,
     FLAG_INF_OUT,
     FLAG_NAN_IN,
     FLAG_NAN_OUT,
     KIND,
+    SEQ,
     EventStore,
     PendingRow,
     Row,
@@ -39,40 +46,62 @@ from torchscope.tui.widgets.virtual_list import Cell, VirtualList, fit, rfit
 
 
 class Columns:
-    """Column widths for one content width: minimums first, then two rounds in which each
-    column grows towards a target, in priority order; the source column takes the rest."""
+    """Column widths for one content width, sized from the content (``natural``: the widest
+    cell of each column in a sample of the step's rows).
 
-    # name: (minimum, first-round target, second-round target)
-    SPEC = {
-        "name": (14, 20, 36),
-        "stat": (10, 12, 22),
-        "module": (8, 20, 30),
-        "shapes": (6, 9, 18),
-        "flags": (4, 5, 8),
-    }
+    seq, direction, name, stat and flags are always there; module, shapes and source come
+    as room allows and go first when it does not. No column grows past its content: what is
+    left stays blank at the end of the line rather than padding a column."""
 
-    def __init__(self, width: int) -> None:
-        self.seq = 7
+    # name: (minimum, cap of the first round)
+    ORDER = (
+        ("name", 10, 22),
+        ("stat", 7, 22),
+        ("module", 0, 18),
+        ("shapes", 0, 16),
+        ("name", 10, 48),
+        ("module", 0, 40),
+        ("stat", 7, 30),
+        ("shapes", 0, 30),
+        ("source", 0, 60),
+    )
+    OPTIONAL = ("module", "shapes", "source")
+
+    def __init__(self, width: int, natural: dict[str, int] | None = None) -> None:
+        nat = {"seq": 4, "name": 24, "stat": 12, "flags": 5, "module": 16, "shapes": 9}
+        nat["source"] = 24
+        if natural:
+            nat.update(natural)
+        self.seq = max(3, nat["seq"])
         self.dir = 2
-        avail = max(0, width - self.seq - 1 - self.dir - len(self.SPEC) - 1)
-        sizes = {name: spec[0] for name, spec in self.SPEC.items()}
-        avail -= sum(sizes.values())
-        for rnd in (1, 2):
-            for name, spec in self.SPEC.items():
-                extra = max(0, min(spec[rnd] - sizes[name], avail))
-                sizes[name] += extra
-                avail -= extra
+        sizes = dict.fromkeys(("name", "stat", "flags", "module", "shapes", "source"), 0)
+        # every shown column costs one separating space
+        avail = width - self.seq - 1 - self.dir
+        sizes["name"] = min(nat["name"], 10)
+        sizes["stat"] = min(nat["stat"], 7)
+        avail -= sizes["name"] + sizes["stat"] + 2
+        if nat["flags"] > 0:  # the NaN/Inf marks never vanish
+            sizes["flags"] = min(nat["flags"], 9, max(3, avail - 1))
+            avail -= sizes["flags"] + 1
+        for name, _minimum, cap in self.ORDER:
+            want = min(nat[name], cap) - sizes[name]
+            if want <= 0 or avail <= 0:
+                continue
+            opening = sizes[name] == 0
+            if opening:
+                if name in self.OPTIONAL and avail < min(want, 6) + 1:
+                    continue  # no room for a useful amount of it
+                avail -= 1
+            grant = min(want, avail)
+            sizes[name] += grant
+            avail -= grant
         self.name = sizes["name"]
         self.stat = sizes["stat"]
-        self.shapes = sizes["shapes"]
-        self.module = sizes["module"]
         self.flags = sizes["flags"]
-        self.source = max(0, avail)
-        if self.source > 60:  # very wide: the name and module can use some of it
-            extra = self.source - 60
-            self.name += extra // 2
-            self.module += extra - extra // 2
-            self.source = 60
+        self.module = sizes["module"]
+        self.shapes = sizes["shapes"]
+        self.source = sizes["source"]
+        self.spare = max(0, avail)
 
 
 class OpTimeline(VirtualList):
@@ -111,6 +140,10 @@ class OpTimeline(VirtualList):
         self.paused_key: tuple[str, int] | None = None  # (kind, seq) of the paused event
         self.pending: PendingRow | None = None  # the paused event when it has no row
         self._cells: OrderedDict[tuple[int, str], tuple[str, str]] = OrderedDict()
+        self.natural: dict[str, int] = {}  # widest cell per column (a sample): see measure()
+        self._natural_key = 0
+        self._measured = 0
+        self._columns: tuple[tuple[int, int], Columns] | None = None
 
     # -- model -------------------------------------------------------------------------------
     def set_step(
@@ -131,6 +164,7 @@ class OpTimeline(VirtualList):
             self._cells.clear()
             self.scroll_to(y=0, animate=False, immediate=True)
         self._rebuild_views()
+        self._remeasure(force=changed)
         self.refresh_rows()
         if self.follow:
             self._follow_end()
@@ -142,6 +176,7 @@ class OpTimeline(VirtualList):
         keep = self.current_row()
         self.pattern = pattern
         self._rebuild_views()
+        self._remeasure(force=True)
         self.refresh_rows()
         index = self._index_of_row(keep)
         if index is not None:
@@ -156,6 +191,7 @@ class OpTimeline(VirtualList):
         """The shown step got events (live) or was reloaded."""
         keep = None if self.follow else self.current_row()
         self._update_views()
+        self._remeasure()
         self.refresh_rows()
         if self.follow:
             self._follow_end()
@@ -164,6 +200,7 @@ class OpTimeline(VirtualList):
             if index is not None and index != self.cursor:
                 self.cursor = index
                 self.scroll_to_cursor()
+                self.reveal_after_refresh()
         elif self.cursor < 0 and self.row_count():
             self.move_cursor(0)
 
@@ -187,7 +224,18 @@ class OpTimeline(VirtualList):
     def set_stat_mode(self, mode: str) -> None:
         self.stat_mode = mode
         self._cache.clear()
+        self._remeasure(force=True)
         self.refresh()
+
+    def _remeasure(self, *, force: bool = False) -> None:
+        """Re-size the columns when the rows changed enough to matter (a live step grows by
+        a few rows 30 times a second; its columns settle after its first few hundred)."""
+        count = self._base_count()
+        last = self._measured
+        grown = count < last or count < 500 or count >= last * 1.25
+        if force or (grown and count != last):
+            self._measured = count
+            self.measure()
 
     def _follow_end(self) -> None:
         count = self.row_count()
@@ -312,21 +360,69 @@ class OpTimeline(VirtualList):
         self._user_moved()
 
     # -- rendering ---------------------------------------------------------------------------
+    def columns(self, width: int) -> Columns:
+        key = (width, self._natural_key)
+        if self._columns is None or self._columns[0] != key:
+            self._columns = (key, Columns(width, self.natural))
+        return self._columns[1]
+
     def render_header(self, width: int) -> list[Cell]:
-        c = Columns(width)
-        text = " ".join(
-            [
-                rfit("seq", c.seq),
-                fit("", c.dir - 1),
-                fit("name", c.name),
-                fit("module / param", c.module),
-                fit("shapes", c.shapes),
-                fit("stat", c.stat),
-                fit("flags", c.flags),
-                fit("source", c.source),
-            ]
-        )
-        return [(text, None)]
+        c = self.columns(width)
+        parts = [rfit("seq", c.seq), fit("", c.dir - 1), fit("name", c.name)]
+        for label, w in (("module / param", c.module), ("shapes", c.shapes)):
+            if w:
+                parts.append(fit(label, w))
+        parts.append(fit("stat", c.stat))
+        if c.flags:
+            parts.append(fit("flags", c.flags))
+        if c.source:
+            parts.append(fit("source", c.source))
+        return [(" ".join(parts), None)]
+
+    # -- widths from the content -------------------------------------------------------------
+    def measure(self) -> None:
+        """Size the columns from a sample of the step's rows (the first ones, the ones in
+        view, and an even spread of the rest: a 100k-row step costs a few hundred)."""
+        data = self.data
+        count = self._base_count()
+        if data is None or count == 0:
+            self.natural = {}
+            self._natural_key += 1
+            self._columns = None
+            return
+        top = max(0, round(self.scroll_y))
+        picks = set(range(min(count, 200)))
+        picks.update(range(top, min(count, top + 100)))
+        stride = max(1, count // 200)
+        picks.update(range(0, count, stride))
+        nat = {"name": 4, "module": 6, "shapes": 6, "stat": 4, "flags": 0, "source": 6}
+        last_seq = 0
+        for index in picks:
+            row = self.row(index)
+            if row is None:
+                continue
+            shapes, stat = self._row_cells(row)
+            name = short_name(row.name) if row.kind == OP else row.name
+            flags, _ = self._flags(row)
+            last_seq = max(last_seq, row.seq)
+            for col, text in (
+                ("name", name),
+                ("module", row.param or row.module or "-"),
+                ("shapes", shapes),
+                ("stat", stat),
+                ("flags", flags),
+                ("source", short_source(row.source, self.cwd)),
+            ):
+                if len(text) > nat[col]:
+                    nat[col] = len(text)
+        if data.rows and type(data.rows[-1][SEQ]) is int:
+            last_seq = max(last_seq, data.rows[-1][SEQ])
+        nat["seq"] = max(4, len(str(last_seq)))
+        if nat != self.natural:
+            self.natural = nat
+            self._natural_key += 1
+            self._columns = None
+            self._cache.clear()
 
     def _row_cells(self, row: Row | PendingRow) -> tuple[str, str]:
         if row.pending:
@@ -359,7 +455,7 @@ class OpTimeline(VirtualList):
         row = self.row(index)
         if row is None:
             return []
-        c = Columns(width)
+        c = self.columns(width)
         shapes, stat = self._row_cells(row)
         is_op = row.kind == OP
         name = short_name(row.name) if is_op else row.name
@@ -375,11 +471,15 @@ class OpTimeline(VirtualList):
             (rfit(seq, c.seq) + " ", self.cstyle("seq")),
             (fit(glyph, c.dir), self.cstyle("dim") if is_op and not paused else name_style),
             (fit(name, c.name) + " ", name_style),
-            (fit(module, c.module) + " ", self.cstyle("module")),
-            (fit(shapes, c.shapes) + " ", None),
-            (fit(stat, c.stat) + " ", self.cstyle("error") if row.flags & 12 else None),
-            (fit(flags, c.flags) + " ", flag_style),
         ]
+        if c.module:
+            cells.append((fit(module, c.module) + " ", self.cstyle("module")))
+        if c.shapes:
+            cells.append((fit(shapes, c.shapes) + " ", None))
+        stat_style = self.cstyle("error") if row.flags & 12 else None
+        cells.append((fit(fit_numbers(stat, c.stat), c.stat) + " ", stat_style))
+        if c.flags:
+            cells.append((fit(fit_numbers(flags, c.flags), c.flags) + " ", flag_style))
         if c.source:
             cells.append((fit(short_source(row.source, self.cwd), c.source), self.cstyle("source")))
         if paused:

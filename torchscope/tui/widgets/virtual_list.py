@@ -103,6 +103,8 @@ class VirtualList(ScrollView, can_focus=True):
         self._cache: OrderedDict[tuple, Strip] = OrderedDict()
         self._styles: dict[str, Style] | None = None
         self._content_width = 0
+        self._reveal_pending = False
+        self._reveal_center = False
 
     # -- to override -------------------------------------------------------------------------
     def row_count(self) -> int:
@@ -157,6 +159,7 @@ class VirtualList(ScrollView, can_focus=True):
         self._cache.clear()
         self.virtual_size = Size(self.row_width(), self.row_count() + self.HEADER_LINES)
         self.scroll_to_cursor(animate=False)
+        self.reveal_after_refresh()
 
     # -- cursor ------------------------------------------------------------------------------
     @property
@@ -177,7 +180,26 @@ class VirtualList(ScrollView, can_focus=True):
                 self.refresh_line(old + self.HEADER_LINES)
             self.refresh_line(index + self.HEADER_LINES)
         self.scroll_to_cursor(center=center)
+        self.reveal_after_refresh(center=center)
         self.post_message(self.Highlighted(self, index, user))
+
+    def cursor_visible(self) -> bool:
+        top = round(self.scroll_y)
+        return self.cursor < 0 or top <= self.cursor < top + self.page_height
+
+    def reveal_after_refresh(self, *, center: bool = False) -> None:
+        """Make sure the cursor is in view once pending layout and scroll updates are done
+        (a jump or a pause can land while the list is being refilled or resized)."""
+        self._reveal_center = center or self._reveal_center
+        if not self._reveal_pending:
+            self._reveal_pending = True
+            self.call_after_refresh(self._reveal)
+
+    def _reveal(self) -> None:
+        self._reveal_pending = False
+        center, self._reveal_center = self._reveal_center, False
+        if not self.cursor_visible():
+            self.scroll_to_cursor(center=center)
 
     def scroll_to_cursor(self, *, animate: bool = False, center: bool = False) -> None:
         if self.cursor < 0:

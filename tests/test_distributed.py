@@ -1,0 +1,97 @@
+"""Two ranks (gloo, CPU) under torchrun: one file per rank, collectives recorded with their
+real results, DDP's averaged gradients beside each rank's local ones."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+JOB = Path(__file__).parent / "jobs" / "ddp_collectives.py"
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+    tmp = tmp_path_factory.mktemp("ddp")
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "torchscope",
+            "run",
+            "--quiet",
+            "--record",
+            "t.tsc",
+            str(JOB),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    printed = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    return tmp, printed
+
+
+def events(tmp: Path, rank: int) -> list[dict]:
+    import torchscope
+
+    return [dict(e) for e in torchscope.load(tmp / f"t.rank{rank}.tsc").events]
+
+
+def test_each_rank_records_its_own_file_named_by_rank(recorded) -> None:
+    tmp, _ = recorded
+    assert sorted(p.name for p in tmp.glob("*.tsc")) == ["t.rank0.tsc", "t.rank1.tsc"]
+    for rank in (0, 1):
+        (session,) = [e for e in events(tmp, rank) if e["kind"] == "session"]
+        assert (session["rank"], session["world_size"], session["local_rank"]) == (rank, 2, rank)
+        assert session["host"] and session["record"].endswith(f"t.rank{rank}.tsc")
+
+
+def test_collectives_are_ops_with_their_real_results(recorded) -> None:
+    tmp, _ = recorded
+    for rank in (0, 1):
+        ops = [e for e in events(tmp, rank) if e["kind"] == "op"]
+        reduce = [o for o in ops if o["name"] == "torch.distributed.all_reduce"]
+        assert reduce and all(o["outputs"][0]["stats"]["mean"] == 3.0 for o in reduce)
+        assert all(o["group_size"] == 2 for o in reduce)
+        # The op after all_reduce reads the reduced value, not the one from before it.
+        after = [ops[ops.index(o) + 1] for o in reduce]
+        assert all(
+            o["name"] == "Tensor.add" and o["inputs"][0]["stats"]["mean"] == 3.0 for o in after
+        )
+        gather = [o for o in ops if o["name"] == "torch.distributed.all_gather"]
+        assert all([s["stats"]["mean"] for s in o["outputs"]] == [0.0, 1.0] for o in gather)
+        bcast = [o for o in ops if o["name"] == "torch.distributed.broadcast"]
+        assert bcast and all(o["outputs"][0]["stats"]["mean"] == 7.0 for o in bcast)
+
+
+def test_ddp_synced_gradients_are_the_mean_of_the_ranks_local_ones(recorded) -> None:
+    tmp, printed = recorded
+    local = {}
+    synced = {}
+    for rank in (0, 1):
+        for e in events(tmp, rank):
+            if e["kind"] == "grad" and e["node"] == "AccumulateGrad":
+                local[(rank, e["step"], e["param"])] = e["grad_outputs"][0]["stats"]["mean"]
+            elif e["kind"] == "op" and e["name"] == "torch.distributed.ddp_gradient_sync":
+                for s in e["outputs"]:
+                    synced[(rank, e["step"], s["param"])] = s["stats"]["mean"]
+    assert len(synced) == 2 * 3 * 4  # 2 ranks, 3 steps, 4 parameters
+    for (rank, step, param), mean in synced.items():
+        expected = (local[(0, step, param)] + local[(1, step, param)]) / 2
+        assert mean == pytest.approx(expected, rel=1e-5, abs=1e-7)
+        (truth,) = [p for p in printed if p["rank"] == rank and p["step"] == step]
+        assert mean == pytest.approx(truth["synced"][param], rel=1e-6, abs=1e-8)
+        assert synced[(0, step, param)] == synced[(1, step, param)]  # the ranks agree

@@ -1,0 +1,104 @@
+"""``torch.distributed`` calls as ops: which tensors they write, in which group.
+
+The forward mode sees ``dist.all_reduce(t)`` and friends as single calls. Most write their
+result into a tensor argument in place, and gloo does so without bumping the tensor's version
+counter: a summary cached by (identity, version) would show the value from before the
+collective. So a collective's written tensors are always summarised afresh, after it returns,
+and that summary replaces whatever the memo held for them.
+
+An ``async_op=True`` call returns before the data is there; its written tensors get metadata
+only (``pending: true``) and the memo forgets them, so the first op that reads them after
+``wait()`` summarises what they really hold.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+# Short names: what each writes. "first": the first argument (a tensor, or a list of them);
+# "second": the second argument (gather's list, on the destination rank); "none": nothing.
+_WRITES = {
+    "all_reduce": "first",
+    "broadcast": "first",
+    "reduce": "first",
+    "recv": "first",
+    "irecv": "first",
+    "all_gather": "first",
+    "all_gather_into_tensor": "first",
+    "reduce_scatter": "first",
+    "reduce_scatter_tensor": "first",
+    "all_to_all": "first",
+    "all_to_all_single": "first",
+    "scatter": "first",
+    "gather": "second",
+    "send": "none",
+    "isend": "none",
+    "barrier": "none",
+}
+PREFIX = "torch.distributed."
+COLLECTIVES = frozenset(PREFIX + n for n in _WRITES)
+_signatures: dict[str, inspect.Signature | None] = {}
+
+
+def written_tensors(name: str, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors collective ``name`` (qualified) writes, as passed to it."""
+    rule = _WRITES.get(name.removeprefix(PREFIX), "none")
+    if rule == "none":
+        return []
+    index = 0 if rule == "first" else 1
+    value = args[index] if len(args) > index else _keyword(name, index, kwargs)
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for t in value if isinstance(t, torch.Tensor)]
+    return []
+
+
+def group_size(name: str, args: tuple, kwargs: dict) -> int | None:
+    """The size of the process group the call runs in (None if it cannot be told)."""
+    import torch.distributed as dist
+
+    try:
+        bound = _bind(name, args, kwargs)
+        group = bound.arguments.get("group") if bound is not None else kwargs.get("group")
+        return dist.get_world_size(group) if dist.is_initialized() else None
+    except Exception:
+        return None
+
+
+def is_async(name: str, args: tuple, kwargs: dict, result: Any) -> bool:
+    short = name.removeprefix(PREFIX)
+    return short in ("isend", "irecv") or (result is not None and hasattr(result, "wait"))
+
+
+def _keyword(name: str, index: int, kwargs: dict) -> Any:
+    sig = _signature(name)
+    if sig is None:
+        return None
+    params = list(sig.parameters)
+    return kwargs.get(params[index]) if len(params) > index else None
+
+
+def _bind(name: str, args: tuple, kwargs: dict) -> inspect.BoundArguments | None:
+    sig = _signature(name)
+    if sig is None:
+        return None
+    try:
+        return sig.bind_partial(*args, **kwargs)
+    except TypeError:
+        return None
+
+
+def _signature(name: str) -> inspect.Signature | None:
+    short = name.removeprefix(PREFIX)
+    if short not in _signatures:
+        import torch.distributed as dist
+
+        try:
+            _signatures[short] = inspect.signature(getattr(dist, short))
+        except (AttributeError, TypeError, ValueError):
+            _signatures[short] = None
+    return _signatures[short]

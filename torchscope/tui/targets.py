@@ -1,0 +1,100 @@
+"""What ``torchscope tui`` / ``replay`` may open: one rule, checked before the screen opens.
+
+An unusable target is a one-line error (exit 2) before any escape code is written: a file
+that is not a trace, a pid with no process, ``replay`` given a pid, output that is not a
+terminal. Waiting is only for a session that may yet start: no target with nothing running
+yet, or the pid of a process that is not a session yet (a job starting up); the status bar
+says what it waits for. ``--wait`` waits for any pid or endpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TextIO
+
+__all__ = ["check_target", "is_trace_file"]
+
+_MAGIC = b"TSCTRACE"  # torchscope.protocol.tracefile.MAGIC (read without importing zmq)
+
+
+def is_trace_file(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(_MAGIC)) == _MAGIC
+    except OSError:
+        return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return pid > 0  # someone else's process (it exists), or an absurd number
+    except OSError:
+        return False
+    return True
+
+
+def check_target(
+    command: str,
+    target: str | None,
+    *,
+    wait: bool = False,
+    stdin: TextIO | None = None,
+    stdout: TextIO | None = None,
+) -> str | None:
+    """None when the UI can open on ``target``; otherwise the one-line reason it cannot."""
+    problem = _target_problem(command, target, wait)
+    if problem is not None:
+        return problem
+    stdin = sys.stdin if stdin is None else stdin
+    stdout = sys.stdout if stdout is None else stdout
+    for name, stream in (("output", stdout), ("input", stdin)):
+        try:
+            tty = stream.isatty()
+        except (AttributeError, ValueError):
+            tty = False
+        if not tty:
+            return (
+                f"the terminal UI needs a terminal, and its {name} is not one "
+                "(for text: torchscope dump FILE)"
+            )
+    return None
+
+
+def _target_problem(command: str, target: str | None, wait: bool) -> str | None:
+    if command == "replay":
+        if target is None or not os.path.isfile(target):
+            hint = f"; for a live session: torchscope tui {target}" if target else ""
+            return f"{target}: replay takes a trace file (no such file){hint}"
+        if not is_trace_file(target):
+            return f"{target}: not a torchscope trace file (record one with --record FILE)"
+        return None
+    if target is None:
+        return None  # waits for the one session, and says so
+    if target.startswith(("ipc://", "tcp://")):
+        if target.startswith("ipc://") and not wait:
+            path = target[len("ipc://") :]
+            if not os.path.exists(path):
+                return f"{target}: no such socket (is the job running? --wait waits for it)"
+        return None
+    if target.isdigit():
+        pid = int(target)
+        if not wait and not _pid_alive(pid):
+            return f"no process with pid {pid} (torchscope ls lists sessions; --wait waits)"
+        return None
+    if os.path.isdir(target):
+        return f"{target}: a directory, not a trace file"
+    if os.path.exists(target):
+        if not is_trace_file(target):
+            hint = (
+                " (to trace a script: torchscope run " + target + ")"
+                if target.endswith(".py")
+                else ""
+            )
+            return f"{target}: not a torchscope trace file{hint}"
+        return None
+    return f"{target}: no such trace file, endpoint or pid"
