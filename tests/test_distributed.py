@@ -63,7 +63,11 @@ def test_collectives_are_ops_with_their_real_results(recorded) -> None:
     tmp, _ = recorded
     for rank in (0, 1):
         ops = [e for e in events(tmp, rank) if e["kind"] == "op"]
-        reduce = [o for o in ops if o["name"] == "torch.distributed.all_reduce"]
+        reduce = [
+            o
+            for o in ops
+            if o["name"] == "torch.distributed.all_reduce" and o["inputs"][0]["shape"] == [5]
+        ]
         assert reduce and all(o["outputs"][0]["stats"]["mean"] == 3.0 for o in reduce)
         assert all(o["group_size"] == 2 for o in reduce)
         # The op after all_reduce reads the reduced value, not the one from before it.
@@ -95,3 +99,14 @@ def test_ddp_synced_gradients_are_the_mean_of_the_ranks_local_ones(recorded) -> 
         (truth,) = [p for p in printed if p["rank"] == rank and p["step"] == step]
         assert mean == pytest.approx(truth["synced"][param], rel=1e-6, abs=1e-8)
         assert synced[(0, step, param)] == synced[(1, step, param)]  # the ranks agree
+
+
+def test_a_nan_made_on_one_rank_is_reported_where_it_arrives_on_the_other(recorded) -> None:
+    tmp, _ = recorded
+    alerts = {r: [e for e in events(tmp, r) if e["kind"] == "alert"] for r in (0, 1)}
+    assert [(a["step"], a["name"]) for a in alerts[1]][:1] == [(3, "Tensor.__setitem__")]
+    (arrived,) = [a for a in alerts[0] if "arrives through" in a["message"]]
+    assert arrived["step"] == 3
+    assert arrived["message"].startswith(
+        "NaN arrives through torch.distributed.all_reduce from another rank"
+    )

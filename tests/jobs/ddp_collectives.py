@@ -19,8 +19,12 @@ for step in range(3):
     truth = {n: p.grad.mean().item() for n, p in model.named_parameters()}
     opt.step()
     t = torch.full((5,), float(rank + 1)) * 1.0
+    u = torch.full((2,), 1.0) * 1.0
+    if step == 2 and rank == 1:
+        u[0] = float("nan")  # made on rank 1 only
     dist.all_reduce(t)  # sum over ranks: 3.0 everywhere
     s = t + 0  # reads the all-reduced value
+    dist.all_reduce(u)
     parts = [torch.zeros(2) for _ in range(world)]
     dist.all_gather(parts, torch.full((2,), float(rank)) * 1.0)
     b = torch.full((3,), 7.0 if rank == 0 else 0.0) * 1.0

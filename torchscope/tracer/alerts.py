@@ -147,6 +147,9 @@ class AlertDetector:
         at = f" at {source}" if source else ""
         noun = "NaN" if what == "nan" else "Inf"
         verb = "enters as" if where == "input" else "first appears in"
+        if label.startswith("torch.distributed."):
+            # Finite here, not after the collective: it came from another rank.
+            verb, label = "arrives through", f"{label} from another rank"
         return Event(
             kind=ALERT,
             seq=self.next_seq(),
