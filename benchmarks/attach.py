@@ -69,6 +69,36 @@ def configs() -> list[Config]:
     ]
 
 
+def fixed_cost_us(n: int = 2000) -> tuple[float, float]:
+    """Controlled: what the dormant agent adds to one step, in µs, on a step that does
+    nothing else (an optimizer over one scalar, a backward of one node): (plain, dormant)."""
+    import gc
+
+    p = torch.zeros((), requires_grad=True)
+    opt = torch.optim.SGD([p], lr=0.0)
+
+    def step() -> None:
+        (p * 1.0).backward()
+        opt.step()
+
+    def timed() -> float:
+        gc.collect()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step()
+        return (time.perf_counter() - t0) / n * 1e6
+
+    best_plain = best_dormant = float("inf")
+    for _ in range(5):
+        best_plain = min(best_plain, timed())
+        agent = Agent(ServeOptions(quiet=True)).start()
+        try:
+            best_dormant = min(best_dormant, timed())
+        finally:
+            agent.stop()
+    return best_plain, best_dormant
+
+
 JOB = """\
 import sys, time
 sys.path.insert(0, {bench!r})
@@ -153,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         "`paired ratio` is the headline (median over rounds of this row's block median over "
         "the untraced block median of the same round). `enter+exit` is starting and stopping "
         "the agent (binding its endpoint, registering), paid once per job, not per step.\n"
+    )
+    plain, dormant = fixed_cost_us()
+    print(
+        f"Controlled: the dormant agent's fixed cost per step (optimizer.step() hooks, the "
+        f"backward() wrapper), on an empty step: {plain:.1f} µs plain, {dormant:.1f} µs "
+        f"dormant: +{dormant - plain:.1f} µs per step (best of 5 x 2000 steps).\n"
     )
     if not args.no_attach:
         lat = attach_latency(args.attach_trials)
