@@ -110,3 +110,77 @@ def test_a_nan_made_on_one_rank_is_reported_where_it_arrives_on_the_other(record
     assert arrived["message"].startswith(
         "NaN arrives through torch.distributed.all_reduce from another rank"
     )
+
+
+PAUSE_JOB = Path(__file__).parent / "jobs" / "ddp_pause.py"
+
+
+def torchrun(*args: str, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+    )
+
+
+def test_a_ui_holds_one_rank_paused_past_the_process_group_timeout_and_no_rank_dies(tmp_path):
+    """Rank 1 stops at its NaN; a UI holds it for 8 s against a 5 s process-group timeout.
+    Rank 0 waits before its backward (in Python, not in the all-reduce) and says so; after
+    continue both ranks finish, with the losses of the same job run without torchscope."""
+    import time
+
+    from torchscope.protocol import endpoints as ep
+    from torchscope.protocol.client import SessionClient
+
+    job = torchrun(
+        "-m",
+        "torchscope",
+        "run",
+        "--break-on",
+        "nan,step:3",
+        "--lease",
+        "3",
+        str(PAUSE_JOB),
+        cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        rank1 = None
+        while rank1 is None:
+            assert time.monotonic() < deadline and job.poll() is None, "no rank 1 session"
+            rank1 = next((r for r in ep.list_sessions() if r.rank == 1 and r.pid != job.pid), None)
+            time.sleep(0.1)
+        with SessionClient() as ui:
+            ui.connect(rank1, timeout=10)
+            ui.request("arm")  # as the UI does: this client is there
+            while ui.request("state")["state"]["paused"] is None:
+                assert time.monotonic() < deadline, "rank 1 did not pause at its NaN"
+                time.sleep(0.05)
+            held = time.monotonic()
+            while time.monotonic() - held < 8:  # past the 5 s timeout
+                ui.request("ping")
+                time.sleep(0.5)
+            assert ui.request("state")["state"]["paused"] is not None
+            ui.request("continue")
+            ui.request("disarm")
+        out, err = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode == 0, err[-3000:]
+    assert (
+        "torchscope[rank 0]: waiting before Tensor.backward() at step 3 for the other ranks" in err
+    )
+    plain = torchrun(str(PAUSE_JOB), cwd=tmp_path)
+    plain_out, plain_err = plain.communicate(timeout=60)
+    assert plain.returncode == 0, plain_err[-2000:]
+    assert sorted(out.splitlines()) == sorted(plain_out.splitlines())  # bit-identical losses

@@ -388,13 +388,15 @@ class Agent:
         """Step ``step`` begins: arm or disarm here, never inside a step."""
         try:
             with self._lock:
-                want = False
+                want = gated = False
                 for holder in list(self._holders.values()):
                     takes = holder.takes(step)
                     if takes is None:
                         self._drop_holder(holder)
                     else:
                         want = want or takes
+                        # The command line arms every rank at the same steps: they can meet.
+                        gated = gated or (takes and holder.client is None and holder.steps)
                 released, self._released = self._released, []
             if self.publisher is not None:
                 self.publisher.note_step(step)
@@ -408,6 +410,7 @@ class Agent:
                 self._disarm(released)
             if self.tracer is not None:
                 self.traced_steps += 1
+                self.tracer.gated = bool(gated)
         except Exception as exc:  # never into the job
             self._say(f"internal error at a step boundary: {type(exc).__name__}: {exc}")
         finally:

@@ -175,6 +175,10 @@ class Tracer:
         if driven is None and (optimizer_steps or not optimizer_ops):
             self.clock = StepClock(self, optimizer_steps=optimizer_steps)
         self._writer: Any = None
+        # Meet the other ranks before collectives (set by the agent while the command line
+        # holds every rank traced alike); the gate is found once the process group exists.
+        self.gated = False
+        self._gate: Any = None
         self._extra_sinks = list(sinks)
         self.pipeline: EventPipeline | None = None
         self._last_chunk = time.monotonic()
@@ -517,6 +521,8 @@ class Tracer:
                         s[key] = full[key]
 
     def before_op(self, name: str, args: tuple, kwargs: dict) -> tuple:
+        if self.gated and name in COLLECTIVES:
+            self._meet_ranks(name)
         tensors = iter_tensors(args, kwargs)
         memo_get = self.memo.get
         inputs = [memo_get(t) for t in tensors]
@@ -678,7 +684,27 @@ class Tracer:
             todo.extend(n for n, _ in node.next_functions if n is not None)
 
     # -- backward --------------------------------------------------------------------------
+    def _meet_ranks(self, what: str) -> None:
+        """With every rank traced alike (the command line's steps), meet the other ranks
+        before a collective, so a rank paused here never makes them time out (tracer/ranks)."""
+        gate = self._gate
+        if gate is None:
+            from torchscope.tracer.ranks import RankGate
+
+            gate = self._gate = RankGate.for_job(self._say_rank)
+            if gate is None:
+                return
+        gate.meet(self.step_index, what)
+
+    def _say_rank(self, text: str) -> None:
+        rank = _env_int("RANK")
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"torchscope[rank {rank}]: {text}\n")
+            sys.stderr.flush()
+
     def run_backward(self, call: str, func: Any, args: tuple, kwargs: dict) -> Any:
+        if self.gated and call != "torch.autograd.grad":
+            self._meet_ranks(f"{call}()")
         hooks = None
         try:
             hooks = NodeHooks(self, call, root_tensors(call, args, kwargs))

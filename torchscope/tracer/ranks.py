@@ -1,0 +1,86 @@
+"""Ranks that meet before collectives, so a paused rank never makes the others time out.
+
+A rank paused at a breakpoint (or by a UI) stops in Python. The other ranks would run on into
+their next collective (DDP's gradient all-reduce inside ``backward()``, an explicit
+``dist.all_reduce``), block there in C++, and die at the process group's timeout. So while
+the command line holds every rank traced (``--break-on``, ``--wait``, ``--record`` under
+torchrun: the same steps on every rank), each rank *meets* the others in the job's c10d store
+before every top-level ``backward()`` and every explicit collective: it counts itself in
+under a key named by the step and the meeting's number in that step, and waits, in Python,
+until every rank has. A paused rank is simply late to the meeting; the others wait for it as
+long as it takes, and say so on stderr. No collective starts until everybody is there.
+
+Cost, paid only while traced with a gate: one store round trip per meeting plus the wait for
+the slowest rank (which the collective that follows would have waited for anyway). Ranks
+that a UI arms one by one are not gated: they may be traced at different steps, and a
+meeting that one rank never attends would hang the other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class RankGate:
+    def __init__(self, store: Any, rank: int, world: int, say: Callable[[str], None]) -> None:
+        self.store = store
+        self.rank = rank
+        self.world = world
+        self.say = say
+        self._step = -1
+        self._n = 0
+        self.meetings = 0
+        self.waited = 0.0  # seconds spent waiting for other ranks (tests, benchmarks)
+
+    @classmethod
+    def for_job(cls, say: Callable[[str], None]) -> RankGate | None:
+        """The gate of a multi-rank job's default process group, or None (single process,
+        no process group yet, or no store to meet in)."""
+        try:
+            import torch.distributed as dist
+
+            if not (dist.is_available() and dist.is_initialized()):
+                return None
+            world = dist.get_world_size()
+            if world < 2:
+                return None
+            from torch.distributed import distributed_c10d
+
+            store = distributed_c10d._get_default_store()
+            return cls(store, dist.get_rank(), world, say)
+        except Exception:
+            return None
+
+    def meet(self, step: int, what: str) -> None:
+        """Wait until every rank has reached this point of step ``step`` (never raises)."""
+        if step != self._step:
+            self._step, self._n = step, 0
+        key = f"torchscope/gate/{step}/{self._n}"
+        self._n += 1
+        self.meetings += 1
+        try:
+            here = self.store.add(key, 1)
+            if here >= self.world:
+                return
+            t0 = time.monotonic()
+            said = False
+            pause = 0.002
+            while here < self.world:
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
+                here = self.store.add(key, 0)
+                if not said and time.monotonic() - t0 > 0.5:
+                    said = True
+                    self.say(
+                        f"waiting before {what} at step {step} for the other ranks "
+                        f"({here} of {self.world} there; one may be paused)"
+                    )
+            self.waited += time.monotonic() - t0
+            if said:
+                self.say(f"all {self.world} ranks reached {what} at step {step}; going on")
+        except Exception as exc:  # the store went away (the job is ending): do not hang
+            with contextlib.suppress(Exception):
+                self.say(f"rank meeting before {what} skipped: {type(exc).__name__}: {exc}")
