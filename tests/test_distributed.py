@@ -5,40 +5,22 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from ranks import JOBS, NAN_JOB, torchrun
 
 pytest.importorskip("torch")
 
-JOB = Path(__file__).parent / "jobs" / "ddp_collectives.py"
+JOB = JOBS / "ddp_collectives.py"
 
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     tmp = tmp_path_factory.mktemp("ddp")
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "torchscope",
-            "run",
-            "--quiet",
-            "--record",
-            "t.tsc",
-            str(JOB),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp,
-        timeout=120,
-    )
+    proc = torchrun("-m", "torchscope", "run", "--quiet", "--record", "t.tsc", str(JOB), cwd=tmp)
+    stdout, stderr = proc.communicate(timeout=120)
+    res = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     assert res.returncode == 0, res.stderr[-3000:]
     printed = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     return tmp, printed
@@ -112,27 +94,6 @@ def test_a_nan_made_on_one_rank_is_reported_where_it_arrives_on_the_other(record
     )
 
 
-PAUSE_JOB = Path(__file__).parent / "jobs" / "ddp_pause.py"
-
-
-def torchrun(*args: str, cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            *args,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=cwd,
-    )
-
-
 def test_a_ui_holds_one_rank_paused_past_the_process_group_timeout_and_no_rank_dies(tmp_path):
     """Rank 1 stops at its NaN; a UI holds it for 8 s against a 5 s process-group timeout.
     Rank 0 waits before its backward (in Python, not in the all-reduce) and says so; after
@@ -150,7 +111,7 @@ def test_a_ui_holds_one_rank_paused_past_the_process_group_timeout_and_no_rank_d
         "nan,step:3",
         "--lease",
         "3",
-        str(PAUSE_JOB),
+        str(NAN_JOB),
         cwd=tmp_path,
     )
     try:
@@ -180,7 +141,7 @@ def test_a_ui_holds_one_rank_paused_past_the_process_group_timeout_and_no_rank_d
     assert (
         "torchscope[rank 0]: waiting before Tensor.backward() at step 3 for the other ranks" in err
     )
-    plain = torchrun(str(PAUSE_JOB), cwd=tmp_path)
+    plain = torchrun(str(NAN_JOB), cwd=tmp_path)
     plain_out, plain_err = plain.communicate(timeout=60)
     assert plain.returncode == 0, plain_err[-2000:]
     assert sorted(out.splitlines()) == sorted(plain_out.splitlines())  # bit-identical losses

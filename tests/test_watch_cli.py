@@ -134,76 +134,27 @@ def test_bad_watch_options_are_one_line(tmp_path):
         assert len(res.stderr.strip().splitlines()) == 1
 
 
-DDP_JOB = """\
-import datetime, sys, torch, torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
-rank = dist.get_rank()
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Linear(4, 8)
-        self.b = torch.nn.Linear(8, 1)
-
-    def forward(self, x, bad):
-        h = torch.tanh(self.a(x))
-        if bad:
-            h = torch.sqrt(h - 2.0)  # NaN origin, on rank 1 only
-        return self.b(h)
-
-torch.manual_seed(0)
-model = DDP(Net())
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-gen = torch.Generator().manual_seed(1 + rank)
-for step in range(5):
-    loss = model(torch.randn(8, 4, generator=gen), step == 3 and rank == 1).pow(2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    sys.stdout.write(f"rank {rank} step {step} {loss.item()!r}\n")  # one write: shared pipe
-    sys.stdout.flush()
-dist.destroy_process_group()
-"""
-
-
 def test_ddp_two_ranks_each_rank_reports_what_its_own_replay_found(tmp_path):
     """The replay runs the module inside DDP (no collectives); the rank that made the NaN
     names it, the other says its replay is finite and where to look."""
-    script = tmp_path / "ddp.py"
-    script.write_text(DDP_JOB)
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "torchscope",
-            "run",
-            "--watch",
-            "nan",
-            str(script),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-    )
+    from ranks import NAN_JOB, NAN_LINE, torchrun
+
+    proc = torchrun("-m", "torchscope", "run", "--watch", "nan", str(NAN_JOB), cwd=tmp_path)
+    stdout, stderr = proc.communicate(timeout=120)
+    res = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     assert res.returncode == 0, res.stderr[-3000:]
     err = res.stderr
-    assert (
-        f"torchscope[rank 1]: NaN first appears at step 3 in torch.sqrt (forward) at {script}:15"
-        " — replayed" in err.replace("ddp.py:15", f"{script}:15")
+    (line,) = [x for x in err.splitlines() if x.startswith("torchscope[rank 1]: NaN first")]
+    assert line.startswith(
+        "torchscope[rank 1]: NaN first appears at step 3 in torch.sqrt (forward)"
     )
+    assert line.endswith(f"ddp_nan.py:{NAN_LINE} — replayed")
     assert (
         "torchscope[rank 0]: NaN in the gradients at step 3, but the replay did not reproduce"
         in err
         and "came from another rank" in err
     )
-    assert sum(1 for line in res.stdout.splitlines() if line.endswith("step 4 nan")) == 2, err
+    assert sum(1 for line in res.stdout.splitlines() if line.endswith("step 5 nan")) == 2, err
 
 
 def test_the_watch_switched_on_from_outside_on_a_dormant_job(tmp_path):

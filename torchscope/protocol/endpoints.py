@@ -390,10 +390,16 @@ def register(record: SessionRecord) -> Path:
     Readers never see a half-written file: they only look at ``*.json`` names, and the rename
     replaces the old file in one step. Sets and returns ``record.path``.
     """
-    directory = sessions_dir()
-    final = directory / _record_name(record)
-    tmp = directory / f".{final.name}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-    data = json.dumps(record.to_dict()).encode()
+    final = sessions_dir() / _record_name(record)
+    write_private(final, json.dumps(record.to_dict()).encode())
+    record.path = str(final)
+    return final
+
+
+def write_private(final: Path, data: bytes) -> None:
+    """Write ``data`` to ``final``, mode 0600, atomically (a temp file beside it, renamed):
+    a reader never sees half a file, and a link planted at the temp name is not followed."""
+    tmp = final.parent / f".{final.name}.{os.getpid()}.{time.monotonic_ns()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -403,8 +409,6 @@ def register(record: SessionRecord) -> Path:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    record.path = str(final)
-    return final
 
 
 def unregister(record: SessionRecord) -> None:

@@ -39,7 +39,6 @@ import shutil
 import stat
 import sys
 import tempfile
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -430,7 +429,6 @@ def write_session_keys(
     directory = ep.runtime_dir()
     stem = f"{pid}" if rank is None else f"{pid}-{rank}"
     final = directory / f"{stem}.{secrets.token_hex(4)}{SESSION_SUFFIX}"
-    tmp = directory / f".{final.name}.{time.monotonic_ns()}.tmp"
     data = json.dumps(
         {
             "v": 1,
@@ -442,15 +440,7 @@ def write_session_keys(
             "client_secret": keys.client_secret.decode(),
         }
     ).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, final)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    ep.write_private(final, data)
     return final
 
 

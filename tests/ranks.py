@@ -1,0 +1,31 @@
+"""Helpers for the multi-rank tests: two gloo ranks on CPU under torchrun."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+JOBS = Path(__file__).parent / "jobs"
+# DDP on a small model; rank 1 makes a NaN (sqrt of a negative) in its forward at step 3.
+NAN_JOB = JOBS / "ddp_nan.py"
+NAN_LINE = 22  # the line of that sqrt
+
+
+def torchrun(*args: str, cwd: Path) -> subprocess.Popen:
+    """``torchrun --standalone --nproc_per_node 2 ARGS``, both ranks' output on its pipes."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+    )
