@@ -609,17 +609,9 @@ class Tracer:
         name, _in_tensors, inputs, _seq_lo, t0 = pending
         outs = written_tensors(name, args, kwargs)
         pending_data = is_async(name, args, kwargs, result)
-        frame = user_frame(1)
-        event = Event(
-            kind=OP,
+        event = self._op_stub(name, inputs, user_frame(1))
+        event.update(
             seq=self.next_seq(),
-            step=self.step_index,
-            name=name,
-            module=self.modules.current(),
-            source=f"{frame[0]}:{frame[1]}" if frame else None,
-            function=frame[2] if frame else None,
-            inputs=inputs,
-            outputs=None,
             grad_fn=None,
             nodes=[],
             duration_us=(t1 - t0) / 1000,
@@ -842,24 +834,27 @@ class Tracer:
         after a pause (an op's duration never counts the time it sat paused)."""
         name, _in_tensors, inputs, _, _ = pending
         try:
-            frame = user_frame(1)
-            stub = Event(
-                kind=OP,
-                seq=None,
-                step=self.step_index,
-                name=name,
-                module=self.modules.current(),
-                source=f"{frame[0]}:{frame[1]}" if frame else None,
-                function=frame[2] if frame else None,
-                inputs=inputs,
-                outputs=None,
-            )
+            stub = self._op_stub(name, inputs, user_frame(1))
         except Exception as exc:
             self.report_error("pausing before an op", exc)
             return pending
         if self.pause_point(BEFORE, stub, {"inputs": list(pending[1])}):
             return (*pending[:4], time.perf_counter_ns())
         return pending
+
+    def _op_stub(self, name: str, inputs: list, frame: tuple | None) -> Event:
+        """An op event's identity (what, where, from which line), before it has run."""
+        return Event(
+            kind=OP,
+            seq=None,
+            step=self.step_index,
+            name=name,
+            module=self.modules.current(),
+            source=f"{frame[0]}:{frame[1]}" if frame else None,
+            function=frame[2] if frame else None,
+            inputs=inputs,
+            outputs=None,
+        )
 
     def pause_after_op(self, pending: tuple, event: Event, outs: list[torch.Tensor]) -> None:
         self.pause_point(AFTER, event, {"inputs": list(pending[1]), "outputs": outs})
