@@ -199,7 +199,7 @@ async def test_filter_by_regex_and_invalid_regex_does_not_crash():
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app, 0)
         total = app.main.timeline.row_count()
-        await pilot.press("slash")
+        await pilot.press("vertical_line")
         assert app.focused is app.main.filter
         await pilot.press(*"gelu")
         names = {r.name for r in rows(app)}
@@ -209,9 +209,9 @@ async def test_filter_by_regex_and_invalid_regex_does_not_crash():
         assert app.focused is app.main.timeline and not app.main.filter.display
         assert "/gelu/" in app.main.timeline.border_subtitle
         # module paths match too
-        await pilot.press("slash", "ctrl+a", "ctrl+k", *"blocks\\.2\\.", "enter")
+        await pilot.press("vertical_line", "ctrl+a", "ctrl+k", *"blocks\\.2\\.", "enter")
         assert {r.module for r in rows(app)} >= {"blocks.2.fc", "blocks.2.act"}
-        await pilot.press("slash")
+        await pilot.press("vertical_line")
         await pilot.press("end", "[")
         assert app.main.filter.has_class("-invalid")
         assert "invalid regex" in app.main.filter.border_title
@@ -219,7 +219,7 @@ async def test_filter_by_regex_and_invalid_regex_does_not_crash():
         await pilot.press("escape")
         assert app.main.timeline.pattern is None and app.main.timeline.row_count() == total
         # keys typed into the filter are text, not commands
-        await pilot.press("slash", "q", "g", "question_mark")
+        await pilot.press("vertical_line", "q", "g", "question_mark")
         assert app.main.filter.value == "qg?" and app.is_running and app.main.center == "timeline"
         await pilot.press("escape")
 
@@ -410,7 +410,7 @@ async def test_a_hundred_thousand_event_step_stays_responsive():
         # quickly and lands where asked (the benchmark measures real latency).
         assert time.perf_counter() - t < 10
         assert tl.cursor == tl.page_height
-        await pilot.press("slash", *"Gelu", "enter")
+        await pilot.press("vertical_line", *"Gelu", "enter")
         assert tl.row_count() == 2 * 9000
 
 

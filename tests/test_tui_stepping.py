@@ -244,8 +244,8 @@ async def test_inspect_values_on_demand_and_paging_through_a_big_tensor():
     notes = recording(app)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: paused(app) is not None)
-        await pilot.pause(0.05)
-        assert "v: fetch" in app.screen_text() and job.received == []  # on demand only
+        await until(pilot, lambda: "v: fetch" in app.screen_text(), what="the values hint")
+        assert job.received == []  # on demand only
 
         def shown(start: int) -> bool:
             v = app.main.values
@@ -287,9 +287,11 @@ async def test_inspect_values_on_demand_and_paging_through_a_big_tensor():
         # A step ends the pause: its values go with it.
         await pilot.press("s")
         await until(pilot, lambda: paused(app) and paused(app)["reason"] == "step")
-        await pilot.pause(0.05)
-        assert app.main.values is None or app.main.values.result is None
-        assert "v: fetch" in app.screen_text()
+        await until(
+            pilot,
+            lambda: app.main.values is None or app.main.values.result is None,
+            what="the old pause's values to go",
+        )
 
 
 # -- breakpoints -----------------------------------------------------------------------------

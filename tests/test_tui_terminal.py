@@ -72,7 +72,7 @@ def test_replay_in_a_real_terminal(tmp_path: Path) -> None:
         assert "REPLAY t.tsc" in out and "Steps" in out
         tmux("send-keys", "-t", session, "]")  # next step: the one with the NaN
         wait_for(session, "Step 1")
-        tmux("send-keys", "-t", session, "/")
+        tmux("send-keys", "-t", session, "|")  # filter
         wait_for(session, "over name, module")
         tmux("send-keys", "-t", session, "gelu", "Enter")
         out = wait_for(session, "/gelu/")

@@ -603,6 +603,20 @@ def cmd_tui_web(args: argparse.Namespace) -> int:
         return _fail(str(exc))
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The terminal UI on a simulated job (no torch): try every key before wiring a real one."""
+    for name, stream in (("output", sys.stdout), ("input", sys.stdin)):
+        try:
+            tty = stream.isatty()
+        except (AttributeError, ValueError):
+            tty = False
+        if not tty:
+            return _fail(f"the demo is the terminal UI, and its {name} is not a terminal")
+    from torchscope.tui.demo import run_demo
+
+    return run_demo()
+
+
 # -- entry point -----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="torchscope", description="Live step-through debugger for PyTorch.")
@@ -645,6 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
             tui.add_argument(
                 "--host", default="localhost", help="--web address (default localhost only)"
             )
+    sub.add_parser("demo", help="the terminal UI on a simulated job with a NaN (no torch needed)")
     keys = sub.add_parser("keys", help="create CURVE keys, needed to bind a public address")
     keys.add_argument("--force", action="store_true", help="replace existing keys")
     attach = sub.add_parser(
@@ -730,6 +745,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if problem:
                 return _fail(problem)
             return cmd_tui(args)
+        if args.command == "demo":
+            return cmd_demo(args)
         if args.command == "keys":
             from torchscope.protocol.security import cli_keys
 

@@ -361,6 +361,15 @@ class Trace:
     def errors(self) -> list[Event]:
         return self.of_kind(ERROR)
 
+    def to_pandas(self, kind: str = "op") -> Any:
+        """A pandas DataFrame with one row per event of ``kind`` (``"op"``, ``"grad"``,
+        ``"step"``, ``"alert"``...; ``"tensor"``: one row per tensor summary), stats as
+        columns. Needs pandas: ``pip install 'torchscope[pandas]'``; see
+        ``torchscope.export.tables``."""
+        from torchscope.export.tables import to_pandas
+
+        return to_pandas(self.events, kind)
+
     def grads_of(self, node: str) -> list[Event]:
         """Grad events of every node with this name, e.g. ``"MulBackward0"``."""
         return [e for e in self.events if e["kind"] == GRAD and e.get("node") == node]

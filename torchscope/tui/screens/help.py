@@ -11,15 +11,18 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 KEYS: list[tuple[str, str]] = [
-    ("↑↓ pgup pgdn", "move in the focused list; home/end: first/last (mouse: click, wheel)"),
+    ("↑↓ j k", "move in the focused list; pgup/pgdn; home/end: first/last (mouse too)"),
     ("enter", "op → its backward node(s); node → the op that created it; alert → its event"),
     ("backspace", "back to where the last jump started"),
-    ("esc", "back to the timeline (from the graph, a side panel, a maximised panel)"),
+    ("esc", "back to the timeline (graph, side panel, maximised panel); ends a search"),
     ("+", "maximise the focused panel (again: restore)"),
     ("g", "backward graph of the step ⇄ timeline (on the node under the cursor)"),
     ("→ ←", "graph: expand / collapse a node's other inputs"),
     ("a", "alerts: where NaN/Inf first appeared"),
-    ("/", "filter the timeline: regex over name, module/param, source (esc clears)"),
+    ("/", "search the timeline: regex over name, module/param, source; all rows stay"),
+    ("ctrl+n ctrl+p", "next / previous search match (wraps; n stays: next training step)"),
+    ("|", "filter the timeline: only rows matching the regex stay (esc clears)"),
+    (":", "go to: :12 step 12 · :#1234 event seq 1234 · :node 57 backward node id 57"),
     ("[ ]", "previous / next step"),
     ("f", "live: follow the newest events again (end in the timeline too)"),
     ("m", "stat column: norm ⇄ mean±std"),

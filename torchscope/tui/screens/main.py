@@ -13,6 +13,7 @@ refuses them with a message.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 from dataclasses import dataclass
@@ -93,7 +94,11 @@ class MainScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("g", "toggle_graph", "Graph"),
         Binding("a", "alerts", "Alerts"),
-        Binding("slash", "filter", "Filter"),
+        Binding("slash", "search", "Search"),
+        Binding("vertical_line", "filter", "Filter", show=False),
+        Binding("colon", "command_line", "Go to", show=False),
+        Binding("ctrl+n", "next_match", "Next match", show=False, priority=True),
+        Binding("ctrl+p", "prev_match", "Previous match", show=False, priority=True),
         Binding("backspace", "back", "Back"),
         Binding("f", "follow", "Follow"),
         Binding("left_square_bracket", "prev_step", "Prev step", show=False),
@@ -123,6 +128,9 @@ class MainScreen(Screen[None]):
         self._progress_visible = False
         self._detail_pending = False
         self.ready = False
+        self.search: re.Pattern[str] | None = None
+        self._search_origin: tuple[str, int] | None = None
+        self._match_cache: tuple[tuple, list[int]] | None = None
 
     @property
     def tapp(self) -> TorchscopeApp:
@@ -265,14 +273,16 @@ class MainScreen(Screen[None]):
             out += [("enter", "jump")]
         if live:
             out += [("b", "break"), ("B", "breakpoints")]
-        out += [("a", "alerts"), ("/", "filter"), ("[ ]", "step")]
+        if self.search is not None:
+            out += [("^n ^p", "match")]
+        out += [("a", "alerts"), ("/", "search"), (":", "go to"), ("[ ]", "step")]
         if focus is not self.graph:
             out += [("g", "graph")]
         out += [("⌫", "back")]
         out += [("+", "restore" if self.maximised is not None else "maximise")]
         if live:
             out += [("f", "follow")]
-        out += [("tab", "panel"), ("m", "norm/mean")]
+        out += [("|", "filter"), ("tab", "panel"), ("m", "norm/mean"), ("j k", "move")]
         return out
 
     def _title(self) -> None:
@@ -283,6 +293,8 @@ class MainScreen(Screen[None]):
             title += f" · {info.n_ops:,} ops · {info.nodes:,} nodes"
         self.timeline.border_title = title
         sub = []
+        if self.search is not None:
+            sub.append(self._search_text())
         if self.timeline.pattern is not None:
             sub.append(f"/{self.timeline.pattern.pattern}/ {self.timeline.row_count():,} shown")
         if self.live:
@@ -441,7 +453,11 @@ class MainScreen(Screen[None]):
 
     def action_follow(self) -> None:
         if not self.live:
-            self.notify("replay: there is nothing to follow")
+            self.notify(
+                "f follows a live job's newest step; a recording does not grow "
+                "([ ] or :N move between steps)",
+                timeout=4,
+            )
             return
         self._set_follow(not self.follow)
 
@@ -499,6 +515,10 @@ class MainScreen(Screen[None]):
             return
         if self.center == "graph":
             self._show_timeline_from_graph()
+        elif self.search is not None and self.timeline.has_focus:
+            self.search = None  # esc in the timeline ends a search
+            self._title()
+            self.refresh_status()
         else:
             self.timeline.focus()
 
@@ -554,7 +574,7 @@ class MainScreen(Screen[None]):
         elif node.get("param"):
             self.notify(f"{node.get('name')} accumulates into parameter {node['param']}")
         else:
-            self.notify(f"{node.get('name')} #{node.get('id')}: no forward op recorded")
+            self.notify(f"{node.get('name')} (node id {node.get('id')}): no forward op recorded")
 
     # -- jumps -------------------------------------------------------------------------------
     def _here(self) -> Location | None:
@@ -626,7 +646,7 @@ class MainScreen(Screen[None]):
                     self._go(Location("graph", self.current_step, node=in_graph[0]))
                     self.notify("its node did not run in this backward call", timeout=4)
                 else:  # no graph holds it yet: an empty graph view would say nothing
-                    nodes = ", ".join(f"node #{i}" for i in ids[:4])
+                    nodes = ", ".join(f"node id {i}" for i in ids[:4])
                     self.notify(
                         f"backward has not reached {short_name(row.name)} yet ({nodes}): "
                         "enter again once it has run",
@@ -685,48 +705,234 @@ class MainScreen(Screen[None]):
         # forward / input alerts name an op, backward ones a node: the seq says which.
         self._go(Location("timeline", step, None, seq))
 
-    # -- filter ------------------------------------------------------------------------------
-    def action_filter(self) -> None:
-        self.filter.display = True
+    # -- search, filter, go to ---------------------------------------------------------------
+    def _open_prompt(self, mode: str) -> None:
         if self.center == "graph":
             self._show_timeline_from_graph()
-        self.filter.focus()
+        prompt = self.filter
+        prompt.set_mode(mode)
+        if mode == "search":
+            row = self.timeline.current_row()
+            self._search_origin = (row.kind, row.seq) if row is not None else None
+            self.search = None
+            value = ""
+        elif mode == "filter":
+            pattern = self.timeline.pattern
+            value = pattern.pattern if pattern is not None else ""
+        else:
+            value = ""
+        with prompt.prevent(Input.Changed):
+            prompt.value = value
+        prompt.display = True
+        prompt.focus()
+        self._title()
+
+    def action_search(self) -> None:
+        self._open_prompt("search")
+
+    def action_filter(self) -> None:
+        self._open_prompt("filter")
+
+    def action_command_line(self) -> None:
+        self._open_prompt("command")
+
+    def _close_prompt(self) -> None:
+        self.filter.ok()
+        self.filter.display = False
+        self.timeline.focus()
 
     def _apply_filter(self, pattern: re.Pattern[str] | None) -> None:
         self.timeline.set_filter(pattern)
-        if pattern is None:
-            self.filter.value = ""
         self._title()
 
     def on_input_changed(self, event: Input.Changed) -> None:
-        if event.input is not self.filter:
+        if event.input is not self.filter or self.filter.mode == "command":
+            if event.input is self.filter:
+                self.filter.ok()
             return
         try:
             pattern = compile_filter(event.value)
         except re.error as exc:
-            self.filter.add_class("-invalid")
-            self.filter.border_title = f"invalid regex: {exc}"
+            self.filter.error(f"invalid regex: {exc}")
             return
-        self.filter.remove_class("-invalid")
-        self.filter.border_title = ""
-        self.timeline.set_filter(pattern)
+        self.filter.ok()
+        if self.filter.mode == "filter":
+            self.timeline.set_filter(pattern)
+        else:
+            self.search = pattern
+            if pattern is None:
+                self._back_to_search_origin()
+            elif not self._to_match(1, include_current=True, origin=True):
+                self.filter.error(f"no match for /{pattern.pattern}/ in this step")
         self._title()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input is not self.filter:
             return
-        if self.filter.has_class("-invalid"):
-            self.notify(self.filter.border_title or "invalid regex", severity="error")
+        prompt = self.filter
+        if prompt.mode == "command":
+            problem = self.run_command(prompt.value)
+            if problem:
+                prompt.error(problem)
+                return
+            prompt.ok()
+            prompt.display = False
+            if self.focused is None or self.focused is prompt:
+                (self.graph if self.center == "graph" else self.timeline).focus()
             return
-        self.filter.display = False
-        self.timeline.focus()
+        if prompt.has_class("-invalid") and not prompt.border_title.startswith("no match"):
+            self.notify(prompt.border_title or "invalid regex", severity="error")
+            return
+        self._close_prompt()
+        if prompt.mode == "search" and self.search is not None:
+            if not self._matches():
+                self.notify(f"no match for /{self.search.pattern}/ in this step", timeout=3)
+            self._title()
 
     def on_filter_input_cancelled(self, event: FilterInput.Cancelled) -> None:
-        self.filter.remove_class("-invalid")
-        self.filter.border_title = ""
-        self._apply_filter(None)
-        self.filter.display = False
-        self.timeline.focus()
+        mode = self.filter.mode
+        self._close_prompt()
+        if mode == "filter":
+            self._apply_filter(None)
+        elif mode == "search":
+            self.search = None
+            self._back_to_search_origin()
+            self._title()
+
+    def _back_to_search_origin(self) -> None:
+        origin = self._search_origin
+        if origin is not None:
+            self.timeline.select(*origin)
+
+    def _matches(self) -> list[int]:
+        """Timeline rows (indices as shown) that the search matches; cached per step view."""
+        if self.search is None:
+            return []
+        tl = self.timeline
+        data = tl.data
+        if data is None:
+            return []
+        key = (id(data), len(data.rows), data.reorders, self.search, tl.pattern, tl.row_count())
+        if self._match_cache is not None and self._match_cache[0] == key:
+            return self._match_cache[1]
+        found = tl.match_indices(self.search)
+        self._match_cache = (key, found)
+        return found
+
+    def _to_match(
+        self, direction: int, *, include_current: bool = False, origin: bool = False
+    ) -> bool:
+        """Move the cursor to the next (1) or previous (-1) match, wrapping around."""
+        found = self._matches()
+        if not found:
+            return False
+        tl = self.timeline
+        cur = tl.cursor
+        if origin and self._search_origin is not None:
+            index = tl.index_of(*self._search_origin)
+            cur = index if index is not None else 0
+        if direction > 0:
+            i = bisect.bisect_left(found, cur if include_current else cur + 1)
+            wrapped = i >= len(found)
+            target = found[0] if wrapped else found[i]
+        else:
+            i = bisect.bisect_left(found, cur) - 1
+            wrapped = i < 0
+            target = found[-1] if wrapped else found[i]
+        if wrapped and not origin:
+            self.notify(
+                "search wrapped" + (" to the top" if direction > 0 else " to the bottom"), timeout=2
+            )
+        self._set_follow(False)
+        tl.move_cursor(target)
+        self._show_detail()
+        self._title()
+        return True
+
+    def action_next_match(self) -> None:
+        self._step_match(1)
+
+    def action_prev_match(self) -> None:
+        self._step_match(-1)
+
+    def _step_match(self, direction: int) -> None:
+        if self.search is None:
+            self.notify("/ searches first (then ctrl+n / ctrl+p: next / previous match)", timeout=3)
+            return
+        if self.center == "graph":
+            self._show_timeline_from_graph()
+        if not self._to_match(direction):
+            self.notify(f"no match for /{self.search.pattern}/ in this step", timeout=3)
+
+    def _search_text(self) -> str:
+        if self.search is None:
+            return ""
+        found = self._matches()
+        cur = self.timeline.cursor
+        i = bisect.bisect_left(found, cur)
+        at = (
+            f"{i + 1}/{len(found)}"
+            if i < len(found) and found[i] == cur
+            else f"{len(found)} matches"
+        )
+        return f"search /{self.search.pattern}/ {at}"
+
+    # -- : command line ----------------------------------------------------------------------
+    COMMAND_HELP = ":12 step · :#1234 event seq · :node 57 node id"
+
+    def run_command(self, text: str) -> str | None:
+        """Run a ``:`` command; None when it went, else the one-line reason it did not."""
+        text = text.strip().lstrip(":").strip()
+        if not text:
+            return None
+        m = re.fullmatch(r"(?:step\s*)?(\d+)", text)
+        if m:
+            return self._goto_step(int(m.group(1)))
+        m = re.fullmatch(r"(?:#|seq\s*|event\s*)#?(\d+)", text)
+        if m:
+            return self._goto_seq(int(m.group(1)))
+        m = re.fullmatch(r"node\s*#?(\d+)", text)
+        if m:
+            return self._goto_node(int(m.group(1)))
+        return f"unknown command {text!r}: {self.COMMAND_HELP}"
+
+    def _goto_step(self, step: int) -> str | None:
+        order = self.store.order
+        if step not in self.store:
+            span = f" (steps {order[0]}-{order[-1]})" if order else " (no steps yet)"
+            return f"no step {step}{span}"
+        self._set_follow(False)
+        self._go(Location("timeline", step))
+        return None
+
+    def _goto_seq(self, seq: int) -> str | None:
+        for step in self.store.order:
+            info = self.store.steps[step]
+            if info.first_seq is not None and info.first_seq <= seq <= (info.last_seq or seq):
+                data = self.store.data(step)
+                if data is not None and data.row_index(seq) is None:
+                    return f"event #{seq} is not an op or a backward node (step {step})"
+                self._go(Location("timeline", step, None, seq))
+                return None
+        return f"no op or node with event seq #{seq} in the steps known so far"
+
+    def _goto_node(self, node: int) -> str | None:
+        here = self.current_step
+        steps = ([here] if here is not None else []) + [
+            s for s in reversed(self.store.order) if s != here
+        ]
+        for step in steps:
+            data = self.store.data(step) if self.store.is_resident(step) else None
+            if data is None:
+                continue
+            grads = data.grads_of_node(node)
+            if grads:
+                self._go(Location("timeline", step, GRAD, grads[0].seq))
+                return None
+            if data.graph_of_node(node) is not None:
+                self._go(Location("graph", step, node=node))
+                return None
+        return f"no backward node id {node} in the steps in memory"
 
     # -- step-through ------------------------------------------------------------------------
     def _is_paused_row(self, row: Row | PendingRow) -> bool:
@@ -957,7 +1163,3 @@ class MainScreen(Screen[None]):
         mode = "mean" if self.timeline.stat_mode == "norm" else "norm"
         self.timeline.set_stat_mode(mode)
         self.notify("stat column: " + ("mean±std" if mode == "mean" else "norm"), timeout=2)
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        # Replays have nothing to follow.
-        return not (action == "follow" and not self.live)

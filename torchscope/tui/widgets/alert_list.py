@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
@@ -52,6 +55,11 @@ def group_label(origin: Event, knock_on: list[Event], cwd: str | None = None) ->
 class AlertList(OptionList):
     """One line per origin: step, NaN/Inf, forward/backward, op or node, source, and how
     many knock-on alerts followed from it (counted under it, not listed)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("k", "cursor_up", "Up", show=False),
+        Binding("j", "cursor_down", "Down", show=False),
+    ]
 
     class Jump(Message):
         def __init__(self, alert: Event) -> None:

@@ -15,8 +15,9 @@ is here), and a values section: a slice of one tensor fetched from the job on de
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
+from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.markup import escape
 from textual.widgets import Static
@@ -46,6 +47,11 @@ def _e(value: Any) -> str:
 
 class DetailPanel(VerticalScroll, can_focus=True):
     """Scrollable detail of the event under the cursor."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("k", "scroll_up", "Up", show=False),
+        Binding("j", "scroll_down", "Down", show=False),
+    ]
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -327,7 +333,12 @@ class DetailPanel(VerticalScroll, can_focus=True):
         if data is not None and type(seq) is int:
             node_ids = data.nodes_of_op(seq)
             if node_ids:
-                lines.append("[b]creates[/] " + self._nodes_line(store, data, node_ids))
+                named = {
+                    n["id"]: n.get("name")
+                    for n in ev.get("nodes") or ()
+                    if isinstance(n, dict) and "id" in n
+                }
+                lines.append("[b]creates[/] " + self._nodes_line(store, data, node_ids, named))
             elif ev.get("grad_fn") is None:
                 lines.append("[dim]creates no autograd node[/]")
         lines.append("")
@@ -340,20 +351,31 @@ class DetailPanel(VerticalScroll, can_focus=True):
             lines.extend(self._tensors("outputs", ev.get("outputs")))
         return "\n".join(lines)
 
-    def _nodes_line(self, store: EventStore, data: StepData, node_ids: list[int]) -> str:
+    def _nodes_line(
+        self,
+        store: EventStore,
+        data: StepData,
+        node_ids: list[int],
+        named: dict[int, Any] | None = None,
+    ) -> str:
+        """The op's backward nodes, by name and node id (node ids are not event seqs)."""
         parts = []
         for nid in node_ids[:12]:
             grads = data.grads_of_node(nid)
             gnode = data.graph_nodes.get(nid)
-            name = grads[0].name if grads else (gnode or {}).get("name", "?")
+            name = (
+                grads[0].name
+                if grads
+                else (gnode or {}).get("name") or (named or {}).get(nid) or "node"
+            )
             if grads:
                 go = store.event(grads[0]).get("grad_outputs") or []
                 stat = compact_stat(go[0]) if go and isinstance(go[0], dict) else ""
-                parts.append(f"{_e(name)} #{nid} [dim]∇ {_e(stat)}[/]")
+                parts.append(f"{_e(name)} node id {nid} [dim]∇ {_e(stat)}[/]")
             elif gnode is not None:
-                parts.append(f"{_e(name)} #{nid} [dim](not executed)[/]")
+                parts.append(f"{_e(name)} node id {nid} [dim](not executed)[/]")
             else:
-                parts.append(f"{_e(name)} #{nid} [dim](no backward yet)[/]")
+                parts.append(f"{_e(name)} node id {nid} [dim](backward not run yet)[/]")
         if len(node_ids) > 12:
             parts.append(f"[dim]… {len(node_ids) - 12} more[/]")
         return ", ".join(parts) + "  [dim](enter: jump)[/]"

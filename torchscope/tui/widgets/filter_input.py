@@ -1,4 +1,11 @@
-"""The timeline filter: a regex over op/node name, module (or parameter) and source."""
+"""The one-line prompt under the timeline: ``/`` search, ``|`` filter, ``:`` go to.
+
+- search: a regex over op/node name, module (or parameter) and source; the cursor moves to
+  the first match as you type, every row stays; ``ctrl+n`` / ``ctrl+p`` next / previous match.
+- filter: the same regex, and only the matching rows stay.
+- command (k9s-style ``:``): ``:12`` step 12, ``:#1234`` the event with seq 1234,
+  ``:node 57`` the backward node with id 57.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +15,51 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import Input
 
+MODES = {
+    # mode: (title, placeholder)
+    "search": (
+        "search · enter: keep · ctrl+n/ctrl+p: next/prev match · esc: clear",
+        "regex (any case) over name, module, source",
+    ),
+    "filter": (
+        "filter · enter: keep · esc: clear",
+        "regex (any case) over name, module, source — only matching rows stay",
+    ),
+    "command": (
+        "go to · enter: go · esc: close",
+        ":12 step 12 · :#1234 event seq 1234 · :node 57 backward node id 57",
+    ),
+}
+
 
 class FilterInput(Input):
-    """Hidden until ``/``. Enter keeps the filter, escape clears it."""
+    """Hidden until ``/``, ``|`` or ``:``. Enter keeps (or runs), escape clears (closes)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "cancel", "Clear filter", show=False),
+        Binding("escape", "cancel", "Clear", show=False),
     ]
 
     class Cancelled(Message):
         pass
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(
-            placeholder="regex (any case) over name, module, source — enter: keep, esc: clear",
-            id=id,
-        )
+        super().__init__(placeholder=MODES["filter"][1], id=id)
+        self.mode = "filter"
+
+    def set_mode(self, mode: str) -> None:
+        self.mode = mode
+        self.placeholder = MODES[mode][1]
+        self.ok()
+
+    def ok(self) -> None:
+        """Back to the mode's own title (after an error)."""
+        self.remove_class("-invalid")
+        self.border_title = MODES[self.mode][0]
+
+    def error(self, text: str) -> None:
+        """A one-line error in the box's title."""
+        self.add_class("-invalid")
+        self.border_title = text
 
     def action_cancel(self) -> None:
         self.post_message(self.Cancelled())

@@ -187,6 +187,17 @@ class OpTimeline(VirtualList):
             self.cursor = -1
             self.refresh()
 
+    def match_indices(self, pattern: re.Pattern[str]) -> list[int]:
+        """Indices (as shown, the filter applied) of the rows ``pattern`` matches, in order."""
+        data = self.data
+        if data is None:
+            return []
+        hay = data.haystacks()
+        search = pattern.search
+        if self._view is None:
+            return [i for i, h in enumerate(hay) if search(h)]
+        return [j for j, i in enumerate(self._view) if search(hay[i])]
+
     def data_changed(self) -> None:
         """The shown step got events (live) or was reloaded."""
         keep = None if self.follow else self.current_row()

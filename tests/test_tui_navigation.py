@@ -1,0 +1,181 @@
+"""Navigation: `/` search with ctrl+n / ctrl+p between matches (the stepping keys `space s n c`
+keep their meaning), vim `j`/`k`, the `:` command line, and `torchscope demo`."""
+
+from __future__ import annotations
+
+from tui_pilot import SIZE, sync, until
+
+from torchscope.cli import build_parser, main
+from torchscope.tui.app import TorchscopeApp
+from torchscope.tui.demo import NAN_STEP, START_STEP, DemoApp, demo_source
+from torchscope.tui.fakejob import FakeJob
+from torchscope.tui.sources import ScriptedSource
+from torchscope.tui.synthetic import make_trace
+
+TRACE = make_trace(3, 2, nan_step=1)
+
+
+def replay() -> ScriptedSource:
+    return ScriptedSource(TRACE, mode="replay")
+
+
+async def shown(pilot, app: TorchscopeApp, step: int) -> None:
+    await until(
+        pilot,
+        lambda: app.main.current_step == step and app.main.timeline.row_count() > 0,
+        what=f"step {step} shown",
+    )
+
+
+def gelu_rows(app: TorchscopeApp) -> list[int]:
+    tl = app.main.timeline
+    return [
+        i
+        for i in range(tl.row_count())
+        if "gelu" in tl.row(i).name.lower() or "gelu" in (tl.row(i).module or "")
+    ]
+
+
+@sync
+async def test_search_moves_between_matches_and_keeps_every_row():
+    app = TorchscopeApp(replay())
+    async with app.run_test(size=SIZE) as pilot:
+        main, tl = app.main, app.main.timeline
+        await shown(pilot, app, 0)
+        total = tl.row_count()
+        matches = gelu_rows(app)
+        assert len(matches) >= 3
+        await pilot.press("slash", *"gelu")
+        assert app.focused is main.filter and main.filter.mode == "search"
+        assert tl.cursor == matches[0] and tl.row_count() == total  # moved, nothing hidden
+        await pilot.press("enter")
+        assert app.focused is tl and not main.filter.display
+        assert f"search /gelu/ 1/{len(matches)}" in tl.border_subtitle
+        assert "^n ^p match" in main.key_bar.text
+        await pilot.press("ctrl+n")
+        assert tl.cursor == matches[1]
+        await pilot.press("ctrl+n")
+        assert tl.cursor == matches[2]
+        await pilot.press("ctrl+p", "ctrl+p", "ctrl+p")  # wraps to the last match
+        assert tl.cursor == matches[-1]
+        await pilot.press("ctrl+n")  # and back to the first
+        assert tl.cursor == matches[0]
+        # ] keeps the search: ctrl+n finds the next match in the next step
+        await pilot.press("right_square_bracket")
+        await shown(pilot, app, 1)
+        await pilot.press("ctrl+n")
+        assert "gelu" in tl.current_row().name.lower()
+        # esc in the timeline ends the search
+        await pilot.press("escape")
+        assert main.search is None and "search" not in tl.border_subtitle
+        # a search with no match says so and moves nothing
+        await pilot.press("home", "slash", *"zzz")
+        assert "no match" in main.filter.border_title and tl.cursor == 0
+        await pilot.press("escape")  # esc in the box: back where the search started
+        assert main.search is None and tl.cursor == 0 and app.focused is tl
+
+
+@sync
+async def test_stepping_keys_are_not_taken_by_search_and_vim_keys_move():
+    tenth = [e["seq"] for e in TRACE if e.get("step") == 0 and e.get("kind") == "op"][10]
+    job = FakeJob(TRACE, pause_at=tenth)
+    app = TorchscopeApp(job)
+    async with app.run_test(size=SIZE) as pilot:
+        tl = app.main.timeline
+        await until(pilot, lambda: app.store.stepper.paused is not None, what="pause")
+        await pilot.press("home", "j", "j")
+        assert tl.cursor == 2
+        await pilot.press("k")
+        assert tl.cursor == 1
+        await pilot.press("end")
+        assert tl.cursor == tl.row_count() - 1
+        await pilot.press("slash", *"linear", "enter")
+        assert app.main.search is not None
+        await pilot.press("n")  # still: run to the next training step
+        await until(pilot, lambda: [c for c, _ in job.received][-1:] == ["next"], what="next")
+        await until(pilot, lambda: (app.store.stepper.paused or {}).get("step") == 1)
+
+
+@sync
+async def test_colon_goes_to_a_step_an_event_seq_or_a_node_and_says_what_is_wrong():
+    app = TorchscopeApp(replay())
+    async with app.run_test(size=SIZE) as pilot:
+        main, tl = app.main, app.main.timeline
+        await shown(pilot, app, 0)
+        await pilot.press("colon", "2", "enter")
+        await shown(pilot, app, 2)
+        assert not main.filter.display and app.focused is tl
+        seq = [e["seq"] for e in TRACE if e.get("step") == 1 and e.get("kind") == "op"][5]
+        await pilot.press("colon", *f"#{seq}", "enter")
+        await until(pilot, lambda: tl.current_row() is not None and tl.current_row().seq == seq)
+        assert main.current_step == 1
+        grad = next(e for e in TRACE if e.get("step") == 1 and e.get("kind") == "grad")
+        await pilot.press("colon", *f"node {grad['node_id']}", "enter")
+        assert tl.current_row().kind == "grad" and tl.current_row().node_id == grad["node_id"]
+        await pilot.press("backspace")  # a jump like any other
+        assert tl.current_row().seq == seq
+        # bad commands: one line in the box, which stays open; nothing moves
+        for text, said in (
+            ("99", "no step 99 (steps 0-2)"),
+            ("#999999", "no op or node with event seq #999999"),
+            ("node 999999", "no backward node id 999999"),
+            ("frobnicate", "unknown command 'frobnicate'"),
+        ):
+            await pilot.press("colon", *text, "enter")
+            assert main.filter.display and main.filter.has_class("-invalid")
+            assert said in main.filter.border_title and "\n" not in main.filter.border_title
+            assert main.current_step == 1 and tl.current_row().seq == seq
+            await pilot.press("escape")
+            assert not main.filter.display
+
+
+@sync
+async def test_demo_opens_paused_and_c_stops_at_the_nan_then_n_and_s_step():
+    job = demo_source()
+    app = DemoApp(job)
+    async with app.run_test(size=(80, 24)) as pilot:
+        stepper = app.store.stepper
+        await until(pilot, lambda: stepper.paused is not None, what="the demo's first pause")
+        assert stepper.paused["step"] == START_STEP and stepper.paused["phase"] == "before"
+        assert "c: run to the NaN" in "".join(str(n.message) for n in app._notifications)
+        await pilot.press("c")
+        await until(
+            pilot,
+            lambda: (stepper.paused or {}).get("step") == NAN_STEP,
+            what="the nan breakpoint",
+        )
+        assert "breakpoint 1" in stepper.paused["reason"]
+        assert app.main.current_step == NAN_STEP and app.main.timeline.cursor_visible()
+        await pilot.press("s")
+        await until(pilot, lambda: (stepper.paused or {}).get("reason") == "step")
+        await pilot.press("n")
+        await until(pilot, lambda: (stepper.paused or {}).get("step") == NAN_STEP + 1)
+        await pilot.press("a")  # the alert of the NaN is there
+        assert app.store.alerts
+        await pilot.press("q")
+    assert [c for c, _ in job.received][:3] == ["continue", "step", "next"]
+
+
+def test_demo_command_is_a_subcommand_and_needs_a_terminal(capsys):
+    assert build_parser().parse_args(["demo"]).command == "demo"
+    assert main(["demo"]) == 2  # pytest's output is no terminal: one line, before any screen
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a terminal" in err
+
+
+@sync
+async def test_f_in_a_replay_says_why_and_an_ops_nodes_are_named_by_node_id():
+    app = TorchscopeApp(replay())
+    notes: list[str] = []
+    notify = app.notify
+    app.notify = lambda message, *a, **k: (notes.append(str(message)), notify(message, *a, **k))
+    async with app.run_test(size=SIZE) as pilot:
+        await shown(pilot, app, 0)
+        await pilot.press("f")
+        assert any("a recording does not grow" in n for n in notes), notes
+        op = next(e for e in TRACE if e.get("kind") == "op" and e.get("nodes"))
+        await pilot.press("colon", *f"#{op['seq']}", "enter")
+        await pilot.pause()
+        text = str(app.main.detail.body.render())
+        node = op["nodes"][0]
+        assert f"{node['name']} node id {node['id']}" in text and " ? " not in text

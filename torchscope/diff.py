@@ -1,0 +1,555 @@
+"""Compare two recordings: ``torchscope diff A.tsc B.tsc``.
+
+Events of the two runs are aligned by step, then by what they are: an op by its name and
+module path, a backward node by its name, module (or parameter) and backward call, each
+with its occurrence number (the third ``Tensor.add`` in module ``blocks.0`` of step 2). A
+pair differs
+
+- structurally: an event, a step, a tensor or a tensor slot (``None`` on one side) present
+  in one run only, a different shape, a different number of tensors, or a dtype of another
+  family (float against integer or bool; any dtype change with ``exact`` or
+  ``strict_dtype``); or
+- numerically: a NaN/Inf count differs, or a stat (min, max, mean, std, norm) or a small
+  tensor's value differs by more than ``atol + rtol * scale``, where ``scale`` is the larger
+  of the two numbers' magnitudes and the tensor's RMS (``norm / sqrt(numel)``), so a mean
+  near zero of a large tensor is judged against the tensor's size of values, not against
+  zero. With ``exact``, any difference at all (bit for bit, NaN equal to NaN).
+
+A float-to-float dtype change (float32 against bfloat16) is a precision change: it is
+counted and reported, and the tolerances decide. The report names the first divergence in
+the order of run A's events (an event of B only is placed after the last event it shares
+with A), with both sides' stats and source lines, then how far the runs drift apart per
+module and step: the largest relative difference of output (forward) and gradient
+(backward) norms, ``|a - b| / max(|a|, |b|)``.
+
+Imports neither torch nor numpy.
+"""
+
+from __future__ import annotations
+
+import linecache
+import math
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchscope.protocol.events import GRAD, OP, Event
+
+STAT_KEYS = ("min", "max", "mean", "std", "norm")
+_TENSOR_FIELDS = {OP: ("inputs", "outputs"), GRAD: ("grad_outputs", "grad_inputs")}
+# What the drift summary measures: a forward op's outputs, a backward node's gradients.
+_DRIFT_FIELD = {OP: "outputs", GRAD: "grad_inputs"}
+_FLOAT_DTYPES = frozenset(
+    ("float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2", "half")
+)
+
+
+class DiffError(Exception):
+    """Bad input: a file that cannot be read as a trace (one line)."""
+
+
+@dataclass
+class Options:
+    rtol: float = 1e-5
+    atol: float = 1e-8
+    exact: bool = False
+    strict_dtype: bool = False
+    steps: set[int] | None = None
+
+
+@dataclass
+class Divergence:
+    """One difference between the runs. ``a``/``b`` are the two events (one is None when the
+    event is in one run only); ``what`` says what differs, in one line."""
+
+    structural: bool
+    what: str
+    step: int | None
+    a: Event | None = None
+    b: Event | None = None
+    order: tuple = ()
+
+
+@dataclass
+class Result:
+    divergences: list[Divergence] = field(default_factory=list)
+    matched: int = 0
+    only_a: int = 0
+    only_b: int = 0
+    dtype_changes: int = 0
+    steps_a: list = field(default_factory=list)
+    steps_b: list = field(default_factory=list)
+    # (module, step) -> largest relative norm difference seen there
+    drift: dict[tuple[str, Any], float] = field(default_factory=dict)
+
+    @property
+    def same(self) -> bool:
+        return not self.divergences
+
+    @property
+    def first(self) -> Divergence | None:
+        return min(self.divergences, key=lambda d: d.order) if self.divergences else None
+
+
+# -- alignment -------------------------------------------------------------------------------
+def event_key(ev: Event) -> tuple | None:
+    """What an event is, without its occurrence number; None for events that are not
+    compared (session, step, graph, alerts...)."""
+    kind = ev.get("kind")
+    if kind == OP:
+        return (OP, ev.get("name"), ev.get("module"))
+    if kind == GRAD:
+        return (GRAD, ev.get("node"), ev.get("param") or ev.get("module"), ev.get("backward"))
+    return None
+
+
+def _step_of(ev: Event) -> Any:
+    s = ev.get("step")
+    return s if type(s) is int else None
+
+
+def group_by_step(events: Iterable[Event]) -> dict[Any, dict[tuple, Event]]:
+    """step -> {(key..., occurrence): event}, in event order (dicts keep insertion order)."""
+    steps: dict[Any, dict[tuple, Event]] = {}
+    counts: dict[tuple, int] = {}
+    for ev in events:
+        key = event_key(ev)
+        if key is None:
+            continue
+        step = _step_of(ev)
+        full = (step, *key)
+        n = counts.get(full, 0)
+        counts[full] = n + 1
+        steps.setdefault(step, {})[(*key, n)] = ev
+    return steps
+
+
+def _step_sort(step: Any) -> tuple:
+    return (-1, 0) if step is None else (0, step)
+
+
+# -- comparing one pair ----------------------------------------------------------------------
+def _numel(shape: Any) -> int | None:
+    if not isinstance(shape, list):
+        return None
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _rms(summary: dict) -> float:
+    stats = summary.get("stats") or {}
+    norm = stats.get("norm")
+    n = _numel(summary.get("shape"))
+    if not isinstance(norm, (int, float)) or not n or not math.isfinite(norm):
+        return 0.0
+    return abs(norm) / math.sqrt(n)
+
+
+def _num_differs(a: Any, b: Any, scale: float, opts: Options) -> float | None:
+    """None when a and b agree; otherwise |a - b| (inf when not comparable)."""
+    if a is None or b is None:
+        return None  # not recorded on one side: nothing to compare
+    if opts.exact:
+        if a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b):
+            return None
+        return abs(a - b) if _finite(a) and _finite(b) else math.inf
+    if not (_finite(a) and _finite(b)):
+        same = (a != a and b != b) or a == b
+        return None if same else math.inf
+    d = abs(a - b)
+    if d <= opts.atol + opts.rtol * max(abs(a), abs(b), scale):
+        return None
+    return d
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _dtype_family(dtype: Any) -> str:
+    if dtype in _FLOAT_DTYPES:
+        return "float"
+    return str(dtype)
+
+
+def compare_summaries(
+    a: dict | None, b: dict | None, where: str, opts: Options
+) -> tuple[bool, str] | None:
+    """(structural, what) for the first difference between two tensor summaries, or None."""
+    if a is None or b is None:
+        if a is None and b is None:
+            return None
+        return True, f"{where} is {'absent' if a is None else 'present'} in A, " + (
+            "absent in B" if b is None else "present in B"
+        )
+    if a.get("shape") != b.get("shape"):
+        return True, f"{where} shape {a.get('shape')} vs {b.get('shape')}"
+    da, db = a.get("dtype"), b.get("dtype")
+    if da != db and (opts.exact or opts.strict_dtype or _dtype_family(da) != _dtype_family(db)):
+        return True, f"{where} dtype {da} vs {db}"
+    sa, sb = a.get("stats") or {}, b.get("stats") or {}
+    for k in ("nan", "inf"):
+        x, y = sa.get(k), sb.get(k)
+        if x is not None and y is not None and x != y:
+            return False, f"{where} {k} count {x} vs {y}"
+    scale = max(_rms(a), _rms(b))
+    for k in STAT_KEYS:
+        d = _num_differs(sa.get(k), sb.get(k), scale, opts)
+        if d is not None:
+            return False, f"{where} {k} {_fmt(sa.get(k))} vs {_fmt(sb.get(k))} (|diff| {_fmt(d)})"
+    va, vb = a.get("values"), b.get("values")
+    if isinstance(va, list) and isinstance(vb, list):
+        if len(va) != len(vb):
+            return True, f"{where} has {len(va)} values vs {len(vb)}"
+        for i, (x, y) in enumerate(zip(va, vb, strict=False)):
+            d = _num_differs(x, y, scale, opts)
+            if d is not None:
+                return False, f"{where} value[{i}] {_fmt(x)} vs {_fmt(y)} (|diff| {_fmt(d)})"
+    return None
+
+
+def dtype_changed(a: Event, b: Event) -> bool:
+    """Whether any tensor of the pair changed dtype (float32 against bfloat16, say)."""
+    for fld in _TENSOR_FIELDS.get(a.get("kind"), ()):
+        for x, y in zip(a.get(fld) or (), b.get(fld) or (), strict=False):
+            if x and y and x.get("dtype") != y.get("dtype"):
+                return True
+    return False
+
+
+def compare_events(a: Event, b: Event, opts: Options) -> tuple[bool, str] | None:
+    for fld in _TENSOR_FIELDS.get(a.get("kind"), ()):
+        la, lb = a.get(fld) or [], b.get(fld) or []
+        if len(la) != len(lb):
+            return True, f"{len(la)} {fld} vs {len(lb)}"
+        for i, (x, y) in enumerate(zip(la, lb, strict=False)):
+            found = compare_summaries(x, y, f"{fld}[{i}]", opts)
+            if found is not None:
+                return found
+    return None
+
+
+def _norm(ev: Event) -> float | None:
+    """Norm of all the tensors an event's drift is measured on (root of sum of squares)."""
+    total, seen = 0.0, False
+    for s in ev.get(_DRIFT_FIELD.get(ev.get("kind"), ""), None) or ():
+        stats = s.get("stats") if isinstance(s, dict) else None
+        n = stats.get("norm") if stats else None
+        if _finite(n):
+            total += n * n
+            seen = True
+    return math.sqrt(total) if seen else None
+
+
+def _drift_module(ev: Event) -> str:
+    param = ev.get("param")
+    if param:
+        return param.rpartition(".")[0]
+    return ev.get("module") or ""
+
+
+# -- the whole comparison --------------------------------------------------------------------
+def compare(
+    events_a: Iterable[Event], events_b: Iterable[Event], opts: Options | None = None
+) -> Result:
+    """Compare two runs' events (any iterables of events, e.g. ``torchscope.load(f)``)."""
+    opts = opts or Options()
+    ga, gb = group_by_step(events_a), group_by_step(events_b)
+    res = Result(steps_a=sorted(ga, key=_step_sort), steps_b=sorted(gb, key=_step_sort))
+    steps = sorted(set(ga) | set(gb), key=_step_sort)
+    if opts.steps is not None:
+        steps = [s for s in steps if s in opts.steps]
+    for si, step in enumerate(steps):
+        ea, eb = ga.get(step), gb.get(step)
+        if ea is None or eb is None:
+            side = "A" if eb is None else "B"
+            evs = ea or eb or {}
+            first = next(iter(evs.values()), None)
+            n = len(evs)
+            if side == "A":
+                res.only_a += n
+            else:
+                res.only_b += n
+            res.divergences.append(
+                Divergence(
+                    True,
+                    f"step {step} only in {side} ({n} events)",
+                    step,
+                    a=first if side == "A" else None,
+                    b=first if side == "B" else None,
+                    order=(si, 0, 0),
+                )
+            )
+            continue
+        last_pos = -1
+        pos_in_a = {k: i for i, k in enumerate(ea)}
+        for k, b in eb.items():
+            i = pos_in_a.get(k)
+            if i is None:
+                res.only_b += 1
+                res.divergences.append(
+                    Divergence(
+                        True, f"{_describe_key(k)} only in B", step, b=b, order=(si, last_pos, 1)
+                    )
+                )
+            else:
+                last_pos = i
+        for i, (k, a) in enumerate(ea.items()):
+            b = eb.get(k)
+            if b is None:
+                res.only_a += 1
+                res.divergences.append(
+                    Divergence(True, f"{_describe_key(k)} only in A", step, a=a, order=(si, i, 0))
+                )
+                continue
+            res.matched += 1
+            found = compare_events(a, b, opts)
+            if found is not None:
+                what = f"{_describe_key(k)}: {found[1]}"
+                res.divergences.append(Divergence(found[0], what, step, a, b, (si, i, 0)))
+            if dtype_changed(a, b):
+                res.dtype_changes += 1
+            na, nb = _norm(a), _norm(b)
+            if na is not None and nb is not None:
+                big = max(abs(na), abs(nb))
+                rel = abs(na - nb) / big if big > 0 else 0.0
+                key = (_drift_module(a), step)
+                if rel > res.drift.get(key, -1.0):
+                    res.drift[key] = rel
+    return res
+
+
+def _describe_key(k: tuple) -> str:
+    if k[0] == OP:
+        _, name, module, n = k
+        return f"op {name} in {_mod(module)} (#{n + 1})"
+    _, node, where, backward, n = k
+    return f"node {node} of {_mod(where)}, backward {backward} (#{n + 1})"
+
+
+def _mod(module: Any) -> str:
+    return f"module '{module}'" if module else "the top level"
+
+
+# -- report ----------------------------------------------------------------------------------
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "nan"
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+        return f"{x:.6g}"
+    return str(x)
+
+
+def _summary_text(s: dict | None) -> str:
+    if s is None:
+        return "None"
+    shape = s.get("shape")
+    head = f"{s.get('dtype') or '?'}{shape if shape is not None else '[?]'}".replace(" ", "")
+    stats = s.get("stats")
+    if not stats:
+        return head + " (no stats)"
+    parts = [f"{k}={_fmt(stats.get(k))}" for k in STAT_KEYS]
+    if stats.get("nan") or stats.get("inf"):
+        parts.append(f"nan={stats.get('nan')} inf={stats.get('inf')}")
+    return head + " " + " ".join(parts)
+
+
+def _source_line(source: Any, cwd: Any) -> str:
+    if not isinstance(source, str) or not source:
+        return "(no source)"
+    path, _, line = source.rpartition(":")
+    text = ""
+    if line.isdigit():
+        for cand in (path, os.path.join(cwd, path) if isinstance(cwd, str) else None):
+            if cand and os.path.isfile(cand):
+                text = linecache.getline(cand, int(line)).strip()
+                break
+    return f"{source}  {text}" if text else source
+
+
+def _event_lines(label: str, ev: Event | None, cwd: Any) -> Iterator[str]:
+    if ev is None:
+        yield f"  {label}: (absent)"
+        return
+    if ev.get("kind") == OP:
+        what = f"op {ev.get('name')} in {_mod(ev.get('module'))}"
+    else:
+        what = f"node {ev.get('node')} in {_mod(ev.get('module'))}"
+        if ev.get("param"):
+            what += f" (param {ev.get('param')})"
+    yield f"  {label}: {what}, step {ev.get('step')}, seq {ev.get('seq')}"
+    yield f"     at {_source_line(ev.get('source'), cwd)}"
+    for fld in _TENSOR_FIELDS.get(ev.get("kind"), ()):
+        for i, s in enumerate(ev.get(fld) or ()):
+            yield f"     {fld}[{i}] {_summary_text(s)}"
+
+
+def render(
+    res: Result,
+    name_a: str = "A",
+    name_b: str = "B",
+    cwd_a: Any = None,
+    cwd_b: Any = None,
+    max_list: int = 5,
+    max_steps: int = 8,
+    max_modules: int = 20,
+) -> Iterator[str]:
+    """The report, line by line."""
+    yield f"A: {name_a}"
+    yield f"B: {name_b}"
+    yield (
+        f"{res.matched} events aligned, {res.only_a} only in A, {res.only_b} only in B; "
+        f"steps A {_steps_text(res.steps_a)}, B {_steps_text(res.steps_b)}"
+    )
+    if res.dtype_changes:
+        yield (
+            f"{res.dtype_changes} aligned events changed float dtype (precision): "
+            "the tolerances decide"
+        )
+    first = res.first
+    if first is None:
+        yield "same: no divergence"
+    else:
+        kind = "structural" if first.structural else "numeric"
+        yield ""
+        yield f"first divergence ({kind}), step {first.step}: {first.what}"
+        yield from _event_lines("A", first.a, cwd_a)
+        yield from _event_lines("B", first.b, cwd_b)
+        rest = sorted(res.divergences, key=lambda d: d.order)[1:]
+        if rest:
+            n_struct = sum(d.structural for d in res.divergences)
+            yield ""
+            yield (
+                f"{len(res.divergences)} divergences in all "
+                f"({n_struct} structural, {len(res.divergences) - n_struct} numeric); next:"
+            )
+            for d in rest[:max_list]:
+                yield f"  step {d.step}: {d.what}"
+            if len(rest) > max_list:
+                yield f"  ... {len(rest) - max_list} more"
+    yield from _drift_lines(res, max_steps, max_modules)
+
+
+def _steps_text(steps: list) -> str:
+    ints = [s for s in steps if s is not None]
+    if not ints:
+        return "none"
+    return f"{ints[0]}-{ints[-1]}" if len(ints) > 1 else str(ints[0])
+
+
+def _drift_lines(res: Result, max_steps: int, max_modules: int) -> Iterator[str]:
+    if not res.drift:
+        return
+    steps = sorted({s for _, s in res.drift}, key=_step_sort)
+    if len(steps) > max_steps:  # first, last, and evenly spaced between
+        idx = sorted({round(i * (len(steps) - 1) / (max_steps - 1)) for i in range(max_steps)})
+        steps = [steps[i] for i in idx]
+    modules: dict[str, float] = {}
+    for (m, _), v in res.drift.items():
+        modules[m] = max(v, modules.get(m, 0.0))
+    order = sorted(modules, key=lambda m: (m != "", m))
+    shown = order
+    if len(order) > max_modules:  # the most drifting ones, in module order
+        top = set(sorted(order, key=lambda m: -modules[m])[:max_modules])
+        shown = [m for m in order if m in top]
+    width = max(12, *(len(m or "(top level)") for m in shown))
+    yield ""
+    yield "drift by module and step (largest |a-b|/max(|a|,|b|) of output and gradient norms):"
+    yield f"  {'module':<{width}} " + " ".join(f"{'step ' + str(s):>9}" for s in steps)
+    for m in shown:
+        cells = []
+        for s in steps:
+            v = res.drift.get((m, s))
+            cells.append(f"{'-' if v is None else f'{v:.2g}':>9}")
+        yield f"  {m or '(top level)':<{width}} " + " ".join(cells)
+    if len(shown) < len(order):
+        yield f"  ... {len(order) - len(shown)} modules with less drift not shown"
+
+
+# -- files -----------------------------------------------------------------------------------
+def read_events(path: str) -> tuple[list[Event], dict, list[str]]:
+    """Every event of a trace file, its session event (or {}) and notes for stderr. Raises
+    DiffError with one line when the file cannot be read."""
+    from torchscope.protocol.codec import ProtocolError
+    from torchscope.protocol.tracefile import TraceReader
+
+    notes = []
+    try:
+        with TraceReader(path) as reader:
+            events = list(reader.iter_events())
+            if reader.truncated:
+                notes.append(
+                    f"{path} was cut short at byte {reader.truncated_at}; "
+                    f"comparing its {len(events)} events"
+                )
+            if reader.damaged:
+                notes.append(f"{path}: {reader.damaged}")
+    except (ProtocolError, OSError) as exc:
+        raise DiffError(f"{path}: {exc}") from None
+    session = next((e for e in events if e.get("kind") == "session"), {})
+    return events, session, notes
+
+
+def diff_files(
+    path_a: str, path_b: str, opts: Options | None = None
+) -> tuple[Result, list[str], list[str]]:
+    """Compare two trace files: the result, notes for stderr, and the report's lines."""
+    ea, sa, notes_a = read_events(path_a)
+    eb, sb, notes_b = read_events(path_b)
+    res = compare(ea, eb, opts)
+    lines = list(render(res, path_a, path_b, sa.get("cwd"), sb.get("cwd")))
+    return res, [*notes_a, *notes_b], lines
+
+
+def parse_steps(spec: str | None) -> set[int] | None:
+    """``"3"``, ``"0-9"``, ``"1,4,7-8"`` -> a set of steps; None for all."""
+    if not spec:
+        return None
+    out: set[int] = set()
+    for part in spec.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            if sep:
+                out.update(range(int(lo), int(hi) + 1))
+            else:
+                out.add(int(lo))
+        except ValueError:
+            raise ValueError(f"bad step list {spec!r} (expected e.g. 3, 0-9, 1,4,7-8)") from None
+    return out
+
+
+def main(args: Any) -> int:
+    """``torchscope diff``: 0 same, 1 diverged, 2 bad input."""
+    import sys
+
+    if args.rtol < 0 or args.atol < 0:
+        print("torchscope: error: --rtol and --atol must be >= 0", file=sys.stderr)
+        return 2
+    try:
+        opts = Options(
+            rtol=args.rtol,
+            atol=args.atol,
+            exact=args.exact,
+            strict_dtype=args.strict_dtype,
+            steps=parse_steps(args.step),
+        )
+        res, notes, lines = diff_files(args.a, args.b, opts)
+    except (DiffError, ValueError) as exc:
+        print(f"torchscope: error: {exc}", file=sys.stderr)
+        return 2
+    for n in notes:
+        print(f"torchscope: {n}", file=sys.stderr)
+    try:
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 0 if res.same else 1
