@@ -376,9 +376,8 @@ class Agent:
         self.writer = self.publisher = None
 
     # -- step clock (training thread) ----------------------------------------------------------
-    def update_begins(self, args: tuple, kwargs: dict) -> None:
-        if self.tracer is not None:
-            self.tracer.update_begins(args, kwargs)
+    def update_begins(self, args: tuple, kwargs: dict) -> bool:
+        return self.tracer is not None and self.tracer.update_begins(args, kwargs)
 
     def update_ends(self) -> None:
         if self.tracer is not None:

@@ -7,9 +7,10 @@ watch keeps the step's graph for a replay. ``Tensor.backward`` calls
 spellings. It is installed while at least one listener wants it and removed after the last
 one leaves, restoring the original function.
 
-A listener's ``backward_begins(kwargs)`` runs before the call on the calling thread, with every
-argument by name (``tensors`` are the roots), and may return replacement keyword arguments
-(``retain_graph``); ``backward_ends(ok)`` runs after it,
+A listener's ``backward_begins(kwargs)`` runs before the call on the calling thread and may
+return replacement keyword arguments (``retain_graph``); a listener that sets
+``needs_arguments = True`` gets every argument by name there (``tensors`` are the roots).
+``backward_ends(ok)`` runs after it,
 also when it raised. Nested calls (a backward inside a backward hook) are not reported: only
 the outermost call of a thread is a step's backward. Listener errors never reach the job.
 """
@@ -32,6 +33,9 @@ class BackwardListener(Protocol):
 
 
 _listeners: list[BackwardListener] = []
+# Whether some listener reads or replaces the arguments (``needs_arguments = True``): only
+# then are they bound to their names, which costs a dict per call.
+_by_name = False
 _lock = threading.Lock()
 _depth = threading.local()
 _original: Any = None
@@ -53,7 +57,7 @@ def _make_wrapper(original: Any) -> Any:
     def backward(*args: Any, **kwargs: Any) -> Any:
         depth = getattr(_depth, "n", 0)
         listeners = _listeners if depth == 0 else ()
-        if listeners and args:
+        if args and _by_name and listeners:
             kwargs = {**dict(zip(PARAMETERS, args, strict=False)), **kwargs}
             args = ()
         for listener in listeners:
@@ -88,12 +92,13 @@ class Listening:
         self.listener = listener
 
     def remove(self) -> None:
-        global _original, _wrapper, _listeners
+        global _original, _wrapper, _listeners, _by_name
         with _lock:
             if self.listener not in _listeners:
                 return
             # Copy on write: the wrapper may be iterating the old list on another thread.
             _listeners = [x for x in _listeners if x is not self.listener]
+            _by_name = any(getattr(x, "needs_arguments", False) for x in _listeners)
             if not _listeners and _original is not None:
                 if torch.autograd.backward is _wrapper:
                     torch.autograd.backward = _original
@@ -102,7 +107,7 @@ class Listening:
 
 def listen(listener: BackwardListener) -> Listening:
     """Report the top-level backward calls of every thread to ``listener``."""
-    global _original, _wrapper, _listeners
+    global _original, _wrapper, _listeners, _by_name
     with _lock:
         if _original is None:
             _original = torch.autograd.backward
@@ -114,6 +119,7 @@ def listen(listener: BackwardListener) -> Listening:
 
             BACKWARD_CALLS.setdefault(_wrapper, "torch.autograd.backward")
         _listeners = [*_listeners, listener]
+        _by_name = any(getattr(x, "needs_arguments", False) for x in _listeners)
     return Listening(listener)
 
 

@@ -21,6 +21,7 @@ as the optimizer counts it, so gradient accumulation is counted right from then 
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, Protocol
 
@@ -34,7 +35,9 @@ from torchscope.tracer import backward_calls
 
 
 class StepListener(Protocol):
-    def update_begins(self, args: tuple, kwargs: dict) -> None: ...
+    def update_begins(self, args: tuple, kwargs: dict) -> bool:
+        """Returns whether something must be restored if ``step()`` raises."""
+        ...
 
     def update_ends(self) -> None: ...
 
@@ -65,6 +68,7 @@ class StepClock:
         self.counted_by: str | None = None  # the rule that ended a step last
         self._owner = threading.get_ident()
         self._depth = 0  # optimizer.step() calls in progress
+        self._outer: Any = None  # the frame of the outermost one (nesting, or a raise)
         self._optimizer_seen = False
         self._manual_seen = False
         self._provisional = 0  # steps counted from backward() before any optimizer step
@@ -119,13 +123,17 @@ class StepClock:
     def _before_update(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
         if threading.get_ident() != self._owner:
             return
+        caller = sys._getframe(1)  # torch's wrapper around this step() call
+        if self._depth and not _on_stack(self._outer, caller):
+            self._update_failed(None, None)  # the last step() raised: its post-hook never ran
         self._depth += 1
         if self._depth > 1:
-            return
+            return  # a subclass's step() calling super().step(): one update
+        self._outer = caller
         self._drop_pending()
-        # Post-hooks do not run when step() raises: the next module call settles things then.
-        self._resume_hook = module_mod.register_module_forward_pre_hook(self._update_failed)
-        self.listener.update_begins(args, kwargs)
+        if self.listener.update_begins(args, kwargs):
+            # Post-hooks do not run when step() raises: the next module call settles it.
+            self._resume_hook = module_mod.register_module_forward_pre_hook(self._update_failed)
 
     def _after_update(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
         if threading.get_ident() != self._owner:
@@ -151,6 +159,7 @@ class StepClock:
 
     def _settle(self) -> None:
         self._depth = 0
+        self._outer = None
         if self._resume_hook is not None:
             self._resume_hook.remove()
             self._resume_hook = None
@@ -188,3 +197,16 @@ class StepClock:
         if self._pending_hook is not None:
             self._pending_hook.remove()
             self._pending_hook = None
+
+
+def _on_stack(frame: Any, start: Any, limit: int = 64) -> bool:
+    """Whether ``frame`` is ``start`` or one of its callers (a nested ``step()`` call runs
+    inside its outer one; a stale one from a ``step()`` that raised does not)."""
+    f = start.f_back if start is not None else None
+    for _ in range(limit):
+        if f is None:
+            return False
+        if f is frame:
+            return True
+        f = f.f_back
+    return False

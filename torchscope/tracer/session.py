@@ -342,11 +342,11 @@ class Tracer:
         return self.trace.grads_of(node)
 
     # -- steps (called by the step clock, on the training thread) ---------------------------
-    def update_begins(self, args: tuple, kwargs: dict) -> None:
-        """``optimizer.step()`` begins."""
+    def update_begins(self, args: tuple, kwargs: dict) -> bool:
+        """``optimizer.step()`` begins; True when the mode was left (to re-enter if it raises)."""
         closure = args[1] if len(args) > 1 else kwargs.get("closure")
         if self.optimizer_ops or closure is not None:
-            return  # a closure (LBFGS) runs the model's own forward and backward in step()
+            return False  # a closure (LBFGS) runs the model's own forward and backward in step()
         # The update's own ops (one or more per parameter) are not the model's ops; skipping
         # them halves a small model's cost. A NaN the update writes into a weight is still
         # caught: it shows up as a non-finite parameter at its first use (an input alert).
@@ -356,6 +356,7 @@ class Tracer:
         if self._mode_pushed and self._mode_on_top():
             self.mode.__exit__(None, None, None)
             self._mode_pushed = False
+        return True
 
     def update_ends(self) -> None:
         """``optimizer.step()`` returned (or raised) without ending the step."""

@@ -192,6 +192,8 @@ class NanWatch:
         was traced live already: its alert says where the value came from).
     """
 
+    needs_arguments = True  # backward_calls: the roots and retain_graph, by name
+
     def __init__(
         self,
         *,
