@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchscope.protocol.events import GRAD, OP, Event
+from torchscope.protocol.events import GRAD, OP, Event, number_text
 
 STAT_KEYS = ("min", "max", "mean", "std", "norm")
 _TENSOR_FIELDS = {OP: ("inputs", "outputs"), GRAD: ("grad_outputs", "grad_inputs")}
@@ -336,15 +336,7 @@ def _mod(module: Any) -> str:
 
 # -- report ----------------------------------------------------------------------------------
 def _fmt(x: Any) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        if math.isnan(x):
-            return "nan"
-        if math.isinf(x):
-            return "inf" if x > 0 else "-inf"
-        return f"{x:.6g}"
-    return str(x)
+    return number_text(x, 6)
 
 
 def _summary_text(s: dict | None) -> str:

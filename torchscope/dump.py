@@ -18,6 +18,7 @@ from torchscope.protocol.events import (
     STEP,
     TRACING,
     Event,
+    number_text,
 )
 
 
@@ -64,16 +65,6 @@ def to_jsonl(event: Event) -> str:
         return _encode(_json_safe(event))
 
 
-def _num(x: Any) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        if math.isnan(x):
-            return "nan"
-        return f"{x:.4g}"
-    return str(x)
-
-
 def compact_stat(summary: dict | None) -> str:
     """``norm=1.23`` plus NaN/Inf flags: one cell of the table."""
     if summary is None:
@@ -83,9 +74,9 @@ def compact_stat(summary: dict | None) -> str:
         return summary.get("dtype") or "?"
     values = summary.get("values")
     if values is not None and len(values) == 1:
-        text = _num(values[0])
+        text = number_text(values[0])
     else:
-        text = f"norm={_num(stats.get('norm'))}"
+        text = f"norm={number_text(stats.get('norm'))}"
     flags = []
     if stats.get("nan"):
         flags.append(f"NaN:{stats['nan']}")

@@ -6,6 +6,7 @@ they do not know, so adding a key is a minor protocol change.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -41,6 +42,20 @@ class Event(dict):
     @property
     def kind(self) -> str:
         return self["kind"]
+
+
+def number_text(x: Any, digits: int = 4) -> str:
+    """A stat for people: ``digits`` significant digits, ``nan``/``inf``/``-inf`` spelled
+    out, ``-`` for a missing value."""
+    if x is None:
+        return "-"
+    if isinstance(x, float) and not isinstance(x, bool):
+        if math.isnan(x):
+            return "nan"
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+        return f"{x:.{digits}g}"
+    return str(x)
 
 
 def all_finite(summaries: list | None) -> bool:

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from torchscope.dump import compact_stat, shape_text, short_source
+from torchscope.protocol.events import number_text
 
 __all__ = [
     "SPARK",
@@ -43,17 +44,7 @@ def short_name(name: str) -> str:
 
 
 def fnum(x: Any) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, bool):
-        return str(x)
-    if isinstance(x, float):
-        if math.isnan(x):
-            return "nan"
-        if math.isinf(x):
-            return "inf" if x > 0 else "-inf"
-        return f"{x:.4g}"
-    return str(x)
+    return number_text(x)
 
 
 def _flags(stats: dict) -> str:
