@@ -125,11 +125,16 @@ PATTERNS = [
 ]
 
 
+# Python's own (backtracking) re takes 2**len(text) steps on these: compared on short texts.
+EXPONENTIAL_IN_RE = {r"^(.|.)*X$", r"(a|)+b"}
+
+
 @settings(max_examples=300, deadline=None)
 @given(text=st.text(alphabet="abcdXlinearLINEAR._0123 \n\u212aké", max_size=30))
 def test_matches_what_python_re_matches(text: str) -> None:
     for pattern in PATTERNS:
-        assert SafePattern(pattern).search(text) == bool(re.search(pattern, text)), pattern
+        t = text[:12] if pattern in EXPONENTIAL_IN_RE else text
+        assert SafePattern(pattern).search(t) == bool(re.search(pattern, t)), pattern
 
 
 # -- the job -------------------------------------------------------------------------------------
