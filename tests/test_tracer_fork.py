@@ -45,3 +45,36 @@ def test_dataloader_workers_neither_trace_nor_touch_the_file(tmp_path):
     assert [e["seq"] for e in loaded.events] == [e["seq"] for e in tr.events]
     assert {o["name"] for o in loaded.ops} == {o["name"] for o in tr.ops}
     assert not any(o["name"] == "torch.randn" for o in loaded.ops)
+
+
+def test_dataloader_workers_of_an_agent_job_leave_its_file_and_its_hooks_alone(tmp_path):
+    """``torchscope run --record`` (the agent): forked workers drop the agent too."""
+    from torch.optim import optimizer as optim_mod
+
+    from torchscope.tracer.agent import Agent, ServeOptions
+
+    class Probe(SlowDataset):
+        def __getitem__(self, i: int):
+            x, modes = super().__getitem__(i)
+            from torchscope.tracer.agent import current_agent
+
+            hooks = len(optim_mod._global_optimizer_pre_hooks)
+            return x, modes + (0 if current_agent() is None else 100) + 1000 * hooks
+
+    path = tmp_path / "run.tsc"
+    model = models.mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(Probe(), batch_size=4, num_workers=2, multiprocessing_context="fork")
+    agent = Agent(ServeOptions(record=str(path), live=False, quiet=True)).start()
+    seen = []
+    try:
+        for x, probe in loader:
+            seen += probe.tolist()
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        agent.stop()
+    assert seen == [0] * 8  # no mode, no agent, no optimizer hook in the workers
+    loaded = torchscope.load(path)
+    assert loaded.ops and not any(o["name"] == "torch.randn" for o in loaded.ops)

@@ -173,6 +173,9 @@ class Agent:
             self._start_publisher(session)
         self.clock.install()
         self._handle_sigterm()
+        # A forked child (a DataLoader worker) is not the job: it drops what the agent holds.
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forget_in_child(ref))
         if opts.watch:
             self._start_watch()  # after the clock: its optimizer hook runs first
         self.started = True
@@ -181,10 +184,11 @@ class Agent:
         return self
 
     def session_event(self) -> Event:
+        held = self.options.held_steps()
         return session_event(
             self.next_seq(),
             self.clock.step,
-            steps=self.options.held_steps().text if self.options.held_steps() else "none",
+            steps=held.text if held is not None else "none",
             values=self.options.values,
             record=self.options.record,
             metadata={
@@ -221,8 +225,6 @@ class Agent:
         )
         publisher.on_request = self._contact
         publisher.on_tick = self._expire_leases
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _forget_in_child(ref))
 
     def _handle_sigterm(self) -> None:
         """SIGTERM (schedulers, ``timeout``) would kill the job with no cleanup: the trace
