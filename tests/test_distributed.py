@@ -83,14 +83,22 @@ def test_ddp_synced_gradients_are_the_mean_of_the_ranks_local_ones(recorded) -> 
         assert synced[(0, step, param)] == synced[(1, step, param)]  # the ranks agree
 
 
-def test_a_nan_made_on_one_rank_is_reported_where_it_arrives_on_the_other(recorded) -> None:
+def test_a_nan_made_on_one_rank_is_reported_where_it_arrives_with_that_ranks_origin(
+    recorded,
+) -> None:
     tmp, _ = recorded
     alerts = {r: [e for e in events(tmp, r) if e["kind"] == "alert"] for r in (0, 1)}
-    assert [(a["step"], a["name"]) for a in alerts[1]][:1] == [(3, "Tensor.__setitem__")]
+    assert [(a["step"], a["name"]) for a in alerts[1]][:1] == [(2, "Tensor.__setitem__")]
     (arrived,) = [a for a in alerts[0] if "arrives through" in a["message"]]
-    assert arrived["step"] == 3
+    assert arrived["step"] == 2
     assert arrived["message"].startswith(
         "NaN arrives through torch.distributed.all_reduce from another rank"
+    )
+    (origin,) = [a for a in alerts[0] if a.get("where") == "rank"]
+    assert origin["step"] == 2 and origin["name"] == "rank 1"
+    assert origin["message"].startswith(
+        "the NaN that arrived here at step 2 was made on rank 1: NaN first appears in "
+        "Tensor.__setitem__ (forward) at "
     )
 
 

@@ -20,7 +20,7 @@ for step in range(3):
     opt.step()
     t = torch.full((5,), float(rank + 1)) * 1.0
     u = torch.full((2,), 1.0) * 1.0
-    if step == 2 and rank == 1:
+    if step == 1 and rank == 1:
         u[0] = float("nan")  # made on rank 1 only
     dist.all_reduce(t)  # sum over ranks: 3.0 everywhere
     s = t + 0  # reads the all-reduced value

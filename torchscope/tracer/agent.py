@@ -36,11 +36,13 @@ from torchscope.protocol.events import ALERT, ARMING, DORMANT, TRACED, TRACING, 
 from torchscope.tracer import backward_calls
 from torchscope.tracer.clock import StepClock
 from torchscope.tracer.pipeline import Sink
+from torchscope.tracer.ranks import RankOrigins, job_store
 from torchscope.tracer.session import DrivenBy, Tracer, current_tracer, session_event
 from torchscope.tracer.stepper import Stepper, stepping_commands
 from torchscope.tracer.steps import ALL_STEPS, StepSelection, parse_steps
 
 _agent: Agent | None = None
+ORIGIN_LOOKUPS = 20  # step boundaries to look for another rank's origin of an arrival
 WATCH_TRACE_STEPS = 3  # steps traced in full after a NaN the replay could not reproduce
 STEPPING_COMMANDS = frozenset(
     "pause step next continue detach state break_list break_add break_enable break_delete "
@@ -136,6 +138,9 @@ class Agent:
         # A watch switched on or off from outside, applied at the next step boundary (the
         # watch hooks the training thread): (spec or None, on_nan).
         self._watch_request: tuple[str | None, str] | None = None
+        self._origins: RankOrigins | None = None  # shared NaN/Inf origins (multi-rank jobs)
+        # step -> (what, lookups left): NaN/Inf that arrived here through a collective
+        self._arrivals: dict[int, tuple[str, int]] = {}
         self._watch_listening: backward_calls.Listening | None = None
         self._client_holders_gone: set[int] = set()
         self._blocked_said = False
@@ -301,7 +306,7 @@ class Agent:
 
     def _replay_tracer(self, step: int) -> Tracer:
         """The tracer a watch replay records into: this job's file and UIs, its numbering."""
-        return Tracer(
+        tracer = Tracer(
             None,
             values=self.options.values,
             keep=False,
@@ -309,6 +314,78 @@ class Agent:
             sinks=self.sinks,
             driven=DrivenBy(self.stepper, step, self.next_seq),
         ).start()
+        self._share_alerts(tracer)
+        return tracer
+
+    # -- origins shared between ranks -----------------------------------------------------------
+    def _share_alerts(self, tracer: Tracer) -> None:
+        if tracer.pipeline is not None and os.environ.get("WORLD_SIZE", "1") != "1":
+            tracer.pipeline.alerts.on_alert = self._on_alert
+
+    def _rank_origins(self) -> RankOrigins | None:
+        if self._origins is None:
+            found = job_store()
+            if found is not None:
+                self._origins = RankOrigins(*found)
+        return self._origins
+
+    def _on_alert(self, alert: Event) -> None:
+        """An alert of this rank: an origin is published for the other ranks; a value that
+        arrived through a collective is matched with theirs at the next step boundaries."""
+        origins = self._rank_origins()
+        if origins is None:
+            return
+        if alert.get("arrived"):
+            with self._lock:
+                self._arrivals.setdefault(alert["step"], (alert["what"], ORIGIN_LOOKUPS))
+        else:
+            origins.publish(alert["step"], alert["message"])
+
+    def _match_arrivals(self) -> None:
+        """At a step boundary: the origins other ranks have published for the steps where a
+        NaN/Inf arrived here, as one alert each (no waiting: asked again at later steps)."""
+        origins = self._rank_origins()
+        with self._lock:
+            pending = dict(self._arrivals)
+        for step, (what, left) in pending.items():
+            found = origins.find(step) if origins is not None else []
+            with self._lock:
+                if found or left <= 1:
+                    self._arrivals.pop(step, None)
+                else:
+                    self._arrivals[step] = (what, left - 1)
+            for rank, message in found:
+                self._emit_alert(
+                    Event(
+                        kind=ALERT,
+                        seq=self.next_seq(),
+                        step=step,
+                        what=what,
+                        where="rank",
+                        event_seq=None,
+                        name=f"rank {rank}",
+                        source=None,
+                        message=f"the {'NaN' if what == 'nan' else 'Inf'} that arrived here "
+                        f"at step {step} was made on rank {rank}: {message}",
+                    )
+                )
+
+    def _last_arrivals(self, seconds: float = 2.0) -> None:
+        """At the end of the job, the other ranks' origins get a short while to arrive."""
+        deadline = time.monotonic() + seconds
+        while self._arrivals and time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                self._match_arrivals()
+            if self._arrivals:
+                time.sleep(0.1)
+
+    def _emit_alert(self, event: Event) -> None:
+        if self.tracer is not None and self.tracer.pipeline is not None:
+            self.tracer._emit(event)
+            return
+        for sink in self.sinks:
+            with contextlib.suppress(Exception):
+                sink([event])
 
     def _watch_report(self, text: str) -> None:
         if not self.options.quiet:
@@ -347,6 +424,7 @@ class Agent:
         if self.watch is not None:
             with contextlib.suppress(Exception):
                 self.watch.remove()
+        self._last_arrivals()
         if self._watch_listening is not None:
             self._watch_listening.remove()
             self._watch_listening = None
@@ -387,6 +465,9 @@ class Agent:
 
     def boundary(self, step: int) -> None:
         """Step ``step`` begins: arm or disarm here, never inside a step."""
+        if self._arrivals:
+            with contextlib.suppress(Exception):
+                self._match_arrivals()
         try:
             with self._lock:
                 want = gated = False
@@ -437,6 +518,7 @@ class Agent:
             driven=DrivenBy(self.stepper, step, self.next_seq),
         )
         tracer.start()
+        self._share_alerts(tracer)
         self.tracer = tracer
         self.armed_periods += 1
         self._say_holders(f"tracing from step {step}")

@@ -15,6 +15,7 @@ either, so it is not reported.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from torchscope.protocol.events import ALERT, GRAD, OP, STEP, Event, all_finite
@@ -87,6 +88,8 @@ class AlertDetector:
         # seq -> "nan"/"inf" for this step's events that were found to be origins (forward,
         # backward or where a bad input enters): what a `nan` breakpoint stops at.
         self.origins: dict[int, str] = {}
+        # Told of every alert made (a multi-rank job shares its origins with the other ranks).
+        self.on_alert: Callable[[Event], None] | None = None
 
     def check(self, event: Event) -> list[Event]:
         kind = event["kind"]
@@ -147,10 +150,11 @@ class AlertDetector:
         at = f" at {source}" if source else ""
         noun = "NaN" if what == "nan" else "Inf"
         verb = "enters as" if where == "input" else "first appears in"
-        if label.startswith("torch.distributed."):
+        arrived = label.startswith("torch.distributed.")
+        if arrived:
             # Finite here, not after the collective: it came from another rank.
             verb, label = "arrives through", f"{label} from another rank"
-        return Event(
+        alert = Event(
             kind=ALERT,
             seq=self.next_seq(),
             step=event["step"],
@@ -164,3 +168,9 @@ class AlertDetector:
             param=event.get("param"),
             message=f"{noun} {verb} {label} ({where}){at}",
         )
+        if arrived:
+            alert["arrived"] = True
+        if self.on_alert is not None:
+            with contextlib.suppress(Exception):  # sharing never costs the alert itself
+                self.on_alert(alert)
+        return alert

@@ -24,6 +24,52 @@ from collections.abc import Callable
 from typing import Any
 
 
+def job_store() -> tuple[Any, int, int] | None:
+    """(store, rank, world size) of a multi-rank job's default process group, or None
+    (a single process, no process group yet, no store)."""
+    try:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        world = dist.get_world_size()
+        if world < 2:
+            return None
+        from torch.distributed import distributed_c10d
+
+        return distributed_c10d._get_default_store(), dist.get_rank(), world
+    except Exception:
+        return None
+
+
+class RankOrigins:
+    """Where a NaN/Inf was made, shared between ranks through the job's c10d store.
+
+    A rank that finds an origin writes it under the step; a rank where the value only
+    arrived (through a collective) looks for the others' origins of that step at its next
+    step boundaries, without waiting: the other rank may deliver its alert later.
+    """
+
+    def __init__(self, store: Any, rank: int, world: int) -> None:
+        self.store, self.rank, self.world = store, rank, world
+        self._published: set[int] = set()
+
+    def publish(self, step: int, message: str) -> None:
+        if step in self._published:
+            return  # the first origin of a step is the one that matters
+        self._published.add(step)
+        self.store.set(f"torchscope/origin/{step}/{self.rank}", message)
+
+    def find(self, step: int) -> list[tuple[int, str]]:
+        """Origins other ranks published for ``step`` so far: (rank, message)."""
+        out = []
+        for r in range(self.world):
+            key = f"torchscope/origin/{step}/{r}"
+            if r != self.rank and self.store.check([key]):
+                out.append((r, self.store.get(key).decode(errors="replace")))
+        return out
+
+
 class RankGate:
     def __init__(self, store: Any, rank: int, world: int, say: Callable[[str], None]) -> None:
         self.store = store
@@ -39,20 +85,8 @@ class RankGate:
     def for_job(cls, say: Callable[[str], None]) -> RankGate | None:
         """The gate of a multi-rank job's default process group, or None (single process,
         no process group yet, or no store to meet in)."""
-        try:
-            import torch.distributed as dist
-
-            if not (dist.is_available() and dist.is_initialized()):
-                return None
-            world = dist.get_world_size()
-            if world < 2:
-                return None
-            from torch.distributed import distributed_c10d
-
-            store = distributed_c10d._get_default_store()
-            return cls(store, dist.get_rank(), world, say)
-        except Exception:
-            return None
+        found = job_store()
+        return cls(*found, say) if found is not None else None
 
     def meet(self, step: int, what: str) -> None:
         """Wait until every rank has reached this point of step ``step`` (never raises)."""
