@@ -15,6 +15,9 @@
     after each key, which is more than a terminal repaint costs).
 (d) small: the same 100,000-event step at 80x24: a full render with no cached lines (a first
     paint or a resize), and down / page down keypress latency.
+(e) huge step: a recording whose one step holds 300,000 events (``--huge-events``; a real
+    LBFGS step had 702k), opened with FileSource: time to the first rows of the step, time to
+    all of them (the step streams in chunk by chunk), and keypress latency meanwhile.
 
 Each measurement runs in a fresh process, so one part's memory does not hide another's.
 """
@@ -71,6 +74,23 @@ def write_trace(path: Path, events: int, layers: int = 200) -> int:
         w.write(buf)
         written = w.events_written
     return written
+
+
+def write_huge_step(path: Path, events: int) -> int:
+    """A recording with one step of about ``events`` events (then nothing)."""
+    from torchscope.protocol.tracefile import TraceWriter
+    from torchscope.tui.synthetic import events_per_step, iter_trace
+
+    layers = max(1, events // (events_per_step(1000) // 1000))
+    with TraceWriter(path, metadata={"synthetic": True}, chunk_events=4096) as w:
+        buf = []
+        for ev in iter_trace(1, layers):
+            buf.append(ev)
+            if len(buf) >= 4096:
+                w.write(buf)
+                buf = []
+        w.write(buf)
+        return w.events_written
 
 
 def strip_index(src: Path, dst: Path) -> None:
@@ -301,6 +321,43 @@ async def _small(n_events: int, presses: int) -> dict:
     return out
 
 
+async def _huge(path: str) -> dict:
+    """Open a recording whose first step is huge: first rows, all rows, keys meanwhile."""
+    t0 = time.perf_counter()
+    from torchscope.tui.app import TorchscopeApp
+    from torchscope.tui.sources import FileSource
+
+    app = TorchscopeApp(FileSource(path))
+    lat = []
+    async with app.run_test(size=(160, 45)) as pilot:
+        timeline = app.main.timeline
+        while timeline.row_count() == 0:
+            await asyncio.sleep(0.002)
+        app.screen_text()
+        first = time.perf_counter() - t0
+        first_rows = timeline.row_count()
+        timeline.focus()
+        while app.store.data(0) is None or 0 in app.store.loading or not app.store.order:
+            lat.append(await key_latency(app, pilot, "up" if len(lat) % 2 else "down"))
+            await asyncio.sleep(0.1)
+            if time.perf_counter() - t0 > 600:
+                break
+        await pilot.pause(0.05)
+        every = time.perf_counter() - t0
+        rows = len(app.store.data(0).rows) if app.store.data(0) is not None else 0
+    return {
+        "first_rows_s": first,
+        "first_rows": first_rows,
+        "all_rows_s": every,
+        "rows": rows,
+        "keys": len(lat),
+        "key_ms_while_loading": (
+            (1000 * statistics.median(lat), 1000 * _p95(lat)) if lat else (0.0, 0.0)
+        ),
+        "file_mb": os.path.getsize(path) / 2**20,
+    }
+
+
 def child(argv: list[str]) -> None:
     what = argv[0]
     if what == "first":
@@ -311,6 +368,8 @@ def child(argv: list[str]) -> None:
         res = asyncio.run(_latency(int(argv[1]), int(argv[2])))
     elif what == "small":
         res = asyncio.run(_small(int(argv[1]), int(argv[2])))
+    elif what == "huge":
+        res = asyncio.run(_huge(argv[1]))
     else:
         raise SystemExit(f"unknown child {what}")
     print("RESULT " + json.dumps(res))
@@ -343,8 +402,9 @@ def main() -> None:
     ap.add_argument("--max-events", type=int, default=250_000, help="store bound (live)")
     ap.add_argument("--step-events", type=int, default=100_000, help="events in one step (c)")
     ap.add_argument("--presses", type=int, default=40)
+    ap.add_argument("--huge-events", type=int, default=300_000, help="events in one step (e)")
     ap.add_argument("--dir", default=None, help="where to keep the trace (reused if present)")
-    ap.add_argument("--only", choices=["replay", "live", "latency", "small"], default=None)
+    ap.add_argument("--only", choices=["replay", "live", "latency", "small", "huge"], default=None)
     args = ap.parse_args()
 
     rows: list[tuple[str, str, str]] = []
@@ -441,6 +501,31 @@ def main() -> None:
                     "median / p95" + (" (no cached lines)" if key == "full render" else ""),
                 )
             )
+
+    if args.only in (None, "huge"):
+        trace = workdir / f"huge-step-{args.huge_events}.tsc"
+        if not trace.exists():
+            t = time.perf_counter()
+            n = write_huge_step(trace, args.huge_events)
+            print(f"wrote {n:,} events to {trace} in {time.perf_counter() - t:.1f} s", flush=True)
+        r = run_child("huge", str(trace))
+        rows += [
+            (
+                f"huge step ({r['rows']:,} rows): first rows",
+                f"{r['first_rows_s']:.2f} s",
+                f"{r['first_rows']:,} rows, from app start; file {r['file_mb']:.0f} MB",
+            ),
+            (
+                "huge step: all rows",
+                f"{r['all_rows_s']:.1f} s",
+                "from app start, streamed in while the UI runs",
+            ),
+            (
+                "huge step: keypress latency while it streams in",
+                "{:.1f} / {:.1f} ms".format(*r["key_ms_while_loading"]),
+                f"median / p95 of {r['keys']} keys",
+            ),
+        ]
 
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)

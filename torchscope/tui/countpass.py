@@ -9,9 +9,18 @@ done here, in its own process, it also runs on another core.
 
 writes length-prefixed msgpack records to stdout::
 
-    {"counts": {step: [ops, grads, graph_nodes, alerts, events]}, "alerts": [alert events],
+    {"counts": {step: [ops, grads, graph_nodes, alerts, events, grad_sq, grad_norms]},
+     "loss": {step: [value, rank]}, "alerts": [alert events],
      "final": [steps whose counts are complete], "done": chunks_done, "total": chunks}
     {"error": "one line"}
+
+Counts are what the chunks decoded since the previous record added (the reader sums them);
+``grad_sq`` is the sum of the squared norms of the gradients AccumulateGrad nodes received
+(``grad_norms`` of them): the step's global gradient norm is its square root. ``loss`` is the
+step's loss as known so far (it replaces the previous one): a ``loss`` field an event carries
+(rank 3), else the one-value output of the op whose backward node ran first in the step, the
+root of its backward (rank 2), else the one-value output of the step's last op before any
+backward (rank 1).
 
 Imports neither torch nor textual.
 """
@@ -38,14 +47,73 @@ def _step_of(ev: dict) -> int:
     return step if type(step) is int else NO_STEP
 
 
-class Counter:
-    """Counts by step: ``[ops, grads, graph_nodes, alerts, events]`` and the alert events."""
+def scalar_of(summaries: Any) -> float | None:
+    """The value of a one-value tensor, when ``summaries`` is exactly one such summary."""
+    if type(summaries) is not list or len(summaries) != 1:
+        return None
+    s = summaries[0]
+    if type(s) is not dict:
+        return None
+    shape = s.get("shape")
+    if type(shape) is not list or any(d != 1 for d in shape):
+        return None
+    values = s.get("values")
+    if type(values) is list and len(values) == 1 and _is_num(values[0]):
+        return float(values[0])
+    stats = s.get("stats")
+    if type(stats) is dict and _is_num(stats.get("mean")):
+        return float(stats["mean"])
+    return None
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def grad_norm_of(ev: dict) -> float | None:
+    """The norm of the gradient an AccumulateGrad node received (a parameter's gradient)."""
+    if ev.get("node") != "AccumulateGrad":
+        return None
+    go = ev.get("grad_outputs")
+    if type(go) is not list or not go or type(go[0]) is not dict:
+        return None
+    stats = go[0].get("stats")
+    norm = stats.get("norm") if type(stats) is dict else None
+    return float(norm) if _is_num(norm) else None
+
+
+class _Loss:
+    """What is known of one step's loss (see the module doc)."""
+
+    __slots__ = ("backward", "rank", "scalars", "value")
 
     def __init__(self) -> None:
-        self.counts: dict[int, list[int]] = {}
+        self.rank = 0
+        self.value: float | None = None
+        self.backward = False  # a backward node of this step ran
+        self.scalars: dict[int, float] = {}  # one-value op outputs before the backward, by seq
+
+
+class Counter:
+    """Counts by step: ``[ops, grads, graph_nodes, alerts, events, grad_sq, grad_norms]``, the
+    alert events and the steps' losses (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, list] = {}
         self.alerts: list[dict] = []
+        self.losses: dict[int, _Loss] = {}
+        self.loss_changed: set[int] = set()
+
+    def _loss(self, step: int, value: float, rank: int) -> None:
+        state = self.losses.get(step)
+        if state is None:
+            state = self.losses[step] = _Loss()
+        if rank >= state.rank and (rank, value) != (state.rank, state.value):
+            state.rank, state.value = rank, value
+            self.loss_changed.add(step)
 
     def add(self, events: Iterable[dict]) -> None:
+        losses = self.losses
         for ev in events:
             kind = ev.get("kind")
             if kind == SESSION:
@@ -53,12 +121,41 @@ class Counter:
             step = _step_of(ev)
             c = self.counts.get(step)
             if c is None:
-                c = self.counts[step] = [0, 0, 0, 0, 0]
+                c = self.counts[step] = [0, 0, 0, 0, 0, 0.0, 0]
             c[4] += 1
+            hint = ev.get("loss")
+            if hint is not None and _is_num(hint):
+                self._loss(step, float(hint), 3)
             if kind == OP:
                 c[0] += 1
+                state = losses.get(step)
+                if state is None:
+                    state = losses[step] = _Loss()
+                if not state.backward:
+                    value = scalar_of(ev.get("outputs"))
+                    if value is not None:
+                        seq = ev.get("seq")
+                        if type(seq) is int:
+                            state.scalars[seq] = value
+                            if len(state.scalars) > 64:
+                                del state.scalars[next(iter(state.scalars))]
+                        if state.rank <= 1:
+                            self._loss(step, value, 1)
             elif kind == GRAD:
                 c[1] += 1
+                norm = grad_norm_of(ev)
+                if norm is not None:
+                    c[5] += norm * norm
+                    c[6] += 1
+                state = losses.get(step)
+                if state is None:
+                    state = losses[step] = _Loss()
+                if not state.backward:
+                    state.backward = True
+                    root = state.scalars.get(ev.get("op_seq"))  # type: ignore[arg-type]
+                    if root is not None:
+                        self._loss(step, root, 2)
+                    state.scalars = {}
             elif kind == GRAPH:
                 nodes = ev.get("nodes")
                 c[2] += len(nodes) if isinstance(nodes, list) else 0
@@ -66,10 +163,24 @@ class Counter:
                 c[3] += 1
                 self.alerts.append(dict(ev))
 
-    def take(self) -> tuple[dict[int, list[int]], list[dict]]:
+    def take(self) -> tuple[dict[int, list], list[dict]]:
         out = self.counts, self.alerts
         self.counts, self.alerts = {}, []
         return out
+
+    def take_losses(self) -> dict[int, list]:
+        """Losses that changed since the last call: ``{step: [value, rank]}``."""
+        out = {}
+        for step in self.loss_changed:
+            state = self.losses[step]
+            out[step] = [state.value, state.rank]
+        self.loss_changed = set()
+        return out
+
+    def forget(self, steps: Iterable[int]) -> None:
+        """Drop the loss state of steps whose counts are complete."""
+        for step in steps:
+            self.losses.pop(step, None)
 
 
 def passes(
@@ -98,8 +209,11 @@ def passes(
             final = sorted(s for s in seen if s < bound and s not in finalized)
             finalized.update(final)
             counts, alerts = counter.take()
+            losses = counter.take_losses()
+            counter.forget(final)
             yield {
                 "counts": counts,
+                "loss": losses,
                 "alerts": alerts,
                 "final": final,
                 "done": done,
@@ -108,7 +222,7 @@ def passes(
         elif each_chunk:
             yield None
     if not chunks:
-        yield {"counts": {}, "alerts": [], "final": [], "done": 0, "total": 0}
+        yield {"counts": {}, "loss": {}, "alerts": [], "final": [], "done": 0, "total": 0}
 
 
 def write_record(out: BinaryIO, record: dict[str, Any]) -> None:

@@ -159,12 +159,18 @@ class FileSource(EventSource):
         count_pass: str | bool | None = "process",
         chunk_cache: int = 4,
         pass_pause: float = 0.002,
+        part_events: int = 20_000,
+        part_seconds: float = 0.25,
+        max_pending: int = 60_000,
     ) -> None:
         super().__init__()
         self.path = os.fspath(path)
         self.label = self.path
         self.count_pass = "thread" if count_pass is True else (count_pass or None)
         self.pass_pause = pass_pause
+        self.part_events = part_events
+        self.part_seconds = part_seconds
+        self.max_pending = max_pending
         self._cache: OrderedDict[int, list[Event]] = OrderedDict()
         self._cache_max = max(1, chunk_cache)
         self.reader: TraceReader | None = None
@@ -234,7 +240,7 @@ class FileSource(EventSource):
             for step in requests:
                 if stop.is_set():
                     return
-                self._load(reader, step, inbox)
+                self._load(reader, step, inbox, stop)
             if requests:
                 continue
             if in_thread is not None:
@@ -323,23 +329,81 @@ class FileSource(EventSource):
                 self._cache.popitem(last=False)
         return events
 
-    def _load(self, reader: TraceReader, step: int, inbox: Inbox) -> None:
+    def _load(
+        self, reader: TraceReader, step: int, inbox: Inbox, stop: threading.Event | None = None
+    ) -> None:
+        """Send ``step``'s events to the inbox, part by part as its chunks are decoded: the
+        first part at once (the first screen of rows), then a part every ``part_events``
+        events or ``part_seconds``. Waits while the UI has more than ``max_pending`` events to
+        apply; gives up (``step_abort``) when another step is asked for meanwhile."""
+        wanted = [i for i, c in enumerate(reader.chunks) if c.first_step <= step <= c.last_step]
+        total = len(wanted)
+        if total <= 1:
+            events, others = self._step_events(reader, wanted, step)
+            self._post_index(inbox, others)
+            inbox.put("step", step, prepare(events))
+            return
+        keep = total <= self._cache_max  # a huge step would only flush the cache
+        others: set[int] = set()
+        buf: list = []
+        first = True
+        last_put = time.monotonic()
+        for n, i in enumerate(wanted, 1):
+            if stop is not None and stop.is_set():
+                return
+            if not first and self._asked_elsewhere(step):
+                inbox.put("step_abort", step)
+                return
+            events, more = self._step_events(reader, [i], step, keep=keep)
+            others |= more
+            buf.extend(prepare(events))
+            last = n == total
+            now = time.monotonic()
+            if first or last or len(buf) >= self.part_events or now - last_put >= self.part_seconds:
+                if first and not buf and not last:
+                    continue  # nothing of this step yet: the first part must show rows
+                inbox.put_step_part(step, buf, first, last, n, total)
+                buf, first, last_put = [], False, now
+            while (
+                not last
+                and inbox.pending_events > self.max_pending
+                and not (stop is not None and stop.is_set())
+            ):
+                time.sleep(0.005)  # the UI applies a tick's worth at a time: let it
+            if self.pass_pause and not last:
+                time.sleep(self.pass_pause)  # leave the UI thread room (the GIL)
+        self._post_index(inbox, others)
+
+    def _step_events(
+        self, reader: TraceReader, chunks: list[int], step: int, keep: bool = True
+    ) -> tuple[list[Event], set[int]]:
         events: list[Event] = []
         others: set[int] = set()
-        for i, c in enumerate(reader.chunks):
-            if c.first_step <= step <= c.last_step:
-                for e in self._chunk(reader, i):
-                    s = _step_of(e)
-                    if s == step:
-                        events.append(e)
-                    else:
-                        others.add(s)
+        for i in chunks:
+            for e in self._chunk(reader, i, keep):
+                s = _step_of(e)
+                if s == step:
+                    events.append(e)
+                else:
+                    others.add(s)
+        return events, others
+
+    @staticmethod
+    def _post_index(inbox: Inbox, others: set[int]) -> None:
         # The index only names each chunk's first and last step; steps between them show up
         # when a chunk is decoded (here, or in the background pass).
         others.discard(NO_STEP)
         if others:
             inbox.put("index", [(s, False) for s in sorted(others)])
-        inbox.put("step", step, prepare(events))
+
+    def _asked_elsewhere(self, step: int) -> bool:
+        """Whether a step other than ``step`` was asked for (the requests stay queued)."""
+        asked = self._take_requests()  # newest first
+        elsewhere = any(s != step for s in asked)
+        if elsewhere:
+            for s in reversed(asked):
+                self._requests.put(s)
+        return elsewhere
 
     def load_step(self, step: int) -> list[Event]:
         """All events of one step, read directly (tests and tools; not used by the UI)."""
@@ -355,9 +419,13 @@ def _post_counts(inbox: Inbox, record: dict[str, Any]) -> None:
             by_step.setdefault(_step_of(alert), []).append(Event(alert))
     counts = {}
     for step, c in (record.get("counts") or {}).items():
-        if type(step) is int and isinstance(c, (list, tuple)) and len(c) == 5:
-            counts[step] = (*c, by_step.get(step, []))
-    inbox.put("counts", counts, [s for s in record.get("final") or () if type(s) is int])
+        if type(step) is int and isinstance(c, (list, tuple)) and len(c) in (5, 7):
+            counts[step] = (*c[:5], by_step.get(step, []), *(c[5:] or (0.0, 0)))
+    losses = {}
+    for step, loss in (record.get("loss") or {}).items():
+        if type(step) is int and isinstance(loss, (list, tuple)) and len(loss) == 2:
+            losses[step] = tuple(loss)
+    inbox.put("counts", counts, [s for s in record.get("final") or () if type(s) is int], losses)
     done, total = record.get("done", 0), record.get("total", 0)
     inbox.put("progress", done, total, "counting steps")
     if done >= total:

@@ -16,6 +16,7 @@ reload it (a trace file, or a live session that records).
 from __future__ import annotations
 
 import bisect
+import math
 import re
 import sys
 import threading
@@ -271,6 +272,17 @@ class StepInfo:
     counted: bool = True  # False while a replay's counts are still being gathered
     first_seq: int | None = None
     last_seq: int | None = None
+    # The overview (a replay's count pass): the step's loss and its global gradient norm.
+    loss: float | None = None
+    loss_rank: int = 0  # 3: a loss hint, 2: the backward's root op, 1: the last op
+    grad_sq: float = 0.0  # sum of the squared norms of the gradients AccumulateGrad received
+    grad_norms: int = 0
+    overview_done: bool = False  # the count pass is past this step
+
+    @property
+    def grad_norm(self) -> float | None:
+        """sqrt of the sum of squares of the parameters' gradient norms; None if none."""
+        return math.sqrt(self.grad_sq) if self.grad_norms else None
 
     @property
     def nodes(self) -> int:
@@ -423,7 +435,8 @@ class Changes:
     steps_added: bool = False
     steps_changed: set[int] = field(default_factory=set)  # counts or state
     events_changed: set[int] = field(default_factory=set)  # resident rows
-    loaded: set[int] = field(default_factory=set)
+    loaded: set[int] = field(default_factory=set)  # whole steps loaded (or the last part)
+    started: set[int] = field(default_factory=set)  # the first part of a step streaming in
     evicted: set[int] = field(default_factory=set)
     removed: set[int] = field(default_factory=set)  # empty trailing steps dropped
     alerts_added: int = 0
@@ -448,6 +461,7 @@ class Changes:
             or self.steps_changed
             or self.events_changed
             or self.loaded
+            or self.started
             or self.evicted
             or self.removed
             or self.alerts_added
@@ -489,8 +503,12 @@ class EventStore:
         self.resident_events = 0
         self.events_applied = 0
         self.evictions = 0
+        self.overview_version = 0  # bumped when a step's loss or gradient norm changes
         self._decoded: OrderedDict[int, Event] = OrderedDict()
         self._decoded_max = decoded_cache
+        self._partial: dict[int, StepInfo] = {}  # steps streaming in: their counts so far
+        #: steps streaming in: (parts done, parts in all, events so far)
+        self.loading: dict[int, tuple[int, int, int]] = {}
 
     # -- reading -----------------------------------------------------------------------------
     def __contains__(self, step: int) -> bool:
@@ -554,10 +572,14 @@ class EventStore:
                 self._ingest(item[1], ch)
             elif tag == "step":
                 self._replace_step(item[1], item[2], ch)
+            elif tag == "step_part":
+                self._step_part(*item[1:7], ch)
+            elif tag == "step_abort":
+                self._step_abort(item[1], ch)
             elif tag == "index":
                 self._index(item[1], ch)
             elif tag == "counts":
-                self._counts(item[1], item[2], ch)
+                self._counts(item[1], item[2], ch, item[3] if len(item) > 3 else None)
             elif tag == "status":
                 ch.status.update(item[1])
                 if "complete" in item[1]:
@@ -755,12 +777,35 @@ class EventStore:
 
     def _replace_step(self, step: int, items: list[Rec | Event], ch: Changes) -> None:
         """A whole step loaded from the source: its events replace whatever was resident."""
+        self._step_part(step, items, True, True, 1, 1, ch)
+
+    def _step_part(
+        self,
+        step: int,
+        items: list[Rec | Event],
+        first: bool,
+        last: bool,
+        done: int,
+        total: int,
+        ch: Changes,
+    ) -> None:
+        """Part of a step the source is loading (a huge step streams in, chunk by chunk).
+        The first part replaces whatever was resident and is shown at once (``ch.started``);
+        the step stays LOADING, its counts unchanged, until the last part makes them exact
+        (``ch.loaded``). Parts of a load that was aborted or evicted meanwhile are ignored."""
         info = self._info(step, ch)
-        old = self._data.pop(step, None)
-        if old is not None:
-            self.resident_events -= _resident_rows(old)
-        data = self._data[step] = StepData(step)
-        fresh = StepInfo(step)
+        if first:
+            old = self._data.pop(step, None)
+            if old is not None:
+                self.resident_events -= _resident_rows(old)
+            self._data[step] = StepData(step)
+            self._partial[step] = StepInfo(step)
+            ch.started.add(step)
+        fresh = self._partial.get(step)
+        data = self._data.get(step)
+        if fresh is None or data is None:
+            return
+        before = _resident_rows(data)
         for item in items:
             if type(item) is not tuple and item.get("kind") == SESSION:
                 if self.session is None:
@@ -769,17 +814,37 @@ class EventStore:
                 continue
             self._count(fresh, item, ch)
             self._place(data, item)
-        self.resident_events += _resident_rows(data)
+        self.resident_events += _resident_rows(data) - before
+        data.version += 1
+        ch.steps_changed.add(step)
+        ch.events_changed.add(step)
+        if not last:
+            info.state = LOADING
+            self.loading[step] = (done, total, fresh.n_events)
+            return
+        del self._partial[step]
+        self.loading.pop(step, None)
         # Loaded counts are exact.
         for name in ("n_ops", "n_grads", "n_graph_nodes", "n_alerts", "n_events"):
             setattr(info, name, getattr(fresh, name))
         info.first_seq, info.last_seq = fresh.first_seq, fresh.last_seq
         info.state = RESIDENT
         info.counted = True
-        data.version += 1
         ch.loaded.add(step)
+
+    def _step_abort(self, step: int, ch: Changes) -> None:
+        """The source gave up loading ``step`` (another step was asked for): drop the part."""
+        if self._partial.pop(step, None) is None:
+            return
+        self.loading.pop(step, None)
+        data = self._data.pop(step, None)
+        if data is not None:
+            self.resident_events -= _resident_rows(data)
+        info = self.steps.get(step)
+        if info is not None:
+            info.state = ON_DISK
+        ch.evicted.add(step)
         ch.steps_changed.add(step)
-        ch.events_changed.add(step)
 
     def _index(self, entries: list[tuple[int, bool]], ch: Changes) -> None:
         """Steps known to exist in a file, not loaded: ``(step, counted)``."""
@@ -791,10 +856,17 @@ class EventStore:
                 info.counted = counted
                 ch.steps_changed.add(step)
 
-    def _counts(self, counts: dict[int, tuple], final: Iterable[int], ch: Changes) -> None:
+    def _counts(
+        self,
+        counts: dict[int, tuple],
+        final: Iterable[int],
+        ch: Changes,
+        losses: dict[int, tuple] | None = None,
+    ) -> None:
         """Counts from a replay's background pass: ``{step: (ops, grads, graph_nodes, alerts,
-        events, alert_events)}``; ``final`` lists steps whose counts are now complete."""
-        for step, (n_ops, n_grads, n_gnodes, n_alerts, n_events, alerts) in counts.items():
+        events, alert_events[, grad_sq, grad_norms])}``; ``final`` lists steps whose counts
+        are now complete; ``losses``: ``{step: (value, rank)}`` (see countpass)."""
+        for step, (n_ops, n_grads, n_gnodes, n_alerts, n_events, alerts, *grad) in counts.items():
             info = self.steps.get(step)
             if info is None:
                 info = self._info(step, ch)
@@ -802,6 +874,11 @@ class EventStore:
                 info.counted = False
             for a in alerts:
                 self._add_alert(a, ch)
+            if grad and not info.overview_done:
+                info.grad_sq += grad[0]
+                info.grad_norms += grad[1]
+                self.overview_version += 1
+                ch.steps_changed.add(step)
             if info.counted:
                 continue  # exact already (loaded, or a previous pass finished it)
             info.n_ops += n_ops
@@ -810,11 +887,26 @@ class EventStore:
             info.n_alerts += n_alerts
             info.n_events += n_events
             ch.steps_changed.add(step)
+        for step, (value, rank) in (losses or {}).items():
+            info = self.steps.get(step) or self._info(step, ch)
+            if isinstance(value, (int, float)) and type(rank) is int and rank >= info.loss_rank:
+                info.loss, info.loss_rank = float(value), rank
+                self.overview_version += 1
+                ch.steps_changed.add(step)
         for step in final:
             info = self.steps.get(step)
+            if info is not None:
+                info.overview_done = True
             if info is not None and not info.counted:
                 info.counted = True
                 ch.steps_changed.add(step)
+
+    def overview(self) -> tuple[list[float | None], list[float | None]]:
+        """Loss and global gradient norm of every step, in step order (None: not known)."""
+        steps = self.steps
+        losses = [steps[s].loss for s in self.order]
+        norms = [steps[s].grad_norm for s in self.order]
+        return losses, norms
 
     def mark_loading(self, step: int) -> None:
         info = self.steps.get(step)
@@ -832,6 +924,8 @@ class EventStore:
                 continue
             data = self._data.pop(step)
             self.resident_events -= _resident_rows(data)
+            self._partial.pop(step, None)  # a load still streaming: its later parts are ignored
+            self.loading.pop(step, None)
             info = self.steps[step]
             info.state = ON_DISK if self.reloadable else EVICTED
             self.evictions += 1
@@ -852,6 +946,8 @@ class Inbox:
 
     Items are tuples; the app drains all of them on its timer and applies them in one batch:
     ``("events", [record|Event])``, ``("step", step, [record|Event])`` (a whole step loaded),
+    ``("step_part", step, [record|Event], first, last, done, total)`` (a step streaming in,
+    ``done`` of ``total`` parts) and ``("step_abort", step)``,
     ``("index", [(step, counted)])``, ``("counts", {step: (...)}, final_steps)``,
     ``("status", {...})``, ``("progress", done, total, label)``, ``("progress_done",)``,
     ``("error", message)``, ``("unavailable", step, message)``, and the answers to commands
@@ -885,6 +981,15 @@ class Inbox:
             self._items.append(("events", items))
         return True
 
+    def put_step_part(
+        self, step: int, items: list, first: bool, last: bool, done: int, total: int
+    ) -> None:
+        """Part of a step being loaded (see EventStore._step_part). Never refused: the source
+        waits while ``pending_events`` is high instead."""
+        with self._lock:
+            self._pending_events += len(items)
+            self._items.append(("step_part", step, items, first, last, done, total))
+
     def status(self, **values: Any) -> None:
         self.put("status", values)
 
@@ -904,6 +1009,9 @@ class Inbox:
                 if item[0] == "events":
                     taken += len(item[1])
                     self._pending_events -= len(item[1])
+                elif item[0] == "step_part":
+                    taken += len(item[2])
+                    self._pending_events -= len(item[2])
                 out.append(item)
             return out
 

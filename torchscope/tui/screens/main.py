@@ -126,6 +126,7 @@ class MainScreen(Screen[None]):
         self.pending: Location | None = None
         self.center = "timeline"
         self._progress_visible = False
+        self._count_progress: tuple[float, float, str] | None = None
         self._detail_pending = False
         self.ready = False
         self.search: re.Pattern[str] | None = None
@@ -218,6 +219,7 @@ class MainScreen(Screen[None]):
         self.set_class(width < self.NARROW, "-narrow")
         self.set_class(width < self.COMPACT, "-compact")
         self._side_for_focus()
+        self.call_after_refresh(self._steps_sparkline)
 
     def _side_for_focus(self) -> None:
         focused = self.focused
@@ -250,10 +252,12 @@ class MainScreen(Screen[None]):
             panel = "center"
         self.add_class(f"-max-{panel}")
         self.refresh_status()
+        self.call_after_refresh(self._steps_sparkline)
 
     def _restore(self) -> None:
         self.remove_class(*self.MAX_CLASSES)
         self.refresh_status()
+        self.call_after_refresh(self._steps_sparkline)
 
     def hints(self) -> list[Hint]:
         """The key bar, most useful first (it shows what fits)."""
@@ -289,7 +293,10 @@ class MainScreen(Screen[None]):
         step = self.current_step
         info = self.store.info(step) if step is not None else None
         title = "Timeline" if step is None else f"Step {step}"
-        if info is not None:
+        loading = self.store.loading.get(step) if step is not None else None
+        if loading is not None:
+            title += f" · loading… {loading[2]:,} events so far"
+        elif info is not None:
             title += f" · {info.n_ops:,} ops · {info.nodes:,} nodes"
         self.timeline.border_title = title
         sub = []
@@ -311,6 +318,7 @@ class MainScreen(Screen[None]):
                     w.cwd = cwd
         if ch.steps_added or ch.steps_changed or ch.evicted or ch.removed:
             self.steps.refresh_rows()
+            self._steps_sparkline()
         if self.current_step in ch.removed:  # an empty trailing step, dropped
             self.current_step = None
             if self.pending is not None and self.pending.step in ch.removed:
@@ -326,8 +334,10 @@ class MainScreen(Screen[None]):
             self.show_step(store.newest_step)
         step = self.current_step
         if step is not None:
-            if step in ch.loaded:
+            if step in ch.loaded or step in ch.started:
                 self.show_step(step, keep_position=True)
+            elif step in ch.evicted and store.data(step) is None:
+                self.show_step(step)  # its load was given up: ask again
             elif step in ch.events_changed:
                 self.timeline.data_changed()
                 if self.center == "graph":
@@ -342,10 +352,11 @@ class MainScreen(Screen[None]):
             loc, self.pending = self.pending, None
             self._land(loc)
         if ch.progress is not None:
-            done, total, label = ch.progress
-            self._show_progress(label, done, total)
+            self._count_progress = ch.progress
         elif ch.progress_done:
-            self._show_progress(None)
+            self._count_progress = None
+        if ch.progress is not None or ch.progress_done or ch.events_changed or ch.evicted:
+            self._update_progress()
         for err in ch.errors:
             self.notify(err, severity="error", timeout=8)
         if step is not None and (step in ch.steps_changed or step in ch.events_changed):
@@ -369,6 +380,37 @@ class MainScreen(Screen[None]):
             steps=len(self.store.order),
             stepper=self.store.stepper if self.live else None,
         )
+
+    def _steps_sparkline(self, *, force: bool = False) -> None:
+        """The steps panel's subtitle: gradient norms (or losses) across all steps."""
+        key = (self.store.overview_version, len(self.store.order), self.steps.size.width)
+        if key == getattr(self, "_spark_key", None) and not force:
+            return
+        self._spark_key = key
+        self.steps.border_subtitle = self.steps.sparkline(max(0, self.steps.size.width - 6))
+
+    def _update_progress(self) -> None:
+        """The progress row: the shown step streaming in, else the source's own progress (a
+        scan, the count pass)."""
+        step = self.current_step
+        loading = self.store.loading.get(step) if step is not None else None
+        if loading is not None:
+            done, total, events = loading
+            info = self.store.info(step)
+            expect = info.n_events if info is not None and info.counted else 0
+            if expect >= events > 0:
+                self._show_progress(
+                    f"loading step {step}: {events:,} of {expect:,} events", events, expect
+                )
+            else:
+                self._show_progress(
+                    f"loading step {step}: {events:,} events, part {done} of {total}", done, total
+                )
+        elif self._count_progress is not None:
+            done, total, label = self._count_progress
+            self._show_progress(label, done, total)
+        else:
+            self._show_progress(None)
 
     def _show_progress(self, label: str | None, done: float = 0, total: float = 0) -> None:
         row = self.query_one("#progress-row")
@@ -419,6 +461,7 @@ class MainScreen(Screen[None]):
         elif data is not None and self.timeline.row_count() == 0:
             self.detail.show_message(self.timeline.empty_text())
         self._title()
+        self._update_progress()
         self.refresh_status()
 
     def action_prev_step(self) -> None:

@@ -1,13 +1,76 @@
 """The steps of the trace: all of them in a replay, a growing list when live.
 
 Each line: step, number of forward ops, number of backward nodes, and a mark for alerts and for
-steps that are not in memory.
+steps that are not in memory. Once a replay's count pass knows them (see countpass), the step's
+loss and global gradient norm come first, with a bar scaling that norm against every step's
+(a spike stands out), and the panel's subtitle is a sparkline of the norms across all steps.
 """
 
 from __future__ import annotations
 
+import math
+
+from torchscope.tui.format import SPARK
 from torchscope.tui.store import EVICTED, LOADING, ON_DISK, EventStore
 from torchscope.tui.widgets.virtual_list import Cell, VirtualList, fit, rfit
+
+#: Below this width the overview columns push out the op and node counts.
+WIDE = 40
+
+
+def short_num(x: float | None, width: int = 7) -> str:
+    """A number in at most ``width`` characters: ``2.3457``, ``1.2e+04``, ``nan``; ``-``
+    when unknown."""
+    if x is None:
+        return "-"
+    if not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    for sig in (5, 4, 3, 2, 1):
+        text = f"{x:.{sig}g}"
+        if len(text) <= width:
+            return text
+    return f"{x:.0e}"
+
+
+def _scale(values: list[float | None]) -> tuple[float, float] | None:
+    """The range a bar spans: from 0 (or the lowest value, if negative) to the highest."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return None
+    return min(0.0, min(finite)), max(finite)
+
+
+def bar(value: float | None, scale: tuple[float, float] | None) -> str:
+    """One block character: ``value`` on a linear scale over ``scale`` (so steady values
+    look steady and a spike dwarfs them); ``!`` for NaN or Inf."""
+    if value is None:
+        return " "
+    if not math.isfinite(value):
+        return "!"
+    if scale is None:
+        return SPARK[0]
+    lo, hi = scale
+    if hi - lo <= 0:
+        return SPARK[len(SPARK) // 2]
+    i = int((value - lo) / (hi - lo) * (len(SPARK) - 1) + 0.5)
+    return SPARK[max(0, min(len(SPARK) - 1, i))]
+
+
+def spark_across(values: list[float | None], width: int) -> str:
+    """``values`` in at most ``width`` block characters, each the largest of its bucket (a
+    spike in one step of thousands still shows); ``!`` for a bucket with a non-finite value."""
+    if width <= 0 or not values:
+        return ""
+    n = len(values)
+    buckets = min(n, width)
+    out: list[float | None] = []
+    for b in range(buckets):
+        part = values[b * n // buckets : (b + 1) * n // buckets]
+        nonfinite = any(v is not None and not math.isfinite(v) for v in part)
+        known = [v for v in part if v is not None and math.isfinite(v)]
+        out.append(math.inf if nonfinite else (max(known) if known else None))
+    scale = _scale(out)
+    return "".join(bar(v, scale) for v in out)
 
 
 def _count(n: int, counted: bool) -> str:
@@ -23,6 +86,27 @@ class StepList(VirtualList):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.store: EventStore | None = None
+        self._overview_at = -1  # store.overview_version the scale below was taken at
+        self._norm_scale: tuple[float, float] | None = None
+
+    @property
+    def has_overview(self) -> bool:
+        return self.store is not None and self.store.overview_version > 0
+
+    def norm_scale(self) -> tuple[float, float] | None:
+        store = self.store
+        if store is not None and store.overview_version != self._overview_at:
+            self._overview_at = store.overview_version
+            self._norm_scale = _scale(store.overview()[1])
+        return self._norm_scale
+
+    def sparkline(self, width: int) -> str:
+        """The gradient norms (else the losses) across all steps, for the panel's subtitle."""
+        if not self.has_overview or self.store is None:
+            return ""
+        losses, norms = self.store.overview()
+        label, values = ("|g|", norms) if any(v is not None for v in norms) else ("loss", losses)
+        return f"{label} {spark_across(values, width - len(label) - 1)}"
 
     def bind_store(self, store: EventStore) -> None:
         self.store = store
@@ -55,7 +139,12 @@ class StepList(VirtualList):
         return "no steps yet"
 
     def render_header(self, width: int) -> list[Cell]:
-        return [(f"{rfit('step', 5)} {rfit('ops', 6)} {rfit('nodes', 6)}", None)]
+        if not self.has_overview:
+            return [(f"{rfit('step', 5)} {rfit('ops', 6)} {rfit('nodes', 6)}", None)]
+        text = f"{rfit('step', 5)} {rfit('loss', 6)} {rfit('|g|', 6)}"
+        if width >= WIDE:
+            text += f"   {rfit('ops', 6)} {rfit('nodes', 6)}"
+        return [(text, None)]
 
     def render_row(self, index: int, width: int) -> list[Cell]:
         step = self.step_at(index)
@@ -73,10 +162,30 @@ class StepList(VirtualList):
             mark = "·"
         cells: list[Cell] = [
             (rfit(str(step) if step >= 0 else "-", 5) + " ", self.cstyle("accent")),
-            (rfit(_count(info.n_ops, info.counted), 6) + " ", None),
-            (rfit(_count(info.nodes, info.counted), 6) + " ", None),
-            (fit(mark, 1), mark_style),
         ]
+        if self.has_overview:
+            loss, norm = info.loss, info.grad_norm
+            bad = self.cstyle("error")
+            cells += [
+                (
+                    rfit(short_num(loss, 6), 6) + " ",
+                    bad if loss is not None and not math.isfinite(loss) else None,
+                ),
+                (
+                    rfit(short_num(norm, 6), 6),
+                    bad if norm is not None and not math.isfinite(norm) else None,
+                ),
+                (
+                    bar(norm, self.norm_scale()) + " ",
+                    bad if norm is not None and not math.isfinite(norm) else self.cstyle("accent"),
+                ),
+            ]
+        if not self.has_overview or width >= WIDE:
+            cells += [
+                (rfit(_count(info.n_ops, info.counted), 6) + " ", None),
+                (rfit(_count(info.nodes, info.counted), 6) + " ", None),
+            ]
+        cells.append((fit(mark, 1), mark_style))
         if info.n_alerts:
             cells.append((f"⚠{info.n_alerts}", self.cstyle("error")))
         return cells
