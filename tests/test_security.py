@@ -16,14 +16,13 @@ import shutil
 import socket
 import stat
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import zmq
 from live_events import ops, session_event
-from zmq.auth.thread import AuthenticationThread
+from sessions import _nothing_left  # noqa: F401
 
 from torchscope.protocol import endpoints as ep
 from torchscope.protocol import security
@@ -61,18 +60,6 @@ def machine_ip() -> str | None:
         if not addr.is_loopback and not addr.is_unspecified:
             return ip
     return None
-
-
-@pytest.fixture(autouse=True)
-def _nothing_left():
-    yield
-    deadline = time.monotonic() + 2
-    while any(
-        t.name == "torchscope-publisher" or isinstance(t, AuthenticationThread)
-        for t in threading.enumerate()
-    ):
-        assert time.monotonic() < deadline, "a publisher or authenticator thread outlived its test"
-        time.sleep(0.01)
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from live_events import ops, session_event
+from sessions import some_events
 
 from torchscope.protocol import client as client_mod
 from torchscope.protocol import endpoints as ep
@@ -98,16 +99,6 @@ def eventually(cond, timeout: float = 2.0) -> bool:
             return False
         time.sleep(0.005)
     return True
-
-
-def some_events(client: SessionClient, timeout: float = 3.0) -> list:
-    """Events from the first frames that carry any (heartbeats may come first)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events = client.recv_events(50)
-        if events:
-            return events
-    return []
 
 
 def collect(client: SessionClient, n_events: int, timeout: float = 5.0) -> list[dict]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import zmq
 from live_events import ops, session_event
-from zmq.auth.thread import AuthenticationThread
+from sessions import _nothing_left, some_events  # noqa: F401
 
 from torchscope.protocol import endpoints as ep
 from torchscope.protocol import security
@@ -55,18 +55,6 @@ def rt(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture(autouse=True)
-def _nothing_left():
-    yield
-    deadline = time.monotonic() + 2
-    while any(
-        t.name == "torchscope-publisher" or isinstance(t, AuthenticationThread)
-        for t in threading.enumerate()
-    ):
-        assert time.monotonic() < deadline, "a publisher or authenticator thread outlived its test"
-        time.sleep(0.01)
-
-
 @pytest.fixture
 def closing():
     items: list = []
@@ -82,15 +70,6 @@ def raw(kind: int, keys: security.ClientKeys | None = None) -> zmq.Socket:
     if keys is not None:
         security.configure_client(s, keys)
     return s
-
-
-def some_events(client: SessionClient, timeout: float = 3.0) -> list:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events = client.recv_events(50)
-        if events:
-            return events
-    return []
 
 
 # -- the same user: no set-up ---------------------------------------------------------------
