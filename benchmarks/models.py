@@ -141,7 +141,33 @@ def make_transformer(
     return Workload("transformer", desc, model, opt, step)
 
 
+# -- (c) tiny ops: an RL-sized policy ------------------------------------------------------
+def make_policy(hidden: int = 128, seed: int = 0) -> Workload:
+    """A CartPole-sized policy net (4 -> hidden -> 2), batch 1, Adam, a REINFORCE-style loss:
+    the shape of pytorch/examples' reinforcement_learning scripts, one forward per step.
+    Every op is a few microseconds, so the tracer's per-event cost is almost all of a step."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, hidden), nn.ReLU(), nn.Linear(hidden, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    obs = torch.randn(1, 4)
+    action = torch.tensor([1])
+    ret = torch.tensor([0.5])
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        logp = F.log_softmax(model(obs), dim=-1).gather(1, action.unsqueeze(1)).squeeze(1)
+        loss = -(logp * ret).sum()
+        loss.backward()
+        opt.step()
+
+    desc = f"policy net 4->{hidden}->2 (ReLU), batch 1, Adam, REINFORCE-style loss"
+    return Workload("policy", desc, model, opt, step)
+
+
 WORKLOADS: dict[str, Callable[[], Workload]] = {
     "mlp": make_mlp,
     "transformer": make_transformer,
 }
+# overhead.py also runs the tiny-op workload (its per-event cost); the other scripts keep to
+# the two above.
+ALL_WORKLOADS: dict[str, Callable[[], Workload]] = {**WORKLOADS, "policy": make_policy}

@@ -2,12 +2,26 @@
 
     python benchmarks/overhead.py [--steps N] [--repeats R] [--quick] [--profile]
 
-Two workloads (see ``benchmarks/models.py``):
+Three workloads (see ``benchmarks/models.py``):
   mlp          8 x (Linear 256, GELU, LayerNorm), batch 64, SGD, MSE loss
   transformer  2-layer pre-LN LM, d_model 128, 4 heads, seq 64, batch 8, hand-written
                causal attention, SGD, cross-entropy
+  policy       4 -> 128 -> 2 policy net, batch 1, Adam (tiny ops: the per-event cost)
 
-Configurations (rows):
+Headline rows, run as a user runs them: garbage collection on and nothing frozen (the
+collector runs inside the timed steps when the job's allocations trigger it):
+  as run: untraced                  the plain training step (the headline rows' denominator)
+  as run: trace()                   ``with torchscope.trace():`` (default arguments)
+  as run: run --steps all           the agent ``torchscope run --steps all`` starts, in-process
+                                    (``Agent(ServeOptions(steps="all"))``): live stream on,
+                                    no UI attached
+  as run: run --steps all, UI reads the same, with one ``SessionClient`` (another process)
+                                    subscribed and reading every frame
+  as run: run --steps all --no-live the same agent without the live stream
+  as run: run --record F --steps all  live on, no UI, recording to a file
+
+Controlled rows (``gc.freeze()`` of everything alive and ``gc.collect()`` before each block,
+outside the timing, so the collector's work is not counted; the tracer's fixed costs only):
   untraced          the plain training step
   traced            ``with torchscope.trace(keep=False)``: every step traced, summaries made
   untraced step     ``torchscope.trace(steps="0", keep=False)``: step 0 traced (not timed),
@@ -36,6 +50,7 @@ import os
 import platform
 import pstats
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,9 +65,12 @@ warnings.filterwarnings("ignore", message="Anomaly Detection has been enabled")
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from models import WORKLOADS, Workload  # noqa: E402
+from models import ALL_WORKLOADS as WORKLOADS  # noqa: E402
+from models import Workload  # noqa: E402
 
 import torchscope  # noqa: E402
+from torchscope.tracer import publisher as publisher_mod  # noqa: E402
+from torchscope.tracer.agent import Agent, ServeOptions, current_agent  # noqa: E402
 from torchscope.tracer.session import current_tracer  # noqa: E402
 
 
@@ -63,6 +81,11 @@ class Config:
     label: str
     make: Callable[[Workload], Any]  # -> a context manager for one block
     untimed: int = 0  # steps run inside the block before timing starts
+    # Controlled rows: gc.freeze() + gc.collect() before the block, outside the timing.
+    # Headline rows (False): the collector as in the user's job, nothing frozen.
+    controlled: bool = True
+    base: str = "base"  # the row this one's ratios divide by
+    last: dict[str, int] | None = None  # counters of its last block (agent rows fill it)
 
 
 @dataclass
@@ -71,6 +94,7 @@ class Result:
     block_medians: list[float] = field(default_factory=list)  # one per round, in round order
     around: list[float] = field(default_factory=list)  # seconds to enter + leave, per block
     file_bytes: list[int] = field(default_factory=list)  # trace-file size per block
+    counters: list[dict[str, int]] = field(default_factory=list)  # per block (agent rows)
 
 
 class _RecordTo:
@@ -90,6 +114,84 @@ class _RecordTo:
         size = os.path.getsize(self.path)
         os.remove(self.path)
         return size
+
+
+# The UI: another process, connected and subscribed as ``torchscope tui PID`` is, reading every
+# frame until the job says bye; it prints how many events it received.
+READER = """\
+import sys
+from torchscope.protocol.client import SessionClient
+c = SessionClient()
+c.connect(sys.argv[1], timeout=20)
+print("subscribed" if c.subscribed else "not subscribed", flush=True)
+n = 0
+while not c.ended and c.alive:
+    n += len(c.recv_events(100))
+print(n, flush=True)
+"""
+
+# Frames the publisher encodes, counted at its one call of the codec (a counter per frame,
+# on the publisher's thread; nothing on the training thread).
+PACKED = [0]
+_pack = publisher_mod.pack
+
+
+def _counting_pack(msg: Any) -> bytes:
+    PACKED[0] += 1
+    return _pack(msg)
+
+
+publisher_mod.pack = _counting_pack
+
+
+@contextlib.contextmanager
+def agent_block(
+    w: Workload, *, ui: bool = False, live: bool = True, record: str | None = None, out=None
+):
+    """What ``torchscope run --steps all [--record F] [--no-live]`` starts around the script,
+    started in-process, around one block; ``ui``: one reader attached before the timed steps.
+    ``out`` (a dict) receives the block's counters after the agent stopped."""
+    packed0 = PACKED[0]
+    agent = Agent(ServeOptions(steps="all", live=live, record=record, quiet=True)).start()
+    reader = None
+    try:
+        if ui:
+            reader = subprocess.Popen(
+                [sys.executable, "-c", READER, str(os.getpid())],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert reader.stdout is not None
+            line = reader.stdout.readline().strip()
+            if line != "subscribed" or not agent.publisher.subscribed:
+                deadline = time.monotonic() + 5
+                while not agent.publisher.subscribed and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            if not agent.publisher.subscribed:
+                raise RuntimeError(f"the reader did not subscribe ({line!r})")
+        yield
+    finally:
+        pub = agent.publisher
+        agent.stop()
+        received = -1
+        if reader is not None:
+            try:
+                stdout, _ = reader.communicate(timeout=10)
+                received = int(stdout.split()[-1])
+            except Exception:
+                reader.kill()
+                reader.wait()
+    assert current_agent() is None
+    if out is not None:
+        out.update(
+            events=pub.events_total if pub is not None else -1,  # -1: no publisher
+            packed=PACKED[0] - packed0,
+            frames_sent=pub.frames_sent if pub is not None else 0,
+            received=received,
+            file_bytes=os.path.getsize(record) if record else 0,
+        )
+    if record:
+        os.remove(record)
 
 
 @contextlib.contextmanager
@@ -126,10 +228,49 @@ def _debug_mode_factory() -> tuple[Callable[[Workload], Any] | None, str]:
     return (lambda w: DebugMode()), ""
 
 
+def _agent_config(key: str, label: str, tmpdir: str, **kw: Any) -> Config:
+    last: dict[str, int] = {}
+    n = [0]
+
+    def make(w: Workload) -> Any:
+        n[0] += 1
+        path = os.path.join(tmpdir, f"{w.name}-{key}-{n[0]}.tsc") if kw.get("record") else None
+        return agent_block(w, **{**kw, "record": path}, out=last)
+
+    return Config(key, label, make, controlled=False, base="user", last=last)
+
+
+def headline_configs(tmpdir: str) -> list[Config]:
+    """The rows as a user runs them: GC on, nothing frozen."""
+    return [
+        Config(
+            "user",
+            "as run: untraced",
+            lambda w: contextlib.nullcontext(),
+            controlled=False,
+            base="user",
+        ),
+        Config(
+            "user_trace",
+            "as run: trace()",
+            lambda w: torchscope.trace(),
+            controlled=False,
+            base="user",
+        ),
+        _agent_config("run", "as run: run --steps all (live, no UI)", tmpdir),
+        _agent_config("run_ui", "as run: run --steps all, one UI reading", tmpdir, ui=True),
+        _agent_config("run_nolive", "as run: run --steps all --no-live", tmpdir, live=False),
+        _agent_config(
+            "run_record", "as run: run --record F --steps all (live, no UI)", tmpdir, record=True
+        ),
+    ]
+
+
 def build_configs(tmpdir: str) -> tuple[list[Config], _RecordTo, list[str]]:
     notes: list[str] = []
     record = _RecordTo(tmpdir)
     configs = [
+        *headline_configs(tmpdir),
         Config("base", "untraced", lambda w: contextlib.nullcontext()),
         Config("traced", "torchscope traced (summaries)", lambda w: torchscope.trace(keep=False)),
         Config(
@@ -177,7 +318,13 @@ def assert_clean(where: str) -> None:
 
 # -- measuring -----------------------------------------------------------------------------
 def run_block(w: Workload, cfg: Config, n: int, result: Result | None, record: _RecordTo) -> None:
-    gc.collect()
+    if cfg.controlled:
+        # Everything alive now (setup, long-lived state) is parked out of the collector's way
+        # and the young generations are emptied: no row pays for another's garbage.
+        gc.collect()
+        gc.freeze()
+    else:
+        gc.unfreeze()  # as in the user's job: every live object is the collector's to visit
     perf = time.perf_counter
     times = []
     t_enter = perf()
@@ -199,6 +346,8 @@ def run_block(w: Workload, cfg: Config, n: int, result: Result | None, record: _
         result.around.append((entered - t_enter) + (left - t_leave))
         if size is not None:
             result.file_bytes.append(size)
+        if cfg.last is not None:
+            result.counters.append(dict(cfg.last))
 
 
 def event_counts(w: Workload) -> dict[str, int]:
@@ -237,14 +386,14 @@ def _ms(s: float) -> str:
 
 
 def table(w: Workload, configs: list[Config], results, steps: int) -> list[str]:
-    base_res = results[(w.name, "base")]
-    base = statistics.median(base_res.times)
     lines = [
         f"| configuration | median ms/step | ratio | paired ratio | min ms | p25-p75 ms "
         f"| enter+exit ms per {steps}-step block | ratio incl. enter+exit |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for cfg in configs:
+        base_res = results[(w.name, cfg.base)]
+        base = statistics.median(base_res.times)
         res = results[(w.name, cfg.key)]
         med = statistics.median(res.times)
         q1, _, q3 = statistics.quantiles(res.times, n=4) if len(res.times) > 1 else [med] * 3
@@ -269,27 +418,44 @@ def report(workloads, configs, results, counts, args, notes, wall: float) -> Non
         f"{args.repeats} rounds x {args.steps} timed steps per configuration "
         f"(+{args.warmup}-step warm-up block each), interleaved; whole run {wall:.0f} s.\n"
     )
+    headline = [c for c in configs if not c.controlled]
+    controlled = [c for c in configs if c.controlled]
     for w in workloads:
         c = counts[w.name]
-        base = statistics.median(results[(w.name, "base")].times)
         per_event = ""
-        if (w.name, "traced") in results:  # --only may leave it out
-            traced = statistics.median(results[(w.name, "traced")].times)
-            n_events = max(c["ops"] + c["grads"], 1)
-            per_event_us = (traced - base) * 1e6 / n_events
-            per_event = f" (traced - untraced) / (ops + grads) = {per_event_us:.0f} µs per event."
+        us = per_event_us(w, results, c)
+        if "traced" in us:  # --only may leave it out
+            per_event = (
+                f" (traced - untraced) / (ops + grads) = {us['traced']:.0f} µs per event "
+                "(controlled)."
+            )
         print(f"### {w.name}: {w.description}\n")
         print(
             f"Per traced step: {c['ops']} ops, {c['grads']} grads (backward nodes that ran), "
             f"{c['graph nodes']} backward-graph nodes hooked, {c['events']} events in all."
             f"{per_event}\n"
         )
-        print("\n".join(table(w, configs, results, args.steps)))
+        if headline:
+            print("**Headline: as a user runs it** (GC on, nothing frozen)\n")
+            print("\n".join(table(w, headline, results, args.steps)))
+            print()
+            absent = absent_readers_table(w, headline, results, args.steps)
+            if absent:
+                print("**No work for absent readers** (counters of the timed blocks above)\n")
+                print("\n".join(absent))
+                print()
+        if controlled:
+            print(
+                "**Controlled** (`gc.freeze()` + `gc.collect()` before each block, outside the "
+                "timing: the tracer's own cost, without the collector's)\n"
+            )
+            print("\n".join(table(w, controlled, results, args.steps)))
         rec = results[(w.name, "record")].file_bytes if (w.name, "record") in results else None
         if rec:
             per_step = statistics.median(rec) / args.steps
             print(f"\nTrace file: {per_step / 1024:.1f} KiB per traced step.")
         print()
+    per_event_table(workloads, results, counts)
     print("Notes:")
     print(
         "- ratio = median ms/step of the row / median ms/step of `untraced`, same workload, "
@@ -305,9 +471,19 @@ def report(workloads, configs, results, counts, args, notes, wall: float) -> Non
         "the block's steps: (median + enter+exit / N) / median(untraced)."
     )
     print(
-        "- Objects alive after setup are `gc.freeze()`d and `gc.collect()` runs before each "
-        "block (outside the timing), so one row's garbage is not collected on another's time; "
-        "rare full-collection pauses inside a block fall outside the median."
+        "- Headline rows (`as run: ...`) run as a user's job does: the collector on, nothing "
+        "frozen, no collection forced between blocks; their ratios divide by `as run: "
+        'untraced`. The agent rows start `Agent(ServeOptions(steps="all"))` in-process, '
+        "which is what `torchscope run --steps all` starts around the script; the UI is "
+        "another process subscribed as `torchscope tui PID` is, reading every frame; its "
+        "start and subscription (and the agent's start) are in the enter+exit column, so "
+        "that row's `ratio incl. enter+exit` counts a process start per block of N steps: "
+        "read its per-step columns."
+    )
+    print(
+        "- Controlled rows: before each block everything alive is `gc.freeze()`d and "
+        "`gc.collect()` runs (outside the timing), so one row's garbage is not collected on "
+        "another's time; rare full-collection pauses inside a block fall outside the median."
     )
     print(
         "- `torchscope, untraced step`: step 0 of each block is traced and not timed; the "
@@ -317,11 +493,76 @@ def report(workloads, configs, results, counts, args, notes, wall: float) -> Non
         print(f"- {n}")
 
 
+PER_EVENT_ROWS = [
+    ("traced", "base", "controlled: trace(keep=False)"),
+    ("user_trace", "user", "as run: trace()"),
+    ("run", "user", "as run: run --steps all, no UI"),
+]
+
+
+def per_event_us(w: Workload, results, c: dict[str, int]) -> dict[str, float]:
+    """(row median - its untraced median) / (ops + grads), in µs, for the rows measured."""
+    n_events = max(c["ops"] + c["grads"], 1)
+    out = {}
+    for key, base, _ in PER_EVENT_ROWS:
+        if (w.name, key) in results and (w.name, base) in results:
+            row = statistics.median(results[(w.name, key)].times)
+            untraced = statistics.median(results[(w.name, base)].times)
+            out[key] = (row - untraced) * 1e6 / n_events
+    return out
+
+
+def per_event_table(workloads: list[Workload], results, counts) -> None:
+    rows = [r for r in PER_EVENT_ROWS if any((w.name, r[0]) in results for w in workloads)]
+    if not rows:
+        return
+    print("### Per-event cost\n")
+    print("(row median - untraced median) / (ops + grads per traced step), µs per event.\n")
+    print("| workload | ops + grads per step | " + " | ".join(r[2] for r in rows) + " |")
+    print("|---|---:|" + "---:|" * len(rows))
+    for w in workloads:
+        c = counts[w.name]
+        us = per_event_us(w, results, c)
+        cells = " | ".join(f"{us[k]:.1f}" if k in us else "-" for k, _, _ in rows)
+        print(f"| {w.name} | {c['ops'] + c['grads']} | {cells} |")
+    print()
+
+
+def absent_readers_table(w: Workload, configs: list[Config], results, steps: int) -> list[str]:
+    rows = [c for c in configs if results[(w.name, c.key)].counters]
+    if not rows:
+        return []
+    lines = [
+        "| row | events per step | frames encoded by the publisher per step | frames sent "
+        "per step | events the UI received per step (once subscribed) | trace file KiB per step |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for cfg in rows:
+        blocks = results[(w.name, cfg.key)].counters
+        per_block = steps + cfg.untimed
+
+        def med(name: str, blocks=blocks, per_block=per_block) -> float:
+            return statistics.median(b[name] for b in blocks) / per_block
+
+        events = "-" if blocks[0]["events"] < 0 else f"{med('events'):.1f}"
+        received = "-" if blocks[0]["received"] < 0 else f"{med('received'):.1f}"
+        lines.append(
+            f"| {cfg.label} | {events} | {med('packed'):.2f} | {med('frames_sent'):.2f} "
+            f"| {received} | {med('file_bytes') / 1024:.1f} |"
+        )
+    return lines
+
+
 # -- profile mode --------------------------------------------------------------------------
-def profile_traced_mlp(steps: int = 50, top: int = 25) -> None:
-    w = WORKLOADS["mlp"]()
+def profile_traced(name: str = "mlp", steps: int = 50, top: int = 25) -> None:
+    """cProfile, then tracemalloc, of traced steps of one workload; calls and allocations are
+    also given per event (ops + grads of a traced step)."""
+    import tracemalloc
+
+    w = WORKLOADS[name]()
     for _ in range(3):
         w.step()
+    n_events = max(sum(event_counts(w)[k] for k in ("ops", "grads")), 1)
     prof = cProfile.Profile()
     with torchscope.trace(keep=False):
         for _ in range(3):  # warm the tracer's caches outside the profile
@@ -333,14 +574,64 @@ def profile_traced_mlp(steps: int = 50, top: int = 25) -> None:
     assert_clean("profile")
     out = io.StringIO()
     st = pstats.Stats(prof, stream=out)
+    per = steps * n_events
+    print(f"## cProfile: traced {name} step, {steps} steps, top {top} by tottime\n")
+    print(
+        f"{n_events} events (ops + grads) per step; {st.total_calls / per:.1f} Python-visible "
+        f"calls per event.\n"
+    )
     st.sort_stats("tottime").print_stats(top)
-    print(f"## cProfile: traced MLP step, {steps} steps, top {top} by tottime\n")
     print(out.getvalue())
     out = io.StringIO()
     st = pstats.Stats(prof, stream=out)
     st.sort_stats("cumulative").print_stats(r"torchscope", top)
     print(f"## same profile, torchscope functions by cumulative time (top {top})\n")
     print(out.getvalue())
+
+    # Allocations: with keep=True every event stays alive, so the blocks still allocated after
+    # the steps are what each event is made of (dicts, lists, floats, strings), by line.
+    with torchscope.trace():
+        for _ in range(3):
+            w.step()
+        tracemalloc.start()
+        before = tracemalloc.take_snapshot()
+        for _ in range(steps):
+            w.step()
+        after = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+    assert_clean("tracemalloc")
+    diff = [
+        d
+        for d in after.compare_to(before, "lineno")
+        if "tracemalloc" not in str(d.traceback) and d.count_diff > 0
+    ]
+    grown = sum(d.count_diff for d in diff)
+    size = sum(d.size_diff for d in diff)
+    print(
+        f"## tracemalloc: traced {name} (keep=True), {steps} steps: {grown / per:.1f} blocks, "
+        f"{size / per:.0f} bytes per event kept (top {top} lines)\n"
+    )
+    for d in diff[:top]:
+        print(
+            f"{d.count_diff / per:8.2f} blocks/event {d.size_diff / per:8.1f} B/event  "
+            f"{d.traceback}"
+        )
+    print()
+    # The collector: how often it ran while tracing, with everything alive before frozen.
+    with torchscope.trace(keep=False):
+        for _ in range(3):
+            w.step()
+        gc.collect()
+        gc.freeze()
+        s0 = [g["collections"] for g in gc.get_stats()]
+        for _ in range(steps):
+            w.step()
+        s1 = [g["collections"] for g in gc.get_stats()]
+        gc.unfreeze()
+    print(
+        f"## gc: traced {name} (keep=False), {steps} steps: collections by generation "
+        f"{[b - a for a, b in zip(s0, s1, strict=True)]}\n"
+    )
 
 
 # -- main ----------------------------------------------------------------------------------
@@ -356,10 +647,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--only",
         default=None,
-        help="comma-separated rows to run (base,traced,idle,record,anomaly,profiler,debugmode)",
+        help="comma-separated rows to run (headline: user,user_trace,run,run_ui,run_nolive,"
+        "run_record; controlled: base,traced,idle,record,anomaly,profiler,debugmode)",
     )
     p.add_argument(
-        "--profile", action="store_true", help="cProfile the traced MLP step (50 steps) instead"
+        "--profile",
+        action="store_true",
+        help="cProfile + tracemalloc of the traced step (50 steps; MLP unless --workload)",
     )
     args = p.parse_args(argv)
     args.steps = args.steps or (5 if args.quick else 10)
@@ -370,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     if args.profile:
-        profile_traced_mlp()
+        profile_traced("mlp" if args.workload == "all" else args.workload)
         return 0
 
     start = time.perf_counter()
@@ -383,10 +677,12 @@ def main(argv: list[str] | None = None) -> int:
             unknown = keep - {c.key for c in configs}
             if unknown:
                 p.error(f"--only: unknown rows {', '.join(sorted(unknown))}")
+            keep |= {c.base for c in configs if c.key in keep}
             configs = [c for c in configs if c.key in keep]
         assert_clean("start")
         # Everything imported and built so far lives for the whole run: park it out of the
-        # collector's way, so the gc.collect() before each block stays cheap.
+        # collector's way, so the gc.collect() before each controlled block stays cheap
+        # (headline blocks unfreeze it: a user's job has it all in the collector's view).
         gc.collect()
         gc.freeze()
         counts = {w.name: event_counts(w) for w in workloads}

@@ -80,3 +80,47 @@ def test_attach_benchmark_prints_its_rows_and_the_attach_latency():
     rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ")]
     assert rows[1:5] == ["untraced", "dormant (serve)", "armed, then dormant", "armed (a UI holds)"]
     assert "## Attach latency" in out and "Median:" in out
+
+
+def test_overhead_headline_rows_count_frames_and_print_the_per_event_cost():
+    out = run(
+        "overhead.py",
+        "--workload",
+        "policy",
+        "--only",
+        "user_trace,run,run_ui,run_record,traced",
+        "--steps",
+        "2",
+        "--repeats",
+        "1",
+        "--warmup",
+        "1",
+    )
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    for label in (
+        "as run: untraced",
+        "as run: trace()",
+        "as run: run --steps all (live, no UI)",
+        "as run: run --steps all, one UI reading",
+        "untraced",
+        "torchscope traced (summaries)",
+    ):
+        assert label in rows, label
+    assert "**Headline: as a user runs it**" in out and "**Controlled**" in out
+
+    def cells(label: str, table: str) -> list[str]:
+        section = out.split(table, 1)[1]
+        line = next(x for x in section.splitlines() if x.startswith(f"| {label} |"))
+        return [c.strip() for c in line.split("|")[2:-1]]
+
+    # No UI: events reach the publisher, and no frame is encoded or sent.
+    no_ui = cells("as run: run --steps all (live, no UI)", "No work for absent readers")
+    assert float(no_ui[0]) > 0 and no_ui[1] == "0.00" and no_ui[2] == "0.00"
+    # A recording alone: the file grows, the publisher still encodes nothing.
+    rec = cells("as run: run --record F --steps all (live, no UI)", "No work for absent readers")
+    assert rec[1] == "0.00" and float(rec[4]) > 0
+    # One UI: frames are encoded and it receives the events made after it subscribed.
+    ui = cells("as run: run --steps all, one UI reading", "No work for absent readers")
+    assert float(ui[1]) > 0 and float(ui[3]) >= 0.9 * float(ui[0])
+    per_event = out.split("### Per-event cost", 1)[1]
+    assert "| policy | 25 |" in per_event

@@ -474,7 +474,8 @@ class Tracer:
         s = memo.get(t)
         if s is not None:
             return s
-        if aliases:
+        # Small tensors list their values in order, so they never share (alias_summary).
+        if aliases and t.numel() > self.summarizer.value_limit:
             s = self._alias_summary(t, aliases)
         if s is None:
             s = self.summarizer.summarize(t)
@@ -565,12 +566,12 @@ class Tracer:
         source = f"{frame[0]}:{frame[1]}" if frame else None
         nodes: list[dict] = []
         module = self.modules.current()
+        gf0 = _grad_fn(outs[0])
         if seq_hi != seq_lo:
-            for out in outs:
-                gf = _grad_fn(out)
+            for i, out in enumerate(outs):
+                gf = _grad_fn(out) if i else gf0
                 if gf is not None:
                     self._tag_nodes(gf, seq_lo, seq_hi, seq, source, module, nodes)
-        gf0 = _grad_fn(outs[0])
         event = Event(
             kind=OP,
             seq=seq,
@@ -662,6 +663,7 @@ class Tracer:
     ) -> None:
         """Tag the nodes this call created: their sequence numbers fall in [lo, hi)."""
         todo = [root]
+        run_id = self.run_id
         while todo:
             node = todo.pop()
             if not lo <= node._sequence_nr() < hi:
@@ -670,11 +672,14 @@ class Tracer:
             if NODE_OP in md:
                 continue
             md[NODE_OP] = seq
-            md[NODE_RUN] = self.run_id
+            md[NODE_RUN] = run_id
             md[NODE_SRC] = source
             md[NODE_MOD] = module
-            out.append({"id": self.node_id(node), "name": node_name(node)})
-            todo.extend(n for n, _ in node.next_functions if n is not None)
+            nid = md.get(NODE_ID)  # as node_id(), without fetching the metadata again
+            if nid is None:
+                nid = md[NODE_ID] = next(self._node_ids)
+            out.append({"id": nid, "name": node_name(node)})
+            todo += [n for n, _ in node.next_functions if n is not None]
 
     # -- backward --------------------------------------------------------------------------
     def _meet_ranks(self, what: str) -> None:

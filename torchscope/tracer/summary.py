@@ -154,7 +154,7 @@ class Summarizer:
                 # Host memory: the numbers are read at once, with as few torch calls as can be
                 # (each costs more than the reduction itself at these sizes).
                 if numel <= self.value_limit:
-                    vals = t.detach().reshape(-1).tolist()
+                    vals = _flat_values(t)
                     summary["values"] = vals
                     summary["stats"] = _list_stats(vals)
                 else:
@@ -273,9 +273,22 @@ class Summarizer:
         return batch
 
 
+def _flat_values(t: torch.Tensor) -> list:
+    """``t.detach().reshape(-1).tolist()`` for a host tensor, with fewer torch calls (each
+    costs more than reading a few values): ``tolist`` reads without recording a graph."""
+    dim = t.dim()
+    if dim == 1:
+        return t.tolist()
+    if dim == 0:
+        return [t.item()]
+    if dim == 2:
+        return [v for row in t.tolist() for v in row]
+    return t.detach().reshape(-1).tolist()
+
+
 def _host_stats(x: torch.Tensor, n: int) -> dict[str, Any]:
     """Stats of a host tensor: plain sums first, shifted sums when those would cancel."""
-    flat = x.reshape(-1)
+    flat = x if x.dim() == 1 else x.reshape(-1)
     mn, mx = torch.aminmax(flat)
     mn, mx = mn.item(), mx.item()
     total, sq = flat.sum().item(), torch.dot(flat, flat).item()
@@ -305,6 +318,10 @@ def _list_stats(vals: list[float]) -> dict[str, Any]:
 
     Same conventions as the reductions: a NaN makes min and max NaN.
     """
+    if math.isfinite(sum(vals)):  # the common case: no NaN, no Inf (nor a sum overflowing)
+        mn = min(vals)
+        shifted = [v - mn for v in vals]
+        return _moments(len(vals), mn, max(vals), sum(shifted), sum(d * d for d in shifted), 0, 0)
     nan = sum(1 for v in vals if v != v)
     inf = sum(1 for v in vals if v in (math.inf, -math.inf))
     if nan:
