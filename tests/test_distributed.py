@@ -87,7 +87,10 @@ def test_a_nan_made_on_one_rank_is_reported_where_it_arrives_with_that_ranks_ori
     recorded,
 ) -> None:
     tmp, _ = recorded
-    alerts = {r: [e for e in events(tmp, r) if e["kind"] == "alert"] for r in (0, 1)}
+    alerts = {
+        r: [e for e in events(tmp, r) if e["kind"] == "alert" and e["where"] != "ranks"]
+        for r in (0, 1)
+    }
     assert [(a["step"], a["name"]) for a in alerts[1]][:1] == [(2, "Tensor.__setitem__")]
     (arrived,) = [a for a in alerts[0] if "arrives through" in a["message"]]
     assert arrived["step"] == 2
@@ -100,6 +103,17 @@ def test_a_nan_made_on_one_rank_is_reported_where_it_arrives_with_that_ranks_ori
         "the NaN that arrived here at step 2 was made on rank 1: NaN first appears in "
         "Tensor.__setitem__ (forward) at "
     )
+
+
+def test_ddp_replicas_that_drift_apart_are_an_alert_on_both_ranks(recorded) -> None:
+    tmp, _ = recorded
+    for rank, other in ((0, 1), (1, 0)):
+        drift = [e for e in events(tmp, rank) if e["kind"] == "alert" and e["where"] == "ranks"]
+        # Changed after step 2 began (after the update that opened it): seen at step 3's.
+        assert [(a["step"], a["name"]) for a in drift] == [(3, f"rank {other}")], drift
+        assert drift[0]["message"].startswith(
+            "DDP replicas differ at the start of step 3: module.0.weight on this rank"
+        )
 
 
 def test_a_ui_holds_one_rank_paused_past_the_process_group_timeout_and_no_rank_dies(tmp_path):

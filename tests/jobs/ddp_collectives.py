@@ -18,6 +18,9 @@ for step in range(3):
     loss.backward()
     truth = {n: p.grad.mean().item() for n, p in model.named_parameters()}
     opt.step()
+    if step == 1 and rank == 1:
+        with torch.no_grad():
+            model.module[0].weight[0, 0] += 1.0  # rank 1's replica drifts from rank 0's
     t = torch.full((5,), float(rank + 1)) * 1.0
     u = torch.full((2,), 1.0) * 1.0
     if step == 1 and rank == 1:

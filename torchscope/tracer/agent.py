@@ -36,7 +36,7 @@ from torchscope.protocol.events import ALERT, ARMING, DORMANT, TRACED, TRACING, 
 from torchscope.tracer import backward_calls
 from torchscope.tracer.clock import StepClock
 from torchscope.tracer.pipeline import Sink
-from torchscope.tracer.ranks import RankOrigins, job_store
+from torchscope.tracer.ranks import RankFingerprints, RankOrigins, job_store
 from torchscope.tracer.session import DrivenBy, Tracer, current_tracer, session_event
 from torchscope.tracer.stepper import Stepper, stepping_commands
 from torchscope.tracer.steps import ALL_STEPS, StepSelection, parse_steps
@@ -139,6 +139,7 @@ class Agent:
         # watch hooks the training thread): (spec or None, on_nan).
         self._watch_request: tuple[str | None, str] | None = None
         self._origins: RankOrigins | None = None  # shared NaN/Inf origins (multi-rank jobs)
+        self._fingerprints: RankFingerprints | None = None  # DDP replicas compared
         # step -> (what, lookups left): NaN/Inf that arrived here through a collective
         self._arrivals: dict[int, tuple[str, int]] = {}
         self._watch_listening: backward_calls.Listening | None = None
@@ -370,14 +371,60 @@ class Agent:
                     )
                 )
 
-    def _last_arrivals(self, seconds: float = 2.0) -> None:
-        """At the end of the job, the other ranks' origins get a short while to arrive."""
+    def _last_word_of_other_ranks(self, seconds: float = 2.0) -> None:
+        """At the end of the job, the other ranks' origins and fingerprints of the last steps
+        get a short while to arrive."""
+        fp = self._fingerprints
         deadline = time.monotonic() + seconds
-        while self._arrivals and time.monotonic() < deadline:
+        while (self._arrivals or (fp is not None and fp.pending)) and time.monotonic() < deadline:
             with contextlib.suppress(Exception):
                 self._match_arrivals()
-            if self._arrivals:
-                time.sleep(0.1)
+                self._report_divergence()
+            time.sleep(0.05)
+
+    def _check_replicas(self, step: int) -> None:
+        """Traced DDP steps: publish this rank's parameter fingerprint and compare the other
+        ranks' (see ranks.RankFingerprints); a difference is one alert per parameter set."""
+        import torch
+
+        if self._fingerprints is None:
+            found = job_store()
+            if found is None:
+                return
+            self._fingerprints = RankFingerprints(*found)
+        fp = self._fingerprints
+        named = [
+            (n, p) for ddp in self.tracer.modules.ddp_roots() for n, p in ddp.named_parameters()
+        ]  # type: ignore[union-attr]
+        if not named:
+            return
+        with torch.no_grad(), torch._C.DisableTorchFunction():
+            sums = torch.stack([p.detach().float().sum() for _, p in named]).tolist()
+        fp.publish(step, [n for n, _ in named], sums)
+        self._report_divergence()
+
+    def _report_divergence(self) -> None:
+        fp = self._fingerprints
+        if fp is None:
+            return
+        for at, rank, differ in fp.compare():
+            shown = ", ".join(differ[:5]) + (
+                f" and {len(differ) - 5} more" if len(differ) > 5 else ""
+            )
+            self._emit_alert(
+                Event(
+                    kind=ALERT,
+                    seq=self.next_seq(),
+                    step=at,
+                    what="diverged",
+                    where="ranks",
+                    event_seq=None,
+                    name=f"rank {rank}",
+                    source=None,
+                    message=f"DDP replicas differ at the start of step {at}: {shown} "
+                    f"on this rank (rank {fp.rank}) and rank {rank}",
+                )
+            )
 
     def _emit_alert(self, event: Event) -> None:
         if self.tracer is not None and self.tracer.pipeline is not None:
@@ -424,7 +471,7 @@ class Agent:
         if self.watch is not None:
             with contextlib.suppress(Exception):
                 self.watch.remove()
-        self._last_arrivals()
+        self._last_word_of_other_ranks()
         if self._watch_listening is not None:
             self._watch_listening.remove()
             self._watch_listening = None
@@ -468,6 +515,9 @@ class Agent:
         if self._arrivals:
             with contextlib.suppress(Exception):
                 self._match_arrivals()
+        if self.tracer is not None and self.tracer.modules.has_ddp:
+            with contextlib.suppress(Exception):
+                self._check_replicas(step)
         try:
             with self._lock:
                 want = gated = False

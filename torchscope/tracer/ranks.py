@@ -70,6 +70,50 @@ class RankOrigins:
         return out
 
 
+class RankFingerprints:
+    """Whether DDP's replicas still agree: after every traced update, each rank publishes the
+    sum of each parameter (one reduction per parameter, one host read per step) in the
+    store, and compares the other ranks' sums for the same step when they are there (never
+    waiting). DDP keeps replicas bit-identical, so any difference is a divergence: a rank
+    that skipped an update, changed a weight by itself, or ran another code path.
+    """
+
+    def __init__(self, store: Any, rank: int, world: int) -> None:
+        self.store, self.rank, self.world = store, rank, world
+        # step -> (parameter names, own sums), not yet compared with every other rank's
+        self._pending: dict[int, tuple[list[str], list[float]]] = {}
+        self.reported = False
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
+
+    def publish(self, step: int, names: list[str], sums: list[float]) -> None:
+        import json
+
+        self.store.set(f"torchscope/fp/{step}/{self.rank}", json.dumps(sums))
+        self._pending[step] = (names, sums)
+        while len(self._pending) > 16:  # ranks that never publish do not grow this
+            self._pending.pop(next(iter(self._pending)))
+
+    def compare(self) -> list[tuple[int, int, list[str]]]:
+        """(step, other rank, parameters that differ) for the steps every rank published."""
+        import json
+
+        out = []
+        for step, (names, mine) in list(self._pending.items()):
+            keys = [f"torchscope/fp/{step}/{r}" for r in range(self.world) if r != self.rank]
+            if not self.store.check(keys):
+                continue
+            del self._pending[step]
+            for r in (r for r in range(self.world) if r != self.rank):
+                theirs = json.loads(self.store.get(f"torchscope/fp/{step}/{r}"))
+                differ = [n for n, a, b in zip(names, mine, theirs, strict=False) if a != b]
+                if differ or len(theirs) != len(mine):
+                    out.append((step, r, differ or ["(a different number of parameters)"]))
+        return out
+
+
 class RankGate:
     def __init__(self, store: Any, rank: int, world: int, say: Callable[[str], None]) -> None:
         self.store = store
