@@ -17,6 +17,15 @@ os.environ["TORCHSCOPE_RUNTIME_DIR"] = _RUNTIME
 os.environ["TORCHSCOPE_KEYS_DIR"] = tempfile.mkdtemp(prefix="torchscope-test-keys-")
 
 
+@pytest.fixture
+def closing():
+    """A list the test appends sockets, publishers and clients to; closed after it, last first."""
+    items: list = []
+    yield items
+    for item in reversed(items):
+        item.close()
+
+
 def _is_tracer_test(request: pytest.FixtureRequest) -> bool:
     module = getattr(request.node, "module", None)
     return module is not None and module.__name__.rsplit(".", 1)[-1].startswith("test_tracer_")

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import zmq
 from live_events import ops, session_event
-from sessions import _nothing_left  # noqa: F401
+from sessions import _nothing_left, some_events  # noqa: F401
 
 from torchscope.protocol import endpoints as ep
 from torchscope.protocol import security
@@ -125,15 +125,6 @@ def other_ui(tmp_path: Path, keys: security.KeyPaths, *, server_key: bool = True
     if server_key:
         shutil.copyfile(keys.server_public, d / "server.key")
     return d
-
-
-def some_events(client: SessionClient, timeout: float = 3.0) -> list:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events = client.recv_events(50)
-        if events:
-            return events
-    return []
 
 
 # -- keys -------------------------------------------------------------------------------------

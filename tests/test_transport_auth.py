@@ -55,14 +55,6 @@ def rt(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture
-def closing():
-    items: list = []
-    yield items
-    for item in reversed(items):
-        item.close()
-
-
 def raw(kind: int, keys: security.ClientKeys | None = None) -> zmq.Socket:
     s = zmq.Context.instance().socket(kind)
     s.setsockopt(zmq.LINGER, 0)

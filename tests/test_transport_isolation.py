@@ -33,14 +33,6 @@ def rt(monkeypatch: pytest.MonkeyPatch):
     shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture
-def cleanup():
-    items: list = []
-    yield items
-    for item in reversed(items):
-        item.close()
-
-
 def stuck_sub(pub: EventPublisher, name: bytes) -> zmq.Socket:
     """A raw SUB subscribed to everything that will never call recv."""
     s = zmq.Context.instance().socket(zmq.SUB)
@@ -83,13 +75,13 @@ class Reader(threading.Thread):
                     self.seqs += [e["seq"] for e in f["events"]]
 
 
-def test_stuck_raw_subscriber_costs_only_itself(rt: Path, cleanup) -> None:
+def test_stuck_raw_subscriber_costs_only_itself(rt: Path, closing) -> None:
     pub = EventPublisher(session_event(), frame_events=10, sndhwm=200, heartbeat=0.2).start()
-    cleanup.append(pub)
+    closing.append(pub)
     stuck = stuck_sub(pub, b"stuck")
-    cleanup.append(stuck)
+    closing.append(stuck)
     good = SessionClient()
-    cleanup.append(good)
+    closing.append(good)
     good.connect(None)
     assert good.subscribed
     reader = Reader(good)
@@ -120,16 +112,16 @@ def test_stuck_raw_subscriber_costs_only_itself(rt: Path, cleanup) -> None:
     assert pub.events_sent == n_events
 
 
-def test_slow_ui_counts_its_own_losses(rt: Path, cleanup) -> None:
+def test_slow_ui_counts_its_own_losses(rt: Path, closing) -> None:
     """A SessionClient that stops reading for a while loses frames, alone, and knows exactly
     how many events it lost; a UI that keeps reading loses nothing meanwhile."""
     pub = EventPublisher(session_event(), frame_events=10, sndhwm=200, heartbeat=0.2).start()
-    cleanup.append(pub)
+    closing.append(pub)
     slow = SessionClient(rcvhwm=10)
-    cleanup.append(slow)
+    closing.append(slow)
     slow.connect(None)
     good = SessionClient()
-    cleanup.append(good)
+    closing.append(good)
     good.connect(None)
     reader = Reader(good)
     reader.start()
