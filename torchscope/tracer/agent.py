@@ -25,7 +25,6 @@ import contextlib
 import itertools
 import os
 import signal
-import sys
 import threading
 import time
 import weakref
@@ -36,7 +35,7 @@ from torchscope.protocol.events import ALERT, ARMING, DORMANT, TRACED, TRACING, 
 from torchscope.tracer import backward_calls
 from torchscope.tracer.clock import StepClock
 from torchscope.tracer.pipeline import Sink
-from torchscope.tracer.ranks import RankFingerprints, RankOrigins, job_store
+from torchscope.tracer.ranks import RankFingerprints, RankOrigins, job_store, say, say_line
 from torchscope.tracer.session import DrivenBy, Tracer, current_tracer, session_event
 from torchscope.tracer.stepper import Stepper, stepping_commands
 from torchscope.tracer.steps import ALL_STEPS, StepSelection, parse_steps
@@ -708,10 +707,7 @@ class Agent:
     def _say(self, text: str, force: bool = False) -> None:
         if self.options.quiet and not force:
             return
-        rank = os.environ.get("RANK")
-        who = f"torchscope[rank {rank}]" if rank and rank.isdigit() else "torchscope"
-        with contextlib.suppress(Exception):
-            say_line(f"{who}: {text}")
+        say(text)
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -721,12 +717,6 @@ def _on_sigterm(signum: int, frame: Any) -> None:
             agent.stop()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
-
-
-def say_line(text: str) -> None:
-    """One line on stderr in one write: ranks sharing a terminal must not interleave it."""
-    sys.stderr.write(text + "\n")
-    sys.stderr.flush()
 
 
 def _forget_in_child(ref: weakref.ref[Agent]) -> None:

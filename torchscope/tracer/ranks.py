@@ -19,9 +19,29 @@ meeting that one rank never attends would hang the other.
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+
+def speaker() -> str:
+    """Who says a line on stderr: ``torchscope``, or ``torchscope[rank N]`` under torchrun."""
+    rank = os.environ.get("RANK", "")
+    return f"torchscope[rank {rank}]" if rank.isdigit() else "torchscope"
+
+
+def say_line(text: str) -> None:
+    """One line on stderr in one write (ranks sharing a terminal must not interleave it);
+    a closed or broken stderr is not the job's problem."""
+    with contextlib.suppress(Exception):
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+
+def say(text: str) -> None:
+    say_line(f"{speaker()}: {text}")
 
 
 def job_store() -> tuple[Any, int, int] | None:

@@ -687,18 +687,12 @@ class Tracer:
         before a collective, so a rank paused here never makes them time out (tracer/ranks)."""
         gate = self._gate
         if gate is None:
-            from torchscope.tracer.ranks import RankGate
+            from torchscope.tracer.ranks import RankGate, say
 
-            gate = self._gate = RankGate.for_job(self._say_rank)
+            gate = self._gate = RankGate.for_job(say)
             if gate is None:
                 return
         gate.meet(self.step_index, what)
-
-    def _say_rank(self, text: str) -> None:
-        rank = _env_int("RANK")
-        with contextlib.suppress(Exception):
-            sys.stderr.write(f"torchscope[rank {rank}]: {text}\n")
-            sys.stderr.flush()
 
     def run_backward(self, call: str, func: Any, args: tuple, kwargs: dict) -> Any:
         if self.gated and call != "torch.autograd.grad":

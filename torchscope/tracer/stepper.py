@@ -12,7 +12,6 @@ and only touches state under ``self._cv``.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from torchscope.protocol.breakpoints import (
     BreakpointError,
     first_hit,
 )
+from torchscope.tracer.ranks import say
 
 # What the training thread does next when it is not paused.
 RUN = "run"  # until a breakpoint or a pause request
@@ -81,7 +81,7 @@ class Stepper:
         # --hold: a pause with no UI attached waits for one instead of resuming after the lease.
         self.hold = hold
         self.attach_hint = attach_hint  # "attach: torchscope tui PID", said with every wait
-        self._note = note or (lambda text: print(f"torchscope: {text}", file=sys.stderr))
+        self._note = note or say
         self._cv = threading.Condition()
         self._mode = PAUSE if wait_for_ui else RUN
         self._next_after_step: int | None = None

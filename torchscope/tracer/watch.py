@@ -73,6 +73,7 @@ from torch.optim.optimizer import (
 )
 
 from torchscope.tracer import backward_calls
+from torchscope.tracer.ranks import say_line
 
 if TYPE_CHECKING:
     from torchscope.tracer.session import Tracer
@@ -862,8 +863,7 @@ def _rank() -> int | None:
 
 
 def _print_report(text: str) -> None:
-    sys.stderr.write(text + "\n")  # one write: ranks sharing a terminal must not interleave it
-    sys.stderr.flush()
+    say_line(text)  # already says who (and which rank)
 
 
 def _short(source: str | None) -> str | None:
