@@ -253,8 +253,15 @@ async def test_the_origin_stands_first_and_knock_on_alerts_are_counted_under_it(
         assert alerts.alerts[0]["where"] == "forward"
         line = str(alerts.get_option_at_index(0).prompt)
         assert "+5 knock-on (steps 1-2)" in line
+        tl = app.main.timeline
+        await until(pilot, lambda: tl.row_count() >= 2, what="the step's rows")
+        # A move made for the user (not by a key) refreshes the detail a little later; going
+        # to the alerts meanwhile must keep the alert's detail.
+        last = tl.row(tl.row_count() - 1)
+        tl.select(last.kind, last.seq)
         await pilot.press("a")
         detail = app.main.detail.body
         await until(pilot, lambda: "knock-on" in str(detail.render()), what="the alert's detail")
+        await pilot.pause(0.4)
         text = str(detail.render())
         assert "5 knock-on alerts" in text and "step 1 · 3x parameters" in text, text

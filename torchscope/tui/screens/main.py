@@ -522,7 +522,13 @@ class MainScreen(Screen[None]):
                 # Moves made for the user (follow mode, at up to 30 per second) refresh the
                 # detail at most a few times a second: a detail re-layout is the costly part.
                 self._detail_pending = True
-                self.set_timer(0.2, self._show_detail)
+                self.set_timer(0.2, self._show_followed_detail)
+
+    def _show_followed_detail(self) -> None:
+        self._detail_pending = False
+        # The user has since gone to the alerts: what they look at there keeps the detail.
+        if not self.alerts.has_focus:
+            self._show_detail()
 
     def _show_detail(self) -> None:
         self._detail_pending = False
