@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,9 +11,11 @@ JOBS = Path(__file__).parent / "jobs"
 # DDP on a small model; rank 1 makes a NaN (sqrt of a negative) in its forward at step 3.
 NAN_JOB = JOBS / "ddp_nan.py"
 NAN_LINE = 22  # the line of that sqrt
+# DDP, 40 steps of about 0.1 s: long enough for a UI to attach and arm both ranks.
+STEADY_JOB = JOBS / "ddp_steady.py"
 
 
-def torchrun(*args: str, cwd: Path) -> subprocess.Popen:
+def torchrun(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """``torchrun --standalone --nproc_per_node 2 ARGS``, both ranks' output on its pipes."""
     return subprocess.Popen(
         [
@@ -28,4 +31,5 @@ def torchrun(*args: str, cwd: Path) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         cwd=cwd,
+        env=None if env is None else {**os.environ, **env},
     )

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from ranks import JOBS, NAN_JOB, torchrun
+from ranks import JOBS, NAN_JOB, STEADY_JOB, torchrun
 
 pytest.importorskip("torch")
 
@@ -164,6 +165,62 @@ def test_a_ui_holds_one_rank_paused_past_the_process_group_timeout_and_no_rank_d
         "torchscope[rank 0]: waiting before Tensor.backward() at step 3 for the other ranks" in err
     )
     plain = torchrun(str(NAN_JOB), cwd=tmp_path)
+    plain_out, plain_err = plain.communicate(timeout=60)
+    assert plain.returncode == 0, plain_err[-2000:]
+    assert sorted(out.splitlines()) == sorted(plain_out.splitlines())  # bit-identical losses
+
+
+def test_a_ui_on_every_rank_arms_them_together_and_a_pause_on_one_kills_neither(tmp_path):
+    """A dormant torchrun job: `ls` shows its ranks as one job; a UI on each rank arms them
+    (they agree on the steps they meet in); a breakpoint on rank 1 holds it for 8 s against
+    a 5 s process-group timeout; rank 0 waits before its backward and says so; after
+    continue and disarm both finish, with the losses of the job run without torchscope."""
+    import time
+
+    from torchscope.protocol import endpoints as ep
+    from torchscope.protocol.client import SessionClient
+
+    job = torchrun("-m", "torchscope", "run", "--lease", "3", str(STEADY_JOB), cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        ranks: list = []
+        while len(ranks) < 2:
+            assert time.monotonic() < deadline and job.poll() is None, "no 2 rank sessions"
+            found = [r for r in ep.list_sessions() if r.job is not None and r.pid != job.pid]
+            ranks = ep.job_sessions(found[0]) if found else []
+            time.sleep(0.1)
+        assert [r.rank for r in ranks] == [0, 1] and ranks[0].job == ranks[1].job
+        ls = subprocess.run(
+            [sys.executable, "-m", "torchscope", "ls"], capture_output=True, text=True, timeout=30
+        )
+        assert f"job {ranks[0].job} · 2 of 2 ranks here" in ls.stdout, ls.stdout
+        with SessionClient() as ui0, SessionClient() as ui1:
+            ui0.connect(ranks[0], timeout=10)
+            hello = ui1.connect(ranks[1], timeout=10)
+            ui0.request("arm")
+            ui1.request("arm")
+            at = int(hello["step"]) + 6
+            ui1.request("break_add", step=at, op="^Tensor.pow$")
+            while ui1.request("state")["state"]["paused"] is None:
+                assert time.monotonic() < deadline, "rank 1 did not pause at its breakpoint"
+                ui0.request("ping")
+                time.sleep(0.05)
+            held = time.monotonic()
+            while time.monotonic() - held < 8:  # past the 5 s timeout
+                ui0.request("ping")
+                ui1.request("ping")
+                time.sleep(0.5)
+            assert ui1.request("state")["state"]["paused"] is not None
+            ui1.request("continue")
+            ui0.request("disarm")
+            ui1.request("disarm")
+        out, err = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode == 0, err[-3000:]
+    assert "ranks traced from step" in err, err[-3000:]
+    assert f"torchscope[rank 0]: waiting before Tensor.backward() at step {at}" in err, err[-3000:]
+    plain = torchrun(str(STEADY_JOB), cwd=tmp_path, env={"JOB_SLEEP": "0"})
     plain_out, plain_err = plain.communicate(timeout=60)
     assert plain.returncode == 0, plain_err[-2000:]
     assert sorted(out.splitlines()) == sorted(plain_out.splitlines())  # bit-identical losses

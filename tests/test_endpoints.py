@@ -277,7 +277,7 @@ def test_resolve(rt: Path, other_pid: int) -> None:
     with pytest.raises(EndpointError) as err:
         ep.resolve(None)
     msg = str(err.value)
-    assert "2 torchscope sessions" in msg and str(other_pid) in msg and "eval.py" in msg
+    assert "2 torchscope jobs" in msg and str(other_pid) in msg and "eval.py" in msg
     assert "\n" not in msg
     assert ep.resolve(f" {other_pid} ") == b
     with pytest.raises(EndpointError, match="no torchscope session with pid 1 "):
@@ -287,6 +287,28 @@ def test_resolve(rt: Path, other_pid: int) -> None:
     assert ep.resolve("ipc:///tmp/x.control").control == "ipc:///tmp/x.control"
     with pytest.raises(EndpointError, match="cannot tell which session"):
         ep.resolve("train.py")
+
+
+def test_the_ranks_of_one_torchrun_job_are_one_target(rt: Path, other_pid: int) -> None:
+    rank1 = _record(other_pid, rank=1, job="run-7f3a")
+    rank0 = _record(os.getpid(), rank=0, job="run-7f3a", started=rank1.started + 1)
+    ep.register(rank1)
+    ep.register(rank0)
+    assert ep.resolve(None) == rank0  # one job: its rank 0, not "2 sessions are running"
+    assert ep.job_sessions(rank1) == [rank0, rank1]
+    assert ep.group_by_job(ep.list_sessions()) == [[rank0, rank1]]
+    assert ep.list_sessions()[0].job == "run-7f3a"  # the field survives the registry file
+    third = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        alone = _record(third.pid, rank=None, script="/work/eval.py")
+        assert ep.job_sessions(alone) == [alone]
+        ep.register(alone)
+        assert len(ep.group_by_job(ep.list_sessions())) == 2
+        with pytest.raises(EndpointError, match=r"^2 torchscope jobs are running .*2 ranks"):
+            ep.resolve(None)
+    finally:
+        third.kill()
+        third.wait()
 
 
 def test_protocol_side_imports_without_torch_or_textual() -> None:

@@ -12,9 +12,13 @@ import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from torchscope import __version__
 from torchscope.protocol.events import KINDS
+
+if TYPE_CHECKING:
+    from torchscope.protocol.endpoints import SessionRecord
 
 
 class UsageError(Exception):
@@ -376,11 +380,9 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
 # -- ls, record ------------------------------------------------------------------------------
 def cmd_ls(args: argparse.Namespace) -> int:
-    """Live sessions on this machine; each is asked for its step (briefly)."""
-    import datetime
-
+    """Live sessions on this machine, the ranks of a torchrun job grouped under it; each is
+    asked for its step (briefly)."""
     from torchscope.protocol import endpoints as ep
-    from torchscope.protocol.client import SessionClient, SessionRefused, SessionUnreachable
 
     try:
         records = ep.list_sessions()
@@ -393,23 +395,41 @@ def cmd_ls(args: argparse.Namespace) -> int:
         f"{'PID':>7} {'RANK':>4} {'STEP':>6} {'TRACING':<8} {'STARTED':<19} {'SCRIPT':<28} "
         "ENDPOINTS"
     )
-    for rec in records:
-        step = tracing = "?"
-        try:
-            with SessionClient() as client:
-                hello = client.connect(rec, timeout=args.timeout)
-                step = str(hello.get("step"))
-                tracing = hello.get("tracing") or "traced"  # a trace(live=True) block
-        except (SessionUnreachable, SessionRefused, ep.EndpointError):
-            pass
-        started = datetime.datetime.fromtimestamp(rec.started).strftime("%Y-%m-%d %H:%M:%S")
-        rank = "-" if rec.rank is None else str(rec.rank)
-        script = os.path.basename(rec.script or "") or "?"
-        print(
-            f"{rec.pid:>7} {rank:>4} {step:>6} {tracing:<8} {started:<19} {script:<28} "
-            f"events {rec.events}  control {rec.control}"
-        )
+    for ranks in ep.group_by_job(records):
+        if len(ranks) > 1 or ranks[0].job is not None:
+            first = ranks[0]
+            world = first.world_size or len(ranks)
+            script = os.path.basename(first.script or "") or "?"
+            print(
+                f"job {first.job} · {len(ranks)} of {world} ranks here · {script} "
+                f"(`torchscope tui {first.pid}` opens every rank)"
+            )
+        for rec in ranks:
+            _ls_row(rec, args.timeout)
     return 0
+
+
+def _ls_row(rec: SessionRecord, timeout: float) -> None:
+    import datetime
+
+    from torchscope.protocol import endpoints as ep
+    from torchscope.protocol.client import SessionClient, SessionRefused, SessionUnreachable
+
+    step = tracing = "?"
+    try:
+        with SessionClient() as client:
+            hello = client.connect(rec, timeout=timeout)
+            step = str(hello.get("step"))
+            tracing = hello.get("tracing") or "traced"  # a trace(live=True) block
+    except (SessionUnreachable, SessionRefused, ep.EndpointError):
+        pass
+    started = datetime.datetime.fromtimestamp(rec.started).strftime("%Y-%m-%d %H:%M:%S")
+    rank = "-" if rec.rank is None else str(rec.rank)
+    script = os.path.basename(rec.script or "") or "?"
+    print(
+        f"{rec.pid:>7} {rank:>4} {step:>6} {tracing:<8} {started:<19} {script:<28} "
+        f"events {rec.events}  control {rec.control}"
+    )
 
 
 def cmd_record(args: argparse.Namespace) -> int:

@@ -290,6 +290,7 @@ class SessionRecord:
     pid: int = 0
     rank: int | None = None
     world_size: int | None = None
+    job: str | None = None  # the same for every rank of one torchrun job
     script: str | None = None
     argv: list[str] = field(default_factory=list)
     host: str = ""
@@ -330,6 +331,7 @@ class SessionRecord:
             pid=pid,
             rank=_opt_int(d, "rank", 0),
             world_size=_opt_int(d, "world_size", 1),
+            job=_opt_str(d, "job"),
             script=_opt_str(d, "script"),
             argv=list(argv),
             host=_opt_str(d, "host") or "",
@@ -355,6 +357,7 @@ class SessionRecord:
             pid=num("pid") or os.getpid(),
             rank=num("rank"),
             world_size=num("world_size"),
+            job=session.get("job") if isinstance(session.get("job"), str) else None,
             script=session.get("script") if isinstance(session.get("script"), str) else None,
             argv=[str(a) for a in argv] if isinstance(argv, (list, tuple)) else list(sys.argv),
             host=session.get("host") if isinstance(session.get("host"), str) else _hostname(),
@@ -368,9 +371,19 @@ class SessionRecord:
         parts = [f"pid {self.pid}" if self.pid else self.control]
         if self.rank is not None:
             parts.append(f"rank {self.rank}")
+            if self.world_size:
+                parts[-1] += f"/{self.world_size}"
         if self.script:
             parts.append(os.path.basename(self.script))
         return " ".join(parts)
+
+
+def _describe_job(ranks: list[SessionRecord]) -> str:
+    if len(ranks) == 1:
+        return ranks[0].describe()
+    pids = ",".join(str(r.pid) for r in ranks)
+    script = os.path.basename(ranks[0].script or "") or "?"
+    return f"pids {pids} ({len(ranks)} ranks) {script}"
 
 
 def _hostname() -> str:
@@ -582,12 +595,36 @@ def cleanup_process(pid: int | None = None) -> int:
     return removed
 
 
+def job_sessions(record: SessionRecord, records: list[SessionRecord] | None = None) -> list[
+    SessionRecord
+]:
+    """The sessions of ``record``'s job on this machine (every rank of one torchrun job),
+    sorted by rank; ``[record]`` for a job of one process."""
+    if record.job is None:
+        return [record]
+    pool = list_sessions() if records is None else records
+    same = {r.rank or 0: r for r in pool if r.job == record.job and r.host == record.host}
+    same.setdefault(record.rank or 0, record)
+    return [same[rank] for rank in sorted(same)]
+
+
+def group_by_job(records: list[SessionRecord]) -> list[list[SessionRecord]]:
+    """Records grouped into jobs (the ranks of one torchrun job together, by rank), jobs in
+    the order their first record comes."""
+    groups: dict[tuple, list[SessionRecord]] = {}
+    for rec in records:
+        key = ("job", rec.host, rec.job) if rec.job is not None else ("pid", rec.pid, rec.rank)
+        groups.setdefault(key, []).append(rec)
+    return [sorted(g, key=lambda r: r.rank or 0) for g in groups.values()]
+
+
 def resolve(target: str | None) -> SessionRecord:
     """Which session a user means.
 
-    None: the one running session (EndpointError if there are none or several); digits: the
-    session of that pid; ``ipc://...`` / ``tcp://...``: a control endpoint, returned as a record
-    with only ``control`` set.
+    None: the one running job (EndpointError if there are none or several; the ranks of one
+    torchrun job are one job, and its rank 0 is returned); digits: the session of that pid;
+    ``ipc://...`` / ``tcp://...``: a control endpoint, returned as a record with only
+    ``control`` set.
     """
     if target is not None and not isinstance(target, str):
         raise EndpointError(f"session target must be a string, not {type(target).__name__}")
@@ -599,12 +636,13 @@ def resolve(target: str | None) -> SessionRecord:
     if target is None or target == "":
         if not records:
             raise EndpointError("no running torchscope session found")
-        if len(records) > 1:
-            listing = ", ".join(r.describe() for r in records)
+        jobs = group_by_job(records)
+        if len(jobs) > 1:
+            listing = ", ".join(_describe_job(j) for j in jobs)
             raise EndpointError(
-                f"{len(records)} torchscope sessions are running ({listing}); pick one by pid"
+                f"{len(jobs)} torchscope jobs are running ({listing}); pick one by pid"
             )
-        return records[0]
+        return jobs[0][0]
     if target.isdigit():
         pid = int(target)
         matches = [r for r in records if r.pid == pid]

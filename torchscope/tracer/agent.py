@@ -35,7 +35,14 @@ from torchscope.protocol.events import ALERT, ARMING, DORMANT, TRACED, TRACING, 
 from torchscope.tracer import backward_calls
 from torchscope.tracer.clock import StepClock
 from torchscope.tracer.pipeline import Sink
-from torchscope.tracer.ranks import RankFingerprints, RankOrigins, job_store, say, say_line
+from torchscope.tracer.ranks import (
+    AgreedPeriods,
+    RankFingerprints,
+    RankOrigins,
+    job_store,
+    say,
+    say_line,
+)
 from torchscope.tracer.session import DrivenBy, Tracer, current_tracer, session_event
 from torchscope.tracer.stepper import Stepper, stepping_commands
 from torchscope.tracer.steps import ALL_STEPS, StepSelection, parse_steps
@@ -139,6 +146,8 @@ class Agent:
         self._watch_request: tuple[str | None, str] | None = None
         self._origins: RankOrigins | None = None  # shared NaN/Inf origins (multi-rank jobs)
         self._fingerprints: RankFingerprints | None = None  # DDP replicas compared
+        self._periods: AgreedPeriods | None = None  # when UI-armed ranks meet
+        self._no_periods = False  # the store failed once: UI-armed ranks trace ungated
         # step -> (what, lookups left): NaN/Inf that arrived here through a collective
         self._arrivals: dict[int, tuple[str, int]] = {}
         self._watch_listening: backward_calls.Listening | None = None
@@ -519,7 +528,7 @@ class Agent:
                 self._check_replicas(step)
         try:
             with self._lock:
-                want = gated = False
+                want = gated = by_ui = False
                 for holder in list(self._holders.values()):
                     takes = holder.takes(step)
                     if takes is None:
@@ -528,7 +537,12 @@ class Agent:
                         want = want or takes
                         # The command line arms every rank at the same steps: they can meet.
                         gated = gated or (takes and holder.client is None and holder.steps)
+                        by_ui = by_ui or (takes and holder.client is not None)
                 released, self._released = self._released, []
+            # Ranks armed by UIs meet in the periods they agree on (tracer/ranks.py).
+            scope = self._agreed_period(step, by_ui and not gated)
+            if scope is not None:
+                want = gated = True
             if self.publisher is not None:
                 self.publisher.note_step(step)
             if want and self.tracer is None:
@@ -542,11 +556,29 @@ class Agent:
             if self.tracer is not None:
                 self.traced_steps += 1
                 self.tracer.gated = bool(gated)
+                self.tracer.gate_scope = scope or ""
         except Exception as exc:  # never into the job
             self._say(f"internal error at a step boundary: {type(exc).__name__}: {exc}")
         finally:
             if self.publisher is not None:
                 self.publisher.tracing = self._tracing_state()
+
+    def _agreed_period(self, step: int, wanted: bool) -> str | None:
+        """The agreed period's scope when this rank meets the others in ``step``, else None.
+        Nothing is asked of the store until a UI arms a rank of a multi-rank job."""
+        periods = self._periods
+        if periods is None:
+            if not wanted or self._no_periods:
+                return None
+            periods = self._periods = AgreedPeriods.for_job(say)
+            if periods is None:  # one process, or no process group yet
+                return None
+        try:
+            return periods.scope if periods.at_boundary(step, wanted) else None
+        except Exception as exc:  # the store went away (the job is ending): trace ungated
+            self._say(f"ranks could not agree on when to meet: {type(exc).__name__}: {exc}")
+            self._periods, self._no_periods = None, True
+            return None
 
     def _arm(self, step: int, released: list[int]) -> None:
         outer = current_tracer()
@@ -662,6 +694,8 @@ class Agent:
             self._add_holder(holder)
         if by == "ui" and self.stepper is not None:
             self.stepper.contact(client)
+        if self._periods is not None:
+            self._periods.retry()
         if self.publisher is not None:
             self.publisher.tracing = self._tracing_state()
         return self._armed_reply(holder.id)

@@ -10,10 +10,16 @@ under a key named by the step and the meeting's number in that step, and waits, 
 until every rank has. A paused rank is simply late to the meeting; the others wait for it as
 long as it takes, and say so on stderr. No collective starts until everybody is there.
 
+Ranks that UIs arm (``torchscope tui`` on a torchrun job arms every rank) agree first on
+the steps they meet in (:class:`AgreedPeriods`): the first rank armed proposes a start two
+steps ahead in the store, every rank armed by then starts meeting at that step if all of
+them are, and the first that lets go proposes an end two steps ahead, so no rank ever waits
+for a meeting another rank will not attend.
+
 Cost, paid only while traced with a gate: one store round trip per meeting plus the wait for
-the slowest rank (which the collective that follows would have waited for anyway). Ranks
-that a UI arms one by one are not gated: they may be traced at different steps, and a
-meeting that one rank never attends would hang the other.
+the slowest rank (which the collective that follows would have waited for anyway), and for
+UI-armed ranks one more per traced step boundary. A job where only some ranks are armed is
+not gated: a meeting that one rank never attends would hang the other.
 """
 
 from __future__ import annotations
@@ -152,11 +158,12 @@ class RankGate:
         found = job_store()
         return cls(*found, say) if found is not None else None
 
-    def meet(self, step: int, what: str) -> None:
-        """Wait until every rank has reached this point of step ``step`` (never raises)."""
+    def meet(self, step: int, what: str, scope: str = "") -> None:
+        """Wait until every rank has reached this point of step ``step`` (never raises).
+        ``scope`` names the agreed period (UI-armed ranks) so its meetings are its own."""
         if step != self._step:
             self._step, self._n = step, 0
-        key = f"torchscope/gate/{step}/{self._n}"
+        key = f"torchscope/gate/{scope}{step}/{self._n}"
         self._n += 1
         self.meetings += 1
         try:
@@ -182,3 +189,105 @@ class RankGate:
         except Exception as exc:  # the store went away (the job is ending): do not hang
             with contextlib.suppress(Exception):
                 self.say(f"rank meeting before {what} skipped: {type(exc).__name__}: {exc}")
+
+
+class AgreedPeriods:
+    """When UI-armed ranks meet: periods of steps every rank agreed on through the store.
+
+    Called at every step boundary of a rank that a UI holds or that is in a period
+    (``at_boundary``), on the training thread. Period ``e`` lives under
+    ``torchscope/period/e/``: ``start`` (the first proposal wins: the proposer's step + 2, so
+    a rank one step ahead still reaches it), ``yes``/``no`` (who will be traced from
+    ``start``), ``gated`` (the decision, taken once: every rank said yes), ``end`` (the first
+    rank that lets go proposes its step + 2). Every rank reads the same values, so either all
+    of them meet in a step or none does.
+    """
+
+    #: How long a rank at the agreed start waits for the others to say whether they come.
+    JOIN_TIMEOUT = 10.0
+
+    def __init__(self, store: Any, rank: int, world: int, say: Callable[[str], None]) -> None:
+        self.store, self.rank, self.world, self.say = store, rank, world, say
+        self.period = 0
+        self.start: int | None = None
+        self.end: int | None = None
+        self.gated = False
+        self.refused = False  # the last period went ungated: wait for a new arm to retry
+
+    @classmethod
+    def for_job(cls, say: Callable[[str], None]) -> AgreedPeriods | None:
+        found = job_store()
+        return cls(*found, say) if found is not None else None
+
+    @property
+    def scope(self) -> str:
+        return f"p{self.period}/"
+
+    def _key(self, name: str) -> str:
+        return f"torchscope/period/{self.period}/{name}"
+
+    def _agree(self, name: str, proposal: int) -> int:
+        got = self.store.compare_set(self._key(name), "", str(proposal))
+        return int(got.decode() if isinstance(got, bytes) else got)
+
+    def retry(self) -> None:
+        """A new UI armed this rank: worth another try after an ungated period."""
+        self.refused = False
+
+    def at_boundary(self, step: int, wanted: bool) -> bool:
+        """Whether this rank meets the others during step ``step``; ``wanted``: a UI holds
+        this rank traced. While this returns True the rank must stay traced."""
+        if self.gated:
+            return self._gated_boundary(step, wanted)
+        if not wanted:
+            if self.start is not None:  # it agreed to come, and nobody holds it any more
+                self.store.add(self._key("no"), 1)
+                self._next_period(refused=False)
+            return False
+        if self.refused:
+            return False
+        if self.start is None:
+            self.start = self._agree("start", step + 2)
+            if step > self.start:  # proposed while this rank was already further on
+                self.store.add(self._key("no"), 1)
+                self._next_period(refused=True)
+                return False
+        if step < self.start:
+            return False
+        self.store.add(self._key("yes"), 1)
+        self.gated = self._decide(step) == 1
+        if not self.gated:
+            self._next_period(refused=True)
+            return False
+        self.say(f"all {self.world} ranks traced from step {step}: they meet before collectives")
+        return True
+
+    def _decide(self, step: int) -> int:
+        t0 = time.monotonic()
+        said = False
+        while True:
+            yes, no = self.store.add(self._key("yes"), 0), self.store.add(self._key("no"), 0)
+            if yes + no >= self.world or time.monotonic() - t0 > self.JOIN_TIMEOUT:
+                break
+            if not said and time.monotonic() - t0 > 0.5:
+                said = True
+                self.say(f"waiting at step {step} for the other ranks to be armed too")
+            time.sleep(0.01)
+        return self._agree("gated", 1 if yes >= self.world else 0)
+
+    def _gated_boundary(self, step: int, wanted: bool) -> bool:
+        if self.end is None:
+            if not wanted:
+                self.end = self._agree("end", step + 2)
+            elif self.store.check([self._key("end")]):
+                self.end = int(self.store.get(self._key("end")).decode())
+        if self.end is not None and step >= self.end:
+            self._next_period(refused=False)
+            return False
+        return True
+
+    def _next_period(self, *, refused: bool) -> None:
+        self.period += 1
+        self.start = self.end = None
+        self.gated = False
+        self.refused = refused

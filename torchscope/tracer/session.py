@@ -178,6 +178,7 @@ class Tracer:
         # Meet the other ranks before collectives (set by the agent while the command line
         # holds every rank traced alike); the gate is found once the process group exists.
         self.gated = False
+        self.gate_scope = ""  # the agreed period of UI-armed ranks (tracer/ranks.py)
         self._gate: Any = None
         self._extra_sinks = list(sinks)
         self.pipeline: EventPipeline | None = None
@@ -692,7 +693,7 @@ class Tracer:
             gate = self._gate = RankGate.for_job(say)
             if gate is None:
                 return
-        gate.meet(self.step_index, what)
+        gate.meet(self.step_index, what, self.gate_scope)
 
     def run_backward(self, call: str, func: Any, args: tuple, kwargs: dict) -> Any:
         if self.gated and call != "torch.autograd.grad":
@@ -920,6 +921,7 @@ def session_event(
         rank=_env_int("RANK"),
         world_size=_env_int("WORLD_SIZE"),
         local_rank=_env_int("LOCAL_RANK"),
+        job=_job_id(),
         torch=str(torch.__version__),  # plain str, as it reads back from a file
         python=sys.version.split()[0],
         steps=steps,
@@ -929,6 +931,18 @@ def session_event(
     )
     fields.update(metadata)
     return Event(fields)
+
+
+def _job_id() -> str | None:
+    """What every rank of one torchrun job shares (torchrun's run id, else the rendezvous
+    address); None outside a multi-rank launch."""
+    if _env_int("WORLD_SIZE") is None or _env_int("RANK") is None:
+        return None
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id and run_id != "none":
+        return run_id
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    return f"{addr}:{port}" if addr and port else None
 
 
 def _ddp_world(ddp: Any) -> int | None:

@@ -1,0 +1,28 @@
+"""A DDP job that runs long enough to be attached to: 40 steps of about 0.1 s (JOB_SLEEP),
+no NaN."""
+
+import datetime
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+# A short process-group timeout: a rank left waiting in a collective dies after 5 s.
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=5))
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+gen = torch.Generator().manual_seed(1 + rank)
+for step in range(40):
+    loss = model(torch.randn(8, 4, generator=gen)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    sys.stdout.write(f"rank {rank} step {step} {loss.item()!r}\n")  # one write: shared pipe
+    sys.stdout.flush()
+    time.sleep(float(os.environ.get("JOB_SLEEP", "0.1")))
+dist.destroy_process_group()
