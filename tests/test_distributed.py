@@ -3,6 +3,7 @@ real results, DDP's averaged gradients beside each rank's local ones."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -224,3 +225,44 @@ def test_a_ui_on_every_rank_arms_them_together_and_a_pause_on_one_kills_neither(
     plain_out, plain_err = plain.communicate(timeout=60)
     assert plain.returncode == 0, plain_err[-2000:]
     assert sorted(out.splitlines()) == sorted(plain_out.splitlines())  # bit-identical losses
+
+
+def test_wait_holds_every_rank_until_one_ui_reaches_the_job(tmp_path):
+    """`run --wait` under torchrun: every rank waits (saying so) before its first op; a UI on
+    rank 1 alone lets both go, so rank 0 does not leave rank 1 alone in DDP's constructor."""
+    import time
+
+    from torchscope.protocol import endpoints as ep
+    from torchscope.protocol.client import SessionClient
+
+    job = torchrun(
+        "-m", "torchscope", "run", "--wait", "--lease", "3", str(STEADY_JOB),
+        cwd=tmp_path, env={"JOB_SLEEP": "0"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        rank1 = None
+        while rank1 is None:
+            assert time.monotonic() < deadline and job.poll() is None, "no rank 1 session"
+            rank1 = next((r for r in ep.list_sessions() if r.rank == 1 and r.pid != job.pid), None)
+            time.sleep(0.1)
+        time.sleep(1.0)  # both ranks are waiting now; nothing ran
+        with SessionClient() as ui:
+            ui.connect(rank1, timeout=10)
+            ui.request("arm")
+            while job.poll() is None:
+                assert time.monotonic() < deadline, "the job did not finish"
+                with contextlib.suppress(Exception):
+                    ui.request("ping")
+                time.sleep(0.3)
+        out, err = job.communicate(timeout=30)
+    finally:
+        job.kill()
+    assert job.returncode == 0, err[-3000:]
+    for rank in (0, 1):
+        assert (
+            f"torchscope[rank {rank}]: waiting for a UI (on any rank of this job) before the "
+            "first op (--wait)" in err
+        ), err[-3000:]
+    assert "torchscope[rank 0]: a UI reached another rank of this job: going on" in err
+    assert sum(line.startswith("rank ") for line in out.splitlines()) == 80

@@ -37,8 +37,10 @@ from torchscope.tracer.clock import StepClock
 from torchscope.tracer.pipeline import Sink
 from torchscope.tracer.ranks import (
     AgreedPeriods,
+    JobUiSignal,
     RankFingerprints,
     RankOrigins,
+    job_id,
     job_store,
     say,
     say_line,
@@ -164,7 +166,11 @@ class Agent:
         if opts.live or opts.breakpoints or opts.wait:
             hint = f"attach: torchscope tui {os.getpid()}" if opts.live else "no UI can attach"
             self.stepper = Stepper(
-                lease_seconds=opts.lease, wait_for_ui=opts.wait, hold=opts.hold, attach_hint=hint
+                lease_seconds=opts.lease,
+                wait_for_ui=opts.wait,
+                hold=opts.hold,
+                attach_hint=hint,
+                job_ui=JobUiSignal.for_job(job_id()) if opts.wait else None,
             )
             for spec in opts.breakpoints:
                 self.stepper.add_breakpoint(spec)

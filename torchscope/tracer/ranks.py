@@ -50,6 +50,23 @@ def say(text: str) -> None:
     say_line(f"{speaker()}: {text}")
 
 
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
+def job_id() -> str | None:
+    """What every rank of one torchrun job shares (torchrun's run id, else the rendezvous
+    address); None outside a multi-rank launch."""
+    if _env_int("WORLD_SIZE") is None or _env_int("RANK") is None:
+        return None
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id and run_id != "none":
+        return run_id
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    return f"{addr}:{port}" if addr and port else None
+
+
 def job_store() -> tuple[Any, int, int] | None:
     """(store, rank, world size) of a multi-rank job's default process group, or None
     (a single process, no process group yet, no store)."""
@@ -189,6 +206,57 @@ class RankGate:
         except Exception as exc:  # the store went away (the job is ending): do not hang
             with contextlib.suppress(Exception):
                 self.say(f"rank meeting before {what} skipped: {type(exc).__name__}: {exc}")
+
+
+class JobUiSignal:
+    """``--wait`` across ranks: the first UI that reaches any rank lets every rank go.
+
+    torchrun hosts its c10d store before the workers start (``TORCHELASTIC_USE_AGENT_STORE``),
+    so ranks still waiting before their first op, process group or not, can meet there: a
+    rank whose UI came sets a key named by the job; the others poll for it while they wait.
+    """
+
+    def __init__(self, host: str, port: int, job: str) -> None:
+        self.host, self.port, self.key = host, port, f"torchscope/{job}/ui-came"
+        self._store: Any = None
+
+    @classmethod
+    def for_job(cls, job: str | None) -> JobUiSignal | None:
+        """The signal of this torchrun job, or None (not under torchrun, or its store is not
+        up before the workers)."""
+        env = os.environ
+        if job is None or env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+            return None
+        port = env.get("MASTER_PORT", "")
+        if not env.get("MASTER_ADDR") or not port.isdigit():
+            return None
+        return cls(env["MASTER_ADDR"], int(port), job)
+
+    def _connected(self) -> Any:
+        if self._store is None:
+            import datetime
+
+            from torch.distributed import TCPStore
+
+            self._store = TCPStore(
+                self.host,
+                self.port,
+                is_master=False,
+                timeout=datetime.timedelta(seconds=5),
+                wait_for_workers=False,
+            )
+        return self._store
+
+    def came(self) -> bool:
+        """Whether a UI reached some rank of the job (False when the store cannot answer)."""
+        try:
+            return bool(self._connected().check([self.key]))
+        except Exception:
+            return False
+
+    def announce(self) -> None:
+        with contextlib.suppress(Exception):
+            self._connected().set(self.key, "1")
 
 
 class AgreedPeriods:

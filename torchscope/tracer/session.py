@@ -56,6 +56,7 @@ from torchscope.tracer.mode import (
 )
 from torchscope.tracer.modules import ModuleTracker
 from torchscope.tracer.pipeline import EventPipeline, Sink
+from torchscope.tracer.ranks import job_id
 from torchscope.tracer.source import thread_stack, user_frame
 from torchscope.tracer.stepper import PausePoint, Stepper, stepping_commands
 from torchscope.tracer.steps import parse_steps
@@ -921,7 +922,7 @@ def session_event(
         rank=_env_int("RANK"),
         world_size=_env_int("WORLD_SIZE"),
         local_rank=_env_int("LOCAL_RANK"),
-        job=_job_id(),
+        job=job_id(),
         torch=str(torch.__version__),  # plain str, as it reads back from a file
         python=sys.version.split()[0],
         steps=steps,
@@ -931,18 +932,6 @@ def session_event(
     )
     fields.update(metadata)
     return Event(fields)
-
-
-def _job_id() -> str | None:
-    """What every rank of one torchrun job shares (torchrun's run id, else the rendezvous
-    address); None outside a multi-rank launch."""
-    if _env_int("WORLD_SIZE") is None or _env_int("RANK") is None:
-        return None
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run_id and run_id != "none":
-        return run_id
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    return f"{addr}:{port}" if addr and port else None
 
 
 def _ddp_world(ddp: Any) -> int | None:

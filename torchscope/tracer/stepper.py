@@ -76,12 +76,15 @@ class Stepper:
         hold: bool = False,
         attach_hint: str = "",
         note: Callable[[str], None] | None = None,
+        job_ui: Any = None,
     ) -> None:
         self.lease_seconds = lease_seconds
         # --hold: a pause with no UI attached waits for one instead of resuming after the lease.
         self.hold = hold
         self.attach_hint = attach_hint  # "attach: torchscope tui PID", said with every wait
         self._note = note or say
+        # --wait under torchrun: a UI on any rank of the job lets this one go (ranks.JobUiSignal)
+        self.job_ui = job_ui
         self._cv = threading.Condition()
         self._mode = PAUSE if wait_for_ui else RUN
         self._next_after_step: int | None = None
@@ -152,10 +155,17 @@ class Stepper:
                 # then runs until a breakpoint or a pause.
                 if not self._attached:
                     hint = f"; {self.attach_hint}" if self.attach_hint else ""
-                    self._note(f"waiting for a UI before the first op (--wait){hint}")
-                while not self._attached and self._resume_reason is None:
+                    job = " (on any rank of this job)" if self.job_ui is not None else ""
+                    self._note(f"waiting for a UI{job} before the first op (--wait){hint}")
+                elsewhere = False
+                while not self._attached and self._resume_reason is None and not elsewhere:
                     self._cv.wait(0.5)
+                    elsewhere = self.job_ui is not None and self.job_ui.came()
                 self._waiting_for_ui = False
+                if self._attached and self.job_ui is not None:
+                    self.job_ui.announce()
+                if elsewhere and not self._attached:
+                    self._note("a UI reached another rank of this job: going on")
                 if self._resume_reason is None:
                     self._resume_reason = "attached"
             elif not self._attached:
