@@ -138,6 +138,7 @@ def test_a_ui_holds_one_rank_paused_past_the_process_group_timeout_and_no_rank_d
         str(NAN_JOB),
         cwd=tmp_path,
     )
+    plain = torchrun(str(NAN_JOB), cwd=tmp_path)  # the same job without torchscope, meanwhile
     try:
         deadline = time.monotonic() + 60
         rank1 = None
@@ -159,14 +160,14 @@ def test_a_ui_holds_one_rank_paused_past_the_process_group_timeout_and_no_rank_d
             ui.request("continue")
             ui.request("disarm")
         out, err = job.communicate(timeout=60)
+        plain_out, plain_err = plain.communicate(timeout=60)
     finally:
         job.kill()
+        plain.kill()
     assert job.returncode == 0, err[-3000:]
     assert (
         "torchscope[rank 0]: waiting before Tensor.backward() at step 3 for the other ranks" in err
     )
-    plain = torchrun(str(NAN_JOB), cwd=tmp_path)
-    plain_out, plain_err = plain.communicate(timeout=60)
     assert plain.returncode == 0, plain_err[-2000:]
     assert sorted(out.splitlines()) == sorted(plain_out.splitlines())  # bit-identical losses
 
@@ -182,6 +183,8 @@ def test_a_ui_on_every_rank_arms_them_together_and_a_pause_on_one_kills_neither(
     from torchscope.protocol.client import SessionClient
 
     job = torchrun("-m", "torchscope", "run", "--lease", "3", str(STEADY_JOB), cwd=tmp_path)
+    # The same job without torchscope, meanwhile (the UI below mostly waits).
+    plain = torchrun(str(STEADY_JOB), cwd=tmp_path, env={"JOB_SLEEP": "0"})
     try:
         deadline = time.monotonic() + 60
         ranks: list = []
@@ -216,13 +219,13 @@ def test_a_ui_on_every_rank_arms_them_together_and_a_pause_on_one_kills_neither(
             ui0.request("disarm")
             ui1.request("disarm")
         out, err = job.communicate(timeout=60)
+        plain_out, plain_err = plain.communicate(timeout=60)
     finally:
         job.kill()
+        plain.kill()
     assert job.returncode == 0, err[-3000:]
     assert "ranks traced from step" in err, err[-3000:]
     assert f"torchscope[rank 0]: waiting before Tensor.backward() at step {at}" in err, err[-3000:]
-    plain = torchrun(str(STEADY_JOB), cwd=tmp_path, env={"JOB_SLEEP": "0"})
-    plain_out, plain_err = plain.communicate(timeout=60)
     assert plain.returncode == 0, plain_err[-2000:]
     assert sorted(out.splitlines()) == sorted(plain_out.splitlines())  # bit-identical losses
 
