@@ -139,3 +139,20 @@ def test_stderr_failure_does_not_reach_the_job(monkeypatch):
         y = torch.ones(3) * 2
     assert y.tolist() == [2.0, 2.0, 2.0]
     assert [e.where for e in tr.errors] == ["forward op (after)"]
+
+
+def test_warnings_raised_in_traced_calls_point_at_the_callers_line():
+    """torch warns about "the frame that called me"; under the tracer's mode that frame must
+    still be the user's line (C warnings and torch's Python warnings with a stacklevel)."""
+    import inspect
+    import warnings
+
+    x = torch.randn(3, requires_grad=True)
+    with warnings.catch_warnings(record=True) as caught, torchscope.trace(live=False):
+        warnings.simplefilter("always")
+        here = inspect.currentframe().f_lineno
+        float((x * 2).sum())  # C: "Converting a tensor with requires_grad=True to a scalar"
+        torch.nn.functional.softmax(torch.randn(3))  # Python, stacklevel: "Implicit dimension"
+    where = {str(w.message)[:20]: (w.filename, w.lineno) for w in caught}
+    assert where["Converting a tensor "] == (__file__, here + 1), where
+    assert where["Implicit dimension c"] == (__file__, here + 2), where

@@ -34,6 +34,7 @@ from torchscope.protocol.events import (
     all_finite,
 )
 from torchscope.protocol.tracefile import per_rank_path
+from torchscope.tracer import caller_warnings
 from torchscope.tracer.backward import (
     NODE_ID,
     NODE_MOD,
@@ -211,6 +212,7 @@ class Tracer:
             self.summarizer, sinks, self.next_seq, on_error=self.report_error, on_idle=self._tick
         )
         self._owner = self.modules.owner = threading.get_ident()
+        caller_warnings.install()
         _current = self
         self.started = True
         if session is not None:
