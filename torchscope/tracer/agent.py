@@ -148,6 +148,7 @@ class Agent:
         self._watch_request: tuple[str | None, str] | None = None
         self._origins: RankOrigins | None = None  # shared NaN/Inf origins (multi-rank jobs)
         self._fingerprints: RankFingerprints | None = None  # DDP replicas compared
+        self._fp_params: tuple[list, list] | None = None  # (DDP roots, their parameters)
         self._periods: AgreedPeriods | None = None  # when UI-armed ranks meet
         self._no_periods = False  # the store failed once: UI-armed ranks trace ungated
         # step -> (what, lookups left): NaN/Inf that arrived here through a collective
@@ -407,9 +408,17 @@ class Agent:
                 return
             self._fingerprints = RankFingerprints(*found)
         fp = self._fingerprints
-        named = [
-            (n, p) for ddp in self.tracer.modules.ddp_roots() for n, p in ddp.named_parameters()
-        ]  # type: ignore[union-attr]
+        roots = self.tracer.modules.ddp_roots()  # type: ignore[union-attr]
+        cached = self._fp_params
+        if cached is None or [r() for r in cached[0]] != roots:
+            # Walking the modules for their parameters costs more than summing them: once per
+            # armed period and set of DDP models (known by weak reference: a new model is seen).
+            refs = [weakref.ref(ddp) for ddp in roots]
+            cached = self._fp_params = (
+                refs,
+                [(n, p) for d in roots for n, p in d.named_parameters()],
+            )
+        named = cached[1]
         if not named:
             return
         with torch.no_grad(), torch._C.DisableTorchFunction():
@@ -612,6 +621,7 @@ class Agent:
 
     def _disarm(self, released: list[int] = ()) -> None:  # type: ignore[assignment]
         tracer, self.tracer = self.tracer, None
+        self._fp_params = None
         if tracer is not None:
             tracer.stop()  # the armed period's last events are delivered first
             self._announce(released, DORMANT)
