@@ -214,7 +214,11 @@ def test_a_ui_on_every_rank_arms_them_together_and_a_pause_on_one_kills_neither(
                 ui0.request("ping")
                 ui1.request("ping")
                 time.sleep(0.5)
-            assert ui1.request("state")["state"]["paused"] is not None
+            state = ui1.request("state")["state"]
+            assert state["paused"] is not None
+            # What the UI shows a pause against: the group's timeout, the pause's age, the lease.
+            assert state["pg_timeout_s"] == 5.0 and state["paused_s"] >= 8, state
+            assert state["lease_s"] == 3.0
             ui1.request("continue")
             ui0.request("disarm")
             ui1.request("disarm")

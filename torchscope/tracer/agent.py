@@ -42,6 +42,7 @@ from torchscope.tracer.ranks import (
     RankOrigins,
     job_id,
     job_store,
+    pg_timeout_seconds,
     say,
     say_line,
 )
@@ -173,6 +174,8 @@ class Agent:
                 attach_hint=hint,
                 job_ui=JobUiSignal.for_job(job_id()) if opts.wait else None,
             )
+            if job_id() is not None:
+                self.stepper.pg_timeout = pg_timeout_seconds
             for spec in opts.breakpoints:
                 self.stepper.add_breakpoint(spec)
         if held is not None:

@@ -85,6 +85,24 @@ def job_store() -> tuple[Any, int, int] | None:
         return None
 
 
+def pg_timeout_seconds() -> float | None:
+    """The default process group's timeout (what a rank left in a collective waits before it
+    dies), or None: no process group, or a backend that does not say."""
+    try:
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        pg = dist.distributed_c10d._get_default_group()
+        for device in ("cuda", "cpu"):
+            with contextlib.suppress(Exception):
+                return pg._get_backend(torch.device(device)).options._timeout.total_seconds()
+    except Exception:
+        pass
+    return None
+
+
 class RankOrigins:
     """Where a NaN/Inf was made, shared between ranks through the job's c10d store.
 

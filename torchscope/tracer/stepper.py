@@ -85,6 +85,8 @@ class Stepper:
         self._note = note or say
         # --wait under torchrun: a UI on any rank of the job lets this one go (ranks.JobUiSignal)
         self.job_ui = job_ui
+        self.pg_timeout: Callable[[], float | None] | None = None  # multi-rank jobs: ranks.py
+        self._paused_since = 0.0
         self._cv = threading.Condition()
         self._mode = PAUSE if wait_for_ui else RUN
         self._next_after_step: int | None = None
@@ -146,6 +148,7 @@ class Stepper:
         with self._cv:
             point.owner = self._owner_of(point.reason)
             self.paused = point
+            self._paused_since = time.monotonic()
             self._mode = RUN  # the step/next/pause request that brought us here is used up
             self._next_after_step = None
             self._request_owner = None
@@ -326,12 +329,21 @@ class Stepper:
 
     def state(self) -> dict[str, Any]:
         with self._cv:
-            return {
-                "paused": self.paused.describe() if self.paused is not None else None,
+            paused = self.paused
+            out = {
+                "paused": paused.describe() if paused is not None else None,
                 "mode": self._mode,
                 "breakpoints": [bp.to_dict() for bp in self.breakpoints.values()],
                 "auto_resumed": self.auto_resumed,
+                "lease_s": self.lease_seconds,
+                "hold": self.hold,
             }
+            if paused is not None:
+                out["paused_s"] = round(time.monotonic() - self._paused_since, 3)
+        if self.pg_timeout is not None:
+            # How long the other ranks may wait in a collective: what a pause is measured against.
+            out["pg_timeout_s"] = self.pg_timeout()
+        return out
 
     def inspect(self, group: str, index: int, start: int = 0, count: int = 1000) -> dict[str, Any]:
         """Values of one tensor at the pause point: flat slice ``[start, start+count)``."""
