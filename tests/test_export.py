@@ -252,3 +252,39 @@ def test_core_imports_no_pandas(trace_file: Path) -> None:
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.stdout.strip() == "[]", res.stderr
+
+
+def test_perfetto_pauses_are_slices_on_their_own_track(tmp_path: Path) -> None:
+    """A breakpoint with no UI pauses the job for its lease: the export shows that pause as a
+    slice as long as the job stood still, on a "paused" track, and the ops after it start
+    after it."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import torch\n"
+        "m = torch.nn.Linear(4, 2)\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(2):\n"
+        "    opt.zero_grad()\n"
+        "    torch.tanh(m(torch.randn(3, 4))).sum().backward()\n"
+        "    opt.step()\n"
+    )
+    trace = tmp_path / "t.tsc"
+    res = run("run", "--quiet", "--no-live", "--break-on", "op:^torch.tanh$,step:1",
+              "--lease", "0.4", "--record", trace, script)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    out = tmp_path / "trace.json"
+    assert run("export", trace, "-o", out).returncode == 0
+    doc = json.loads(out.read_text())
+    tracks = check_trace_event_format(doc)
+    pid = torchscope.load(trace).session["pid"]
+    (pause,) = tracks[(pid, 999)]
+    assert pause["cat"] == "pause" and pause["name"] == "paused: breakpoint 1"
+    assert pause["args"]["at"] == "torch.tanh (before)" and pause["args"]["resumed by"] == "lease"
+    assert 0.35e6 <= pause["dur"] < 5e6  # µs: the lease, as the job stood still
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    assert "paused (step-through)" in names
+    start, end = pause["ts"], pause["ts"] + pause["dur"]
+    ops = [e for e in tracks[(pid, 1)] if e["cat"] == "forward"]
+    assert all(e["ts"] + e["dur"] <= start or e["ts"] >= end for e in ops)
+    tanh = [e for e in ops if e["name"] == "torch.tanh"]
+    assert tanh[0]["ts"] < start and tanh[1]["ts"] >= end  # step 1's tanh ran after the pause

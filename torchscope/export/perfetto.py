@@ -6,7 +6,10 @@ One process per recording (its pid, named after the script and rank). Tracks:
   (``"ph": "X"``) slice per op with its recorded ``duration_us``;
 - the autograd thread: each backward call is a slice that encloses one slice per backward
   node that ran, in the order they ran;
-- alerts (NaN/Inf origins) are instant events on the track of the op or node they name.
+- alerts (NaN/Inf origins) are instant events on the track of the op or node they name;
+- pauses (a breakpoint, a UI's pause or step): one slice each on a "paused" track, from the
+  pause to the resume, as long as the job really stood still; the training track resumes
+  after it.
 
 Timing, honestly: a step starts at its recorded wall-clock time (relative to the first
 step); ops are laid end to end from there with their measured durations, because the time
@@ -26,9 +29,20 @@ import math
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
-from torchscope.protocol.events import ALERT, ERROR, GRAD, OP, SESSION, STEP, Event
+from torchscope.protocol.events import (
+    ALERT,
+    ERROR,
+    GRAD,
+    OP,
+    PAUSE,
+    RESUME,
+    SESSION,
+    STEP,
+    Event,
+)
 
 TRAIN_TID = 1
+PAUSE_TID = 999  # its own track, after any autograd threads
 STAT_KEYS = ("min", "max", "mean", "std", "norm", "nan", "inf")
 NODE_NS = 1_000  # nominal duration of a backward node: not recorded
 
@@ -87,6 +101,8 @@ class _Layout:
         self.where: dict[int, tuple[int, int]] = {}  # seq -> (ts ns, tid), for alerts
         self.train_thread = "MainThread"
         self.threads_named = False
+        self.pause: tuple[int, Event] | None = None  # (ts ns, the pause event) until resumed
+        self.paused_any = False
 
     def _x(self, name: str, cat: str, ts: int, dur: int, tid: int, args: dict) -> dict:
         return {
@@ -207,6 +223,13 @@ class _Layout:
             self.cursor += NODE_NS
             self.bw_nodes += 1
             return
+        if kind == PAUSE:
+            yield from self._close_pause(None)
+            self.pause = (self.cursor, ev)
+            return
+        if kind == RESUME:
+            yield from self._close_pause(ev)
+            return
         if kind in (ALERT, ERROR):
             ts, tid = self.where.get(ev.get("event_seq"), (self.cursor, TRAIN_TID))  # type: ignore[arg-type]
             args = {
@@ -225,7 +248,34 @@ class _Layout:
                 "args": args,
             }
 
+    def _close_pause(self, resume: Event | None) -> Iterator[dict]:
+        """The slice of the pause still open; ``resume`` None: the recording ends (or pauses
+        again) without its resume."""
+        if self.pause is None:
+            return
+        ts, ev = self.pause
+        self.pause = None
+        since, until = ev.get("since"), resume.get("t") if resume is not None else None
+        dur = 1
+        if isinstance(since, (int, float)) and isinstance(until, (int, float)):
+            seconds = until - since
+            if math.isfinite(seconds) and seconds > 0:
+                dur = max(round(seconds * 1e9), 1)
+        event = ev.get("event") if isinstance(ev.get("event"), dict) else {}
+        what = event.get("name") or event.get("node") or "?"
+        args = {
+            "reason": _safe(ev.get("reason")),
+            "at": f"{what} ({ev.get('phase')})",
+            "seq": event.get("seq"),
+            "set by": _safe(ev.get("by")),
+            "resumed by": _safe(resume.get("by")) if resume is not None else "not recorded",
+        }
+        self.paused_any = True
+        yield self._x(f"paused: {ev.get('reason')}", "pause", ts, dur, PAUSE_TID, args)
+        self.cursor += dur  # the job stood still for that long; what comes next starts after
+
     def finish(self) -> Iterator[dict]:
+        yield from self._close_pause(None)
         yield from self._close_step()
 
     def metadata(self, session: dict) -> Iterator[dict]:
@@ -240,6 +290,14 @@ class _Layout:
             "tid": TRAIN_TID,
             "args": {"name": f"training thread ({self.train_thread})"},
         }
+        if self.paused_any:
+            yield {
+                "name": "thread_name",
+                "ph": "M",
+                "pid": self.pid,
+                "tid": PAUSE_TID,
+                "args": {"name": "paused (step-through)"},
+            }
         for thread, tid in self.grad_tids.items():
             yield {
                 "name": "thread_name",

@@ -593,19 +593,27 @@ class Tracer:
         )
         if _has_inf_scalar(args, kwargs):
             event["inf_arg"] = True  # an Inf it makes is on purpose (masked_fill(m, -inf))
-        with _no_grad(), self.pipeline.lock:  # type: ignore[union-attr]
-            # A view's output shares its input's stats when the input is unchanged (the
-            # memo checks its version); an in-place op's output is summarised afresh.
-            if name in UNINITIALIZED_OPS:
-                # Whatever bytes the allocator hands out: stats of them mean nothing, and
-                # a NaN among them is not an alert.
-                event["outputs"] = [self._uninitialized(t) for t in outs]
-            else:
-                summary_of = self.summary_of
-                outputs = event["outputs"] = [summary_of(t, in_tensors) for t in outs]
-                if not all_finite(outputs):
-                    self._judge_external(in_tensors, inputs)
-            self.pipeline.add(event)  # type: ignore[union-attr]
+        # Grad mode off for the reductions (as _no_grad, inlined: this runs for every op).
+        grad_was = _is_grad_enabled()
+        if grad_was:
+            _set_grad_enabled(False)
+        try:
+            with self.pipeline.lock:  # type: ignore[union-attr]
+                # A view's output shares its input's stats when the input is unchanged (the
+                # memo checks its version); an in-place op's output is summarised afresh.
+                if name in UNINITIALIZED_OPS:
+                    # Whatever bytes the allocator hands out: stats of them mean nothing, and
+                    # a NaN among them is not an alert.
+                    event["outputs"] = [self._uninitialized(t) for t in outs]
+                else:
+                    summary_of = self.summary_of
+                    outputs = event["outputs"] = [summary_of(t, in_tensors) for t in outs]
+                    if not all_finite(outputs):
+                        self._judge_external(in_tensors, inputs)
+                self.pipeline.add(event)  # type: ignore[union-attr]
+        finally:
+            if grad_was:
+                _set_grad_enabled(True)
         return event, outs
 
     def _after_collective(
@@ -810,8 +818,12 @@ class Tracer:
         )
 
     def _grad_event(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> Event | None:
+        # Backward hooks run with grad mode off, unless create_graph=True.
+        grad_was = _is_grad_enabled()
+        if grad_was:
+            _set_grad_enabled(False)
         try:
-            with _no_grad(), self.pipeline.lock:  # type: ignore[union-attr]
+            with self.pipeline.lock:  # type: ignore[union-attr]
                 summary_of = self.summary_of
                 go = [None if g is None else summary_of(g) for g in grad_outputs]
                 if len(grad_inputs) == 1 and len(grad_outputs) == 1:
@@ -826,6 +838,9 @@ class Tracer:
         except Exception as exc:
             self.report_error("backward hook", exc)
             return None
+        finally:
+            if grad_was:
+                _set_grad_enabled(True)
         return event
 
     # -- step-through ----------------------------------------------------------------------
@@ -892,7 +907,15 @@ class Tracer:
             return False
         resumed_by = stepper.at_point(point)  # blocks the training thread
         try:
-            self._emit(Event(kind=RESUME, seq=self.next_seq(), step=self.step_index, by=resumed_by))
+            self._emit(
+                Event(
+                    kind=RESUME,
+                    seq=self.next_seq(),
+                    step=self.step_index,
+                    by=resumed_by,
+                    t=time.time(),
+                )
+            )
             pipeline.flush(wait=True)
         except Exception as exc:
             self.report_error("resuming", exc)
@@ -952,6 +975,10 @@ def _grad_fn(t: torch.Tensor) -> Any:
         return t.grad_fn
     except RuntimeError:
         return None
+
+
+_is_grad_enabled = torch._C.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
 
 
 class _no_grad:
