@@ -180,7 +180,7 @@ def test_a_ui_on_every_rank_arms_them_together_and_a_pause_on_one_kills_neither(
     import time
 
     from torchscope.protocol import endpoints as ep
-    from torchscope.protocol.client import SessionClient
+    from torchscope.protocol.client import SessionClient, SessionRefused
 
     job = torchrun("-m", "torchscope", "run", "--lease", "3", str(STEADY_JOB), cwd=tmp_path)
     # The same job without torchscope, meanwhile (the UI below mostly waits).
@@ -201,6 +201,17 @@ def test_a_ui_on_every_rank_arms_them_together_and_a_pause_on_one_kills_neither(
         with SessionClient() as ui0, SessionClient() as ui1:
             ui0.connect(ranks[0], timeout=10)
             hello = ui1.connect(ranks[1], timeout=10)
+            # Found through the job too (its c10d store), as a UI on another host would.
+            while True:  # each rank registers at its first step boundary
+                try:
+                    listed = [ep.SessionRecord.from_dict(r) for r in ui1.request("ranks")["ranks"]]
+                    break
+                except SessionRefused:
+                    assert time.monotonic() < deadline, "the ranks never all registered"
+                    time.sleep(0.1)
+            assert [(r.rank, r.pid, r.control) for r in listed] == [
+                (r.rank, r.pid, r.control) for r in ranks
+            ]
             ui0.request("arm")
             ui1.request("arm")
             at = int(hello["step"]) + 6

@@ -306,6 +306,9 @@ register_command(
     _ARMED,
 )
 register_command("disarm", fields(), _ARMED)
+# Every rank of a torchrun job, as its ranks registered themselves in the job's c10d store:
+# session records (the registry's format; the client validates each with SessionRecord).
+register_command("ranks", fields(), fields(extra=True))
 # The always-on NaN watch, switched on (spec "nan", "gradnorm:X") or off (spec null) from
 # outside; it starts or stops at the job's next step boundary.
 register_command(

@@ -150,6 +150,8 @@ class Agent:
         self._origins: RankOrigins | None = None  # shared NaN/Inf origins (multi-rank jobs)
         self._fingerprints: RankFingerprints | None = None  # DDP replicas compared
         self._fp_params: tuple[list, list] | None = None  # (DDP roots, their parameters)
+        self._endpoint_shared = False
+        self._rank_records: list[str] | None = None  # every rank's session record (JSON)
         self._periods: AgreedPeriods | None = None  # when UI-armed ranks meet
         self._no_periods = False  # the store failed once: UI-armed ranks trace ungated
         # step -> (what, lookups left): NaN/Inf that arrived here through a collective
@@ -242,6 +244,7 @@ class Agent:
         publisher.commands.update(
             {
                 "arm": self._cmd_arm,
+                "ranks": self._cmd_ranks,
                 "disarm": self._cmd_disarm,
                 "detach": self._cmd_detach,
                 "watch": self._cmd_watch,
@@ -400,6 +403,33 @@ class Agent:
                 self._report_divergence()
             time.sleep(0.05)
 
+    def _share_endpoint(self) -> None:
+        """Under torchrun every rank puts its session record (endpoints, pid, host) in the
+        job's c10d store once, and reads the others' back when all are there: a UI that
+        reaches one rank, on any host, finds every rank through it (``ranks``)."""
+        found = job_store()
+        if found is None:
+            return
+        store, rank, world = found
+        if not self._endpoint_shared:
+            import json
+
+            store.set(f"torchscope/endpoint/{rank}", json.dumps(self.publisher.record.to_dict()))
+            self._endpoint_shared = True
+        keys = [f"torchscope/endpoint/{r}" for r in range(world)]
+        if store.check(keys):  # one round trip per step until every rank is there
+            self._rank_records = [bytes(v).decode() for v in store.multi_get(keys)]
+
+    def _cmd_ranks(self, args: dict[str, Any], client: bytes) -> dict[str, Any]:
+        import json
+
+        if self._rank_records is None:
+            raise ValueError(
+                "this job's ranks are not all known yet (each rank registers at its first "
+                "step boundary after the process group exists)"
+            )
+        return {"ranks": [json.loads(r) for r in self._rank_records]}
+
     def _check_replicas(self, step: int) -> None:
         """Traced DDP steps: publish this rank's parameter fingerprint and compare the other
         ranks' (see ranks.RankFingerprints); a difference is one alert per parameter set."""
@@ -538,6 +568,9 @@ class Agent:
 
     def boundary(self, step: int) -> None:
         """Step ``step`` begins: arm or disarm here, never inside a step."""
+        if self._rank_records is None and self.publisher is not None:
+            with contextlib.suppress(Exception):
+                self._share_endpoint()
         if self._arrivals:
             with contextlib.suppress(Exception):
                 self._match_arrivals()
