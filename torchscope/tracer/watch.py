@@ -67,12 +67,9 @@ import torch
 from torch import nn
 from torch._C._autograd import _get_sequence_nr
 from torch.nn.modules import module as module_mod
-from torch.optim.optimizer import (
-    register_optimizer_step_post_hook,
-    register_optimizer_step_pre_hook,
-)
 
 from torchscope.tracer import backward_calls
+from torchscope.tracer.clock import StepClock
 from torchscope.tracer.ranks import say_line
 
 if TYPE_CHECKING:
@@ -245,7 +242,6 @@ class NanWatch:
         self._lock = threading.Lock()
         self._step = 0
         self._depth = 0  # top-level module calls in progress (owner thread)
-        self._in_update = False
         self._replaying = False
         # Weak: a watch that outlives a model (a sweep building one per trial) must not keep
         # it alive; a model that is gone is simply no longer watched.
@@ -254,7 +250,9 @@ class NanWatch:
         self._discovering = False
         self._global_hooks: list[Any] = []
         self._root_hooks: list[Any] = []
-        self._optimizer_hooks: list[Any] = []
+        # Tells the watch when an optimizer update begins (nested and failed step() calls
+        # included), as it tells the tracer: the check runs there.
+        self._clock: StepClock | None = None
         self._listening: backward_calls.Listening | None = None
         self._errors_seen: set[tuple[str, str]] = set()
         self._said: set[str] = set()
@@ -267,10 +265,7 @@ class NanWatch:
         if self.installed:
             return self
         self._owner = threading.get_ident()
-        self._optimizer_hooks = [
-            register_optimizer_step_pre_hook(self._before_update),
-            register_optimizer_step_post_hook(self._after_update),
-        ]
+        self._clock = StepClock(self).install()
         if self._explicit_roots:
             self._hook_roots()  # roots=() watches no module calls: the check alone
         else:
@@ -282,9 +277,12 @@ class NanWatch:
     def remove(self) -> None:
         """Remove every hook and wrapper and drop every captured reference."""
         self.installed = False
-        for h in (*self._optimizer_hooks, *self._global_hooks, *self._root_hooks):
+        if self._clock is not None:
+            self._clock.remove()
+            self._clock = None
+        for h in (*self._global_hooks, *self._root_hooks):
             h.remove()
-        self._optimizer_hooks, self._global_hooks, self._root_hooks = [], [], []
+        self._global_hooks, self._root_hooks = [], []
         self._discovering = False
         if self._listening is not None:
             self._listening.remove()
@@ -400,7 +398,6 @@ class NanWatch:
 
     # -- capture -------------------------------------------------------------------------------
     def _begin_call(self, module: nn.Module, args: tuple, kwargs: dict | None) -> None:
-        self._in_update = False  # a step() that raised never ran its post-hook
         self._pending = None
         if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
             return  # evaluation: nothing of it reaches a gradient
@@ -445,7 +442,6 @@ class NanWatch:
     def backward_begins(self, kwargs: dict[str, Any]) -> dict[str, Any] | None:
         if not self.installed or self._replaying or threading.get_ident() != self._owner:
             return None
-        self._in_update = False
         self._current_backward = None
         try:
             if "tensors" not in kwargs:
@@ -484,12 +480,12 @@ class NanWatch:
                 self._backwards.remove(rec)
 
     # -- the check -----------------------------------------------------------------------------
-    def _before_update(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        if not self.installed or self._replaying or threading.get_ident() != self._owner:
-            return
-        if self._in_update:
-            return  # a subclass's step() calling super().step(): one update, one check
-        self._in_update = True
+    # -- the optimizer update (StepClock listener: nested step() calls are one update) ---------
+    def update_begins(self, args: tuple, kwargs: dict) -> bool:
+        """``optimizer.step()`` is about to apply the update: check the step (args[0] is the
+        optimizer). Raises ``WatchStop`` under "stop", out of ``step()``, before the update."""
+        if not self.installed or self._replaying:
+            return False
         closure = args[1] if len(args) > 1 else kwargs.get("closure")
         stop: WatchStop | None = None
         try:
@@ -500,7 +496,7 @@ class NanWatch:
                     "(the closure computes the gradients inside the update)",
                 )
             else:
-                detection = self.check(_params_of(optimizer))
+                detection = self.check(_params_of(args[0]))
                 if detection is not None and self.on_nan == "stop":
                     stop = WatchStop(detection)
         except Exception as exc:
@@ -509,10 +505,13 @@ class NanWatch:
             self._end_step()
         if stop is not None:
             raise stop
+        return False  # nothing to restore if step() raises
 
-    def _after_update(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        if threading.get_ident() == self._owner:
-            self._in_update = False
+    def update_ends(self) -> None:
+        return None
+
+    def boundary(self, step: int) -> None:
+        return None  # the watch numbers steps with step_of (the agent's clock)
 
     def before_update(self, params: Iterable[torch.Tensor] | None = None) -> dict[str, Any] | None:
         """What the optimizer pre-hook does, for a job that updates its weights by hand: check
