@@ -206,3 +206,20 @@ def test_the_standard_causal_mask_is_not_an_inf_origin_but_a_fully_masked_row_is
     assert torch.isfinite(attn).all() and torch.isnan(dead).all()
     assert [(a.what, a.name) for a in tr.alerts] == [("nan", "torch.softmax")]
     assert tr.alerts[0].event_seq == [o for o in tr.ops if o.name == "torch.softmax"][1].seq
+
+
+def test_a_view_of_an_uninitialized_buffer_is_not_an_origin():
+    """FSDP's all-gather: ``torch.empty`` then views of it before anything the tracer sees
+    writes it. Its bytes (NaN here, written behind the tracer's back as a collective does)
+    mean nothing: no stats, no alert; once written, its views have stats again."""
+    with torchscope.trace(live=False) as tr:
+        buf = torch.empty(8)
+        buf.numpy()[:] = float("nan")  # no version bump, no traced op: garbage to the tracer
+        garbage = buf.view(2, 4)
+        buf.copy_(torch.ones(8))
+        written = buf.view(2, 4)
+        assert torch.equal(written, torch.ones(2, 4)) and garbage.data_ptr() == buf.data_ptr()
+    views = [e for e in tr.ops if e["name"] == "Tensor.view"]
+    assert views[0]["outputs"][0].get("uninitialized") and views[0]["outputs"][0]["stats"] is None
+    assert views[1]["outputs"][0]["stats"]["norm"] == pytest.approx(8**0.5)
+    assert tr.alerts == []

@@ -181,6 +181,8 @@ class Tracer:
         # holds every rank traced alike); the gate is found once the process group exists.
         self.gated = False
         self.gate_scope = ""  # the agreed period of UI-armed ranks (tracer/ranks.py)
+        # Storages of this step's uninitialised outputs (torch.empty...): their views are too.
+        self._uninit_storages: set[int] = set()
         self._gate: Any = None
         self._extra_sinks = list(sinks)
         self.pipeline: EventPipeline | None = None
@@ -394,6 +396,7 @@ class Tracer:
     def _begin_step(self) -> None:
         traced = self.step_index in self.steps
         self._backward_index = 0
+        self._uninit_storages.clear()  # buffers are a step's own; a later view is checked anew
         self._set_active(traced)
         if traced:
             self._emit(Event(kind=STEP, seq=self.next_seq(), step=self.step_index, t=time.time()))
@@ -478,6 +481,8 @@ class Tracer:
         s = memo.get(t)
         if s is not None:
             return s
+        if self._uninit_storages and aliases and self._views_uninitialized(t, aliases):
+            return self._uninitialized(t)
         # Small tensors list their values in order, so they never share (alias_summary).
         if aliases and t.numel() > self.summarizer.value_limit:
             s = self._alias_summary(t, aliases)
@@ -645,6 +650,8 @@ class Tracer:
                 else:  # written in place, maybe with no version bump: never the memo's
                     s = self.summarizer.summarize(t)
                     self.memo.put(t, s)
+                with contextlib.suppress(RuntimeError):  # written now, whatever it was
+                    self._uninit_storages.discard(t.untyped_storage().data_ptr())
                 outputs.append(s)
             event["outputs"] = outputs
             self.pipeline.add(event)  # type: ignore[union-attr]
@@ -661,7 +668,26 @@ class Tracer:
         s = self._overwritten(t)
         s["uninitialized"] = True
         self.memo.put(t, s)
+        with contextlib.suppress(RuntimeError):  # no storage: nothing can view it
+            self._uninit_storages.add(t.untyped_storage().data_ptr())
         return s
+
+    def _views_uninitialized(self, t: torch.Tensor, aliases: list[torch.Tensor]) -> bool:
+        """Whether ``t`` is a view of an input still uninitialised (``torch.empty`` then
+        ``view``, as FSDP's all-gather buffers are): its bytes mean nothing either."""
+        try:
+            storage = t.untyped_storage().data_ptr()
+        except RuntimeError:
+            return False
+        if storage not in self._uninit_storages:
+            return False
+        for a in aliases:
+            base = self.memo.get(a)  # None once written with a version bump
+            if base is not None and base.get("uninitialized"):
+                with contextlib.suppress(RuntimeError):
+                    if a.untyped_storage().data_ptr() == storage:
+                        return True
+        return False
 
     def node_id(self, node: Any) -> int:
         md = node.metadata
