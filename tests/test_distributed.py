@@ -284,3 +284,32 @@ def test_wait_holds_every_rank_until_one_ui_reaches_the_job(tmp_path):
         ), err[-3000:]
     assert "torchscope[rank 0]: a UI reached another rank of this job: going on" in err
     assert sum(line.startswith("rank ") for line in out.splitlines()) == 80
+
+
+def test_fsdp2_shards_of_the_synced_gradients_are_recorded_and_buffers_raise_no_alert(tmp_path):
+    """fully_shard on 2 gloo ranks: after each backward every parameter's gradient shard
+    (reduce-scattered: what this rank's optimizer uses) is recorded; FSDP's uninitialised
+    all-gather buffers are not NaN origins; the losses are those of the untraced job."""
+    job = JOBS / "fsdp2.py"
+    traced = torchrun("-m", "torchscope", "run", "--quiet", "--record", "t.tsc", str(job),
+                      cwd=tmp_path)  # fmt: skip
+    plain = torchrun(str(job), cwd=tmp_path)
+    try:
+        out, err = traced.communicate(timeout=120)
+        plain_out, plain_err = plain.communicate(timeout=120)
+    finally:
+        traced.kill()
+        plain.kill()
+    assert traced.returncode == 0, err[-3000:]
+    assert plain.returncode == 0, plain_err[-3000:]
+    printed = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert sorted(out.splitlines()) == sorted(plain_out.splitlines())  # bit-identical
+    for rank in (0, 1):
+        evs = events(tmp_path, rank)
+        assert [e for e in evs if e["kind"] == "alert"] == []
+        syncs = [e for e in evs if e.get("name") == "torch.distributed.fsdp_gradient_sync"]
+        assert [e["step"] for e in syncs] == [0, 1, 2]
+        for e in syncs:
+            (truth,) = [p for p in printed if p["rank"] == rank and p["step"] == e["step"]]
+            norms = {s["param"]: s["stats"]["norm"] for s in e["outputs"]}
+            assert norms == pytest.approx(truth["shards"], rel=1e-5)

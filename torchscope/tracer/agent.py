@@ -441,7 +441,12 @@ class Agent:
                 return
             self._fingerprints = RankFingerprints(*found)
         fp = self._fingerprints
-        roots = self.tracer.modules.ddp_roots()  # type: ignore[union-attr]
+        # DDP replicas only: FSDP2 ranks hold different shards by design.
+        roots = [
+            m
+            for m in self.tracer.modules.ddp_roots()  # type: ignore[union-attr]
+            if hasattr(m, "require_backward_grad_sync")
+        ]
         cached = self._fp_params
         if cached is None or [r() for r in cached[0]] != roots:
             # Walking the modules for their parameters costs more than summing them: once per

@@ -25,7 +25,9 @@ class ModuleTracker:
         self._handles: list = []
         self.owner: int | None = None  # the traced thread (None: every thread)
         self._param_roots: list[str] = []  # class names of the roots that own parameters
-        self._ddp: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # DDP-wrapped roots
+        # Roots whose gradients are synchronised across ranks: DDP-wrapped, or FSDP2
+        # (fully_shard) roots, whose gradients end up reduce-scattered, one shard per rank.
+        self._ddp: weakref.WeakSet[nn.Module] = weakref.WeakSet()
         self._searched: set[int] = set()  # ids of parameters looked for among live modules
 
     # -- hooks ---------------------------------------------------------------------------
@@ -88,7 +90,7 @@ class ModuleTracker:
         if root in self._indexed_roots:
             return
         self._indexed_roots.add(root)
-        if type(root).__name__ == "DistributedDataParallel":
+        if type(root).__name__ == "DistributedDataParallel" or _is_fsdp2(root):
             self._ddp.add(root)
         prefix = ""
         params = list(root.parameters())
@@ -132,7 +134,8 @@ class ModuleTracker:
     # -- queries -------------------------------------------------------------------------
     @property
     def has_ddp(self) -> bool:
-        """Whether some model called so far is wrapped in DistributedDataParallel."""
+        """Whether some model called so far is wrapped in DistributedDataParallel (or sharded
+        with FSDP2's fully_shard)."""
         return bool(self._ddp)
 
     def ddp_roots(self) -> list[nn.Module]:
@@ -156,3 +159,8 @@ class ModuleTracker:
             if entry is not None and entry[0]() is t:
                 return entry[1]
         return None
+
+
+def _is_fsdp2(module: nn.Module) -> bool:
+    """A module ``fully_shard`` made (its class is derived on the fly from ``FSDPModule``)."""
+    return any(c.__name__ == "FSDPModule" for c in type(module).__mro__)

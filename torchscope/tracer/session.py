@@ -71,6 +71,9 @@ UNINITIALIZED_OPS = frozenset(
         "torch.empty_permuted",
         "Tensor.new_empty",
         "Tensor.new_empty_strided",
+        # FSDP2's all-gather buffer: this rank's shard copied into a torch.empty buffer
+        # whose other shards only the collective after it fills.
+        "fsdp.all_gather_copy_in",
     }
 )
 
@@ -772,16 +775,23 @@ class Tracer:
     def _ddp_synced_grads(self, frame: tuple | None) -> None:
         """Under DDP the gradient the optimizer uses is the ranks' average, which DDP's C++
         reducer writes into ``p.grad`` by the time ``backward()`` returns; AccumulateGrad
-        only ever sees this rank's local one. One event per DDP model and backward call."""
+        only ever sees this rank's local one. One event per DDP model and backward call.
+        FSDP2 (``fully_shard``) likewise: ``p.grad`` is then this rank's shard of the
+        reduce-scattered gradient (a DTensor), recorded as
+        ``torch.distributed.fsdp_gradient_sync``."""
         for ddp in self.modules.ddp_roots():
-            if not ddp.require_backward_grad_sync:
+            fsdp = not hasattr(ddp, "require_backward_grad_sync")
+            if not fsdp and not ddp.require_backward_grad_sync:
                 continue  # inside no_sync(): gradients are accumulated locally, not averaged
             outputs = []
             with _no_grad(), self.pipeline.lock:  # type: ignore[union-attr]
                 for name, p in ddp.named_parameters():
-                    if p.grad is None:
+                    grad = p.grad
+                    if grad is None:
                         continue
-                    s = dict(self.summarizer.summarize(p.grad))
+                    if fsdp and hasattr(grad, "to_local"):
+                        grad = grad.to_local()  # this rank's shard, as the optimizer sees it
+                    s = dict(self.summarizer.summarize(grad))
                     s["param"] = self.modules.param_name(p) or name
                     outputs.append(s)
                 self.pipeline.add(  # type: ignore[union-attr]
@@ -789,7 +799,8 @@ class Tracer:
                         kind=OP,
                         seq=self.next_seq(),
                         step=self.step_index,
-                        name="torch.distributed.ddp_gradient_sync",
+                        name="torch.distributed."
+                        + ("fsdp_gradient_sync" if fsdp else "ddp_gradient_sync"),
                         module=self.modules.name_of(ddp),
                         source=f"{frame[0]}:{frame[1]}" if frame else None,
                         function=frame[2] if frame else None,
@@ -988,6 +999,12 @@ def session_event(
 def _ddp_world(ddp: Any) -> int | None:
     try:
         return int(ddp.process_group.size())
+    except Exception:
+        pass
+    try:
+        import torch.distributed as dist
+
+        return int(dist.get_world_size())  # FSDP2: its mesh spans the default group here
     except Exception:
         return None
 
