@@ -400,7 +400,7 @@ class Agent:
         while (self._arrivals or (fp is not None and fp.pending)) and time.monotonic() < deadline:
             with contextlib.suppress(Exception):
                 self._match_arrivals()
-                self._report_divergence()
+                self._report_divergence(final=True)
             time.sleep(0.05)
 
     def _share_endpoint(self) -> None:
@@ -464,11 +464,11 @@ class Agent:
         fp.publish(step, [n for n, _ in named], sums)
         self._report_divergence()
 
-    def _report_divergence(self) -> None:
+    def _report_divergence(self, final: bool = False) -> None:
         fp = self._fingerprints
         if fp is None:
             return
-        for at, rank, differ in fp.compare():
+        for at, rank, differ in fp.compare(final):
             shown = ", ".join(differ[:5]) + (
                 f" and {len(differ) - 5} more" if len(differ) > 5 else ""
             )

@@ -154,21 +154,38 @@ class RankFingerprints:
 
         self.store.set(f"torchscope/fp/{step}/{self.rank}", json.dumps(sums))
         self._pending[step] = (names, sums)
-        while len(self._pending) > 16:  # ranks that never publish do not grow this
+        while len(self._pending) > 4 * self.COMPARE_EVERY:  # ranks that never publish
             self._pending.pop(next(iter(self._pending)))
 
-    def compare(self) -> list[tuple[int, int, list[str]]]:
-        """(step, other rank, parameters that differ) for the steps every rank published."""
+    #: Steps published before they are compared, all in two store round trips: a divergence
+    #: is reported up to this many steps late (always naming the step it happened in).
+    COMPARE_EVERY = 4
+
+    def compare(self, final: bool = False) -> list[tuple[int, int, list[str]]]:
+        """(step, other rank, parameters that differ) for the steps every rank published;
+        every ``COMPARE_EVERY`` steps (or ``final``: the job ends)."""
         import json
 
+        if not self._pending or (len(self._pending) < self.COMPARE_EVERY and not final):
+            return []
+        others = [r for r in range(self.world) if r != self.rank]
+        steps = list(self._pending)
+        keys = [f"torchscope/fp/{step}/{r}" for step in steps for r in others]
+        if not self.store.check(keys):  # some rank is late (or not traced): step by step
+            steps = [
+                s
+                for s in steps
+                if self.store.check([f"torchscope/fp/{s}/{r}" for r in others])
+            ]
+            keys = [f"torchscope/fp/{step}/{r}" for step in steps for r in others]
+        if not steps:
+            return []
+        values = iter(self.store.multi_get(keys))
         out = []
-        for step, (names, mine) in list(self._pending.items()):
-            keys = [f"torchscope/fp/{step}/{r}" for r in range(self.world) if r != self.rank]
-            if not self.store.check(keys):
-                continue
-            del self._pending[step]
-            for r in (r for r in range(self.world) if r != self.rank):
-                theirs = json.loads(self.store.get(f"torchscope/fp/{step}/{r}"))
+        for step in steps:
+            names, mine = self._pending.pop(step)
+            for r in others:
+                theirs = json.loads(next(values))
                 differ = [n for n, a, b in zip(names, mine, theirs, strict=False) if a != b]
                 if differ or len(theirs) != len(mine):
                     out.append((step, r, differ or ["(a different number of parameters)"]))
