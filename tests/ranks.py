@@ -33,3 +33,14 @@ def torchrun(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subpro
         cwd=cwd,
         env=None if env is None else {**os.environ, **env},
     )
+
+
+def finish(*procs: subprocess.Popen, timeout: float = 60) -> list[tuple[str, str]]:
+    """Each process's (stdout, stderr) once it has ended."""
+    return [p.communicate(timeout=timeout) for p in procs]
+
+
+def kill(*procs: subprocess.Popen) -> None:
+    """On the way out of a test, passed or not: no rank is left behind."""
+    for p in procs:
+        p.kill()

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ranks import JOBS, NAN_JOB, STEADY_JOB, torchrun
+from ranks import JOBS, NAN_JOB, STEADY_JOB, finish, kill, torchrun
 
 pytest.importorskip("torch")
 
@@ -159,11 +159,9 @@ def test_a_ui_holds_one_rank_paused_past_the_process_group_timeout_and_no_rank_d
             assert ui.request("state")["state"]["paused"] is not None
             ui.request("continue")
             ui.request("disarm")
-        out, err = job.communicate(timeout=60)
-        plain_out, plain_err = plain.communicate(timeout=60)
+        (out, err), (plain_out, plain_err) = finish(job, plain)
     finally:
-        job.kill()
-        plain.kill()
+        kill(job, plain)
     assert job.returncode == 0, err[-3000:]
     assert (
         "torchscope[rank 0]: waiting before Tensor.backward() at step 3 for the other ranks" in err
@@ -233,11 +231,9 @@ def test_a_ui_on_every_rank_arms_them_together_and_a_pause_on_one_kills_neither(
             ui1.request("continue")
             ui0.request("disarm")
             ui1.request("disarm")
-        out, err = job.communicate(timeout=60)
-        plain_out, plain_err = plain.communicate(timeout=60)
+        (out, err), (plain_out, plain_err) = finish(job, plain)
     finally:
-        job.kill()
-        plain.kill()
+        kill(job, plain)
     assert job.returncode == 0, err[-3000:]
     assert "ranks traced from step" in err, err[-3000:]
     assert f"torchscope[rank 0]: waiting before Tensor.backward() at step {at}" in err, err[-3000:]
@@ -295,11 +291,9 @@ def test_fsdp2_shards_of_the_synced_gradients_are_recorded_and_buffers_raise_no_
                       cwd=tmp_path)  # fmt: skip
     plain = torchrun(str(job), cwd=tmp_path)
     try:
-        out, err = traced.communicate(timeout=120)
-        plain_out, plain_err = plain.communicate(timeout=120)
+        (out, err), (plain_out, plain_err) = finish(traced, plain, timeout=120)
     finally:
-        traced.kill()
-        plain.kill()
+        kill(traced, plain)
     assert traced.returncode == 0, err[-3000:]
     assert plain.returncode == 0, plain_err[-3000:]
     printed = [json.loads(line) for line in out.splitlines() if line.startswith("{")]

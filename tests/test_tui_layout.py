@@ -66,7 +66,8 @@ async def test_alert_jump_in_a_file_lands_with_the_row_in_view(trace_file: Path)
         await pilot.pause()
         top = round(tl.scroll_y)
         assert top <= tl.cursor < top + tl.page_height, (tl.cursor, top, tl.page_height)
-        await until(pilot, lambda: f"op #{alert['event_seq']}" in app.screen_text(), what="detail")
+        want = f"event #{alert['event_seq']}"
+        await until(pilot, lambda: want in app.screen_text(), what="detail")
 
 
 @sync

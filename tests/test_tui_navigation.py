@@ -179,3 +179,172 @@ async def test_f_in_a_replay_says_why_and_an_ops_nodes_are_named_by_node_id():
         text = str(app.main.detail.body.render())
         node = op["nodes"][0]
         assert f"{node['name']} node id {node['id']}" in text and " ? " not in text
+        assert "(no backward yet)" not in text
+
+
+# -- item 9 of issue 12: esc, f, the help, the detail's links, the two numbering schemes -----
+
+
+def linear_op(step: int = 0) -> dict:
+    """An op that created two nodes (F.linear: AddmmBackward0 and TBackward0)."""
+    return next(
+        e
+        for e in TRACE
+        if e.get("kind") == "op" and e.get("step") == step and len(e.get("nodes") or ()) > 1
+    )
+
+
+@sync
+async def test_detail_lists_an_ops_nodes_and_each_link_is_followed_with_enter():
+    app = TorchscopeApp(replay())
+    async with app.run_test(size=SIZE) as pilot:
+        main, tl, detail = app.main, app.main.timeline, app.main.detail
+        await shown(pilot, app, 0)
+        op = linear_op()
+        await pilot.press("colon", *f"#{op['seq']}", "enter")
+        await until(pilot, lambda: detail.links and detail.event.get("seq") == op["seq"])
+        texts = detail.link_texts()
+        assert [n["id"] for n in op["nodes"]] == [link.target for link in detail.links]
+        for node, text in zip(op["nodes"], texts, strict=True):
+            assert text.startswith(f"{node['name']} node id {node['id']}")
+        body = str(detail.body.render())
+        assert f"op · event #{op['seq']}" in body  # the seq says it is an event seq
+        # tab to the detail, down to the second node, enter: its gradient in the timeline
+        detail.focus()
+        await pilot.pause()
+        assert "↑↓ link" in main.key_bar.text and "enter follow" in main.key_bar.text
+        await pilot.press("down")
+        assert detail.link_cursor == 1
+        await pilot.press("enter")
+        second = op["nodes"][1]["id"]
+        row = tl.current_row()
+        assert app.focused is tl
+        if row.kind == "grad":
+            assert row.node_id == second
+        else:  # the node did not run: the graph, on it
+            assert main.center == "graph" and main.graph.current_node_id() == second
+        await pilot.press("backspace")
+        await until(pilot, lambda: tl.current_row().seq == op["seq"])
+        # the first node's gradient, then its "created by" link back to the op
+        first = op["nodes"][0]["id"]
+        await until(pilot, lambda: detail.event is not None and detail.event["seq"] == op["seq"])
+        detail.focus()
+        await pilot.press("up", "up")
+        assert detail.link_cursor == 0
+        await pilot.press("enter")
+        await until(pilot, lambda: tl.current_row().kind == "grad")
+        assert tl.current_row().node_id == first
+        await until(pilot, lambda: detail.event is not None and detail.event.get("kind") == "grad")
+        body = str(detail.body.render())
+        assert f"backward node id {first}" in body and "event #" in body
+        assert any("created by" in t and f"event #{op['seq']}" in t for t in detail.link_texts())
+        created_by = next(i for i, t in enumerate(detail.link_texts()) if "created by" in t)
+        detail.focus()
+        detail.link_cursor = created_by
+        await pilot.press("enter")
+        assert tl.current_row().kind == "op" and tl.current_row().seq == op["seq"]
+
+
+@sync
+async def test_a_click_on_a_detail_link_follows_it():
+    app = TorchscopeApp(replay())
+    async with app.run_test(size=SIZE) as pilot:
+        tl, detail = app.main.timeline, app.main.detail
+        await shown(pilot, app, 0)
+        op = linear_op()
+        await pilot.press("colon", *f"#{op['seq']}", "enter")
+        await until(pilot, lambda: detail.links and detail.event.get("seq") == op["seq"])
+        await pilot.pause()
+        lines = app.screen_text().splitlines()
+        name = op["nodes"][0]["name"]
+        y = next(i for i, line in enumerate(lines) if f"{name} node id" in line)
+        await pilot.click(offset=(lines[y].index(f"{name} node id") + 2, y))
+        await until(pilot, lambda: tl.current_row().kind == "grad")
+        assert tl.current_row().node_id == op["nodes"][0]["id"]
+
+
+@sync
+async def test_the_alert_detail_links_to_its_event():
+    app = TorchscopeApp(replay())
+    async with app.run_test(size=SIZE) as pilot:
+        main, tl, detail = app.main, app.main.timeline, app.main.detail
+        await shown(pilot, app, 0)
+        await pilot.press("a")
+        alert = app.store.alerts[0]
+        await until(pilot, lambda: detail.subject == ("alert", alert["seq"]))
+        assert detail.link_texts() == [f"the event: #{alert['event_seq']} (event seq)"]
+        detail.focus()
+        await pilot.press("enter")
+        await until(pilot, lambda: main.current_step == alert["step"])
+        await until(pilot, lambda: tl.current_row() and tl.current_row().seq == alert["event_seq"])
+        assert app.focused is tl
+
+
+@sync
+async def test_esc_goes_back_to_the_timeline_from_every_panel():
+    app = TorchscopeApp(replay())
+    async with app.run_test(size=SIZE) as pilot:
+        main, tl = app.main, app.main.timeline
+        await shown(pilot, app, 0)
+        for widget in (main.steps, main.alerts, main.detail):
+            widget.focus()
+            await pilot.pause()
+            assert app.focused is widget
+            await pilot.press("escape")
+            assert app.focused is tl, widget
+        await pilot.press("g")
+        assert app.focused is main.graph
+        await pilot.press("escape")
+        assert main.center == "timeline" and app.focused is tl
+        main.detail.focus()
+        await pilot.press("plus")
+        assert main.maximised == "detail"
+        await pilot.press("escape")
+        assert main.maximised is None
+        await pilot.press("escape")
+        assert app.focused is tl
+
+
+@sync
+async def test_f_while_following_keeps_following_as_the_help_says():
+    src = ScriptedSource(TRACE)
+    app = TorchscopeApp(src)
+    notes: list[str] = []
+    notify = app.notify
+    app.notify = lambda message, *a, **k: (notes.append(str(message)), notify(message, *a, **k))
+    async with app.run_test(size=SIZE) as pilot:
+        main, tl = app.main, app.main.timeline
+        await until(pilot, lambda: main.current_step == 2 and tl.row_count() > 0)
+        assert main.follow
+        await pilot.press("f")
+        assert main.follow and tl.cursor == tl.row_count() - 1
+        assert any("following the newest step" in n for n in notes)
+        await pilot.press("up")
+        assert not main.follow
+        await pilot.press("f")
+        assert main.follow and tl.cursor == tl.row_count() - 1
+        from torchscope.tui.screens.help import KEYS
+
+        f_help = dict(KEYS)["f"]
+        assert "stays on" in f_help and "any move" in f_help
+
+
+@sync
+async def test_help_says_the_lease_only_as_the_job_knows_it():
+    app = TorchscopeApp(replay())
+    async with app.run_test(size=SIZE) as pilot:
+        await shown(pilot, app, 0)
+        await pilot.press("question_mark")
+
+        def about() -> str:
+            return str(app.screen.query_one("#help-about").render())
+
+        assert "after its lease." in about() and "10 s" not in about()
+        await pilot.press("escape")
+        app.status["lease"] = 7
+        await pilot.press("question_mark")
+        assert "after its lease (7 s)." in about()
+        await pilot.press("escape")
+        app.store.stepper.on_state({"lease_s": 3.0})  # what a live job's state replies say
+        await pilot.press("question_mark")
+        assert "after its lease (3 s)." in about()

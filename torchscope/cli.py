@@ -585,13 +585,16 @@ def cmd_attach(args: argparse.Namespace) -> int:
 # -- tui -------------------------------------------------------------------------------------
 def cmd_tui(args: argparse.Namespace) -> int:
     from torchscope.tui.app import run_tui
-    from torchscope.tui.sources import SourceError, open_source
+    from torchscope.tui.multi import follows_job, open_sources
+    from torchscope.tui.sources import SourceError
 
     try:
-        source = open_source(args.target)  # trace file, pid, endpoint, or the only live session
+        # trace files, a pid or endpoint, or the only live session; a rank: its whole job
+        sources, first = open_sources(args.targets)
     except SourceError as exc:
         return _fail(str(exc))
-    return run_tui(source, max_events=args.max_events)
+    follow = follows_job(args.targets, sources)
+    return run_tui(sources, first=first, follow_job=follow, max_events=args.max_events)
 
 
 # -- diff, export, tui --web -----------------------------------------------------------------
@@ -610,6 +613,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_tui_web(args: argparse.Namespace) -> int:
     from torchscope.export.web import WebError, serve
 
+    if len(args.targets) > 1:
+        return _fail("--web opens one target (several side by side: the terminal UI)")
     if args.target and os.path.isfile(args.target):  # a bad file fails here, not in each tab
         from torchscope.protocol.tracefile import TraceFileError, TraceReader
 
@@ -651,8 +656,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dump.add_argument("--step", type=int, help="only events of this step")
     for name, target_help in (
-        ("tui", "trace file, pid or control endpoint (default: the only running session)"),
-        ("replay", "trace file"),
+        (
+            "tui",
+            "trace files (several side by side: t.rank*.tsc, A.tsc B.tsc), a pid (a torchrun "
+            "rank: every rank of its job) or control endpoint (default: the only running job)",
+        ),
+        ("replay", "trace files"),
     ):
         tui = sub.add_parser(
             name,
@@ -660,7 +669,9 @@ def build_parser() -> argparse.ArgumentParser:
             if name == "tui"
             else "the terminal UI on a trace file (same as tui FILE)",
         )
-        tui.add_argument("target", nargs="?" if name == "tui" else None, help=target_help)
+        tui.add_argument(
+            "targets", nargs="*" if name == "tui" else "+", metavar="TARGET", help=target_help
+        )
         tui.add_argument(
             "--max-events", type=int, default=250_000, help="events kept in memory (default 250k)"
         )
@@ -748,6 +759,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv and argv[0] == "run":
             return cmd_run(parse_run(argv[1:]))
         args = build_parser().parse_args(argv)
+        if args.command in ("tui", "replay"):  # several: ranks or recordings side by side
+            args.target = args.targets[0] if args.targets else None
         if args.command == "dump":
             return cmd_dump(args)
         if args.command == "ls":
@@ -759,9 +772,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "export":
             return cmd_export(args)
         if args.command in ("tui", "replay"):
-            from torchscope.tui.targets import check_target  # one rule, before the screen opens
+            from torchscope.tui.targets import check_targets  # one rule, before the screen opens
 
-            problem = check_target(args.command, args.target, wait=getattr(args, "wait", False))
+            problem = check_targets(args.command, args.targets, wait=getattr(args, "wait", False))
             if problem:
                 return _fail(problem)
             return cmd_tui(args)

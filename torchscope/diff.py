@@ -34,6 +34,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchscope.align import group_by_step
 from torchscope.protocol.events import GRAD, OP, Event, number_text
 
 STAT_KEYS = ("min", "max", "mean", "std", "norm")
@@ -92,39 +93,7 @@ class Result:
         return min(self.divergences, key=lambda d: d.order) if self.divergences else None
 
 
-# -- alignment -------------------------------------------------------------------------------
-def event_key(ev: Event) -> tuple | None:
-    """What an event is, without its occurrence number; None for events that are not
-    compared (session, step, graph, alerts...)."""
-    kind = ev.get("kind")
-    if kind == OP:
-        return (OP, ev.get("name"), ev.get("module"))
-    if kind == GRAD:
-        return (GRAD, ev.get("node"), ev.get("param") or ev.get("module"), ev.get("backward"))
-    return None
-
-
-def _step_of(ev: Event) -> Any:
-    s = ev.get("step")
-    return s if type(s) is int else None
-
-
-def group_by_step(events: Iterable[Event]) -> dict[Any, dict[tuple, Event]]:
-    """step -> {(key..., occurrence): event}, in event order (dicts keep insertion order)."""
-    steps: dict[Any, dict[tuple, Event]] = {}
-    counts: dict[tuple, int] = {}
-    for ev in events:
-        key = event_key(ev)
-        if key is None:
-            continue
-        step = _step_of(ev)
-        full = (step, *key)
-        n = counts.get(full, 0)
-        counts[full] = n + 1
-        steps.setdefault(step, {})[(*key, n)] = ev
-    return steps
-
-
+# -- alignment (shared with the UI's compare view: torchscope.align) ---------------------------
 def _step_sort(step: Any) -> tuple:
     return (-1, 0) if step is None else (0, step)
 

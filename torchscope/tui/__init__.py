@@ -3,7 +3,8 @@ cluster job or at a trace file.
 
 ``run_tui(source)`` runs it on an event source: ``FileSource(path)`` (replay),
 ``LiveSource(control_endpoint)`` (a running job) or ``ScriptedSource(events)`` (tests);
-``open_source(target)`` picks one for a command-line argument.
+``open_source(target)`` picks one for a command-line argument. ``run_tui([s1, s2, ...])`` opens
+several side by side (the ranks of a job, recordings: ``torchscope.tui.multi.open_sources``).
 """
 
 from __future__ import annotations

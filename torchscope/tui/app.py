@@ -9,24 +9,44 @@ Commands to a live job (``command``) are queued to the source's thread, the only
 talks to the job; their replies come back through the same inbox, are applied to the store
 (every stepping reply carries the job's state) and then handed to whoever asked. A refusal is
 a notification, never an exception.
+
+Several sources (the ranks of a torchrun job, recordings side by side) are one
+:class:`~torchscope.tui.multi.Lane` each: its own source thread, inbox, store and status. The
+main screen shows one lane at a time (``1``-``9``, ``r``), keeping the step and the op (aligned
+by name, module and occurrence); the source bar says which lanes are paused. Stepping
+commands (``space``, ``s``, ``n``, ``c``) go to every lane that takes commands unless ``o``
+narrowed them to the shown one; ``x`` compares the selected op across lanes (or with the op
+``X`` marked, in another step).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.worker import Worker
 
+from torchscope.tui.multi import (
+    STEPPING,
+    Lane,
+    describe_key,
+    find_key,
+    lane_labels,
+    row_key,
+)
 from torchscope.tui.screens.breakpoints import BreakpointsScreen
+from torchscope.tui.screens.compare import CompareScreen, CompareSpec
 from torchscope.tui.screens.help import HelpScreen
 from torchscope.tui.screens.main import MainScreen
-from torchscope.tui.sources import CommandRefused, EventSource
+from torchscope.tui.sources import CommandRefused, EventSource, LiveSource
 from torchscope.tui.store import EventStore, Inbox, RateMeter
+from torchscope.tui.widgets.source_bar import SourceBar
 
 #: Called with (ok, result or one-line refusal) when a command's answer arrives.
 ReplyHandler = Callable[[bool, Any], Any]
@@ -44,93 +64,178 @@ class TorchscopeApp(App[int]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "Quit"),
         Binding("question_mark", "help", "Help"),
+        *(Binding(str(i + 1), f"lane({i})", f"Source {i + 1}", show=False) for i in range(9)),
+        Binding("r", "cycle_lane(1)", "Next source", show=False),
+        Binding("R", "cycle_lane(-1)", "Previous source", show=False),
+        Binding("o", "toggle_scope", "All ranks / this rank", show=False),
+        Binding("x", "compare", "Compare", show=False),
+        Binding("X", "mark", "Mark", show=False),
     ]
 
     def __init__(
         self,
-        source: EventSource,
+        source: EventSource | Sequence[EventSource],
         *,
+        first: int = 0,
+        follow_job: bool = False,
         max_events: int = 250_000,
         tick_hz: float = 30.0,
         max_apply: int = 20_000,
     ) -> None:
         super().__init__()
-        self.source = source
-        self.store = EventStore(
-            max_events=max_events, reloadable=source.can_reload, live=source.mode == "live"
-        )
-        self.inbox = Inbox()
-        self.status: dict[str, Any] = {"mode": source.mode}
-        self.rate = RateMeter()
+        sources = [source] if isinstance(source, EventSource) else list(source)
+        if not sources:
+            raise ValueError("the UI needs at least one source")
+        self.lanes = [Lane.of(s, i, max_events) for i, s in enumerate(sources)]
+        self.current = max(0, min(first, len(self.lanes) - 1))
+        #: stepping commands go to every lane ("all") or to the shown one ("one")
+        self.scope = "all"
+        #: (lane, step, alignment key, label) of the op ``X`` marked
+        self.mark: tuple[int, int, tuple, str] | None = None
+        self._align: tuple[int, int, tuple | None, bool] | None = None
         self.tick_hz = tick_hz
         self.max_apply = max_apply
-        self.main = MainScreen(live=source.mode == "live")
-        self.waiting: dict[int, tuple[str, ReplyHandler | None, bool]] = {}
+        self.main = MainScreen(live=any(lane.live for lane in self.lanes))
+        self.waiting: dict[tuple[int, int], tuple[str, ReplyHandler | None, bool]] = {}
         self.sent: list[tuple[str, dict[str, Any]]] = []  # every command sent (tests)
         self.stop_event = threading.Event()
         self.worker: Worker | None = None
         self.fatal: str | None = None
         self.ticks = 0
+        #: live, opened on one rank or on the one running job: add the job's other ranks as
+        #: they register (torchrun starts them one by one)
+        self.follow_job = follow_job
+        self._job_checked = 0.0
+        self._job_until: float | None = None
+
+    # -- the shown lane --------------------------------------------------------------------------
+    @property
+    def lane(self) -> Lane:
+        return self.lanes[self.current]
+
+    @property
+    def multi(self) -> bool:
+        return len(self.lanes) > 1
+
+    @property
+    def source(self) -> EventSource:
+        return self.lane.source
+
+    @property
+    def store(self) -> EventStore:
+        return self.lane.store
+
+    @store.setter
+    def store(self, store: EventStore) -> None:
+        self.lane.store = store
+
+    @property
+    def inbox(self) -> Inbox:
+        return self.lane.inbox
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.lane.status
+
+    @property
+    def rate(self) -> RateMeter:
+        return self.lane.rate
+
+    def labels(self) -> list[str]:
+        return lane_labels(self.lanes)
+
+    def label(self, lane: Lane) -> str:
+        return self.labels()[lane.index]
 
     def on_mount(self) -> None:
         self.push_screen(self.main)
-        self.worker = self.run_worker(
-            self._run_source, name="source", thread=True, exclusive=True, exit_on_error=False
-        )
+        for lane in self.lanes:
+            self._start(lane)
+        self.worker = self.lanes[0].worker
         self.set_interval(1 / self.tick_hz, self.tick)
         self.set_interval(0.5, self._status_tick)
 
-    def _run_source(self) -> None:
+    def _start(self, lane: Lane) -> None:
+        lane.worker = self.run_worker(
+            functools.partial(self._run_source, lane),
+            name=f"source {lane.index}",
+            group=f"source-{lane.index}",
+            thread=True,
+            exclusive=True,
+            exit_on_error=False,
+        )
+
+    def _run_source(self, lane: Lane) -> None:
         try:
-            self.source.run(self.inbox, self.stop_event)
+            lane.source.run(lane.inbox, self.stop_event)
         except Exception as exc:  # a bug in a source must not take the UI down silently
-            self.inbox.put("error", f"source failed: {type(exc).__name__}: {exc}")
-            self.inbox.status(state="error", error=str(exc))
+            lane.inbox.put("error", f"source failed: {type(exc).__name__}: {exc}")
+            lane.inbox.status(state="error", error=str(exc))
 
     def tick(self) -> None:
-        """Apply what the source produced since the last tick (also callable from tests)."""
+        """Apply what the sources produced since the last tick (also callable from tests)."""
         if not self.main.ready:
             return
-        items = self.inbox.drain(self.max_apply)
         self.ticks += 1
-        if not items:
-            return
-        # A new run of the followed job: what came before belongs to the old store.
-        while True:
-            cut = next((i for i, item in enumerate(items) if item[0] == "new_session"), None)
-            if cut is None:
-                break
-            if cut:
-                self._apply(items[:cut])
-            self._new_session()
-            items = items[cut + 1 :]
-        if items:
-            self._apply(items)
+        bar = False
+        for lane in self.lanes:
+            items = lane.inbox.drain(self.max_apply)
+            if not items:
+                continue
+            bar = True
+            # A new run of the followed job: what came before belongs to the old store.
+            while True:
+                cut = next((i for i, item in enumerate(items) if item[0] == "new_session"), None)
+                if cut is None:
+                    break
+                if cut:
+                    self._apply(lane, items[:cut])
+                self._new_session(lane)
+                items = items[cut + 1 :]
+            if items:
+                self._apply(lane, items)
+        if bar:
+            self.refresh_bar()
 
-    def _new_session(self) -> None:
-        self.store = EventStore(
-            max_events=self.store.max_events, reloadable=self.source.can_reload, live=True
-        )
-        self.main.restart()
-        self.notify("the job started again: following the new run", timeout=4)
+    def _new_session(self, lane: Lane) -> None:
+        lane.fresh_store()
+        if lane is self.lane:
+            self.main.restart()
+        who = f"{self.label(lane)}: " if self.multi else ""
+        self.notify(f"{who}the job started again: following the new run", timeout=4)
 
-    def _apply(self, items: list) -> None:
+    def _apply(self, lane: Lane, items: list) -> None:
+        shown = lane is self.lane
         with self.batch_update():
-            changes = self.store.apply(items)
+            changes = lane.store.apply(items)
             if changes.status:
-                self.status.update(changes.status)
+                lane.status.update(changes.status)
                 if changes.status.get("state") == "error":
-                    self.fatal = str(changes.status.get("error"))
-            self.rate.add(changes.events)
-            self.main.apply_changes(changes)
-            if changes.status or changes.events or changes.replies or changes.paused_changed:
-                self.main.refresh_status()
-            if changes.breakpoints_changed:
-                for screen in self.screen_stack:
-                    if isinstance(screen, BreakpointsScreen):
-                        screen.refresh_list()
+                    lane.fatal = str(changes.status.get("error"))
+                    who = f"{self.label(lane)}: " if self.multi else ""
+                    self.fatal = self.fatal or who + lane.fatal
+            lane.rate.add(changes.events)
+            if shown:
+                self.main.apply_changes(changes)
+                if changes.status or changes.events or changes.replies or changes.paused_changed:
+                    self.main.refresh_status()
+                if changes.breakpoints_changed:
+                    for screen in self.screen_stack:
+                        if isinstance(screen, BreakpointsScreen):
+                            screen.refresh_list()
+                if self._align is not None:
+                    self._land_aligned()
+            else:
+                for err in changes.errors:
+                    self.notify(f"{self.label(lane)}: {err}", severity="error", timeout=8)
+            if changes.paused_changed:
+                self._lane_paused(lane)
             for reply in changes.replies:
-                self._answered(*reply)
+                self._answered(lane, *reply)
+            if changes.loaded or changes.evicted or changes.steps_changed:
+                for screen in self.screen_stack:
+                    if isinstance(screen, CompareScreen):
+                        screen.data_changed()
 
     # -- commands to the job -------------------------------------------------------------------
     def can_command(self, *, say: bool = True) -> bool:
@@ -141,35 +246,338 @@ class TorchscopeApp(App[int]):
             self.notify(self.source.refusal, severity="warning", timeout=4)
         return False
 
+    def command_lanes(self, cmd: str) -> list[Lane]:
+        """Where ``cmd`` goes: a stepping command to every lane that takes commands (unless
+        ``o`` narrowed it to the shown one), anything else to the shown lane."""
+        if cmd in STEPPING and self.scope == "all" and self.multi:
+            lanes = [lane for lane in self.lanes if lane.source.can_command]
+            if lanes:
+                return lanes
+        return [self.lane]
+
     def command(
         self, cmd: str, *, then: ReplyHandler | None = None, quiet: bool = False, **fields: Any
     ) -> bool:
         """Send ``cmd`` to the job (through the source's thread). ``then(ok, payload)`` runs on
-        the UI thread when the answer comes; a refusal is also a notification unless
-        ``quiet``. False when the source cannot send commands at all (said, too)."""
-        try:
-            token = self.source.command(cmd, **fields)
-        except CommandRefused as exc:
-            self.notify(str(exc), severity="warning", timeout=4)
-            return False
-        self.sent.append((cmd, dict(fields)))
-        self.waiting[token] = (cmd, then, quiet)
-        return True
+        the UI thread when the shown lane's answer comes; a refusal is also a notification
+        unless ``quiet``. Stepping commands go to every rank (see ``command_lanes``). False
+        when the shown lane's source cannot send commands at all (said, too)."""
+        lanes = self.command_lanes(cmd)
+        shown_ok = any_ok = False
+        for lane in lanes:
+            try:
+                token = lane.source.command(cmd, **fields)
+            except CommandRefused as exc:
+                if lane is self.lane:
+                    self.notify(str(exc), severity="warning", timeout=4)
+                continue
+            shown = lane is self.lane
+            self.waiting[(lane.index, token)] = (cmd, then if shown else None, quiet)
+            lane.sent.append((cmd, dict(fields)))
+            any_ok = True
+            shown_ok = shown_ok or shown
+        if any_ok:
+            self.sent.append((cmd, dict(fields)))
+        return shown_ok if self.lane in lanes else any_ok
 
-    def _answered(self, tag: str, token: int, cmd: str, fields: Any, payload: Any) -> None:
-        _, then, quiet = self.waiting.pop(token, (cmd, None, True))  # token 0: the source's own
+    def running_elsewhere(self) -> bool:
+        """Whether a stepping command now also reaches a lane that is not paused (another
+        rank, with commands acting on all of them)."""
+        return any(
+            lane.paused is None for lane in self.command_lanes("pause") if lane is not self.lane
+        )
+
+    def _answered(
+        self, lane: Lane, tag: str, token: int, cmd: str, fields: Any, payload: Any
+    ) -> None:
+        # token 0: the source's own request
+        _, then, quiet = self.waiting.pop((lane.index, token), (cmd, None, True))
         ok = tag == "reply"
         if not ok and not quiet:
-            self.notify(str(payload), severity="error", timeout=6)
+            who = f"{self.label(lane)}: " if self.multi else ""
+            self.notify(who + str(payload), severity="error", timeout=6)
         if then is not None:
             try:
                 then(ok, payload)
             except Exception as exc:  # a screen that went away meanwhile, say
                 self.log.error(f"reply handler for {cmd!r} failed: {exc!r}")
 
+    def _lane_paused(self, lane: Lane) -> None:
+        """A lane paused or went on. When one rank stops at a breakpoint while commands act
+        on all ranks, the others that are running are paused too (at their next op or node),
+        so that ``s``/``n``/``c`` then move them together."""
+        began = lane.note_pause()
+        if lane is not self.lane and began and lane.paused is not None:
+            reason = lane.paused.get("reason") or "paused"
+            key = f" ({lane.index + 1})" if lane.index < 9 else ""
+            self.notify(f"{self.label(lane)} paused: {reason}{key}", timeout=4)
+        if not (began and self.multi and self.scope == "all" and lane.paused is not None):
+            return
+        reason = str(lane.paused.get("reason") or "")
+        if not reason.startswith("breakpoint"):
+            return  # a step, next or pause this UI asked of every rank: they stop alike
+        others = [
+            o
+            for o in self.lanes
+            if o is not lane
+            and o.source.can_command
+            and o.paused is None
+            and o.store.stepper.mode in (None, "run")
+            and o.status.get("connected")
+        ]
+        for o in others:
+            try:
+                token = o.source.command("pause")
+            except CommandRefused:
+                continue
+            self.waiting[(o.index, token)] = ("pause", None, True)
+            o.sent.append(("pause", {}))
+        if others:
+            names = ", ".join(self.label(o) for o in others)
+            self.notify(f"{self.label(lane)} stopped at {reason}: pausing {names}", timeout=4)
+
+    # -- several sources ---------------------------------------------------------------------
+    def lane_hints(self) -> list[tuple[str, str]]:
+        """Key bar hints for several sources (none for one, unless an op is marked)."""
+        out: list[tuple[str, str]] = []
+        if self.multi:
+            n = len(self.lanes)
+            out.append((f"1-{min(n, 9)}" if n > 1 else "1", "source"))
+            if any(lane.source.can_command for lane in self.lanes):
+                out.append(("o", "this rank only" if self.scope == "all" else "all ranks"))
+            out.append(("x", "compare"))
+        elif self.mark is not None:
+            out.append(("x", "compare with mark"))
+        return out
+
+    def refresh_bar(self) -> None:
+        if not self.main.ready:
+            return
+        try:
+            bar = self.main.query_one(SourceBar)
+        except Exception:
+            return
+        bar.show(self.lanes, self.labels(), self.current, self.scope)
+
+    def action_lane(self, index: int) -> None:
+        if self.screen is not self.main:
+            return
+        if index >= len(self.lanes):
+            if self.multi:
+                self.notify(f"no source {index + 1}: {len(self.lanes)} are open", timeout=2)
+            return
+        self.select_lane(index)
+
+    def action_cycle_lane(self, delta: int) -> None:
+        if self.screen is not self.main:
+            return
+        if not self.multi:
+            self.notify("one source open (several: torchscope tui A.tsc B.tsc)", timeout=3)
+            return
+        self.select_lane((self.current + delta) % len(self.lanes))
+
+    def select_lane(self, index: int) -> None:
+        """Show lane ``index``, at the same step and on the same op where it has them."""
+        if index == self.current or not 0 <= index < len(self.lanes):
+            return
+        main = self.main
+        old = self.lane
+        step = main.current_step
+        graph = main.center == "graph"
+        if graph:
+            main._show_timeline_from_graph()
+        row = main.timeline.current_row()
+        key = row_key(old.store, old.store.data(step), row) if step is not None else None
+        follow = main.follow
+        self.current = index
+        new = self.lane
+        main.restart()
+        store = new.store
+        cwd = store.session.get("cwd") if store.session is not None else None
+        if isinstance(cwd, str):  # where the detail finds source lines
+            for w in (main.timeline, main.graph, main.detail, main.alerts):
+                w.cwd = cwd
+        target = None
+        if step is not None and new.has_step(step):
+            target = step
+        elif store.order:
+            if step is None or follow:
+                target = store.newest_step if main.live else store.order[0]
+            else:  # the nearest step this lane has
+                target = min(store.order, key=lambda s: (abs(s - step), s))
+        if not follow or target != store.newest_step:
+            main._set_follow(False)
+        if target is None:
+            main.timeline.set_step(store, None, None, "waiting for events…")
+        else:
+            main.show_step(target)
+            self._align = (index, target, key if target == step else None, graph)
+            self._land_aligned()
+        main.refresh_status()
+        self.refresh_bar()
+
+    def _land_aligned(self) -> None:
+        """Select the op or node the last switch kept, once its step is in memory."""
+        align = self._align
+        if align is None:
+            return
+        index, step, key, graph = align
+        main = self.main
+        if index != self.current or main.current_step != step:
+            self._align = None
+            return
+        data = self.store.data(step)
+        if data is None:
+            return
+        self._align = None
+        if key is not None:
+            row = find_key(self.store, data, key)
+            if row is not None:
+                main._select_in_timeline(row.kind, row.seq)
+            else:
+                self.notify(
+                    f"{describe_key(key)} is not in step {step} of {self.label(self.lane)}",
+                    timeout=3,
+                )
+        main._show_detail()
+        if graph:
+            main._show_graph()
+
+    def action_toggle_scope(self) -> None:
+        if self.screen is not self.main:
+            return
+        if not self.multi or not any(lane.source.can_command for lane in self.lanes):
+            self.notify("o: with several live ranks, c s n space act on all or on one", timeout=3)
+            return
+        self.scope = "one" if self.scope == "all" else "all"
+        label = self.label(self.lane)
+        self.notify(
+            f"c s n space: {label} only" if self.scope == "one" else "c s n space: all ranks",
+            timeout=3,
+        )
+        self.main.refresh_status()
+        self.refresh_bar()
+
+    def _selected(self) -> tuple[int, tuple] | None:
+        """(step, alignment key) of the selected op or node; None (said) when there is none."""
+        main = self.main
+        step = main.current_step
+        row = main.timeline.current_row() if main.center == "timeline" else None
+        if main.center == "graph":
+            node = main.graph.current_node_id()
+            data = self.store.data(step)
+            grads = data.grads_of_node(node) if data is not None and node is not None else []
+            row = grads[0] if grads else None
+        if step is None or row is None:
+            self.notify("select an op or a backward node first", timeout=3)
+            return None
+        if row.pending:
+            self.notify(f"{row.name} has not run yet: s runs it", timeout=3)
+            return None
+        key = row_key(self.store, self.store.data(step), row)
+        if key is None:
+            self.notify("this event cannot be compared", timeout=3)
+            return None
+        return step, key
+
+    def action_mark(self) -> None:
+        if self.screen is not self.main:
+            return
+        found = self._selected()
+        if found is None:
+            return
+        step, key = found
+        mark = (self.current, step, key, self.label(self.lane))
+        if self.mark is not None and self.mark[:3] == mark[:3]:
+            self.mark = None
+            self.notify("mark cleared", timeout=2)
+        else:
+            self.mark = mark
+            self.notify(
+                f"marked {describe_key(key)}, step {step}: x in another step compares them",
+                timeout=4,
+            )
+        self.main.refresh_status()
+
+    def action_compare(self) -> None:
+        if self.screen is not self.main:
+            return
+        found = self._selected()
+        if found is None:
+            return
+        step, key = found
+        modes = []
+        if self.mark is not None:
+            modes.append("mark")
+        if self.multi:
+            modes.append("sources")
+        if not modes:
+            self.notify(
+                "x compares the selected op across ranks or recordings (torchscope tui A B); "
+                "with one, X marks an op and x compares it with another step's",
+                timeout=5,
+            )
+            return
+        spec = CompareSpec(lane=self.current, step=step, key=key, mark=self.mark)
+        self.push_screen(CompareScreen(spec, modes))
+
     def _status_tick(self) -> None:
         if self.main.ready:
             self.main.refresh_status()
+            if self.follow_job:
+                self._grow_job()
+            if self.multi:
+                self.refresh_bar()
+
+    # -- the other ranks of a job --------------------------------------------------------------
+    JOB_POLL_SECONDS = 2.0
+    JOB_POLL_FOR = 60.0  # after the first rank connected: ranks of other hosts never come
+
+    def source_for(self, record: Any) -> EventSource:
+        """The source for another rank's registry record (tests replace it)."""
+        return LiveSource(record.control)
+
+    def _grow_job(self, now: float | None = None) -> None:
+        """Add the lanes of the job's ranks that registered since (this machine's)."""
+        session = next((lane.store.session for lane in self.lanes if lane.store.session), None)
+        if session is None:
+            return
+        job, world = session.get("job"), session.get("world_size")
+        if not isinstance(job, str) or type(world) is not int or len(self.lanes) >= world:
+            self.follow_job = False  # not a torchrun job, or every rank is here
+            return
+        now = time.monotonic() if now is None else now
+        if now - self._job_checked < self.JOB_POLL_SECONDS:
+            return
+        self._job_checked = now
+        if self._job_until is None:
+            self._job_until = now + self.JOB_POLL_FOR
+        elif now > self._job_until:
+            self.follow_job = False
+            return
+        from torchscope.protocol import endpoints as ep
+
+        have = set()
+        for lane in self.lanes:
+            have.add(lane.status.get("endpoint"))
+            have.add(getattr(lane.source, "target", None))
+        try:
+            records = [r for r in ep.list_sessions() if r.job == job]
+        except Exception:  # an unreadable registry: try again later
+            return
+        ranks = {lane.rank for lane in self.lanes if lane.session_value("job") == job}
+        for record in sorted(records, key=lambda r: r.rank or 0):
+            if record.control not in have and record.rank not in ranks:
+                self.add_lane(self.source_for(record))
+
+    def add_lane(self, source: EventSource) -> Lane:
+        """Open one more source (a rank that started after the UI)."""
+        lane = Lane.of(source, len(self.lanes), self.lanes[0].store.max_events)
+        self.lanes.append(lane)
+        self._start(lane)
+        self.main.refresh_status()
+        self.refresh_bar()
+        return lane
 
     def screen_text(self) -> str:
         """The screen as plain text (tests, debugging)."""
@@ -197,18 +605,21 @@ class TorchscopeApp(App[int]):
 
     def on_unmount(self) -> None:
         self.stop_event.set()
-        self.source.close()
+        for lane in self.lanes:
+            lane.source.close()
 
 
-def run_tui(source: EventSource, **options: Any) -> int:
-    """Run the UI on ``source`` until the user quits. Returns the exit code: 0, or 2 when the
-    source could not be read (a damaged trace file, say)."""
+def run_tui(source: EventSource | Sequence[EventSource], **options: Any) -> int:
+    """Run the UI on ``source`` (or several: the ranks of a job, recordings side by side)
+    until the user quits. Returns the exit code: 0, or 2 when a source could not be read (a
+    damaged trace file, say)."""
     app = TorchscopeApp(source, **options)
     try:
         app.run()
     finally:
         app.stop_event.set()
-        source.close()
+        for lane in app.lanes:
+            lane.source.close()
     if app.fatal:
         print(f"torchscope: {app.fatal}", file=sys.stderr)
     code = app.return_code

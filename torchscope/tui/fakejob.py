@@ -148,7 +148,8 @@ class FakeJob(ScriptedSource):
     def _emit(self, events: list[Event]) -> None:
         if events and self._inbox is not None:
             self._all.extend(events)
-            self._inbox.put_events(prepare(events))
+            if self._inbox.put_events(prepare(events)) and self.overview is not None:
+                self.overview.put(self._inbox, events)
 
     def _emit_upto(self, index: int) -> None:
         index = min(index, len(self.script))

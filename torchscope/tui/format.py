@@ -239,3 +239,63 @@ def fit_numbers(text: str, width: int) -> str:
             return cand
     best = candidates[-1]
     return best[: width - 1] + "…" if width > 1 else "…"
+
+
+# -- values with their shape ------------------------------------------------------------------
+
+
+def is_bad(v: Any) -> bool:
+    """A NaN or an infinity (a value that is not a finite number)."""
+    return isinstance(v, float) and not math.isfinite(v)
+
+
+def first_bad(values: Any) -> int | None:
+    """Index of the first NaN or Inf in ``values``, or None."""
+    if not isinstance(values, list):
+        return None
+    return next((i for i, v in enumerate(values) if is_bad(v)), None)
+
+
+def unravel(flat: int, shape: list[int]) -> list[int]:
+    """The multi-index of flat (row-major) index ``flat`` in ``shape``."""
+    out = []
+    for d in reversed(shape):
+        d = max(1, d)
+        out.append(flat % d)
+        flat //= d
+    return out[::-1]
+
+
+def index_text(flat: int, shape: list[int] | None) -> str:
+    """``[1,2]`` for flat index 6 of a [2,4] tensor; ``[6]`` when the shape is not known."""
+    if not shape:
+        return f"[{flat}]"
+    return "[" + ",".join(map(str, unravel(flat, shape))) + "]"
+
+
+def value_rows(
+    values: list, shape: list[int] | None, start: int = 0, per_line: int = 8
+) -> list[tuple[str, int, list]]:
+    """``values`` (the flat slice ``[start, start+len)`` of a tensor of ``shape``) cut into
+    the rows of its last dimension: ``(label, flat index of the first value, values)``, where
+    the label names the row (``[1,:]``; ``[1,8:]`` when a long row wraps or the slice starts
+    inside it). A 1-D tensor is one row; N-D tensors give the rows of their last two dims, led
+    by the index of the leading dims. A row longer than ``per_line`` wraps."""
+    shape = [d for d in shape] if isinstance(shape, list) and shape else [len(values) + start]
+    if any(type(d) is not int or d < 0 for d in shape):
+        shape = [len(values) + start]
+    last = max(1, shape[-1])
+    per_line = max(1, per_line)
+    out = []
+    i = 0
+    while i < len(values):
+        flat = start + i
+        col = flat % last
+        n = min(per_line, last - col, len(values) - i)
+        idx = unravel(flat, shape)
+        lead = ",".join(map(str, idx[:-1]))
+        tail = ":" if col == 0 else f"{col}:"
+        label = f"[{lead},{tail}]" if lead else f"[{tail}]"
+        out.append((label, flat, values[i : i + n]))
+        i += n
+    return out

@@ -432,6 +432,33 @@ def _post_counts(inbox: Inbox, record: dict[str, Any]) -> None:
         inbox.put("progress_done")
 
 
+class LiveOverview:
+    """The Steps panel's loss and global gradient norm for events as they stream in (a live
+    session, the demo): the same :class:`countpass.Counter` the count pass runs over a
+    recording, fed on the source's thread. ``feed`` gives the store's ``overview`` item."""
+
+    def __init__(self) -> None:
+        self.counter = countpass.Counter()
+
+    def feed(self, events: Iterable[Any]) -> tuple | None:
+        counter = self.counter
+        counter.add(e for e in events if isinstance(e, dict))
+        counts, _ = counter.take()
+        grads = {s: (c[5], c[6]) for s, c in counts.items() if c[6]}
+        losses = {s: (v[0], v[1]) for s, v in counter.take_losses().items()}
+        if counts:  # the loss of a step is settled once a later one runs: forget it
+            newest = max(counts)
+            counter.forget([s for s in counter.losses if s < newest - 1])
+        if not grads and not losses:
+            return None
+        return ("overview", grads, losses)
+
+    def put(self, inbox: Inbox, events: Iterable[Any]) -> None:
+        item = self.feed(events)
+        if item is not None:
+            inbox.put(*item)
+
+
 # ---------------------------------------------------------------------------------------------
 # Live
 # ---------------------------------------------------------------------------------------------
@@ -499,6 +526,7 @@ class LiveSource(EventSource):
         self._followed: tuple[str, float, int] | None = None
         self._lost = False
         self._reported: dict[str, Any] = {}
+        self.overview = LiveOverview()  # the Steps panel's loss and |g|
 
     def run(self, inbox: Inbox, stop: threading.Event) -> None:
         inbox.status(mode="live", connected=False, state="connecting", endpoint=self.target)
@@ -647,6 +675,7 @@ class LiveSource(EventSource):
         if self._lost:
             inbox.put("new_session")  # a new run: the UI starts a fresh store
             self._lost = False
+            self.overview = LiveOverview()
         if isinstance(session, dict) and session.get("script") and session.get("pid"):
             self._followed = (session["script"], session.get("started") or 0.0, session["pid"])
         record = session.get("record") if isinstance(session, dict) else None
@@ -678,6 +707,7 @@ class LiveSource(EventSource):
             self._snapshot_seqs = {e["seq"] for e in events if isinstance(e, dict) and "seq" in e}
             self._snapshot_max = max(self._snapshot_seqs, default=-1)
             self._put(inbox, prepare(events))
+            self.overview.put(inbox, events)
         self._ask_state(inbox)
         self._arm(inbox)
         self._last_ping = time.monotonic()
@@ -703,6 +733,7 @@ class LiveSource(EventSource):
                         self._snapshot_seqs = set()
                 events = kept
             self._put(inbox, prepare(events))
+            self.overview.put(inbox, events)
         if status:
             inbox.status(**status)
 
@@ -797,6 +828,9 @@ class ScriptedSource(EventSource):
         self._more: queue.Queue[list[dict]] = queue.Queue()
         self._all: list[dict] = list(self.events or ()) if reloadable else []
         self._lock = threading.Lock()
+        # live: the Steps panel's loss and |g| as the events come (a replay's come from
+        # the count pass of its file; a scripted replay has none)
+        self.overview = LiveOverview() if mode == "live" else None
 
     def feed(self, events: Iterable[dict]) -> None:
         self._more.put([e if isinstance(e, Event) else Event(e) for e in events])
@@ -860,6 +894,8 @@ class ScriptedSource(EventSource):
         items = prepare(events)
         if inbox.put_events(items):
             self.delivered += len(items)
+            if self.overview is not None:
+                self.overview.put(inbox, events)
         else:
             inbox.status(ui_dropped=inbox.dropped)
 

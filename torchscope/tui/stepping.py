@@ -70,6 +70,8 @@ class StepperView:
         self.mode: str | None = None  # "run", "pause" (requested), "step", "next"
         self.breakpoints: list[dict[str, Any]] = []
         self.auto_resumed = 0
+        self.lease: float | None = None  # seconds a pause lasts without its UI (the job's)
+        self.pg_timeout: float | None = None  # torchrun: how long the other ranks may wait
         self.known = False  # a state reply came: the job takes stepping commands
         self.resumed_by: str | None = None  # what ended the last pause
         self.version = 0  # bumped when ``paused`` changes to another pause (or to none)
@@ -116,6 +118,10 @@ class StepperView:
             self.mode = state["mode"]
         if type(state.get("auto_resumed")) is int:
             self.auto_resumed = state["auto_resumed"]
+        for key, attr in (("lease_s", "lease"), ("pg_timeout_s", "pg_timeout")):
+            value = state.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+                setattr(self, attr, float(value))
         bps_changed = False
         bps = state.get("breakpoints")
         if isinstance(bps, list):
@@ -286,6 +292,8 @@ class ValuesView:
     error: str | None = None
     version: int = 0
     requested: tuple = field(default=())  # (current, start) of the request in flight
+    mark: int | None = None  # flat index to highlight (the first NaN/Inf ``!`` found)
+    note: str | None = None  # one line under the values (the ``!`` search's progress)
 
     @property
     def choice(self) -> tuple[str, int, dict] | None:

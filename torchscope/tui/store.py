@@ -580,6 +580,8 @@ class EventStore:
                 self._index(item[1], ch)
             elif tag == "counts":
                 self._counts(item[1], item[2], ch, item[3] if len(item) > 3 else None)
+            elif tag == "overview":
+                self._overview(item[1], item[2], ch)
             elif tag == "status":
                 ch.status.update(item[1])
                 if "complete" in item[1]:
@@ -901,6 +903,29 @@ class EventStore:
                 info.counted = True
                 ch.steps_changed.add(step)
 
+    def _overview(
+        self, grads: dict[int, tuple[float, int]], losses: dict[int, tuple], ch: Changes
+    ) -> None:
+        """A live session's loss and gradient norms (``LiveOverview``), for steps whose
+        events came: ``grads`` ``{step: (sum of squared norms, how many)}`` adds up,
+        ``losses`` ``{step: (value, rank)}`` replaces a loss of lower or equal rank."""
+        for step, (sq, n) in grads.items():
+            info = self.steps.get(step)
+            if info is None or not n:
+                continue
+            info.grad_sq += sq
+            info.grad_norms += n
+            self.overview_version += 1
+            ch.steps_changed.add(step)
+        for step, (value, rank) in losses.items():
+            info = self.steps.get(step)
+            if info is None or not isinstance(value, (int, float)) or type(rank) is not int:
+                continue
+            if rank >= info.loss_rank:
+                info.loss, info.loss_rank = float(value), rank
+                self.overview_version += 1
+                ch.steps_changed.add(step)
+
     def overview(self) -> tuple[list[float | None], list[float | None]]:
         """Loss and global gradient norm of every step, in step order (None: not known)."""
         steps = self.steps
@@ -949,6 +974,7 @@ class Inbox:
     ``("step_part", step, [record|Event], first, last, done, total)`` (a step streaming in,
     ``done`` of ``total`` parts) and ``("step_abort", step)``,
     ``("index", [(step, counted)])``, ``("counts", {step: (...)}, final_steps)``,
+    ``("overview", {step: (grad_sq, grad_norms)}, {step: (loss, rank)})`` (live),
     ``("status", {...})``, ``("progress", done, total, label)``, ``("progress_done",)``,
     ``("error", message)``, ``("unavailable", step, message)``, and the answers to commands
     (see ``EventSource.command``): ``("reply", token, cmd, fields, result)``,

@@ -5,6 +5,10 @@ that is not a trace, a pid with no process, ``replay`` given a pid, output that 
 terminal. Waiting is only for a session that may yet start: no target with nothing running
 yet, or the pid of a process that is not a session yet (a job starting up); the status bar
 says what it waits for. ``--wait`` waits for any pid or endpoint.
+
+Several targets (``tui t.rank0.tsc t.rank1.tsc``, ``tui A.tsc B.tsc``, a quoted glob) follow
+the same rule, each of them; their trace files are also opened (header and index) before the
+screen opens, so a damaged one among several is refused by name.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import os
 import sys
 from typing import TextIO
 
-__all__ = ["check_target", "is_trace_file"]
+__all__ = ["check_target", "check_targets", "is_trace_file"]
 
 _MAGIC = b"TSCTRACE"  # torchscope.protocol.tracefile.MAGIC (read without importing zmq)
 
@@ -50,6 +54,38 @@ def check_target(
     problem = _target_problem(command, target, wait)
     if problem is not None:
         return problem
+    return _terminal_problem(stdin, stdout)
+
+
+def check_targets(
+    command: str,
+    targets: list[str] | None,
+    *,
+    wait: bool = False,
+    stdin: TextIO | None = None,
+    stdout: TextIO | None = None,
+) -> str | None:
+    """``check_target`` for the command line's targets, one or several."""
+    targets = list(targets or ())
+    if len(targets) > 1 or any(c in t for t in targets for c in "*?["):
+        from torchscope.tui.multi import check_files, expand_targets
+
+        targets = expand_targets(targets)
+        if len(targets) > 1:
+            for t in targets:
+                problem = _target_problem(command, t, wait)
+                if problem is not None:
+                    return problem
+            problem = check_files(targets)
+            if problem is not None:
+                return problem
+            return _terminal_problem(stdin, stdout)
+    return check_target(
+        command, targets[0] if targets else None, wait=wait, stdin=stdin, stdout=stdout
+    )
+
+
+def _terminal_problem(stdin: TextIO | None, stdout: TextIO | None) -> str | None:
     stdin = sys.stdin if stdin is None else stdin
     stdout = sys.stdout if stdout is None else stdout
     for name, stream in (("output", stdout), ("input", stdin)):

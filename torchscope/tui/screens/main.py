@@ -48,11 +48,12 @@ from torchscope.tui.store import (
     compile_filter,
 )
 from torchscope.tui.widgets.alert_list import AlertList
-from torchscope.tui.widgets.detail_panel import DetailPanel
+from torchscope.tui.widgets.detail_panel import DetailPanel, Link
 from torchscope.tui.widgets.filter_input import FilterInput
 from torchscope.tui.widgets.graph_tree import GraphTree
 from torchscope.tui.widgets.key_bar import Hint, KeyBar
 from torchscope.tui.widgets.op_timeline import OpTimeline
+from torchscope.tui.widgets.source_bar import SourceBar
 from torchscope.tui.widgets.status_bar import StatusBar
 from torchscope.tui.widgets.step_list import StepList
 from torchscope.tui.widgets.virtual_list import VirtualList
@@ -106,6 +107,10 @@ class MainScreen(Screen[None]):
         Binding("m", "stat_mode", "Norm/mean", show=False),
         Binding("escape", "escape", "Timeline", show=False),
         Binding("plus,equals_sign", "maximize_panel", "Maximise", show=False),
+        Binding("y", "copy", "Copy", show=False),
+        Binding("M", "group_modules", "By module", show=False),
+        Binding("e", "export", "Export", show=False),
+        Binding("exclamation_mark", "first_nan", "First NaN", show=False),
         *STEP_BINDINGS,
     ]
 
@@ -160,6 +165,7 @@ class MainScreen(Screen[None]):
         with Horizontal(id="progress-row"):
             yield Label("", id="progress-label")
             yield ProgressBar(id="progress", show_eta=False)
+        yield SourceBar(id="sources")  # several sources only (hidden otherwise)
         yield StatusBar(id="status")
         yield KeyBar(id="keys")
 
@@ -269,15 +275,22 @@ class MainScreen(Screen[None]):
             out += [("s", "step"), ("n", "next step"), ("c", "continue"), ("v", "values")]
         elif live:
             out += [("space", "pause"), ("c", "continue")]
+        out += self.tapp.lane_hints()  # several sources: 1-9, o, x
         if focus is self.graph:
-            out += [("enter", "op"), ("g", "timeline")]
+            out += [
+                ("enter", "op"),
+                ("g", "timeline"),
+                ("M", "by module" if not self.graph.by_module else "chains"),
+            ]
         elif focus is self.alerts:
             out += [("enter", "go to alert")]
+        elif focus is self.detail:
+            out += [("↑↓", "link"), ("enter", "follow"), ("esc", "timeline")]
         else:
             out += [("enter", "jump")]
         if live:
             out += [("b", "break"), ("B", "breakpoints")]
-        if self.search is not None:
+        if self.search is not None or (focus is self.graph and self.graph.search is not None):
             out += [("^n ^p", "match")]
         out += [("a", "alerts"), ("/", "search"), (":", "go to"), ("[ ]", "step")]
         if focus is not self.graph:
@@ -286,6 +299,10 @@ class MainScreen(Screen[None]):
         out += [("+", "restore" if self.maximised is not None else "maximise")]
         if live:
             out += [("f", "follow")]
+        row = self.timeline.current_row() if self.ready else None
+        if paused or (row is not None and row.flags):
+            out += [("!", "first NaN")]
+        out += [("y", "copy"), ("e", "export")]
         out += [("|", "filter"), ("tab", "panel"), ("m", "norm/mean"), ("j k", "move")]
         return out
 
@@ -495,6 +512,8 @@ class MainScreen(Screen[None]):
         self.refresh_status()
 
     def action_follow(self) -> None:
+        """Follow the newest step (live). Pressed while following, it stays on (any move in
+        the timeline turns it off; ``end`` or ``f`` turn it on again)."""
         if not self.live:
             self.notify(
                 "f follows a live job's newest step; a recording does not grow "
@@ -502,7 +521,14 @@ class MainScreen(Screen[None]):
                 timeout=4,
             )
             return
-        self._set_follow(not self.follow)
+        if self.follow:
+            newest = self.store.newest_step
+            if newest is not None and newest != self.current_step:
+                self.show_step(newest)
+            self.timeline.data_changed()  # back to the newest row
+            self.notify("following the newest step (any move stops it)", timeout=2)
+            return
+        self._set_follow(True)
 
     def on_op_timeline_follow_changed(self, event: OpTimeline.FollowChanged) -> None:
         self._set_follow(event.following)
@@ -571,6 +597,33 @@ class MainScreen(Screen[None]):
         else:
             self.timeline.focus()
 
+    def action_group_modules(self) -> None:
+        """``M`` in the graph: group its nodes by module ⇄ chains."""
+        if self.center != "graph":
+            self.notify("M groups the backward graph by module: g opens the graph", timeout=3)
+            return
+        by_module = self.graph.toggle_grouping()
+        self.notify(
+            "graph: one entry per module (→ or enter opens one)"
+            if by_module
+            else "graph: chains of nodes",
+            timeout=2,
+        )
+        self._graph_title()
+        self.refresh_status()
+
+    def _graph_title(self) -> None:
+        graph = self.graph
+        sub = ["by module (M: chains)" if graph.by_module else "M: by module"]
+        if graph.node_filter is not None:
+            kept = graph.shown_count()
+            sub.insert(0, f"filter /{graph.node_filter.pattern}/ {kept:,} nodes (| esc: clear)")
+        if graph.search is not None:
+            n = len(graph.matches)
+            at = f"{graph.match_at + 1}/{n}" if n and graph.match_at >= 0 else f"{n} matches"
+            sub.insert(0, f"search /{graph.search.pattern}/ {at}")
+        graph.border_subtitle = " · ".join(sub)
+
     def _show_graph(self, node: int | None = None) -> None:
         step = self.current_step
         data = self.store.data(step)
@@ -587,6 +640,7 @@ class MainScreen(Screen[None]):
                     node = ids[0] if ids else None
         if node is not None:
             self.graph.reveal(node)
+        self._graph_title()
         self.graph.focus()
 
     def _show_timeline_from_graph(self) -> None:
@@ -713,6 +767,39 @@ class MainScreen(Screen[None]):
                 label = f"parameter {row.param}" if row.param else "no forward op recorded"
                 self.notify(f"{row.name}: {label}", timeout=4)
 
+    # -- the detail's links --------------------------------------------------------------------
+    def on_detail_panel_follow(self, event: DetailPanel.Follow) -> None:
+        self.follow_link(event.link)
+
+    def action_detail_link(self, i: int) -> None:
+        """A click on link ``i`` of the detail."""
+        self.detail.follow(i)
+
+    def follow_link(self, link: Link) -> None:
+        """Go where a detail link points: an op, a backward node, an event."""
+        step = link.step if link.step is not None else self.current_step
+        if step is None or step not in self.store:
+            self.notify("that step is not known any more", severity="warning", timeout=3)
+            return
+        if link.kind == "op":
+            self._go(Location("timeline", step, OP, link.target))
+        elif link.kind == "event":
+            self._go(Location("timeline", step, None, link.target))
+        elif link.kind == "node":
+            data = self.store.data(step)
+            grads = data.grads_of_node(link.target) if data is not None else []
+            if grads:
+                self._go(Location("timeline", step, GRAD, grads[0].seq))
+            elif data is not None and data.graph_of_node(link.target) is not None:
+                self._go(Location("graph", step, node=link.target))
+                self.notify("that node did not run in this backward call", timeout=3)
+            else:
+                self.notify(
+                    f"backward has not reached node id {link.target} yet: "
+                    "follow the link again once it has run",
+                    timeout=4,
+                )
+
     def action_back(self) -> None:
         if not self.history:
             self.notify("no earlier jump to go back to", timeout=2)
@@ -756,7 +843,11 @@ class MainScreen(Screen[None]):
 
     # -- search, filter, go to ---------------------------------------------------------------
     def _open_prompt(self, mode: str) -> None:
-        if self.center == "graph":
+        if mode == "search" and self.center == "graph":
+            mode = "graph"  # / in the graph searches its nodes
+        elif mode == "filter" and self.center == "graph":
+            mode = "graph-filter"  # | keeps the nodes it matches
+        elif self.center == "graph":
             self._show_timeline_from_graph()
         prompt = self.filter
         prompt.set_mode(mode)
@@ -768,6 +859,19 @@ class MainScreen(Screen[None]):
         elif mode == "filter":
             pattern = self.timeline.pattern
             value = pattern.pattern if pattern is not None else ""
+        elif mode == "graph":
+            self.graph.set_search(None)
+            self._graph_title()
+            value = ""
+        elif mode == "graph-filter":
+            keep = self.graph.node_filter
+            value = keep.pattern if keep is not None else ""
+        elif mode == "export":
+            from torchscope.tui.export_view import default_path
+
+            assert self.current_step is not None
+            value = default_path(self.current_step, self.timeline.pattern is not None)
+            self._export_confirm: str | None = None
         else:
             value = ""
         with prompt.prevent(Input.Changed):
@@ -795,7 +899,7 @@ class MainScreen(Screen[None]):
         self._title()
 
     def on_input_changed(self, event: Input.Changed) -> None:
-        if event.input is not self.filter or self.filter.mode == "command":
+        if event.input is not self.filter or self.filter.mode in ("command", "export"):
             if event.input is self.filter:
                 self.filter.ok()
             return
@@ -805,6 +909,18 @@ class MainScreen(Screen[None]):
             self.filter.error(f"invalid regex: {exc}")
             return
         self.filter.ok()
+        if self.filter.mode == "graph":
+            found = self.graph.set_search(pattern)
+            if pattern is not None and not found:
+                self.filter.error(f"no node matches /{pattern.pattern}/")
+            self._graph_title()
+            return
+        if self.filter.mode == "graph-filter":
+            kept = self.graph.set_filter(pattern)
+            if pattern is not None and not kept:
+                self.filter.error(f"no node matches /{pattern.pattern}/")
+            self._graph_title()
+            return
         if self.filter.mode == "filter":
             self.timeline.set_filter(pattern)
         else:
@@ -819,6 +935,15 @@ class MainScreen(Screen[None]):
         if event.input is not self.filter:
             return
         prompt = self.filter
+        if prompt.mode == "export":
+            self._export_to(prompt.value)
+            return
+        if prompt.mode in ("graph", "graph-filter"):
+            prompt.ok()
+            prompt.display = False
+            self.graph.focus()
+            self._graph_title()
+            return
         if prompt.mode == "command":
             problem = self.run_command(prompt.value)
             if problem:
@@ -840,6 +965,16 @@ class MainScreen(Screen[None]):
 
     def on_filter_input_cancelled(self, event: FilterInput.Cancelled) -> None:
         mode = self.filter.mode
+        if mode in ("graph", "graph-filter"):
+            self.filter.ok()
+            self.filter.display = False
+            if mode == "graph":
+                self.graph.set_search(None)
+            else:
+                self.graph.set_filter(None)
+            self.graph.focus()
+            self._graph_title()
+            return
         self._close_prompt()
         if mode == "filter":
             self._apply_filter(None)
@@ -905,6 +1040,14 @@ class MainScreen(Screen[None]):
         self._step_match(-1)
 
     def _step_match(self, direction: int) -> None:
+        if self.center == "graph" and self.graph.search is not None:
+            moved = self.graph.next_match(direction)
+            if moved is None:
+                self.notify(f"no node matches /{self.graph.search.pattern}/", timeout=3)
+            elif moved[2]:
+                self.notify("search wrapped", timeout=2)
+            self._graph_title()
+            return
         if self.search is None:
             self.notify("/ searches first (then ctrl+n / ctrl+p: next / previous match)", timeout=3)
             return
@@ -1071,7 +1214,7 @@ class MainScreen(Screen[None]):
         return self.tapp.command(cmd, **fields)
 
     def action_pause(self) -> None:
-        if self.store.stepper.paused is not None:
+        if self.store.stepper.paused is not None and not self.tapp.running_elsewhere():
             self.notify("already paused: s steps, n runs to the next step, c continues", timeout=3)
             return
         if self._command("pause"):
@@ -1136,6 +1279,7 @@ class MainScreen(Screen[None]):
         else:
             values.current = (values.current + 1) % len(values.choices)
         values.start = 0
+        values.mark = None
         self._fetch_values()
 
     def action_next_slice(self) -> None:
@@ -1177,6 +1321,7 @@ class MainScreen(Screen[None]):
         group, index, _ = values.choice
         request = (values.key, values.current, values.start)
         values.requested = request
+        values.note = None
         values.loading = True
         values.error = None
         values.result = None
@@ -1207,8 +1352,279 @@ class MainScreen(Screen[None]):
             values.bump()
             self._show_detail()
 
+    # -- ! : the first NaN/Inf value --------------------------------------------------------
+    #: The search through a paused job's tensor asks for this many values at a time (the
+    #: most one ``inspect`` answers), at most this many times.
+    NAN_PAGE = 100_000
+    NAN_PAGES = 64
+
+    def action_first_nan(self) -> None:
+        """``!``: the first NaN/Inf value. Paused: searched through the tensor the values
+        section shows (or the first one whose stats count one), fetched page by page; else
+        in the small values the event recorded."""
+        pause = self.store.stepper.paused
+        row = self.timeline.current_row()
+        if pause is not None and row is not None and self._is_paused_row(row):
+            values = self._values_for(pause)
+            if values.choice is None or not _bad_count(values.choice[2]):
+                bad = [i for i, c in enumerate(values.choices) if _bad_count(c[2])]
+                if bad:
+                    values.current = bad[0]
+                    values.start = 0
+            if values.choice is not None:
+                self._search_nan(values)
+                return
+        self._recorded_nan()
+
+    def _recorded_nan(self) -> None:
+        from torchscope.tui.format import first_bad, index_text
+
+        ev = self.detail.event
+        if not ev:
+            self.notify("! finds the first NaN/Inf of the selected op or node", timeout=3)
+            return
+        groups = (
+            ("grad_outputs", "grad_inputs") if ev.get("kind") == GRAD else ("inputs", "outputs")
+        )
+        counted = None
+        for group in groups:
+            for i, s in enumerate(ev.get(group) or ()):
+                if not isinstance(s, dict):
+                    continue
+                bad = first_bad(s.get("values"))
+                shape = s.get("shape") if isinstance(s.get("shape"), list) else None
+                if bad is not None:
+                    self.notify(
+                        f"first NaN/Inf: {group}[{i}] at {index_text(bad, shape)}", timeout=5
+                    )
+                    self._scroll_detail_to("first NaN/Inf at")
+                    return
+                if counted is None and _bad_count(s):
+                    counted = f"{group}[{i}]"
+        if counted is not None:
+            where = (
+                "v fetches them, ! finds it"
+                if self.live
+                else "pause the job there (b) to fetch them"
+            )
+            self.notify(
+                f"{counted} holds NaN/Inf, but its values were not recorded (too many): {where}",
+                timeout=6,
+            )
+        else:
+            self.notify("no NaN/Inf in this event's tensors", timeout=3)
+
+    def _scroll_detail_to(self, text: str) -> None:
+        lines = str(self.detail.body.render()).split("\n")
+        line = next((n for n, t in enumerate(lines) if text in t), None)
+        if line is not None:
+            self.detail.scroll_to(y=max(0, line - 4), animate=False)
+
+    def _search_nan(self, values: ValuesView) -> None:
+        from torchscope.tui.format import first_bad, index_text
+
+        group, index, summary = values.choice  # type: ignore[misc]
+        label = values.label()
+        result = values.result
+        if result is not None and isinstance(result.get("values"), list):
+            bad = first_bad(result["values"])
+            start = result.get("start") if type(result.get("start")) is int else values.start
+            if bad is not None and (start == 0 or values.mark == start + bad):
+                values.mark = start + bad
+                values.note = None
+                values.bump()
+                self._show_detail()
+                self.call_after_refresh(self.detail._scroll_to_values)
+                return
+        if not _bad_count(summary):
+            self.notify(f"no NaN/Inf in {label} (its stats count none)", timeout=3)
+            return
+        shape = summary.get("shape") if isinstance(summary.get("shape"), list) else None
+        token = object()
+        values.requested = ("nan", token)
+        values.mark = None
+
+        def ask(page: int) -> None:
+            values.note = f"looking for the first NaN/Inf… {page * self.NAN_PAGE:,} values read"
+            values.bump()
+            self._show_detail()
+            ok = self.tapp.command(
+                "inspect",
+                group=group,
+                index=index,
+                start=page * self.NAN_PAGE,
+                count=self.NAN_PAGE,
+                then=lambda ok, payload: arrived(page, ok, payload),
+            )
+            if not ok:
+                values.note = None
+                values.bump()
+                self._show_detail()
+
+        def arrived(page: int, ok: bool, payload: Any) -> None:
+            if self.values is not values or values.requested != ("nan", token):
+                return  # another pause, tensor or slice was asked for since
+            if (
+                not ok
+                or not isinstance(payload, dict)
+                or not isinstance(payload.get("values"), list)
+            ):
+                values.note = f"the search stopped: {payload}"
+                values.bump()
+                self._show_detail()
+                return
+            vals = payload["values"]
+            bad = first_bad(vals)
+            if bad is not None:
+                flat = page * self.NAN_PAGE + bad
+                last = shape[-1] if shape and shape[-1] > 0 else 1
+                values.mark = flat
+                values.note = None
+                values.start = max(0, flat - flat % last)
+                self.notify(f"first NaN/Inf of {label}: {index_text(flat, shape)}", timeout=4)
+                self._fetch_values()
+                self.call_after_refresh(self.detail._scroll_to_values)
+                return
+            numel = payload.get("numel")
+            end = (page + 1) * self.NAN_PAGE
+            if (type(numel) is int and end >= numel) or len(vals) < self.NAN_PAGE:
+                values.note = f"no NaN/Inf in the {min(end, numel or end):,} values now"
+            elif page + 1 >= self.NAN_PAGES:
+                values.note = f"no NaN/Inf in the first {end:,} values (the search stops there)"
+            else:
+                ask(page + 1)
+                return
+            values.bump()
+            self._show_detail()
+
+        ask(0)
+
+    # -- export ------------------------------------------------------------------------------
+    def action_export(self) -> None:
+        """``e``: the step (or the filtered rows) to a JSON-lines file; asks where first."""
+        if self.current_step is None or self.store.data(self.current_step) is None:
+            self.notify("no step in memory to export yet", timeout=3)
+            return
+        self._open_prompt("export")
+
+    def _export_to(self, text: str) -> None:
+        import os
+
+        from torchscope.tui.export_view import clean_path, snapshot, write_jsonl
+
+        prompt = self.filter
+        path = clean_path(text)
+        step = self.current_step
+        data = self.store.data(step)
+        if not path:
+            prompt.error("a file name, please")
+            return
+        if data is None or step is None:
+            prompt.error("the step is no longer in memory")
+            return
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            prompt.error(f"no such directory: {folder}")
+            return
+        if os.path.exists(path) and self._export_confirm != path:
+            self._export_confirm = path
+            prompt.error(f"{os.path.basename(path)} exists: enter again to overwrite")
+            return
+        view = self.timeline.view_indices()
+        items = snapshot(data, view)
+        what = f"{'filtered rows' if view is not None else 'events'} of step {step}"
+        prompt.ok()
+        prompt.display = False
+        self.timeline.focus()
+
+        def write() -> None:
+            try:
+                n = write_jsonl(items, path)
+            except OSError as exc:
+                message = f"export failed: {exc.strerror or exc}: {path}"
+                self.app.call_from_thread(self.notify, message, severity="error", timeout=6)
+                return
+            message = f"exported {n:,} {what} to {path}"
+            self.app.call_from_thread(self.notify, message, timeout=6)
+
+        self.run_worker(write, name="export", thread=True, exit_on_error=False)
+
+    # -- copy (OSC 52) -----------------------------------------------------------------------
+    def _selected_event(self) -> tuple[dict | None, str | None]:
+        """The event the user looks at (the graph's node, else the timeline's row) and the
+        module its op ran in."""
+        data = self.store.data(self.current_step)
+        if self.center == "graph" and self.focused is self.graph:
+            hit = self.graph.node_at_cursor()
+            if hit is None or data is None:
+                return None, None
+            node = hit[0]
+            op = data.op(node.get("op_seq")) if type(node.get("op_seq")) is int else None
+            module = op.module if op is not None else None
+            grads = data.grads_of_node(node.get("id"))
+            if grads:
+                return dict(self.store.event(grads[0])), module
+            stub = {"kind": GRAD, "node": node.get("name"), "node_id": node.get("id")}
+            if node.get("source"):
+                stub["source"] = node["source"]
+            return stub, module
+        row = self.timeline.current_row()
+        if row is None:
+            return None, None
+        ev = dict(row.event) if row.pending else dict(self.store.event(row))
+        module = row.module
+        if not module and data is not None and row.op_seq is not None:
+            op = data.op(row.op_seq)
+            module = op.module if op is not None else None
+        return ev, module or None
+
+    def action_copy(self) -> None:
+        from torchscope.tui.screens.copy import CopyScreen, copy_choices
+
+        alert = None
+        index = self.alerts.highlighted
+        if self.focused is self.alerts and index is not None and index < len(self.alerts.alerts):
+            alert = self.alerts.alerts[index]
+        ev, module = (None, None) if alert is not None else self._selected_event()
+        fetched = None
+        values = self.values
+        row = self.timeline.current_row()
+        if (
+            alert is None
+            and values is not None
+            and values.result is not None
+            and values.choice is not None
+            and row is not None
+            and self._is_paused_row(row)
+        ):
+            fetched = (values.label(), values.result)
+        choices = copy_choices(ev, module=module, fetched=fetched, alert=alert)
+        if not choices:
+            self.notify("nothing to copy here: select an op, a node or an alert", timeout=3)
+            return
+        name = "alert" if alert is not None else (ev or {}).get("node") or (ev or {}).get("name")
+        self.app.push_screen(CopyScreen(short_name(str(name or "?")), choices), self._copied)
+
+    def _copied(self, choice: tuple[str, str, str] | None) -> None:
+        if not choice:
+            return
+        _, what, text = choice
+        self.app.copy_to_clipboard(text)
+        preview = " ".join(text.split())
+        if len(preview) > 60:
+            preview = preview[:59] + "…"
+        self.notify(f"copied {what}: {preview}", timeout=4)
+
     # -- misc --------------------------------------------------------------------------------
     def action_stat_mode(self) -> None:
         mode = "mean" if self.timeline.stat_mode == "norm" else "norm"
         self.timeline.set_stat_mode(mode)
         self.notify("stat column: " + ("mean±std" if mode == "mean" else "norm"), timeout=2)
+
+
+def _bad_count(summary: Any) -> int:
+    """NaN + Inf values a tensor summary counts (0 when it says nothing)."""
+    stats = summary.get("stats") if isinstance(summary, dict) else None
+    if not isinstance(stats, dict):
+        return 0
+    return int(stats.get("nan") or 0) + int(stats.get("inf") or 0)

@@ -15,17 +15,22 @@ is here), and a values section: a slice of one tensor fetched from the job on de
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.markup import escape
+from textual.message import Message
 from textual.widgets import Static
 
 from torchscope.protocol.events import OP, Event
 from torchscope.tui.format import (
     compact_stat,
+    first_bad,
     fnum,
+    index_text,
+    is_bad,
     range_bar,
     resolve_source,
     shape_text,
@@ -33,25 +38,52 @@ from torchscope.tui.format import (
     short_source,
     source_context,
     sparkline,
+    value_rows,
 )
 from torchscope.tui.stepping import ValuesView, pause_key
 from torchscope.tui.store import EventStore, PendingRow, Row, StepData
 
-_MAX_VALUES = 16
+_MAX_VALUES = 64  # small values shown in rows; more: the first ones and "…"
 _MAX_TENSORS = 64
+_MAX_LINKS = 24  # node links listed for one op
+_LINK = "\x00"  # a line that starts with it is link number N: "\x00N\x00text"
 
 
 def _e(value: Any) -> str:
     return escape(str(value))
 
 
+@dataclass(frozen=True)
+class Link:
+    """Somewhere the detail can take you: ``kind`` "op" (an op's event seq), "node" (a
+    backward node id), "event" (any event seq, in ``step``)."""
+
+    kind: str
+    target: int
+    step: int | None = None
+
+
 class DetailPanel(VerticalScroll, can_focus=True):
-    """Scrollable detail of the event under the cursor."""
+    """Scrollable detail of the event under the cursor.
+
+    Its links (the nodes an op created, the op that created a node, an alert's event) are a
+    list: with the panel focused, ``up``/``down`` move between them and ``enter`` follows one
+    (a click does too); ``j``/``k`` and the page keys scroll."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("k", "scroll_up", "Up", show=False),
         Binding("j", "scroll_down", "Down", show=False),
+        Binding("up", "link(-1)", "Previous link", show=False),
+        Binding("down", "link(1)", "Next link", show=False),
+        Binding("enter", "follow_link", "Follow link", show=False),
     ]
+
+    class Follow(Message):
+        """``enter`` (or a click) on a link."""
+
+        def __init__(self, link: Link) -> None:
+            super().__init__()
+            self.link = link
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -61,6 +93,11 @@ class DetailPanel(VerticalScroll, can_focus=True):
         self.cwd: str | None = None
         self.subject: tuple | None = None
         self.values_version: int | None = None
+        self.links: list[Link] = []
+        self.link_cursor = 0
+        self.event: dict | None = None  # the event shown (op or grad), if any
+        self._template = ""
+        self._new_links: list[Link] = []
 
     def compose(self):  # type: ignore[override]
         yield self.body
@@ -74,6 +111,7 @@ class DetailPanel(VerticalScroll, can_focus=True):
     # -- entry points ------------------------------------------------------------------------
     def show_message(self, text: str) -> None:
         self.subject = ("message", text)
+        self.event = None
         self._set(f"[dim]{_e(text)}[/]")
 
     def show_row(
@@ -95,6 +133,7 @@ class DetailPanel(VerticalScroll, can_focus=True):
             return
         self.subject = subject
         ev = row.event if row.pending else store.event(row)
+        self.event = ev
         text = self._op(store, data, ev) if row.kind == OP else self._grad(store, data, row, ev)
         if pause is not None:
             text = self._pause_head(pause, ev) + "\n\n" + text
@@ -114,16 +153,20 @@ class DetailPanel(VerticalScroll, can_focus=True):
             self.show_row(store, data, row)
             return
         self.subject = ("node", nid)
+        self.event = None
         self._set(self._node(store, data, node, call))
 
     def show_alert(self, alert: Event, knock_on: list[Event] | None = None) -> None:
         self.subject = ("alert", alert.get("seq"))
+        self.event = None
+        step, seq = alert.get("step"), alert.get("event_seq")
         lines = [
             f"[b $text-error]⚠ {_e(alert.get('message', 'alert'))}[/]",
-            f"step {_e(alert.get('step'))} · {_e(alert.get('where', ''))} · "
-            f"event #{_e(alert.get('event_seq'))}",
-            "[dim]enter jumps to the event[/]",
+            f"step {_e(step)} · {_e(alert.get('where', ''))}",
         ]
+        if type(seq) is int:
+            target = Link("event", seq, step if type(step) is int else None)
+            lines.append(self._link(target, f"the event: #{seq} [dim](event seq)[/]"))
         if knock_on:
             lines.append("")
             lines.append(
@@ -146,11 +189,94 @@ class DetailPanel(VerticalScroll, can_focus=True):
         self._set("\n".join(lines))
 
     def _set(self, markup: str) -> None:
-        self.body.update(markup)
+        self._template = markup
+        self.links, self._new_links = self._new_links, []
+        self.link_cursor = 0
+        self._render_body()
         self.stack_box.display = False
         self.values_box.display = False
         self.values_version = None
         self.scroll_home(animate=False, immediate=True)
+
+    # -- links -------------------------------------------------------------------------------
+    def _link(self, link: Link, text: str) -> str:
+        """A line that is a link (``text`` is markup)."""
+        self._new_links.append(link)
+        return f"{_LINK}{len(self._new_links) - 1}{_LINK}{text}"
+
+    def _render_body(self) -> None:
+        if not self.links:
+            self.body.update(self._template)
+            return
+        focused = self.has_focus
+        out = []
+        for line in self._template.split("\n"):
+            if not line.startswith(_LINK):
+                out.append(line)
+                continue
+            number, _, text = line[1:].partition(_LINK)
+            i = int(number)
+            if i == self.link_cursor and focused:
+                mark = "[b reverse $accent]▶[/] "
+            elif i == self.link_cursor:
+                mark = "[$accent]▶[/] "
+            else:
+                mark = "  "
+            out.append(f"{mark}[@click=screen.detail_link({i})]{text}[/]")
+        self.body.update("\n".join(out))
+
+    def link_line(self, i: int) -> int | None:
+        """The line of the body where link ``i`` is (before wrapping)."""
+        tag = f"{_LINK}{i}{_LINK}"
+        for n, line in enumerate(self._template.split("\n")):
+            if line.startswith(tag):
+                return n
+        return None
+
+    def link_texts(self) -> list[str]:
+        """The links' text, plain (tests)."""
+        from textual.content import Content
+
+        out = []
+        for line in self._template.split("\n"):
+            if line.startswith(_LINK):
+                out.append(Content.from_markup(line[1:].partition(_LINK)[2]).plain)
+        return out
+
+    def on_focus(self) -> None:
+        self._render_body()
+
+    def on_blur(self) -> None:
+        self._render_body()
+
+    def action_link(self, delta: int) -> None:
+        """Move between links; past the first or the last one (or with none): scroll."""
+        n = len(self.links)
+        target = self.link_cursor + delta
+        if not n or not 0 <= target < n:
+            if delta < 0:
+                self.scroll_up(animate=False)
+            else:
+                self.scroll_down(animate=False)
+            return
+        self.link_cursor = target
+        self._render_body()
+        line = self.link_line(target)
+        if line is not None:
+            top, height = round(self.scroll_y), max(1, self.scrollable_content_region.height)
+            if not top <= line < top + height:
+                self.scroll_to(y=max(0, line - height // 3), animate=False)
+
+    def action_follow_link(self) -> None:
+        if 0 <= self.link_cursor < len(self.links):
+            self.post_message(self.Follow(self.links[self.link_cursor]))
+
+    def follow(self, i: int) -> None:
+        """Link ``i`` (a click)."""
+        if 0 <= i < len(self.links):
+            self.link_cursor = i
+            self._render_body()
+            self.post_message(self.Follow(self.links[i]))
 
     # -- a pause -----------------------------------------------------------------------------
     def _pause_head(self, pause: dict, ev: dict) -> str:
@@ -229,15 +355,32 @@ class DetailPanel(VerticalScroll, can_focus=True):
         more = numel is not None and end < numel
         nxt = "[@click=screen.next_slice]next ▶[/]" if more else "[dim]next ▶[/]"
         total = f"{numel:,}" if numel is not None else "?"
-        lines.append(f"  \\[{start:,}:{end:,}] of {total}  {prev}  {nxt}  [dim](< >)[/]")
+        stats = summary.get("stats") if isinstance(summary.get("stats"), dict) else {}
+        bad_known = bool(stats.get("nan") or stats.get("inf"))
+        jump = "  [@click=screen.first_nan]! first NaN/Inf[/]" if bad_known else ""
+        lines.append(f"  \\[{start:,}:{end:,}] of {total}  {prev}  {nxt}  [dim](< >)[/]{jump}")
         if len(vals) > 1:
             width = max(8, min(40, self._text_width() - 4))
             lines.append(f"  [$accent]{sparkline(vals, width)}[/]")
-        lines.extend(_value_grid(vals, start, self._text_width()))
+        shape = result.get("shape") if isinstance(result.get("shape"), list) else None
+        shape = shape or (summary.get("shape") if isinstance(summary.get("shape"), list) else None)
+        bad = first_bad(vals)
+        mark = values.mark
+        if mark is None and bad is not None:
+            mark = start + bad
+        lines.extend(_value_grid(vals, start, self._text_width(), shape, mark))
+        if values.note:
+            lines.append(f"  [b $text-warning]{_e(values.note)}[/]")
+        elif bad is not None:
+            at = index_text(start + bad, shape)
+            lines.append(
+                f"  [b $text-error]first NaN/Inf of this slice: {at}[/]"
+                f" [dim](flat {start + bad:,})[/]"
+            )
         return "\n".join(lines)
 
     def _text_width(self) -> int:
-        width = self.scrollable_content_region.width
+        width = self.body.content_region.width or self.scrollable_content_region.width
         return width if width > 0 else 40
 
     # -- pieces ------------------------------------------------------------------------------
@@ -296,25 +439,55 @@ class DetailPanel(VerticalScroll, can_focus=True):
         nan, inf = stats.get("nan") or 0, stats.get("inf") or 0
         if nan or inf:
             lines.append(f"{pad}[b $text-error]NaN {nan}  Inf {inf}[/]")
-        bar = range_bar(stats, 28)
+        # one line, however narrow the panel: "min ├──═┼═──┤ max   (mean±std)", the legend
+        # going first (2 columns spare: a scrollbar may come once the text is in)
+        room = self._text_width() - 2 - len(pad) - len("min  max")
+        legend = "   (mean±std)" if room - 13 >= 20 else ""
+        bar = range_bar(stats, max(8, min(28, room - len(legend))))
         if bar:
-            lines.append(f"{pad}[dim]min[/] {bar} [dim]max   (mean±std)[/]")
+            lines.append(f"{pad}[dim]min[/] {bar} [dim]max{legend}[/]")
         values = s.get("values")
         if isinstance(values, list) and values:
-            shown = ", ".join(fnum(v) for v in values[:_MAX_VALUES])
-            more = " …" if len(values) > _MAX_VALUES else ""
-            lines.append(f"{pad}values \\[{_e(shown)}{more}]")
-            if len(values) > 1:
-                lines.append(f"{pad}[$accent]{sparkline(values)}[/]")
+            shape = s.get("shape") if isinstance(s.get("shape"), list) else None
+            shown = values[:_MAX_VALUES]
+            width = max(24, self._text_width() - len(pad))
+            flat = ", ".join(fnum(v) for v in shown)
+            one_row = len(value_rows(shown, shape, 0, per_line=len(shown) or 1)) <= 1
+            if one_row and len(flat) + 9 <= width:
+                lines.append(f"{pad}values \\[{_e(flat)}]")
+                if len(values) > 1:
+                    lines.append(f"{pad}[$accent]{sparkline(values)}[/]")
+            else:  # by row: "values [0,:] 1 2 3" then the next rows under it
+                grid = _value_grid(shown, 0, width - 7, shape)
+                lines.append(f"{pad}values {grid[0]}")
+                lines.extend(f"{pad}       {g}" for g in grid[1:])
+            if len(values) > _MAX_VALUES:
+                lines.append(f"{pad}[dim]… {len(values) - _MAX_VALUES:,} more[/]")
+            bad = first_bad(values)
+            if bad is not None:
+                lines.append(
+                    f"{pad}[b $text-error]first NaN/Inf at {index_text(bad, shape)}[/]"
+                    f" [dim](flat {bad})[/]"
+                )
         return lines
 
-    def _tensors(self, title: str, sums: Any, notes: list[str] | None = None) -> list[str]:
+    def _tensors(
+        self,
+        title: str,
+        sums: Any,
+        notes: list[str] | None = None,
+        links: list[Link | None] | None = None,
+    ) -> list[str]:
         if not isinstance(sums, list) or not sums:
             return [f"[b]{title}[/] [dim](none)[/]"]
         lines = [f"[b]{title}[/]"]
         for i, s in enumerate(sums[:_MAX_TENSORS]):
             note = notes[i] if notes and i < len(notes) else ""
-            lines.extend(self._summary(f"\\[{i}]", s, note))
+            part = self._summary(f"\\[{i}]", s, note)
+            link = links[i] if links and i < len(links) else None
+            if link is not None and part:
+                part[0] = self._link(link, part[0].lstrip())
+            lines.extend(part)
         if len(sums) > _MAX_TENSORS:
             lines.append(f"  [dim]… {len(sums) - _MAX_TENSORS} more[/]")
         return lines
@@ -322,7 +495,11 @@ class DetailPanel(VerticalScroll, can_focus=True):
     def _op(self, store: EventStore, data: StepData | None, ev: Event) -> str:
         lines = [f"[b $accent]{_e(ev.get('name', '?'))}[/]"]
         seq = ev.get("seq")
-        meta = [f"op #{seq}" if seq is not None else "op (not run yet)", f"step {ev.get('step')}"]
+        step = ev.get("step")
+        meta = [
+            f"op · event #{seq}" if seq is not None else "op (not run yet)",
+            f"step {step}",
+        ]
         if ev.get("module"):
             meta.append(f"module [b]{_e(ev['module'])}[/]")
         if isinstance(ev.get("duration_us"), (int, float)):
@@ -338,7 +515,7 @@ class DetailPanel(VerticalScroll, can_focus=True):
                     for n in ev.get("nodes") or ()
                     if isinstance(n, dict) and "id" in n
                 }
-                lines.append("[b]creates[/] " + self._nodes_line(store, data, node_ids, named))
+                lines.extend(self._nodes_lines(store, data, node_ids, named))
             elif ev.get("grad_fn") is None:
                 lines.append("[dim]creates no autograd node[/]")
         lines.append("")
@@ -351,16 +528,20 @@ class DetailPanel(VerticalScroll, can_focus=True):
             lines.extend(self._tensors("outputs", ev.get("outputs")))
         return "\n".join(lines)
 
-    def _nodes_line(
+    def _nodes_lines(
         self,
         store: EventStore,
         data: StepData,
-        node_ids: list[int],
+        node_ids: tuple[int, ...] | list[int],
         named: dict[int, Any] | None = None,
-    ) -> str:
-        """The op's backward nodes, by name and node id (node ids are not event seqs)."""
-        parts = []
-        for nid in node_ids[:12]:
+    ) -> list[str]:
+        """The op's backward nodes, one link each, by name and node id (node ids are not
+        event seqs)."""
+        n = len(node_ids)
+        lines = []
+        if n > 1:
+            lines.append(f"[b]creates[/] {n} backward nodes  [dim](tab, ↑↓, enter: go)[/]")
+        for nid in node_ids[:_MAX_LINKS]:
             grads = data.grads_of_node(nid)
             gnode = data.graph_nodes.get(nid)
             name = (
@@ -371,40 +552,40 @@ class DetailPanel(VerticalScroll, can_focus=True):
             if grads:
                 go = store.event(grads[0]).get("grad_outputs") or []
                 stat = compact_stat(go[0]) if go and isinstance(go[0], dict) else ""
-                parts.append(f"{_e(name)} node id {nid} [dim]∇ {_e(stat)}[/]")
+                text = f"{_e(name)} node id {nid} [dim]∇ {_e(stat)}[/]"
             elif gnode is not None:
-                parts.append(f"{_e(name)} node id {nid} [dim](not executed)[/]")
+                text = f"{_e(name)} node id {nid} [dim](not executed)[/]"
             else:
-                parts.append(f"{_e(name)} node id {nid} [dim](backward not run yet)[/]")
-        if len(node_ids) > 12:
-            parts.append(f"[dim]… {len(node_ids) - 12} more[/]")
-        return ", ".join(parts) + "  [dim](enter: jump)[/]"
+                text = f"{_e(name)} node id {nid} [dim](backward not run yet)[/]"
+            if n == 1:
+                text = f"[b]creates[/] {text}"
+            lines.append(self._link(Link("node", nid, data.step), text))
+        if n > _MAX_LINKS:
+            lines.append(f"  [dim]… {n - _MAX_LINKS} more (g: the graph)[/]")
+        return lines
 
-    def _next_notes(self, data: StepData | None, node_id: Any, n: int) -> list[str]:
-        """For grad_inputs[i]: the node it is sent to (next_functions[i])."""
+    def _next_targets(self, data: StepData | None, node_id: Any, n: int) -> list[int | None]:
+        """For grad_inputs[i]: the id of the node it is sent to (next_functions[i])."""
         if data is None or not isinstance(node_id, int):
             return []
         gnode = data.graph_nodes.get(node_id)
         if gnode is None:
             return []
-        notes = []
+        out: list[int | None] = []
         for edge in (gnode.get("next") or [])[:n]:
             target = edge[0] if isinstance(edge, list) and edge else None
-            tnode = data.graph_nodes.get(target) if isinstance(target, int) else None
-            if tnode is None:
-                notes.append("→ (no node)")
-                continue
-            label = tnode.get("param") or tnode.get("name", "?")
-            notes.append(f"→ {label} #{target}")
-        return notes
+            out.append(target if isinstance(target, int) and target in data.graph_nodes else None)
+        return out
 
     def _grad(
         self, store: EventStore, data: StepData | None, row: Row | PendingRow, ev: Event
     ) -> str:
-        lines = [f"[b $accent]{_e(ev.get('node', '?'))}[/] #{_e(ev.get('node_id'))}"]
+        nid = ev.get("node_id")
+        lines = [f"[b $accent]{_e(ev.get('node', '?'))}[/]"]
         seq = ev.get("seq")
         meta = [
-            f"grad #{seq}" if seq is not None else "node (not run yet)",
+            f"backward node id {_e(nid)}",
+            f"event #{seq}" if seq is not None else "not run yet",
             f"step {ev.get('step')}",
         ]
         if ev.get("backward") is not None:
@@ -415,12 +596,10 @@ class DetailPanel(VerticalScroll, can_focus=True):
         op = data.op(row.op_seq) if data is not None else None
         if op is not None:
             where = f" in {_e(op.module)}" if op.module else ""
-            lines.append(
-                f"[b]created by[/] {_e(short_name(op.name))} (op #{op.seq}){where}  "
-                "[dim](enter: jump)[/]"
-            )
+            text = f"[b]created by[/] {_e(short_name(op.name))} (op, event #{op.seq}){where}"
+            lines.append(self._link(Link("op", op.seq, data.step if data else None), text))
         elif row.op_seq is not None:
-            lines.append(f"[b]created by[/] op #{row.op_seq}")
+            lines.append(f"[b]created by[/] op event #{row.op_seq} [dim](not in this step)[/]")
         lines.append("")
         lines.extend(self._source(ev.get("source")))
         lines.append("")
@@ -432,14 +611,28 @@ class DetailPanel(VerticalScroll, can_focus=True):
                 "[dim]not computed yet: paused before the node runs[/]"
             )
             return "\n".join(lines)
-        notes = self._next_notes(data, ev.get("node_id"), len(gi) if isinstance(gi, list) else 0)
-        lines.extend(self._tensors("grad_inputs — what it sends on", gi, notes))
+        n = len(gi) if isinstance(gi, list) else 0
+        targets = self._next_targets(data, nid, n)
+        notes: list[str] = []
+        links: list[Link | None] = []
+        for target in targets:
+            tnode = None
+            if data is not None and target is not None:
+                tnode = data.graph_nodes.get(target)
+            if tnode is None:
+                notes.append("→ (no node)")
+                links.append(None)
+                continue
+            label = tnode.get("param") or tnode.get("name", "?")
+            notes.append(f"→ {label} node id {target}")
+            links.append(Link("node", target, data.step if data else None))
+        lines.extend(self._tensors("grad_inputs — what it sends on", gi, notes, links))
         return "\n".join(lines)
 
     def _node(self, store: EventStore, data: StepData, node: dict, call: Event | None) -> str:
         nid = node.get("id")
         name = node.get("name", "?")
-        lines = [f"[b $accent]{_e(name)}[/] #{_e(nid)}"]
+        lines = [f"[b $accent]{_e(name)}[/]", f"backward node id {_e(nid)} · step {data.step}"]
         if node.get("executed"):
             lines.append("[dim]executed; its gradient event is not in this step[/]")
         else:
@@ -452,7 +645,8 @@ class DetailPanel(VerticalScroll, can_focus=True):
             lines.append(f"[b]parameter[/] {_e(node['param'])}")
         op = data.op(node.get("op_seq")) if isinstance(node.get("op_seq"), int) else None
         if op is not None:
-            lines.append(f"[b]created by[/] {_e(short_name(op.name))} (op #{op.seq})")
+            text = f"[b]created by[/] {_e(short_name(op.name))} (op, event #{op.seq})"
+            lines.append(self._link(Link("op", op.seq, data.step), text))
         if call is not None:
             lines.append(
                 f"[dim]call: {_e(call.get('call', '?'))} (backward {call.get('backward')})[/]"
@@ -473,17 +667,36 @@ def _line_text(source: str, cwd: str | None) -> str | None:
     return text.strip() or None
 
 
-def _value_grid(values: list, start: int, width: int) -> list[str]:
-    """Values in rows, each led by the flat index of its first value."""
-    cell = 11
-    index_width = len(str(start + max(0, len(values) - 1)))
-    per_line = max(1, (width - index_width - 2) // cell)
+def _value_grid(
+    values: list,
+    start: int,
+    width: int,
+    shape: list[int] | None = None,
+    mark: int | None = None,
+) -> list[str]:
+    """Values as the rows of their tensor's last dimension (the last two dims of an N-D one,
+    each row led by its index: ``[1,:]``), NaN/Inf in red, the value at flat index ``mark``
+    highlighted. A row wider than the panel wraps (``[1,8:]``)."""
+    texts = [fnum(v) for v in values]
+    cell = min(11, max((len(t) for t in texts), default=1) + 2)  # sized from the content
+    rows = value_rows(values, shape, start, per_line=1_000_000)
+    label_width = max((len(label) for label, _, _ in rows), default=3)
+    per_line = max(1, (width - label_width - 2) // cell)
+    rows = value_rows(values, shape, start, per_line=per_line)
+    label_width = max((len(label) for label, _, _ in rows), default=3)
     lines = []
-    for i in range(0, len(values), per_line):
+    for label, flat, part in rows:
+        if label.endswith(":]") and not label.endswith(",:]") and label != "[:]":
+            # a row that goes on: only its column ("8:"), the row's index is on the line above
+            label = label.rpartition(",")[2][:-1] if "," in label else label[1:-1]
         cells = []
-        for v in values[i : i + per_line]:
+        for j, v in enumerate(part):
             text = fnum(v).rjust(cell - 1)
-            bad = text.strip() in ("nan", "inf", "-inf")
-            cells.append(f"[b $text-error]{text}[/]" if bad else text)
-        lines.append(f"[dim]{str(start + i).rjust(index_width)}[/] " + " ".join(cells))
+            if flat + j == mark:
+                cells.append(f"[b reverse $text-error]{text}[/]")
+            elif is_bad(v):
+                cells.append(f"[b $text-error]{text}[/]")
+            else:
+                cells.append(text)
+        lines.append(f"[dim]{_e(label).rjust(label_width)}[/] " + " ".join(cells))
     return lines

@@ -5,6 +5,7 @@
 - filter: the same regex, and only the matching rows stay.
 - command (k9s-style ``:``): ``:12`` step 12, ``:#1234`` the event with seq 1234,
   ``:node 57`` the backward node with id 57.
+- export (``e``): the file to write the step (or the filtered rows) to, as JSON lines.
 """
 
 from __future__ import annotations
@@ -28,6 +29,18 @@ MODES = {
     "command": (
         "go to · enter: go · esc: close",
         ":12 step 12 · :#1234 event seq 1234 · :node 57 backward node id 57",
+    ),
+    "graph": (
+        "search the graph · enter: keep · ctrl+n/ctrl+p: next/prev node · esc: clear",
+        "regex (any case) over node name, node id, parameter, op, module, source",
+    ),
+    "graph-filter": (
+        "filter the graph · enter: keep · esc: clear",
+        "regex (any case) over node name, node id, parameter, op, module, source",
+    ),
+    "export": (
+        "export to JSON lines · enter: write · esc: cancel",
+        "file to write (JSON lines, one event a line)",
     ),
 }
 

@@ -13,6 +13,7 @@ the parameter for AccumulateGrad, and the norm of the gradient that arrived.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from typing import Any, ClassVar
 
@@ -114,6 +115,22 @@ class _Model:
         for r in self.roots[ci]:
             self._chain(r, ci)
 
+    def display_order(self) -> list[Key]:
+        """Every node in the order the tree shows them with everything expanded: each
+        chain top to bottom, a node's side branches right after it."""
+        out: list[Key] = []
+        for ci in range(len(self.graphs)):
+            stack = [iter(self.chains.get(r, [r])) for r in reversed(self.roots.get(ci, []))]
+            while stack:
+                key = next(stack[-1], None)
+                if key is None:
+                    stack.pop()
+                    continue
+                out.append(key)
+                for s in reversed(self.side.get(key, ())):
+                    stack.append(iter(self.chains.get(s, [s])))
+        return out
+
     def _chain(self, head: Key, holder: Key | int) -> None:
         """Record the chain starting at ``head`` and, recursively, its side chains."""
         stack = [(head, holder)]
@@ -167,15 +184,33 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         self._tree_nodes: dict[Key, TreeNode[dict]] = {}
         self._containers: dict[Key, TreeNode[dict]] = {}  # chain head -> tree node holding it
         self._populated: set[int] = set()  # TreeNode ids whose side branches were added
-        self._shown: tuple[int | None, int] = (None, -1)
+        self._shown: tuple = (None, -1, False, None)
+        self.by_module = False  # M: one expandable entry per module instead of chains
+        self.node_filter: re.Pattern[str] | None = None  # |: only the nodes it matches
+        self._groups: dict[tuple[int, str], TreeNode[dict]] = {}  # (call, module) -> item
+        self._group_of: dict[Key, tuple[int, str]] = {}
+        self._group_keys: dict[tuple[int, str], list[Key]] = {}
+        self.search: re.Pattern[str] | None = None
+        self.matches: list[Key] = []
+        self.match_at = -1
+        self._hay: dict[Key, str] = {}
 
     # -- model -------------------------------------------------------------------------------
     def set_step(self, store: EventStore, data: StepData | None, message: str = "") -> None:
         # Rebuilt when the step or its graphs change (a graph event comes once its backward
         # call returned, after that call's grad events), not on every new event.
-        key = (None if data is None else data.step, -1 if data is None else len(data.graphs))
+        key = (
+            None if data is None else data.step,
+            -1 if data is None else len(data.graphs),
+            self.by_module,
+            None if self.node_filter is None else self.node_filter.pattern,
+        )
         if key == self._shown and data is self.data:
             return
+        if data is not self.data or key[:2] != self._shown[:2]:
+            self._hay.clear()
+            self.matches = []
+            self.match_at = -1
         self._shown = key
         self.store, self.data = store, data
         self.clear()
@@ -183,6 +218,9 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         self._tree_nodes.clear()
         self._containers.clear()
         self._populated.clear()
+        self._groups.clear()
+        self._group_of.clear()
+        self._group_keys.clear()
         self.model = None
         if data is None:
             self.root.add_leaf(Text(message or "no step selected", style="dim"))
@@ -202,12 +240,18 @@ class GraphTree(Tree[dict], inherit_bindings=False):
                 (f"  {short_source(graph.get('source'), self.cwd)}", "dim"),
             )
             call = self.root.add(label, data={"kind": "call", "call": ci}, expand=True)
+            if self.grouped:
+                self._fill_modules(call, ci)
+                continue
             roots = model.roots[ci]
             if len(roots) == 1:
                 self._fill_chain(call, roots[0], 0)
             else:  # several roots (or unreachable nodes): one branch each
                 for r in roots:
                     self._add_side(call, r)
+        if self.search is not None:  # the graph grew (or regrouped): its matches again
+            self.matches = self._matching(self.search)
+            self.match_at = -1
 
     def _label(self, key: Key) -> Text:
         assert self.model is not None and self.data is not None
@@ -217,7 +261,7 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         text = Text()
         executed = bool(node.get("executed"))
         text.append(str(node.get("name", "?")), "bold" if executed else "dim")
-        text.append(f" #{nid}", "dim")
+        text.append(f" node {nid}", "dim")
         grads = data.grads_of_node(nid)
         if executed:
             text.append(" ✓", "green")
@@ -244,7 +288,9 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         assert self.model is not None
         node = self.model.nodes[key]
         label = Text.assemble(
-            ("↪ ", "dim"), str(node.get("name", "?")), (f" #{key[1]} (shown elsewhere)", "dim")
+            ("↪ ", "dim"),
+            str(node.get("name", "?")),
+            (f" node {key[1]} (shown elsewhere)", "dim"),
         )
         return parent.add_leaf(label, data={"kind": "link", "key": key})
 
@@ -316,6 +362,9 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         if id(item) in self._populated or self.model is None or not item.data:
             return
         kind = item.data.get("kind")
+        if kind == "module":
+            self._populate_module(item)
+            return
         if kind == "branch":
             self._populated.add(id(item))
             self._fill_chain(item, item.data["head"], 0)
@@ -347,6 +396,173 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         elif node.parent is not None and node.parent is not self.root:
             self.move_cursor(node.parent)
 
+    # -- by module (M) -----------------------------------------------------------------------
+    def module_of(self, key: Key) -> str:
+        """The module a node belongs to: that of the op that created it; for a parameter's
+        AccumulateGrad, the parameter's module; else ""."""
+        assert self.model is not None
+        node = self.model.nodes[key]
+        data = self.data
+        op = (
+            data.op(node.get("op_seq"))
+            if data is not None and type(node.get("op_seq")) is int
+            else None
+        )
+        if op is not None and op.module:
+            return op.module
+        param = node.get("param")
+        if isinstance(param, str) and param:
+            return param.rpartition(".")[0]
+        return ""
+
+    def _fill_modules(self, call: TreeNode[dict], ci: int) -> None:
+        """One collapsed entry per module, in the order the tree shows their first node."""
+        assert self.model is not None and self.data is not None
+        groups: dict[str, list[Key]] = {}
+        keep = self.node_filter
+        for key in self.model.display_order():
+            if key[0] != ci or (keep is not None and not keep.search(self._haystack(key))):
+                continue
+            groups.setdefault(self.module_of(key), []).append(key)
+        for module, keys in groups.items():
+            gid = (ci, module)
+            self._group_keys[gid] = keys
+            for key in keys:
+                self._group_of[key] = gid
+            ran = sum(1 for k in keys if self.model.nodes[k].get("executed"))
+            bad = any(self._bad(k) for k in keys)
+            label = Text.assemble(
+                ("▣ ", "dim"),
+                (module or "(no module: outside any, or not known)", "bold cyan"),
+                f"  {len(keys)} node{'s' * (len(keys) != 1)}",
+                (f", {len(keys) - ran} not executed" if ran < len(keys) else "", "yellow"),
+                ("  NaN/Inf" if bad else "", "bold red"),
+            )
+            group = call.add(label, data={"kind": "module", "group": gid})
+            self._groups[gid] = group
+            if keep is not None:  # filtered: every matching node in view
+                self._populate_module(group)
+                group.expand()
+
+    def _bad(self, key: Key) -> bool:
+        data = self.data
+        if data is None:
+            return False
+        grads = data.grads_of_node(key[1])
+        return bool(grads and grads[0].flags)
+
+    def _populate_module(self, item: TreeNode[dict]) -> None:
+        if id(item) in self._populated or not item.data:
+            return
+        self._populated.add(id(item))
+        keys = self._group_keys.get(item.data["group"], [])
+        for key in keys[:_CHAIN_CAP]:
+            leaf = item.add_leaf(self._label(key), data={"kind": "node", "key": key})
+            self._tree_nodes[key] = leaf
+        if len(keys) > _CHAIN_CAP:
+            item.add_leaf(
+                Text(f"… {len(keys) - _CHAIN_CAP} more nodes (/ finds them)", style="dim"),
+                data={"kind": "more"},
+            )
+
+    @property
+    def grouped(self) -> bool:
+        """Nodes shown by module (``M``, or a filter: a filtered graph has no chains)."""
+        return self.by_module or self.node_filter is not None
+
+    def set_filter(self, pattern: re.Pattern[str] | None) -> int:
+        """``|`` in the graph: only the nodes ``pattern`` matches (name, node id, parameter,
+        op, module, source), by module, all in view; None: the whole graph again. Returns
+        how many nodes it keeps."""
+        here = self.current_node_id()
+        self.node_filter = pattern
+        if self.store is not None:
+            self.set_step(self.store, self.data)
+        if here is not None:
+            self.reveal(here)
+        if pattern is None or self.model is None:
+            return 0
+        return self.shown_count()
+
+    def shown_count(self) -> int:
+        """Nodes in the module groups (with a filter: the nodes it kept)."""
+        return sum(len(keys) for keys in self._group_keys.values())
+
+    def toggle_grouping(self) -> bool:
+        """M: modules ⇄ chains, keeping the node under the cursor. Returns the new mode."""
+        here = self.current_node_id()
+        self.by_module = not self.by_module
+        if self.store is not None:
+            self.set_step(self.store, self.data)
+        if here is not None:
+            self.reveal(here)
+        return self.by_module
+
+    # -- search (/ in the graph) -------------------------------------------------------------
+    def _haystack(self, key: Key) -> str:
+        hay = self._hay.get(key)
+        if hay is None:
+            assert self.model is not None
+            node = self.model.nodes[key]
+            data = self.data
+            op = (
+                data.op(node.get("op_seq"))
+                if data is not None and type(node.get("op_seq")) is int
+                else None
+            )
+            hay = "\n".join(
+                (
+                    str(node.get("name", "")),
+                    f"node {key[1]}",
+                    str(node.get("param") or ""),
+                    op.name if op is not None else "",
+                    self.module_of(key),
+                    str(node.get("source") or (op.source if op is not None else "")),
+                )
+            )
+            self._hay[key] = hay
+        return hay
+
+    def set_search(self, pattern: re.Pattern[str] | None) -> int:
+        """Search the nodes (name, node id, parameter, op, module, source): the matches in
+        the order the tree shows them; the cursor goes to the first. Returns how many."""
+        self.search = pattern
+        self.matches = []
+        self.match_at = -1
+        if pattern is None or self.model is None:
+            return 0
+        self.matches = self._matching(pattern)
+        if self.matches:
+            self.match_at = 0
+            self._reveal_and_move(self.matches[0])
+        return len(self.matches)
+
+    def _matching(self, pattern: re.Pattern[str]) -> list[Key]:
+        if self.model is None:
+            return []
+        order = self.model.display_order()
+        if self.grouped:
+            order = [k for keys in self._group_keys.values() for k in keys]
+        return [k for k in order if pattern.search(self._haystack(k))]
+
+    def next_match(self, direction: int) -> tuple[int, int, bool] | None:
+        """The next (1) or previous (-1) match, wrapping: (position, count, wrapped)."""
+        if not self.matches:
+            return None
+        n = len(self.matches)
+        i = self.match_at + direction
+        wrapped = not 0 <= i < n
+        self.match_at = i % n
+        self._reveal_and_move(self.matches[self.match_at])
+        return self.match_at + 1, n, wrapped
+
+    def _reveal_and_move(self, key: Key) -> None:
+        item = self._reveal_key(key)
+        if item is not None:
+            self._tree_lines  # noqa: B018
+            self.move_cursor(item, animate=False)
+            self.call_after_refresh(self._scroll_to_item, item)
+
     # -- navigation --------------------------------------------------------------------------
     def _reveal_key(self, key: Key) -> TreeNode[dict] | None:
         model = self.model
@@ -355,6 +571,13 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         found = self._tree_nodes.get(key)
         if found is not None:
             return found
+        if self.grouped:
+            group = self._groups.get(self._group_of.get(key))  # type: ignore[arg-type]
+            if group is None:
+                return None
+            self._populate_module(group)
+            group.expand()
+            return self._tree_nodes.get(key)
         head = model.head.get(key)
         if head is None:
             return None
@@ -430,7 +653,7 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         elif kind == "link":
             event.stop()
             self.reveal(data["key"][1])
-        elif kind == "branch":
+        elif kind in ("branch", "module"):
             event.stop()
             self._populate(event.node)
             event.node.toggle()

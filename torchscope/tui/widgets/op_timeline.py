@@ -187,6 +187,10 @@ class OpTimeline(VirtualList):
             self.cursor = -1
             self.refresh()
 
+    def view_indices(self) -> list[int] | None:
+        """Indices into ``data.rows`` of the rows the filter keeps (None: no filter)."""
+        return None if self._view is None else list(self._view)
+
     def match_indices(self, pattern: re.Pattern[str]) -> list[int]:
         """Indices (as shown, the filter applied) of the rows ``pattern`` matches, in order."""
         data = self.data

@@ -1,9 +1,11 @@
 """The steps of the trace: all of them in a replay, a growing list when live.
 
 Each line: step, number of forward ops, number of backward nodes, and a mark for alerts and for
-steps that are not in memory. Once a replay's count pass knows them (see countpass), the step's
-loss and global gradient norm come first, with a bar scaling that norm against every step's
-(a spike stands out), and the panel's subtitle is a sparkline of the norms across all steps.
+steps that are not in memory. Once known, the step's loss and global gradient norm come first,
+with a bar scaling that norm against every step's (a spike stands out), and the panel's
+subtitle is a sparkline of the norms across all steps: a replay's count pass finds them (see
+countpass), a live session's source as the events stream in (``sources.LiveOverview``, the same
+counter).
 """
 
 from __future__ import annotations
