@@ -159,7 +159,7 @@ class FileSource(EventSource):
         count_pass: str | bool | None = "process",
         chunk_cache: int = 4,
         pass_pause: float = 0.002,
-        part_events: int = 20_000,
+        part_events: int = 4_000,
         part_seconds: float = 0.25,
         max_pending: int = 60_000,
     ) -> None:
