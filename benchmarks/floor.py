@@ -15,6 +15,7 @@ each layer next to the untraced step and next to torchscope itself, in one run:
   + node hooks      ... and walks the graph at ``backward`` and hooks every node (empty hooks)
   + grad stats      ... and the hooks reduce every gradient a node sends on
   torchscope        ``torchscope.trace(keep=False)``
+  torchscope, trace() defaults   ``torchscope.trace()`` (events kept in memory)
 
 "+ grad stats" does nothing torchscope can skip and none of what it adds (events, source
 lines, module paths, node ids, alerts, dedup of tensors seen twice), so the gap between it
@@ -43,7 +44,7 @@ from torch.overrides import TorchFunctionMode  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import WORKLOADS  # noqa: E402
-from overhead import Config, measure, table  # noqa: E402
+from overhead import CLOCK, CLOCKS, Config, measure, table  # noqa: E402
 
 import torchscope  # noqa: E402
 from torchscope.tracer.mode import op_name  # noqa: E402
@@ -135,7 +136,19 @@ def rows() -> list[Config]:
         Config("hooks", "+ node hooks", lambda w: floor(2)),
         Config("grads", "+ grad stats", lambda w: floor(3)),
         Config("traced", "torchscope", lambda w: torchscope.trace(keep=False)),
+        # The public API as most users call it: events kept in memory.
+        Config("trace", "torchscope, trace() defaults", lambda w: torchscope.trace()),
     ]
+
+
+def paired(results: dict, w: Any, key: str) -> float:
+    """Median over rounds of (row's block median / untraced block median), as in table()."""
+    import statistics
+
+    rows, base = results[(w.name, key)], results[(w.name, "base")]
+    return statistics.median(
+        m / b for m, b in zip(rows.block_medians, base.block_medians, strict=True)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,7 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", choices=list(WORKLOADS), default="mlp")
     p.add_argument("--steps", type=int, default=8, help="timed steps per block (8)")
     p.add_argument("--repeats", type=int, default=20, help="rounds (20)")
+    p.add_argument(
+        "--clock",
+        choices=list(CLOCKS),
+        default="wall",
+        help="wall clock (default) or this thread's CPU time (steadier on a busy host)",
+    )
     args = p.parse_args(argv)
+    CLOCK[0] = CLOCKS[args.clock]
     if args.steps < 1 or args.repeats < 1:
         p.error("need --steps >= 1 and --repeats >= 1")
     torch.set_num_threads(1)
@@ -157,13 +177,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"## Design floor: {w.description}\n")
     print(
         f"torch {torch.__version__}, 1 torch thread; {args.repeats} rounds x {args.steps} "
-        f"timed steps per row, interleaved; {time.perf_counter() - start:.0f} s.\n"
+        f"timed steps per row, interleaved, {args.clock} clock; "
+        f"{time.perf_counter() - start:.0f} s.\n"
     )
     print("\n".join(table(w, configs, results, args.steps)))
     print(
         "\npaired ratio = median over rounds of (row's block median / untraced block median of "
         "the same round); the other columns as in overhead.py."
     )
+    floor_ratio = paired(results, w, "grads")
+    for key, label in (("traced", "trace(keep=False)"), ("trace", "trace()")):
+        print(
+            f"\ntorchscope {label} / floor (`+ grad stats`), paired ratios: "
+            f"{paired(results, w, key):.2f} / {floor_ratio:.2f} = "
+            f"{paired(results, w, key) / floor_ratio:.2f}"
+        )
     return 0
 
 

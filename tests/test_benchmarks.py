@@ -51,7 +51,8 @@ def test_overhead_refuses_an_unknown_row():
 
 
 def test_floor_prints_every_layer_and_torchscope():
-    out = run("floor.py", "--steps", "1", "--repeats", "1")
+    out = run("floor.py", "--steps", "1", "--repeats", "1", "--clock", "cpu")
+    assert "cpu clock" in out
     rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ")]
     assert rows[1:] == [
         "untraced",
@@ -60,7 +61,9 @@ def test_floor_prints_every_layer_and_torchscope():
         "+ node hooks",
         "+ grad stats",
         "torchscope",
+        "torchscope, trace() defaults",
     ]
+    assert "torchscope trace(keep=False) / floor (`+ grad stats`)" in out
 
 
 def test_attach_benchmark_prints_its_rows_and_the_attach_latency():
@@ -124,3 +127,22 @@ def test_overhead_headline_rows_count_frames_and_print_the_per_event_cost():
     assert float(ui[1]) > 0 and float(ui[3]) >= 0.9 * float(ui[0])
     per_event = out.split("### Per-event cost", 1)[1]
     assert "| policy | 25 |" in per_event
+
+
+def test_gpu_check_skips_in_one_line_without_cuda():
+    """``gpu_check.py`` runs its table only on a CUDA machine; here it says it skipped."""
+    import torch
+
+    if torch.cuda.is_available():
+        import pytest
+
+        pytest.skip("a CUDA device is present: the real check runs (minutes), not the skip")
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "gpu_check.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu_check: skipped: no CUDA device"), lines

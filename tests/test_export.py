@@ -283,8 +283,11 @@ def test_perfetto_pauses_are_slices_on_their_own_track(tmp_path: Path) -> None:
     assert 0.35e6 <= pause["dur"] < 5e6  # µs: the lease, as the job stood still
     names = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
     assert "paused (step-through)" in names
-    start, end = pause["ts"], pause["ts"] + pause["dur"]
+    def ns(us: float) -> int:  # the exporter lays out integer ns, written as µs
+        return round(us * 1000)
+
+    start, end = ns(pause["ts"]), ns(pause["ts"]) + ns(pause["dur"])
     ops = [e for e in tracks[(pid, 1)] if e["cat"] == "forward"]
-    assert all(e["ts"] + e["dur"] <= start or e["ts"] >= end for e in ops)
+    assert all(ns(e["ts"]) + ns(e["dur"]) <= start or ns(e["ts"]) >= end for e in ops)
     tanh = [e for e in ops if e["name"] == "torch.tanh"]
-    assert tanh[0]["ts"] < start and tanh[1]["ts"] >= end  # step 1's tanh ran after the pause
+    assert ns(tanh[0]["ts"]) < start and ns(tanh[1]["ts"]) >= end  # step 1's ran after it

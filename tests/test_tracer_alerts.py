@@ -223,3 +223,24 @@ def test_a_view_of_an_uninitialized_buffer_is_not_an_origin():
     assert views[0]["outputs"][0].get("uninitialized") and views[0]["outputs"][0]["stats"] is None
     assert views[1]["outputs"][0]["stats"]["norm"] == pytest.approx(8**0.5)
     assert tr.alerts == []
+
+
+def test_alerts_hold_when_a_step_is_delivered_in_several_batches():
+    """Delivery skips the NaN/Inf checks while no non-finite summary was made since the
+    step began; a step whose events arrive in several batches is still checked whole: the
+    origin is found, and the backward NaN it causes is not a second origin."""
+    w = torch.nn.Parameter(torch.ones(4))
+    with torchscope.trace() as tr:
+        for step in range(3):
+            x = torch.full((4,), -1.0 if step == 1 else 1.0)
+            h = w * x
+            tr.pipeline.flush()  # what came so far goes out in its own batch
+            y = h.sqrt()  # NaN at step 1
+            tr.pipeline.flush()
+            y.sum().backward()
+            torchscope.step()
+    assert tr.errors == []
+    by_step = {s: [a for a in tr.alerts if a.step == s] for s in range(3)}
+    assert by_step[0] == [] and by_step[2] == []
+    (alert,) = by_step[1]
+    assert alert.where == "forward" and alert.name == "Tensor.sqrt" and alert.what == "nan"

@@ -358,3 +358,96 @@ def test_a_transposed_gradient_shares_the_stats_it_was_made_from():
     assert sent["stats"] is received["stats"]
     assert sent["stats"]["norm"] == pytest.approx(lin.weight.grad.norm().item(), rel=1e-5)
     assert sent["stats"]["min"] == pytest.approx(lin.weight.grad.min().item(), rel=1e-6)
+
+
+def _aten_ops(fn) -> list[str]:
+    """The aten ops ``fn`` runs (each reduction is one pass over its tensor)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[str] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        fn()
+    return seen
+
+
+def test_one_pass_per_moment_and_no_counting_pass_on_the_device_path():
+    """Batched (CUDA) summaries: aminmax and var_mean, nothing else per tensor; NaN/Inf are
+    only counted, at resolve time, for a tensor whose min or max came back non-finite."""
+    from torchscope.tracer.summary import SealedBatch, Summarizer
+
+    torch.manual_seed(0)
+    t = torch.randn(64, 32)
+    summarizer = Summarizer(host_now=False)
+    summary: dict = {}
+
+    def summarize() -> None:
+        summary.update(summarizer.summarize(t))
+
+    assert sorted(_aten_ops(summarize)) == ["aminmax", "var_mean"]
+    sealed = SealedBatch(summarizer.take_batch())
+    assert sorted(_aten_ops(sealed.resolve)) == []  # the stack was made when sealing
+    ref = t.double()
+    assert summary["stats"]["mean"] == pytest.approx(ref.mean().item(), rel=1e-6)
+    assert summary["stats"]["norm"] == pytest.approx(ref.norm().item(), rel=1e-6)
+    assert (summary["stats"]["nan"], summary["stats"]["inf"]) == (0, 0)
+    # float16/bfloat16: float32 sum and norm instead of var_mean, still no counting pass.
+    half = _aten_ops(lambda: summarizer.summarize(t.bfloat16()))
+    assert "isnan" not in half and "isinf" not in half
+    assert [op for op in half if op in ("aminmax", "sum", "linalg_vector_norm")] == [
+        "aminmax",
+        "sum",
+        "linalg_vector_norm",
+    ]
+
+
+def test_read_at_once_path_makes_three_reductions_and_counts_only_when_not_finite():
+    """Host tensors: aminmax, sum and dot (var_mean's Welford pass is ~20x slower on the CPU
+    than the three together); isnan/isinf only when the sum is not finite."""
+    from torchscope.tracer.summary import Summarizer
+
+    torch.manual_seed(0)
+    summarizer = Summarizer()
+    t = torch.randn(64, 32)
+    ops = _aten_ops(lambda: summarizer.summarize(t))
+    passes = ("aminmax", "sum", "dot", "var_mean", "isnan", "isinf", "linalg_vector_norm")
+    assert [op for op in ops if op in passes] == ["aminmax", "sum", "dot"]
+    bad = torch.randn(64, 32)
+    bad[3, 4] = float("nan")
+    ops = _aten_ops(lambda: summarizer.summarize(bad))
+    assert "isnan" in ops and "isinf" in ops
+
+
+def test_non_finite_counts_on_the_device_path_exact_while_the_tensor_lives():
+    from torchscope.tracer.summary import SealedBatch, Summarizer
+
+    summarizer = Summarizer(host_now=False)
+    kept = torch.ones(100)
+    kept[:3] = float("nan")
+    kept[5:7] = float("inf")
+    gone = torch.ones(100)
+    gone[10] = -float("inf")
+    a, b = summarizer.summarize(kept), summarizer.summarize(gone)
+    gone.add_(1)  # changed behind the summary: its counts can no longer be made exactly
+    sealed = SealedBatch(summarizer.take_batch())
+    sealed.resolve()
+    assert (a["stats"]["nan"], a["stats"]["inf"]) == (3, 2) and "counts_exact" not in a["stats"]
+    # What min and max prove: at least one Inf (a -inf min), marked inexact.
+    assert (b["stats"]["nan"], b["stats"]["inf"], b["stats"]["counts_exact"]) == (0, 1, False)
+    assert b["stats"]["min"] == -math.inf
+
+
+def test_small_integer_and_bool_tensors_read_their_values_without_a_reduction():
+    from torchscope.tracer.summary import Summarizer
+
+    summarizer = Summarizer()
+    ops = _aten_ops(lambda: summarizer.summarize(torch.tensor([[3, -1], [4, 1]])))
+    assert not {"aminmax", "sum", "dot", "_to_copy"} & set(ops)
+    s = summarizer.summarize(torch.tensor([[3, -1], [4, 1]]))
+    assert s["values"] == [3, -1, 4, 1] and s["stats"]["mean"] == 1.75
+    assert (s["stats"]["min"], s["stats"]["max"]) == (-1.0, 4.0)

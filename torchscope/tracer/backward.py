@@ -106,8 +106,10 @@ class NodeHooks:
         # Pre-hooks only when someone may pause in this backward: they cost a call per node.
         stepping = tracer.stepper is not None and tracer.stepper.active
         node_id = tracer.node_id
+        new_id = tracer._node_ids.__next__
         run_id = tracer.run_id
         on_grad = tracer.on_grad
+        param_name = tracer.modules.param_name
         infos = self.nodes
         handles = self._handles
         seen: set[int] = set()
@@ -118,15 +120,19 @@ class NodeHooks:
             node = get_gradient_edge(t).node
             self.root_ids.append(node_id(node))
             todo.append(node)
+        # This walk runs over every node of every backward call: one metadata fetch per node
+        # and per edge (node_id, inlined), nothing looked up twice.
         while todo:
             node = todo.pop()
-            nid = node_id(node)
-            if nid in seen:
+            md = node.metadata
+            nid = md.get(NODE_ID)
+            if nid is None:
+                nid = md[NODE_ID] = new_id()
+            elif nid in seen:
                 continue
             seen.add(nid)
-            md = node.metadata
             name = node_name(node)
-            param = tracer.modules.param_name(node.variable) if name == "AccumulateGrad" else None
+            param = param_name(node.variable) if name == "AccumulateGrad" else None
             # An op seq of an earlier run names no op of this one; the source line still holds.
             op_seq = md.get(NODE_OP) if md.get(NODE_RUN) == run_id else None
             info = NodeInfo(nid, name, op_seq, md.get(NODE_SRC), param, md.get(NODE_MOD, ""))
@@ -135,8 +141,13 @@ class NodeHooks:
                 if nxt is None:
                     edges.append(None)
                 else:
-                    edges.append([node_id(nxt), input_nr])
-                    todo.append(nxt)
+                    nmd = nxt.metadata
+                    nxt_id = nmd.get(NODE_ID)
+                    if nxt_id is None:
+                        nxt_id = nmd[NODE_ID] = new_id()
+                    edges.append([nxt_id, input_nr])
+                    if nxt_id not in seen:
+                        todo.append(nxt)
             infos.append(info)
             handles.append(node.register_hook(_post_hook(info, on_grad)))
             if stepping:

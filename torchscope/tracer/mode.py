@@ -32,6 +32,10 @@ _NOISE = {
 }
 
 _names: dict[Any, str | None] = {}
+# Looked up once: __torch_function__ runs for every torch call of the job (dynamo recognises
+# the function object itself, however it is reached).
+_is_compiling = torch.compiler.is_compiling
+_is_tracing = torch._C._is_tracing
 
 
 def _resolve(func: Any) -> str | None:
@@ -77,7 +81,7 @@ class ForwardMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         # Every torch call of the job comes through here, most of them noise (``p.grad``):
         # that path is one dict lookup.
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             # Dynamo is tracing this call into a torch.compile graph: be transparent, so the
             # graph holds the ops alone (compiled regions are not traced op by op).
             return func(*args, **kwargs) if kwargs else func(*args)
@@ -85,7 +89,7 @@ class ForwardMode(TorchFunctionMode):
             name = _names[func]
         except (KeyError, TypeError):
             name = op_name(func)
-        if name is None or not self.enabled or torch._C._is_tracing():
+        if name is None or not self.enabled or _is_tracing():
             # Under torch.jit.trace our reductions would be recorded (and warned about) too.
             return func(*args, **kwargs) if kwargs else func(*args)
         if kwargs is None:

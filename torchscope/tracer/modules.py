@@ -152,7 +152,13 @@ class ModuleTracker:
         entry = self._params.get(id(t))
         if entry is not None and entry[0]() is t:
             return entry[1]
-        if isinstance(t, nn.Parameter) and id(t) not in self._searched:
+        # type() first: isinstance(t, nn.Parameter) runs its metaclass's Python check, and
+        # most tensors asked about (an op's input data) are plain tensors.
+        if (
+            type(t) is not torch.Tensor
+            and isinstance(t, nn.Parameter)
+            and id(t) not in self._searched
+        ):
             self._searched.add(id(t))  # parameters are few: at most one search each
             self._index_live_roots()
             entry = self._params.get(id(t))

@@ -17,9 +17,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from torchscope.protocol.events import Event
+from torchscope.protocol.events import STEP, Event
 from torchscope.tracer.alerts import AlertDetector
-from torchscope.tracer.summary import SealedBatch, Summarizer
+from torchscope.tracer.summary import SealedBatch, Summarizer, nonfinite_made
 
 Sink = Callable[[list[Event]], None]
 
@@ -49,6 +49,10 @@ class EventPipeline:
         self._sealed: deque[tuple[list[Event], SealedBatch | None]] = deque()
         self.last_flush = time.monotonic()
         self.alerts = AlertDetector(next_seq)
+        # step -> how many non-finite summaries had been made when its STEP event was added:
+        # while that number stands still, no event of the step can be an alert (see
+        # _with_alerts), and delivery skips the checks.
+        self._step_marks: dict[int, int] = {}
         self._closing = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="torchscope-flush", daemon=True)
         self._watchdog.start()
@@ -57,6 +61,8 @@ class EventPipeline:
         """Queue an event; the caller holds ``lock`` (it just summarised the event's tensors)."""
         events = self._events
         events.append(event)
+        if event["kind"] == STEP:
+            self._step_marks[event["step"]] = nonfinite_made()
         # Checked every 32 events: a step of a small model is a few hundred of them, and the
         # watchdog seals a batch that sits still anyway.
         if not len(events) & 31 and (
@@ -109,9 +115,27 @@ class EventPipeline:
         event of the batch, so this keeps files and streams in ``seq`` order."""
         alerts: list[Event] = []
         check = self.alerts.check
+        if events and self._clean(events[0].get("step")):
+            # No summary with NaN/Inf was made since the first event's step began, so no event
+            # here (all of that step or later ones) can be an alert: only the step events,
+            # which reset the detector's per-step state, are looked at.
+            for ev in events:
+                if ev["kind"] == STEP:
+                    check(ev)
+            return events
         for ev in events:
             alerts.extend(check(ev))
         return events + alerts if alerts else events
+
+    def _clean(self, step: int | None) -> bool:
+        marks = self._step_marks
+        mark = marks.get(step) if type(step) is int else None
+        if mark is None:
+            return False
+        if len(marks) > 1:  # steps before this batch's first are delivered: forget them
+            for old in [s for s in marks if s < step]:  # type: ignore[operator]
+                del marks[old]
+        return mark == nonfinite_made()
 
     def _watch(self) -> None:
         while not self._closing.wait(0.25):

@@ -58,7 +58,7 @@ from torchscope.tracer.mode import (
 from torchscope.tracer.modules import ModuleTracker
 from torchscope.tracer.pipeline import EventPipeline, Sink
 from torchscope.tracer.ranks import job_id
-from torchscope.tracer.source import thread_stack, user_frame
+from torchscope.tracer.source import thread_stack, user_frame, user_site
 from torchscope.tracer.stepper import PausePoint, Stepper, stepping_commands
 from torchscope.tracer.steps import parse_steps
 from torchscope.tracer.summary import Summarizer, SummaryMemo, tensor_meta
@@ -481,9 +481,15 @@ class Tracer:
         (tensors of the same event) when ``t`` is a reordering of the same memory.
         """
         memo = self.memo
-        s = memo.get(t)
-        if s is not None:
-            return s
+        # memo.get, inlined (twice per event and more: an op's inputs, a node's grad_outputs).
+        entry = memo._entries.get(id(t))
+        if entry is not None and entry[0]() is t:
+            try:
+                if entry[1] == t._version:
+                    return entry[2]
+            except RuntimeError:  # inference tensors have no version counter
+                pass
+        s = None
         if self._uninit_storages and aliases and self._views_uninitialized(t, aliases):
             return self._uninitialized(t)
         # Small tensors list their values in order, so they never share (alias_summary).
@@ -495,7 +501,18 @@ class Tracer:
         return s
 
     def _alias_summary(self, t: torch.Tensor, aliases: list[torch.Tensor]) -> dict | None:
+        # Only an alias that starts at the same address can share: one data_ptr per alias
+        # rules the others out (an op's output against each of its inputs, at every op).
+        try:
+            ptr = t.data_ptr()
+        except RuntimeError:  # tensors without storage: alias_summary says no anyway
+            return None
         for a in aliases:
+            try:
+                if a.data_ptr() != ptr:
+                    continue
+            except RuntimeError:
+                continue
             base = self.memo.get(a)
             if base is not None:
                 s = self.summarizer.alias_summary(t, a, base)  # checks the memory is shared
@@ -547,14 +564,21 @@ class Tracer:
             overwritten = None
             if overwrites_first_input(name):  # nn.init passes its tensor as tensor=...
                 overwritten = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
-            with _no_grad(), self.pipeline.lock:  # type: ignore[union-attr]
-                for i, t in enumerate(tensors):
-                    if inputs[i] is None:
-                        inputs[i] = (
-                            self._overwritten(t)
-                            if t is overwritten
-                            else self.external_summary(t, deferrable)
-                        )
+            grad_was = _is_grad_enabled()  # as _no_grad, inlined
+            if grad_was:
+                _set_grad_enabled(False)
+            try:
+                with self.pipeline.lock:  # type: ignore[union-attr]
+                    for i, t in enumerate(tensors):
+                        if inputs[i] is None:
+                            inputs[i] = (
+                                self._overwritten(t)
+                                if t is overwritten
+                                else self.external_summary(t, deferrable)
+                            )
+            finally:
+                if grad_was:
+                    _set_grad_enabled(True)
         return name, tensors, inputs, _get_sequence_nr(), time.perf_counter_ns()
 
     def after_op(
@@ -574,8 +598,8 @@ class Tracer:
                 return None
         seq_hi = _get_sequence_nr()
         seq = self.next_seq()
-        frame = user_frame(1)
-        source = f"{frame[0]}:{frame[1]}" if frame else None
+        site = user_site(1)
+        source, function = site if site is not None else (None, None)
         nodes: list[dict] = []
         module = self.modules.current()
         gf0 = _grad_fn(outs[0])
@@ -591,7 +615,7 @@ class Tracer:
             name=name,
             module=module,
             source=source,
-            function=frame[2] if frame else None,
+            function=function,
             inputs=inputs,
             outputs=None,
             grad_fn=node_name(gf0) if gf0 is not None else None,
@@ -705,6 +729,10 @@ class Tracer:
         """Tag the nodes this call created: their sequence numbers fall in [lo, hi)."""
         todo = [root]
         run_id = self.run_id
+        # The window holds hi - lo sequence numbers, one per node the call made: once that
+        # many are tagged, none is left below (most calls make one node, the root, and its
+        # next_functions, which build a wrapper per edge, are never read).
+        left = hi - lo
         while todo:
             node = todo.pop()
             if not lo <= node._sequence_nr() < hi:
@@ -720,6 +748,9 @@ class Tracer:
             if nid is None:
                 nid = md[NODE_ID] = next(self._node_ids)
             out.append({"id": nid, "name": node_name(node)})
+            left -= 1
+            if left <= 0:
+                break
             todo += [n for n, _ in node.next_functions if n is not None]
 
     # -- backward --------------------------------------------------------------------------
@@ -870,7 +901,21 @@ class Tracer:
                     gi = [None if g is None else summary_of(g, aliases)]
                 else:
                     gi = [None if g is None else summary_of(g) for g in grad_inputs]
-                event = self._grad_fields(info, go, gi)
+                event = Event(  # as _grad_fields, inlined: this runs for every node
+                    kind=GRAD,
+                    seq=self.next_seq(),
+                    step=self.step_index,
+                    backward=self._backward_index,
+                    node=info.name,
+                    node_id=info.id,
+                    op_seq=info.op_seq,
+                    module=info.module,
+                    source=info.source,
+                    param=info.param,
+                    grad_inputs=gi,
+                    grad_outputs=go,
+                    thread=_thread_name(),
+                )
                 self.pipeline.add(event)  # type: ignore[union-attr]
         except Exception as exc:
             self.report_error("backward hook", exc)
@@ -1041,9 +1086,13 @@ class _no_grad:
 
 
 def _has_inf_scalar(args: tuple, kwargs: dict) -> bool:
-    for a in (*args, *kwargs.values()):
+    for a in args:
         if type(a) is float and (a == math.inf or a == -math.inf):
             return True
+    if kwargs:
+        for a in kwargs.values():
+            if type(a) is float and (a == math.inf or a == -math.inf):
+                return True
     return False
 
 

@@ -37,6 +37,32 @@ def user_frame(depth: int = 2) -> tuple[str, int, str] | None:
     return None
 
 
+# "path:line" per (path, line): the op event's source field, formatted once per call site.
+_sites: dict[tuple[str, int], str] = {}
+
+
+def user_site(depth: int = 2) -> tuple[str, str] | None:
+    """``("path:line", function)`` of the innermost user frame above the caller, or None: what
+    an op event records, without formatting the same line again at every call."""
+    frame = sys._getframe(depth)
+    internal = _internal
+    while frame is not None:
+        code = frame.f_code
+        verdict = internal.get(code.co_filename)  # _is_internal, inlined: once per frame
+        if verdict is None:
+            verdict = _is_internal(code)
+        if not verdict:
+            key = (code.co_filename, frame.f_lineno)
+            site = _sites.get(key)
+            if site is None:
+                if len(_sites) > 100_000:  # generated code (exec) could make lines endless
+                    _sites.clear()
+                site = _sites[key] = f"{key[0]}:{key[1]}"
+            return site, code.co_name
+        frame = frame.f_back
+    return None
+
+
 def thread_stack(ident: int, limit: int = 32) -> list[tuple[str, int, str]]:
     """User frames of thread ``ident``, innermost first: the training thread's stack even when
     asked from another thread (backward hooks run on autograd's own thread on CUDA)."""

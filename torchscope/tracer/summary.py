@@ -9,6 +9,7 @@ non-blocking copy per batch instead of one sync per tensor; on the CPU the copy 
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from typing import Any
 
@@ -16,6 +17,14 @@ import torch
 
 _FAST_DTYPES = (torch.float32, torch.float64)
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
+# Real dtypes whose few values (within the value limit) give their stats on the host.
+_SMALL_REAL_DTYPES = frozenset(
+    {torch.float16, torch.bfloat16, torch.bool, torch.uint8, torch.int8, torch.int16}
+    | {torch.int32, torch.int64}
+)
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
+_strided = torch.strided
 # What the four queued scalars after min and max hold.
 _MEAN_VAR = 0  # mean and population variance (Welford)
 _SUMS = 1  # sum and L2 norm (float32 accumulators, for float16/bfloat16)
@@ -48,8 +57,8 @@ def tensor_meta(t: torch.Tensor) -> dict[str, Any]:
     else:
         meta = {"shape": list(t.shape)}
     meta["dtype"] = _dtype_name(t.dtype)
-    meta["device"] = _device_name(t.device)
-    if t.layout is not torch.strided:
+    meta["device"] = "cpu" if t.is_cpu else _device_name(t.device)
+    if t.layout is not _strided:
         meta["layout"] = str(t.layout).removeprefix("torch.")
     cls = type(t)
     if cls is not torch.Tensor and cls is not torch.nn.Parameter:
@@ -100,7 +109,8 @@ class PendingBatch:
     """Summaries whose numbers are still tensors, in the order they were made.
 
     ``entries`` rows: (summary, numel, stat dtype, stat index, stat kind (_MEAN_VAR or
-    _SUMS), count index, value location or None, values are integers).
+    _SUMS), (weak reference to the tensor, its version) or None, value location or None,
+    values are integers).
     """
 
     def __init__(self) -> None:
@@ -108,7 +118,6 @@ class PendingBatch:
         self.scalars: dict[torch.dtype, list[torch.Tensor]] = {}
         self.values: dict[torch.dtype, list[torch.Tensor]] = {}
         self.value_len: dict[torch.dtype, int] = {}
-        self.counts: list[torch.Tensor] = []
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -126,43 +135,74 @@ class Summarizer:
 
     def reads_now(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s stats are plain numbers as soon as ``summarize`` returns."""
-        return self.host_now and t.device.type == "cpu"
+        return self.host_now and t.is_cpu  # ``t.device.type`` costs ten times as much
 
     def summarize(self, t: torch.Tensor) -> dict[str, Any]:
         cls = type(t)
-        dtype = t.dtype
-        device = t.device
         if (
-            (cls is torch.Tensor or cls is torch.nn.Parameter)
-            and dtype in _FAST_DTYPES
-            and t.layout is torch.strided
+            (cls is _Tensor or cls is _Parameter)
+            and t.layout is _strided
             and not t.is_nested
-            and device.type != "meta"
             and not _is_wrapped(t)
         ):
-            # The common case, kept free of the checks below: it runs for every tensor.
-            summary: dict[str, Any] = {
-                "shape": list(t.shape),
-                "dtype": _dtype_name(dtype),
-                "device": _device_name(device),
-            }
-            numel = t.numel()
-            if numel == 0:
-                summary["stats"] = None
-                summary["values"] = []  # all of its (no) values: as for any small tensor
-            elif self.host_now and device.type == "cpu":
+            # The common cases, kept free of the checks below: this runs for every tensor.
+            dtype = t.dtype
+            if t.is_cpu and self.host_now:
                 # Host memory: the numbers are read at once, with as few torch calls as can be
                 # (each costs more than the reduction itself at these sizes).
-                if numel <= self.value_limit:
+                numel = t.numel()
+                if numel > self.value_limit:
+                    if dtype in _FAST_DTYPES:
+                        return {
+                            "shape": list(t.shape),
+                            "dtype": _dtype_name(dtype),
+                            "device": "cpu",
+                            "stats": _host_stats(_dense_view(t), numel),
+                        }
+                elif numel == 0:
+                    return {
+                        "shape": list(t.shape),
+                        "dtype": _dtype_name(dtype),
+                        "device": "cpu",
+                        "stats": None,
+                        "values": [],  # all of its (no) values: as for any small tensor
+                    }
+                elif dtype in _FAST_DTYPES:
                     vals = _flat_values(t)
-                    summary["values"] = vals
-                    summary["stats"] = _list_stats(vals)
+                    return {
+                        "shape": list(t.shape),
+                        "dtype": _dtype_name(dtype),
+                        "device": "cpu",
+                        "values": vals,
+                        "stats": _list_stats(vals),
+                    }
+                elif dtype in _SMALL_REAL_DTYPES:
+                    # A few integers, booleans or half floats (an index, a mask, a label):
+                    # their values, and stats from them, with no conversion and no reduction.
+                    vals = _flat_values(t)
+                    if dtype is torch.bool:
+                        vals = list(map(int, vals))
+                    return {
+                        "shape": list(t.shape),
+                        "dtype": _dtype_name(dtype),
+                        "device": "cpu",
+                        "values": vals,
+                        "stats": _list_stats([float(v) for v in vals]),
+                    }
+            elif dtype in _FAST_DTYPES and not t.is_meta:
+                summary: dict[str, Any] = {
+                    "shape": list(t.shape),
+                    "dtype": _dtype_name(dtype),
+                    "device": _device_name(t.device),
+                }
+                numel = t.numel()
+                if numel == 0:
+                    summary["stats"] = None
+                    summary["values"] = []
                 else:
-                    summary["stats"] = _host_stats(_dense_view(t), numel)
-            else:
-                summary["stats"] = {}  # filled when the batch resolves
-                self._queue(summary, t, t, numel)
-            return summary
+                    summary["stats"] = {}  # filled when the batch resolves
+                    self._queue(summary, t, t, numel)
+                return summary
         summary = tensor_meta(t)
         x, note = _stat_view(t, keep_half=not self.reads_now(t))
         if x is None:
@@ -211,8 +251,10 @@ class Summarizer:
             scalars += moments
             # The same kernels on every device (host tensors come here only in tests, which is
             # how this path is covered without a GPU); stacked with the rest when sealed.
-            counts = len(batch.counts)  # counts[i], counts[i + 1]
-            batch.counts += (x.isnan().sum(), x.isinf().sum())
+            # No NaN/Inf counting pass: finite min and max mean there is nothing to count
+            # (aminmax propagates NaN), which the host sees when the batch resolves; only then,
+            # and only for such a tensor, are the counts made, from ``t`` if it is unchanged.
+            counts = _source_ref(t)
         value_at = None
         int_values = False
         if numel <= self.value_limit:
@@ -318,10 +360,36 @@ def _list_stats(vals: list[float]) -> dict[str, Any]:
 
     Same conventions as the reductions: a NaN makes min and max NaN.
     """
-    if math.isfinite(sum(vals)):  # the common case: no NaN, no Inf (nor a sum overflowing)
+    n = len(vals)
+    if n == 1:
+        v = vals[0]
+        if v - v == 0.0:  # finite: _moments(1, v, v, 0.0, 0.0, 0, 0) without the calls
+            return {
+                "min": v,
+                "max": v,
+                "mean": v + 0.0,
+                "std": 0.0,
+                "norm": math.sqrt(v * v),
+                "nan": 0,
+                "inf": 0,
+            }
+    elif math.isfinite(sum(vals)):  # the common case: no NaN, no Inf (nor a sum overflowing)
         mn = min(vals)
         shifted = [v - mn for v in vals]
-        return _moments(len(vals), mn, max(vals), sum(shifted), sum(d * d for d in shifted), 0, 0)
+        total = sum(shifted)
+        sq = sum([d * d for d in shifted])
+        if sq < math.inf:  # as _moments, inlined (it runs for every small tensor)
+            mean = mn + total / n
+            return {
+                "min": mn,
+                "max": max(vals),
+                "mean": mean,
+                "std": math.sqrt(max(sq - total * total / n, 0.0) / (n - 1)),
+                "norm": math.sqrt(max(sq + 2.0 * mn * total + n * mn * mn, 0.0)),
+                "nan": 0,
+                "inf": 0,
+            }
+        return _moments(n, mn, max(vals), total, sq, 0, 0)
     nan = sum(1 for v in vals if v != v)
     inf = sum(1 for v in vals if v in (math.inf, -math.inf))
     if nan:
@@ -338,6 +406,44 @@ def _count_bad(x: torch.Tensor) -> tuple[int, int]:
     return int(x.isnan().sum()), int(x.isinf().sum())
 
 
+def _source_ref(t: torch.Tensor) -> tuple[weakref.ref, int] | None:
+    """A weak reference to ``t`` and its version, to count its NaN/Inf later if need be."""
+    try:
+        return weakref.ref(t), t._version
+    except (RuntimeError, TypeError):  # inference tensors; subclasses without weak refs
+        return None
+
+
+def _count_nonfinite(
+    source: tuple[weakref.ref, int] | None, vals: list | None, mn: float, mx: float
+) -> tuple[int, int, bool]:
+    """NaN and Inf counts of a tensor whose min or max came back non-finite: (nan, inf,
+    exact). From its values when it has them; else from the tensor itself while it still holds
+    the same numbers (one host read, paid only by a tensor that holds NaN or Inf); else the
+    least that min and max prove (a NaN min: at least one NaN; an infinite bound, no NaN: at
+    least one Inf), marked inexact."""
+    if vals is not None:
+        return (
+            sum(1 for v in vals if v != v),
+            sum(1 for v in vals if v == math.inf or v == -math.inf),
+            True,
+        )
+    t = source[0]() if source is not None else None
+    if t is not None:
+        try:
+            if t._version == source[1]:  # type: ignore[index]
+                with torch._C.DisableTorchFunction(), torch.no_grad():
+                    x, _ = _stat_view(t, keep_half=True)
+                    if x is not None:
+                        nan, inf = _count_bad(x)
+                        return nan, inf, True
+        except RuntimeError:
+            pass
+    if mn != mn or mx != mx:
+        return 1, 0, False
+    return 0, int(mn == -math.inf) + int(mx == math.inf), False
+
+
 class SealedBatch:
     """A batch whose numbers are on their way to (or already in) host memory."""
 
@@ -349,7 +455,6 @@ class SealedBatch:
         with torch._C.DisableTorchFunction():
             self.scalars = {dt: self._to_host(torch.stack(ts)) for dt, ts in batch.scalars.items()}
             self.values = {dt: self._to_host(torch.cat(ts)) for dt, ts in batch.values.items()}
-            self.counts = self._to_host(torch.stack(batch.counts)) if batch.counts else None
 
     def _to_host(self, t: torch.Tensor) -> torch.Tensor:
         if t.device.type == "cpu":
@@ -371,22 +476,31 @@ class SealedBatch:
             self._ready.synchronize()
         scalars = {dt: t.tolist() for dt, t in self.scalars.items()}
         values = {dt: t.tolist() for dt, t in self.values.items()}
-        counts = self.counts.tolist() if self.counts is not None else []
-        for summary, numel, dt, i, kind, bad, value_at, int_values in self.entries:
-            if i >= 0:  # else the stats were read at once
-                mn, mx, mean, var = scalars[dt][i : i + 4]
-                if kind == _SUMS:  # sum and norm: mean and population variance from them
-                    total, norm = mean, var
-                    mean = total / numel
-                    var = max(norm * norm / numel - mean * mean, 0.0)
-                nan, inf = counts[bad : bad + 2]
-                summary["stats"].update(_moments_from_var(numel, mn, mx, mean, var, nan, inf))
+        for summary, numel, dt, i, kind, source, value_at, int_values in self.entries:
+            vals = None
             if value_at is not None:
                 vdt, at, n = value_at
                 vals = values[vdt][at : at + n]
                 if int_values:
                     vals = [int(v) for v in vals]
                 summary["values"] = vals
+            if i >= 0:  # else the stats were read at once
+                mn, mx, mean, var = scalars[dt][i : i + 4]
+                if kind == _SUMS:  # sum and norm: mean and population variance from them
+                    total, norm = mean, var
+                    mean = total / numel
+                    var = max(norm * norm / numel - mean * mean, 0.0)
+                if mn - mn == 0.0 and mx - mx == 0.0:  # finite min and max: no NaN, no Inf
+                    nan = inf = 0
+                    exact = True
+                else:
+                    nan, inf, exact = _count_nonfinite(
+                        source, vals if vals is not None and len(vals) == numel else None, mn, mx
+                    )
+                stats = summary["stats"]
+                stats.update(_moments_from_var(numel, mn, mx, mean, var, nan, inf))
+                if not exact:
+                    stats["counts_exact"] = False
         self.entries = []
 
 
@@ -413,7 +527,22 @@ def _moments_from_var(
     return _stats(mn, mx, mean, std, math.sqrt(n * (var + mean * mean)), nan, inf)
 
 
+# Every stats dict that counts a NaN or Inf is made by _nonfinite_stats, which ticks this
+# counter (under a lock: summaries are made on more than one thread, and a lost tick would
+# hide an alert). While it stands still, no summary made meanwhile needs the NaN/Inf checks
+# (see nonfinite_made and the pipeline's delivery).
+_nonfinite = [0]
+_nonfinite_lock = threading.Lock()
+
+
+def nonfinite_made() -> int:
+    """How many stats dicts with NaN/Inf (or a non-finite mean) were made in this process."""
+    return _nonfinite[0]
+
+
 def _nonfinite_stats(mn: float, mx: float, nan: int, inf: int) -> dict:
+    with _nonfinite_lock:
+        _nonfinite[0] += 1
     mean = std = norm = math.nan
     if inf and not nan:
         # Infinite values but no NaN: the norm is infinite, and so is the mean unless both
