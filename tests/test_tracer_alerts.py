@@ -244,3 +244,26 @@ def test_alerts_hold_when_a_step_is_delivered_in_several_batches():
     assert by_step[0] == [] and by_step[2] == []
     (alert,) = by_step[1]
     assert alert.where == "forward" and alert.name == "Tensor.sqrt" and alert.what == "nan"
+
+
+def test_alerts_keep_seq_order_when_summaries_land_late(monkeypatch):
+    """On CUDA a batch's numbers land after later events were numbered: the alert found in
+    it is numbered then, so it must go out behind them. Here no sealed batch is ever ready
+    until the tracer waits for them all, as a slow device copy would be."""
+    from torchscope.tracer import pipeline
+
+    monkeypatch.setattr(pipeline.SealedBatch, "ready", lambda self: False)
+    torch.manual_seed(0)
+    m = nn.Linear(4, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with torchscope.trace(live=False) as tr:
+        tr.summarizer.host_now = False  # the device path: numbers land when a batch resolves
+        for step in range(3):
+            opt.zero_grad()
+            out = m(torch.randn(3, 4))
+            if step == 1:
+                out = out * torch.tensor(float("nan"))
+            out.sum().backward()
+            opt.step()
+    seqs = [e["seq"] for e in tr.events if e.get("seq") is not None]
+    assert tr.alerts and seqs == sorted(seqs)

@@ -51,7 +51,7 @@ class EventPipeline:
         self.alerts = AlertDetector(next_seq)
         # step -> how many non-finite summaries had been made when its STEP event was added:
         # while that number stands still, no event of the step can be an alert (see
-        # _with_alerts), and delivery skips the checks.
+        # _alerts_of), and delivery skips the checks.
         self._step_marks: dict[int, int] = {}
         self._closing = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="torchscope-flush", daemon=True)
@@ -75,21 +75,26 @@ class EventPipeline:
         """Seal the open batch and deliver every sealed batch that is ready (all if ``wait``)."""
         with self.lock:
             self.last_flush = time.monotonic()
-            events, self._events = self._events, []
-            batch = self.summarizer.take_batch()
-            if events or len(batch):
-                try:
-                    sealed = SealedBatch(batch) if len(batch) else None
-                except Exception as exc:  # never let a transfer problem reach the job
-                    self.on_error("sealing summaries", exc)
-                    sealed = None
-                self._sealed.append((events, sealed))
+            self._seal()
             while self._sealed:
                 events, sealed = self._sealed[0]
                 if sealed is not None and not wait and not sealed.ready():
                     break
                 self._sealed.popleft()
                 self._deliver(events, sealed)
+                if wait and not self._sealed and self._events:
+                    self._seal()  # alerts held back behind the last batch (see _deliver)
+
+    def _seal(self) -> None:
+        events, self._events = self._events, []
+        batch = self.summarizer.take_batch()
+        if events or len(batch):
+            try:
+                sealed = SealedBatch(batch) if len(batch) else None
+            except Exception as exc:  # never let a transfer problem reach the job
+                self.on_error("sealing summaries", exc)
+                sealed = None
+            self._sealed.append((events, sealed))
 
     def close(self) -> None:
         self._closing.set()
@@ -97,22 +102,28 @@ class EventPipeline:
         self.flush(wait=True)
 
     def _deliver(self, events: list[Event], sealed: SealedBatch | None) -> None:
+        alerts: list[Event] = []
         try:
             if sealed is not None:
                 sealed.resolve()
-            out = self._with_alerts(events)
+            alerts = self._alerts_of(events)
         except Exception as exc:
             self.on_error("resolving summaries", exc)
-            out = events
+        if alerts and (self._sealed or self._events):
+            # An alert is numbered when it is found: after events still waiting for their
+            # numbers (a later batch whose device copy has not landed, the open batch). It
+            # goes out behind them, so files and streams stay in ``seq`` order.
+            self._events.extend(alerts)
+            alerts = []
+        out = events + alerts if alerts else events
         for sink in self.sinks:
             try:
                 sink(out)
             except Exception as exc:
                 self.on_error(f"event sink {getattr(sink, '__qualname__', sink)}", exc)
 
-    def _with_alerts(self, events: list[Event]) -> list[Event]:
-        """The batch, then its alerts: an alert is numbered when it is found, after every
-        event of the batch, so this keeps files and streams in ``seq`` order."""
+    def _alerts_of(self, events: list[Event]) -> list[Event]:
+        """The alerts a delivered batch raises, numbered now (after every event so far)."""
         alerts: list[Event] = []
         check = self.alerts.check
         if events and self._clean(events[0].get("step")):
@@ -122,10 +133,10 @@ class EventPipeline:
             for ev in events:
                 if ev["kind"] == STEP:
                     check(ev)
-            return events
+            return alerts
         for ev in events:
             alerts.extend(check(ev))
-        return events + alerts if alerts else events
+        return alerts
 
     def _clean(self, step: int | None) -> bool:
         marks = self._step_marks
