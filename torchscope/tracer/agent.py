@@ -460,8 +460,14 @@ class Agent:
         if not named:
             return
         with torch.no_grad(), torch._C.DisableTorchFunction():
-            sums = torch.stack([p.detach().float().sum() for _, p in named]).tolist()
-        fp.publish(step, [n for n, _ in named], sums)
+            # One fused call for every parameter's norm (bit-identical replicas have
+            # bit-identical norms), one host read.
+            norms = torch._foreach_norm([p for _, p in named])
+            try:
+                values = torch.stack(norms).tolist()
+            except RuntimeError:  # parameters of several dtypes
+                values = [float(n) for n in norms]
+        fp.publish(step, [n for n, _ in named], values)
         self._report_divergence()
 
     def _report_divergence(self, final: bool = False) -> None:

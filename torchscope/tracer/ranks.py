@@ -133,9 +133,9 @@ class RankOrigins:
 
 class RankFingerprints:
     """Whether DDP's replicas still agree: after every traced update, each rank publishes the
-    sum of each parameter (one reduction per parameter, one host read per step) in the
-    store, and compares the other ranks' sums for the same step when they are there (never
-    waiting). DDP keeps replicas bit-identical, so any difference is a divergence: a rank
+    norm of each parameter (one fused reduction, one host read per step) in the store, and
+    compares the other ranks' norms for the same step when they are there (never waiting).
+    DDP keeps replicas bit-identical, so any difference is a divergence: a rank
     that skipped an update, changed a weight by itself, or ran another code path.
     """
 
@@ -150,9 +150,8 @@ class RankFingerprints:
         return bool(self._pending)
 
     def publish(self, step: int, names: list[str], sums: list[float]) -> None:
-        import json
-
-        self.store.set(f"torchscope/fp/{step}/{self.rank}", json.dumps(sums))
+        # repr: the shortest text that reads back as the same float
+        self.store.set(f"torchscope/fp/{step}/{self.rank}", ",".join(map(repr, sums)))
         self._pending[step] = (names, sums)
         while len(self._pending) > 4 * self.COMPARE_EVERY:  # ranks that never publish
             self._pending.pop(next(iter(self._pending)))
@@ -164,8 +163,6 @@ class RankFingerprints:
     def compare(self, final: bool = False) -> list[tuple[int, int, list[str]]]:
         """(step, other rank, parameters that differ) for the steps every rank published;
         every ``COMPARE_EVERY`` steps (or ``final``: the job ends)."""
-        import json
-
         if not self._pending or (len(self._pending) < self.COMPARE_EVERY and not final):
             return []
         others = [r for r in range(self.world) if r != self.rank]
@@ -173,9 +170,7 @@ class RankFingerprints:
         keys = [f"torchscope/fp/{step}/{r}" for step in steps for r in others]
         if not self.store.check(keys):  # some rank is late (or not traced): step by step
             steps = [
-                s
-                for s in steps
-                if self.store.check([f"torchscope/fp/{s}/{r}" for r in others])
+                s for s in steps if self.store.check([f"torchscope/fp/{s}/{r}" for r in others])
             ]
             keys = [f"torchscope/fp/{step}/{r}" for step in steps for r in others]
         if not steps:
@@ -185,8 +180,12 @@ class RankFingerprints:
         for step in steps:
             names, mine = self._pending.pop(step)
             for r in others:
-                theirs = json.loads(next(values))
-                differ = [n for n, a, b in zip(names, mine, theirs, strict=False) if a != b]
+                theirs = [float(v) for v in next(values).decode().split(",") if v]
+                differ = [
+                    n
+                    for n, a, b in zip(names, mine, theirs, strict=False)
+                    if a != b and not (a != a and b != b)  # NaN on both sides agrees
+                ]
                 if differ or len(theirs) != len(mine):
                     out.append((step, r, differ or ["(a different number of parameters)"]))
         return out
