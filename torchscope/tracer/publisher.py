@@ -206,7 +206,11 @@ class EventPublisher:
                     old = self._pending.popleft()
                     self._pending_count -= len(old)
                     self._dropped_queue += len(old)
-            if not self._poked:
+                # With nobody reading, the thread takes the queue on its own turn (at most
+                # 0.25 s on, or when a snapshot is asked for): waking it per batch would make
+                # it fight the training thread for the GIL for nothing.
+                wake = self._has_subscriber or self._pending_count > self.max_pending // 2
+            if wake and not self._poked:
                 self._poked = True
                 # Non-blocking; a full buffer (OSError) means the thread is awake anyway.
                 self._wake_w.send(b"\0")
@@ -590,6 +594,8 @@ class EventPublisher:
         return result
 
     def _cmd_snapshot(self, args: dict[str, Any], pub: zmq.Socket) -> dict[str, Any]:
+        while self._pump(pub):  # events queued while nobody read, not yet in the ring
+            pass
         n = min(args["max_events"], len(self._ring))
         events = list(itertools.islice(self._ring, len(self._ring) - n, None))
         result = {"session": self.session, "events": events, "truncated": False, **self._counters()}
