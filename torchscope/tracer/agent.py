@@ -151,6 +151,7 @@ class Agent:
         self._fingerprints: RankFingerprints | None = None  # DDP replicas compared
         self._fp_params: tuple[list, list] | None = None  # (DDP roots, their parameters)
         self._endpoint_shared = False
+        self._in_job = job_id() is not None  # a torchrun rank: it shares its endpoint
         self._rank_records: list[str] | None = None  # every rank's session record (JSON)
         self._periods: AgreedPeriods | None = None  # when UI-armed ranks meet
         self._no_periods = False  # the store failed once: UI-armed ranks trace ungated
@@ -579,7 +580,7 @@ class Agent:
 
     def boundary(self, step: int) -> None:
         """Step ``step`` begins: arm or disarm here, never inside a step."""
-        if self._rank_records is None and self.publisher is not None:
+        if self._rank_records is None and self._in_job and self.publisher is not None:
             with contextlib.suppress(Exception):
                 self._share_endpoint()
         if self._arrivals:
