@@ -44,3 +44,18 @@ def kill(*procs: subprocess.Popen) -> None:
     """On the way out of a test, passed or not: no rank is left behind."""
     for p in procs:
         p.kill()
+
+
+def job_ranks(job: subprocess.Popen, deadline: float) -> list:
+    """The session records of both ranks of ``job`` once both registered (by rank)."""
+    import time
+
+    from torchscope.protocol import endpoints as ep
+
+    while True:
+        assert time.monotonic() < deadline and job.poll() is None, "no 2 rank sessions"
+        found = [r for r in ep.list_sessions() if r.job is not None and r.pid != job.pid]
+        ranks = ep.job_sessions(found[0]) if found else []
+        if len(ranks) == 2:
+            return ranks
+        time.sleep(0.1)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ranks import JOBS, NAN_JOB, STEADY_JOB, finish, kill, torchrun
+from ranks import JOBS, NAN_JOB, STEADY_JOB, finish, job_ranks, kill, torchrun
 
 pytest.importorskip("torch")
 
@@ -124,7 +124,6 @@ def test_a_ui_holds_one_rank_paused_past_the_process_group_timeout_and_no_rank_d
     continue both ranks finish, with the losses of the same job run without torchscope."""
     import time
 
-    from torchscope.protocol import endpoints as ep
     from torchscope.protocol.client import SessionClient
 
     job = torchrun(
@@ -141,11 +140,7 @@ def test_a_ui_holds_one_rank_paused_past_the_process_group_timeout_and_no_rank_d
     plain = torchrun(str(NAN_JOB), cwd=tmp_path)  # the same job without torchscope, meanwhile
     try:
         deadline = time.monotonic() + 60
-        rank1 = None
-        while rank1 is None:
-            assert time.monotonic() < deadline and job.poll() is None, "no rank 1 session"
-            rank1 = next((r for r in ep.list_sessions() if r.rank == 1 and r.pid != job.pid), None)
-            time.sleep(0.1)
+        rank1 = job_ranks(job, deadline)[1]
         with SessionClient() as ui:
             ui.connect(rank1, timeout=10)
             ui.request("arm")  # as the UI does: this client is there
@@ -185,12 +180,7 @@ def test_a_ui_on_every_rank_arms_them_together_and_a_pause_on_one_kills_neither(
     plain = torchrun(str(STEADY_JOB), cwd=tmp_path, env={"JOB_SLEEP": "0"})
     try:
         deadline = time.monotonic() + 60
-        ranks: list = []
-        while len(ranks) < 2:
-            assert time.monotonic() < deadline and job.poll() is None, "no 2 rank sessions"
-            found = [r for r in ep.list_sessions() if r.job is not None and r.pid != job.pid]
-            ranks = ep.job_sessions(found[0]) if found else []
-            time.sleep(0.1)
+        ranks = job_ranks(job, deadline)
         assert [r.rank for r in ranks] == [0, 1] and ranks[0].job == ranks[1].job
         ls = subprocess.run(
             [sys.executable, "-m", "torchscope", "ls"], capture_output=True, text=True, timeout=30
@@ -246,7 +236,6 @@ def test_wait_holds_every_rank_until_one_ui_reaches_the_job(tmp_path):
     rank 1 alone lets both go, so rank 0 does not leave rank 1 alone in DDP's constructor."""
     import time
 
-    from torchscope.protocol import endpoints as ep
     from torchscope.protocol.client import SessionClient
 
     job = torchrun(
@@ -255,11 +244,7 @@ def test_wait_holds_every_rank_until_one_ui_reaches_the_job(tmp_path):
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        rank1 = None
-        while rank1 is None:
-            assert time.monotonic() < deadline and job.poll() is None, "no rank 1 session"
-            rank1 = next((r for r in ep.list_sessions() if r.rank == 1 and r.pid != job.pid), None)
-            time.sleep(0.1)
+        rank1 = job_ranks(job, deadline)[1]
         time.sleep(1.0)  # both ranks are waiting now; nothing ran
         with SessionClient() as ui:
             ui.connect(rank1, timeout=10)
