@@ -73,6 +73,8 @@ CONTROL_MAX_MSG = 1024 * 1024  # ROUTER MAXMSGSIZE: a bigger message drops its c
 SUBSCRIBE_MAX_MSG = 4096  # XPUB MAXMSGSIZE: subscriptions are tiny
 REQUESTS_PER_TURN = 100  # control messages handled before publishing again
 EVENTS_PER_TURN = 20_000  # events framed before looking at control again
+# How often the thread takes the queue while a UI reads (a frame's latency, at most).
+READER_TURN = 0.02
 
 
 class EventPublisher:
@@ -206,10 +208,12 @@ class EventPublisher:
                     old = self._pending.popleft()
                     self._pending_count -= len(old)
                     self._dropped_queue += len(old)
-                # With nobody reading, the thread takes the queue on its own turn (at most
-                # 0.25 s on, or when a snapshot is asked for): waking it per batch would make
-                # it fight the training thread for the GIL for nothing.
-                wake = self._has_subscriber or self._pending_count > self.max_pending // 2
+                # The thread takes the queue on its own turn: every READER_TURN seconds while a
+                # UI reads, at most 0.25 s on (or when a snapshot is asked for) while none
+                # does. Waking it per batch would make it fight the training thread for the
+                # GIL at every batch (hundreds a second on a small model); only a queue
+                # filling up wakes it early.
+                wake = self._pending_count > self.max_pending // 2
             if wake and not self._poked:
                 self._poked = True
                 # Non-blocking; a full buffer (OSError) means the thread is awake anyway.
@@ -395,7 +399,8 @@ class EventPublisher:
         busy = False
         while not self._stop.is_set():
             try:
-                wait = 0 if busy else max(0.0, min(0.25, next_beat - time.monotonic()))
+                turn = READER_TURN if self._has_subscriber else 0.25
+                wait = 0 if busy else max(0.0, min(turn, next_beat - time.monotonic()))
                 ready = dict(poller.poll(int(wait * 1000)))
                 if wake_fd in ready:
                     self._drain_wake()
