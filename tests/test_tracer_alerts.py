@@ -267,3 +267,22 @@ def test_alerts_keep_seq_order_when_summaries_land_late(monkeypatch):
             opt.step()
     seqs = [e["seq"] for e in tr.events if e.get("seq") is not None]
     assert tr.alerts and seqs == sorted(seqs)
+
+
+def test_a_view_of_memory_from_outside_is_from_outside_too():
+    """FSDP views its gathered-parameter buffers (allocated and filled outside the traced
+    ops) before it writes them: the view computes nothing and raises no alert. Data with a
+    NaN from outside is reported where it is first read, as from outside."""
+    x = torch.randn(8)
+    x[3] = float("nan")
+    buf = torch.empty(8)
+    buf.numpy()[:] = float("nan")  # garbage a library is about to overwrite
+    with torchscope.trace(live=False) as tr:
+        buf.view(2, 4).copy_(torch.ones(2, 4))
+        y = x.view(2, 4) * 2
+    assert torch.isnan(y).any() and torch.equal(buf, torch.ones(8))
+    messages = [a["message"] for a in tr.alerts]
+    assert len(messages) == 1, messages
+    assert messages[0].startswith(
+        "NaN enters as input 0 of Tensor.mul (from outside the traced ops)"
+    ), messages

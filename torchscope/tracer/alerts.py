@@ -19,8 +19,16 @@ import contextlib
 from collections.abc import Callable
 
 from torchscope.protocol.events import ALERT, GRAD, OP, STEP, Event, all_finite
+from torchscope.tracer.mode import overwrites_first_input
 
 INF_INTENDED = "inf_intended"  # summary flag: its Infs come from an infinite scalar argument
+# Ops that only look at their input's memory another way: they compute nothing.
+VIEW_OPS = frozenset(
+    "Tensor.view Tensor.view_as Tensor.reshape Tensor.reshape_as Tensor.as_strided "
+    "torch.as_strided Tensor.narrow torch.narrow Tensor.detach Tensor.flatten torch.flatten "
+    "Tensor.unflatten Tensor.squeeze Tensor.unsqueeze Tensor.t Tensor.transpose Tensor.permute "
+    "Tensor.expand Tensor.expand_as".split()
+)
 
 
 def _bad(summary: dict | None) -> str | None:
@@ -101,6 +109,16 @@ class AlertDetector:
         if kind == OP:
             if all_finite(event.get("outputs")) and all_finite(event.get("inputs")):
                 return []  # nearly every op: nothing bad on either side
+            inputs = event.get("inputs") or []
+            if event["name"] in VIEW_OPS and inputs and inputs[0] and inputs[0].get("external"):
+                # A view of memory from outside the traced ops (data, or a buffer a library
+                # fills next, as FSDP's gathered parameters): nothing is computed here, so
+                # the view is from outside too, and the first op that reads it says so.
+                for out in event.get("outputs") or []:
+                    if out:
+                        out["external"] = True
+                self._tainted.add(event["seq"])
+                return []
             alerts = self._external_inputs(event)
             sides = _sides(event)
             assert sides is not None
@@ -126,8 +144,10 @@ class AlertDetector:
 
     def _external_inputs(self, event: Event) -> list[Event]:
         out = []
+        # copy_(dst, src), fill_, nn.init: the destination's old values do not matter.
+        skip_first = overwrites_first_input(event["name"])
         for i, s in enumerate(event.get("inputs") or []):
-            if not s or not s.get("external"):
+            if not s or not s.get("external") or (i == 0 and skip_first):
                 continue
             what = _bad(s)
             if what is None or id(s) in self._reported_inputs:
