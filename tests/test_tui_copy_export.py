@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tui_pilot import SIZE, sync, until
+from tui_pilot import SIZE, notes_of, sync, until
 
 from torchscope.protocol.breakpoints import parse_break_spec
 from torchscope.tui.app import TorchscopeApp
@@ -21,18 +21,6 @@ TRACE = make_trace(3, 2, nan_step=1)
 
 def replay() -> ScriptedSource:
     return ScriptedSource(TRACE, mode="replay")
-
-
-def notes_of(app: TorchscopeApp) -> list[str]:
-    notes: list[str] = []
-    notify = app.notify
-
-    def record(message, *args, **kwargs):
-        notes.append(str(message))
-        return notify(message, *args, **kwargs)
-
-    app.notify = record  # type: ignore[method-assign]
-    return notes
 
 
 def first(kind: str, name: str, step: int = 0) -> dict:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tui_pilot import sync, until
+from tui_pilot import notes_of, sync, until
 
 from torchscope.protocol.events import Event
 from torchscope.protocol.tracefile import TraceWriter
@@ -19,18 +19,6 @@ from torchscope.tui.synthetic import make_trace
 from torchscope.tui.widgets.op_timeline import Columns
 
 SMALL = (80, 24)
-
-
-def notes_of(app: TorchscopeApp) -> list[str]:
-    notes: list[str] = []
-    notify = app.notify
-
-    def record(message, *args, **kwargs):
-        notes.append(str(message))
-        return notify(message, *args, **kwargs)
-
-    app.notify = record  # type: ignore[method-assign]
-    return notes
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from textual.widgets import Input
-from tui_pilot import SIZE, sync, until
+from tui_pilot import SIZE, notes_of, sync, until
 
 from torchscope.protocol.breakpoints import parse_break_spec
 from torchscope.tui.app import TorchscopeApp
@@ -36,19 +36,6 @@ from torchscope.tui.stepping import (
     tensor_choices,
 )
 from torchscope.tui.synthetic import make_trace
-
-
-def recording(app: TorchscopeApp) -> list[str]:
-    """Notifications the app shows, as text (toasts expire; this list does not)."""
-    notes: list[str] = []
-    notify = app.notify
-
-    def record(message, *args, **kwargs):
-        notes.append(str(message))
-        return notify(message, *args, **kwargs)
-
-    app.notify = record  # type: ignore[method-assign]
-    return notes
 
 
 def paused(app: TorchscopeApp) -> dict | None:
@@ -160,7 +147,7 @@ async def test_step_next_continue_follow_the_job_and_the_highlight_clears():
 async def test_a_breakpoint_stops_continue_and_space_when_already_paused_says_so():
     job = FakeJob(TRACE, pause_at=GELU0, breakpoints=[{"op": "^AddmmBackward0$"}])
     app = TorchscopeApp(job)
-    notes = recording(app)
+    notes = notes_of(app)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: paused(app) is not None)
         await pilot.press("space")
@@ -215,7 +202,7 @@ async def test_paused_detail_shows_the_call_stack_innermost_first(tmp_path: Path
 async def test_refusals_from_the_job_are_notifications_not_crashes():
     job = FakeJob(TRACE, pause_at=GELU0, refuse={"step": "the job is not paused"})
     app = TorchscopeApp(job)
-    notes = recording(app)
+    notes = notes_of(app)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: paused(app) is not None)
         await pilot.press("s")
@@ -241,7 +228,7 @@ async def test_inspect_values_on_demand_and_paging_through_a_big_tensor():
     gelu = next(e["seq"] for e in trace if e.get("name") == "torch.nn.functional.gelu")
     job = FakeJob(trace, pause_at=gelu)
     app = TorchscopeApp(job)
-    notes = recording(app)
+    notes = notes_of(app)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: paused(app) is not None)
         await until(pilot, lambda: "v: fetch" in app.screen_text(), what="the values hint")
@@ -301,7 +288,7 @@ async def test_inspect_values_on_demand_and_paging_through_a_big_tensor():
 async def test_b_makes_a_breakpoint_from_the_selected_event():
     job = FakeJob(TRACE, pause_at=GELU0)
     app = TorchscopeApp(job)
-    notes = recording(app)
+    notes = notes_of(app)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: paused(app) is not None)
         await pilot.press("b")
@@ -429,7 +416,7 @@ async def test_breakpoint_list_letters_go_to_the_box_never_to_the_list():
 @sync
 async def test_replay_refuses_every_stepping_key_with_a_message():
     app = TorchscopeApp(ScriptedSource(make_trace(1, 1), mode="replay"))
-    notes = recording(app)
+    notes = notes_of(app)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.main.timeline.row_count() > 0)
         footer = app.screen_text().splitlines()[-1]
@@ -485,7 +472,7 @@ async def test_live_source_asks_state_on_connect_pings_and_relays_refusals():
     source = LiveSource("ipc://job", client_factory=FakeClient, recv_timeout_ms=10)
     source.ping_seconds = 0.1
     app = TorchscopeApp(source)
-    notes = recording(app)
+    notes = notes_of(app)
     async with app.run_test(size=SIZE) as pilot:
         # Paused before the UI came: known from the state asked right after connecting.
         await until(pilot, lambda: paused(app) is not None, what="state on connect")

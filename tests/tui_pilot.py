@@ -26,3 +26,16 @@ async def until(pilot, cond, timeout: float = 10.0, what: str = "") -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or cond}")
         await pilot.pause(0.02)
+
+
+def notes_of(app) -> list[str]:
+    """Notifications the app shows, as text (toasts expire; this list does not)."""
+    notes: list[str] = []
+    notify = app.notify
+
+    def record(message, *args, **kwargs):
+        notes.append(str(message))
+        return notify(message, *args, **kwargs)
+
+    app.notify = record
+    return notes
