@@ -34,6 +34,7 @@ from typing import Any
 from torchscope.protocol.events import ALERT, ARMING, DORMANT, TRACED, TRACING, Event
 from torchscope.tracer import backward_calls
 from torchscope.tracer.clock import StepClock
+from torchscope.tracer.modules import is_fsdp2
 from torchscope.tracer.pipeline import Sink
 from torchscope.tracer.ranks import (
     AgreedPeriods,
@@ -443,11 +444,7 @@ class Agent:
             self._fingerprints = RankFingerprints(*found)
         fp = self._fingerprints
         # DDP replicas only: FSDP2 ranks hold different shards by design.
-        roots = [
-            m
-            for m in self.tracer.modules.ddp_roots()  # type: ignore[union-attr]
-            if hasattr(m, "require_backward_grad_sync")
-        ]
+        roots = [m for m in self.tracer.modules.ddp_roots() if not is_fsdp2(m)]  # type: ignore[union-attr]
         cached = self._fp_params
         if cached is None or [r() for r in cached[0]] != roots:
             # Walking the modules for their parameters costs more than summing them: once per

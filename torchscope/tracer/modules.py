@@ -90,7 +90,7 @@ class ModuleTracker:
         if root in self._indexed_roots:
             return
         self._indexed_roots.add(root)
-        if type(root).__name__ == "DistributedDataParallel" or _is_fsdp2(root):
+        if type(root).__name__ == "DistributedDataParallel" or is_fsdp2(root):
             self._ddp.add(root)
         prefix = ""
         params = list(root.parameters())
@@ -167,6 +167,6 @@ class ModuleTracker:
         return None
 
 
-def _is_fsdp2(module: nn.Module) -> bool:
+def is_fsdp2(module: nn.Module) -> bool:
     """A module ``fully_shard`` made (its class is derived on the fly from ``FSDPModule``)."""
     return any(c.__name__ == "FSDPModule" for c in type(module).__mro__)

@@ -50,15 +50,18 @@ def say(text: str) -> None:
     say_line(f"{speaker()}: {text}")
 
 
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name, "")
-    return int(value) if value.isdigit() else None
+def env_int(name: str) -> int | None:
+    """An integer environment variable (torchrun's RANK, WORLD_SIZE...), or None."""
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
 
 
 def job_id() -> str | None:
     """What every rank of one torchrun job shares (torchrun's run id, else the rendezvous
     address); None outside a multi-rank launch."""
-    if _env_int("WORLD_SIZE") is None or _env_int("RANK") is None:
+    if env_int("WORLD_SIZE") is None or env_int("RANK") is None:
         return None
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id and run_id != "none":

@@ -55,9 +55,9 @@ from torchscope.tracer.mode import (
     result_tensors,
     writes_inputs,
 )
-from torchscope.tracer.modules import ModuleTracker
+from torchscope.tracer.modules import ModuleTracker, is_fsdp2
 from torchscope.tracer.pipeline import EventPipeline, Sink
-from torchscope.tracer.ranks import job_id
+from torchscope.tracer.ranks import env_int, job_id
 from torchscope.tracer.source import thread_stack, user_frame, user_site
 from torchscope.tracer.stepper import PausePoint, Stepper, stepping_commands
 from torchscope.tracer.steps import parse_steps
@@ -241,9 +241,7 @@ class Tracer:
         self.publisher.note_step(self.step_index)
         sinks.append(self.publisher)
         if self.stepper is not None:
-            self.publisher.commands.update(
-                stepping_commands(self.stepper, lambda: self.step_index)
-            )
+            self.publisher.commands.update(stepping_commands(self.stepper, lambda: self.step_index))
             self.publisher.on_request = lambda client, cmd: self.stepper.contact(client)
 
     def _start_nested(self, outer: Tracer) -> Tracer:
@@ -481,15 +479,9 @@ class Tracer:
         (tensors of the same event) when ``t`` is a reordering of the same memory.
         """
         memo = self.memo
-        # memo.get, inlined (twice per event and more: an op's inputs, a node's grad_outputs).
-        entry = memo._entries.get(id(t))
-        if entry is not None and entry[0]() is t:
-            try:
-                if entry[1] == t._version:
-                    return entry[2]
-            except RuntimeError:  # inference tensors have no version counter
-                pass
-        s = None
+        s = memo.get(t)
+        if s is not None:
+            return s
         if self._uninit_storages and aliases and self._views_uninitialized(t, aliases):
             return self._uninitialized(t)
         # Small tensors list their values in order, so they never share (alias_summary).
@@ -811,7 +803,7 @@ class Tracer:
         reduce-scattered gradient (a DTensor), recorded as
         ``torch.distributed.fsdp_gradient_sync``."""
         for ddp in self.modules.ddp_roots():
-            fsdp = not hasattr(ddp, "require_backward_grad_sync")
+            fsdp = is_fsdp2(ddp)
             if not fsdp and not ddp.require_backward_grad_sync:
                 continue  # inside no_sync(): gradients are accumulated locally, not averaged
             outputs = []
@@ -901,21 +893,7 @@ class Tracer:
                     gi = [None if g is None else summary_of(g, aliases)]
                 else:
                     gi = [None if g is None else summary_of(g) for g in grad_inputs]
-                event = Event(  # as _grad_fields, inlined: this runs for every node
-                    kind=GRAD,
-                    seq=self.next_seq(),
-                    step=self.step_index,
-                    backward=self._backward_index,
-                    node=info.name,
-                    node_id=info.id,
-                    op_seq=info.op_seq,
-                    module=info.module,
-                    source=info.source,
-                    param=info.param,
-                    grad_inputs=gi,
-                    grad_outputs=go,
-                    thread=_thread_name(),
-                )
+                event = self._grad_fields(info, go, gi)
                 self.pipeline.add(event)  # type: ignore[union-attr]
         except Exception as exc:
             self.report_error("backward hook", exc)
@@ -1026,9 +1004,9 @@ def session_event(
         script=getattr(main, "__file__", None),
         cwd=os.getcwd(),
         started=time.time(),
-        rank=_env_int("RANK"),
-        world_size=_env_int("WORLD_SIZE"),
-        local_rank=_env_int("LOCAL_RANK"),
+        rank=env_int("RANK"),
+        world_size=env_int("WORLD_SIZE"),
+        local_rank=env_int("LOCAL_RANK"),
         job=job_id(),
         torch=str(torch.__version__),  # plain str, as it reads back from a file
         python=sys.version.split()[0],
@@ -1106,10 +1084,3 @@ def _thread_name() -> str:
     except AttributeError:
         _thread_local.name = threading.current_thread().name
         return _thread_local.name
-
-
-def _env_int(name: str) -> int | None:
-    try:
-        return int(os.environ[name])
-    except (KeyError, ValueError):
-        return None
