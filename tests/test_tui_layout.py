@@ -254,3 +254,22 @@ async def test_the_origin_stands_first_and_knock_on_alerts_are_counted_under_it(
         await pilot.pause(0.4)
         text = str(detail.render())
         assert "5 knock-on alerts" in text and "step 1 · 3x parameters" in text, text
+
+
+@sync
+async def test_a_late_detail_refresh_leaves_the_graph_nodes_detail_alone():
+    # A move made for the user refreshes the detail 0.2 s later. Opening the graph meanwhile
+    # (the detail now shows the graph's node) must not bring the timeline row's detail back.
+    app = TorchscopeApp(ScriptedSource(make_trace(2, 2), mode="replay"))
+    async with app.run_test(size=(130, 36)) as pilot:
+        tl = app.main.timeline
+        await until(pilot, lambda: tl.row_count() > 0, what="the step's rows")
+        await pilot.pause(0.3)
+        gelu = next(tl.row(i) for i in range(tl.row_count()) if tl.row(i).name.endswith("gelu"))
+        tl.select(gelu.kind, gelu.seq)
+        await pilot.press("g")
+        detail = app.main.detail.body
+        await until(pilot, lambda: "backward node" in str(detail.render()), what="node detail")
+        await pilot.pause(0.4)
+        assert app.main.center == "graph"
+        assert "backward node" in str(detail.render())

@@ -552,8 +552,9 @@ class MainScreen(Screen[None]):
 
     def _show_followed_detail(self) -> None:
         self._detail_pending = False
-        # The user has since gone to the alerts: what they look at there keeps the detail.
-        if not self.alerts.has_focus:
+        # The user has since opened the graph or gone to the alerts: what they look at there
+        # owns the detail now.
+        if self.center == "timeline" and not self.alerts.has_focus:
             self._show_detail()
 
     def _show_detail(self) -> None:
