@@ -1,6 +1,6 @@
 """What the tracer's design costs before any bookkeeping: a floor under ``overhead.py``'s rows.
 
-    python benchmarks/floor.py [--workload mlp|transformer] [--steps N] [--repeats R]
+    python benchmarks/floor.py [--workload mlp|transformer|policy] [--steps N] [--repeats R]
 
 torchscope's design is a ``TorchFunctionMode`` that sees every forward call, a post-hook on every
 autograd node of every backward call, and min/max/sum/sum-of-squares of every tensor that
@@ -43,8 +43,8 @@ from torch.optim.optimizer import (  # noqa: E402
 from torch.overrides import TorchFunctionMode  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from models import WORKLOADS  # noqa: E402
-from overhead import CLOCK, CLOCKS, Config, measure, table  # noqa: E402
+from models import ALL_WORKLOADS as WORKLOADS  # noqa: E402
+from overhead import CLOCK, CLOCKS, Config, event_counts, measure, table  # noqa: E402
 
 import torchscope  # noqa: E402
 from torchscope.tracer.mode import op_name  # noqa: E402
@@ -151,6 +151,25 @@ def paired(results: dict, w: Any, key: str) -> float:
     )
 
 
+def per_event(w: Any, results: dict) -> None:
+    """Each row's cost per event of a traced step: what the design alone costs per event next
+    to what torchscope costs (the tiny-op policy net makes this the whole story)."""
+    import statistics
+
+    counts = event_counts(w)
+    events = max(counts["ops"] + counts["grads"], 1)
+    base = statistics.median(results[(w.name, "base")].times)
+    rows = (("grads", "floor"), ("traced", "trace(keep=False)"), ("trace", "trace()"))
+    cells = [
+        f"{label} {(statistics.median(results[(w.name, key)].times) - base) / events * 1e6:.1f}"
+        for key, label in rows
+    ]
+    print(
+        f"\nµs per event ((row median - untraced median) / {events} ops + grads per step): "
+        + ", ".join(cells)
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--workload", choices=list(WORKLOADS), default="mlp")
@@ -185,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         "\npaired ratio = median over rounds of (row's block median / untraced block median of "
         "the same round); the other columns as in overhead.py."
     )
+    per_event(w, results)
     floor_ratio = paired(results, w, "grads")
     for key, label in (("traced", "trace(keep=False)"), ("trace", "trace()")):
         print(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 
 import pytest
+from tui_pilot import SIZE, sync, until
 
-from tests.tui_pilot import SIZE, sync, until
 from torchscope.protocol.tracefile import TraceWriter
 from torchscope.tui.app import TorchscopeApp
 from torchscope.tui.sources import FileSource
