@@ -183,8 +183,8 @@ def sync_watch(found: Counter):
     patches = {
         "before_op": lambda name, *a: f"op {name} (before)",
         "after_op": lambda pending, *a: f"op {pending[0]}",
-        "on_grad": lambda info, *a: f"node {info.name}",
-        "on_grad_pre": lambda info, *a: f"node {info.name} (pre-hook)",
+        "on_grad": lambda info, *a: f"node {info['name']}",
+        "on_grad_pre": lambda info, *a: f"node {info['name']} (pre-hook)",
         "run_backward": lambda call, *a: f"{call}: hook installation / graph event",
         "boundary": lambda step, *a: "step boundary (flush)",
     }

@@ -283,6 +283,7 @@ def test_perfetto_pauses_are_slices_on_their_own_track(tmp_path: Path) -> None:
     assert 0.35e6 <= pause["dur"] < 5e6  # µs: the lease, as the job stood still
     names = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
     assert "paused (step-through)" in names
+
     def ns(us: float) -> int:  # the exporter lays out integer ns, written as µs
         return round(us * 1000)
 

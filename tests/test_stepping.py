@@ -414,6 +414,7 @@ def test_break_on_nan_over_the_wire_step_continue_and_bad_messages(tmp_path):
             cmd = bad.pop("cmd")
             with pytest.raises(SessionRefused):
                 client.request(cmd, **bad)
+
         def unchanged(st: dict) -> bytes:  # NaN-safe equality; only the pause's age moves on
             return pack({k: v for k, v in st.items() if k != "paused_s"})
 

@@ -595,9 +595,9 @@ def cleanup_process(pid: int | None = None) -> int:
     return removed
 
 
-def job_sessions(record: SessionRecord, records: list[SessionRecord] | None = None) -> list[
-    SessionRecord
-]:
+def job_sessions(
+    record: SessionRecord, records: list[SessionRecord] | None = None
+) -> list[SessionRecord]:
     """The sessions of ``record``'s job on this machine (every rank of one torchrun job),
     sorted by rank; ``[record]`` for a job of one process."""
     if record.job is None:

@@ -7,6 +7,7 @@ only, so a graph and its hooks are freed together.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,40 +23,10 @@ NODE_MOD = "torchscope.mod"  # module path around that op
 NODE_RUN = "torchscope.run"  # run_id of the tracer whose op seq NODE_OP is
 
 
-class NodeInfo:
-    """What a grad event says about its node, gathered once when the hooks go in."""
-
-    __slots__ = ("executed", "id", "module", "name", "next", "op_seq", "param", "source")
-
-    def __init__(
-        self,
-        id: int,
-        name: str,
-        op_seq: int | None,
-        source: str | None,
-        param: str | None,
-        module: str = "",
-    ) -> None:
-        self.id = id
-        self.name = name
-        self.op_seq = op_seq
-        self.source = source
-        self.param = param
-        self.module = module
-        self.next: list[list[int] | None] = []
-        self.executed = False
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "name": self.name,
-            "op_seq": self.op_seq,
-            "source": self.source,
-            "param": self.param,
-            "module": self.module,
-            "next": self.next,
-            "executed": self.executed,
-        }
+# What a grad event says about its node, gathered once when the hooks go in, as the graph
+# event lists it: id, name, op_seq, source, param, module, next, executed (set by its hook).
+# The graph event carries these very dicts (the hooks are gone by then).
+NodeInfo = dict[str, Any]
 
 
 _node_names: dict[type, str] = {}
@@ -135,8 +106,17 @@ class NodeHooks:
             param = param_name(node.variable) if name == "AccumulateGrad" else None
             # An op seq of an earlier run names no op of this one; the source line still holds.
             op_seq = md.get(NODE_OP) if md.get(NODE_RUN) == run_id else None
-            info = NodeInfo(nid, name, op_seq, md.get(NODE_SRC), param, md.get(NODE_MOD, ""))
-            edges = info.next
+            edges: list[list[int] | None] = []
+            info = {
+                "id": nid,
+                "name": name,
+                "op_seq": op_seq,
+                "source": md.get(NODE_SRC),
+                "param": param,
+                "module": md.get(NODE_MOD, ""),
+                "next": edges,
+                "executed": False,
+            }
             for nxt, input_nr in node.next_functions:
                 if nxt is None:
                     edges.append(None)
@@ -149,9 +129,11 @@ class NodeHooks:
                     if nxt_id not in seen:
                         todo.append(nxt)
             infos.append(info)
-            handles.append(node.register_hook(_post_hook(info, on_grad)))
+            # A partial, not a closure: called without a Python frame of its own, and it
+            # holds the node's info and a bound method only (see the module docstring).
+            handles.append(node.register_hook(partial(on_grad, info)))
             if stepping:
-                handles.append(node.register_prehook(_pre_hook(info, tracer.on_grad_pre)))
+                handles.append(node.register_prehook(partial(tracer.on_grad_pre, info)))
 
     def remove(self) -> None:
         for h in self._handles:
@@ -162,22 +144,5 @@ class NodeHooks:
         return {
             "call": self.call,
             "roots": self.root_ids,
-            "nodes": [n.as_dict() for n in self.nodes],
+            "nodes": self.nodes,
         }
-
-
-# Hook closures capture the node's info and a bound method, nothing else (see the module
-# docstring): a graph and its hooks are freed together.
-def _post_hook(info: NodeInfo, on_grad: Any) -> Any:
-    def hook(grad_inputs: tuple, grad_outputs: tuple) -> None:
-        info.executed = True
-        on_grad(info, grad_inputs, grad_outputs)
-
-    return hook
-
-
-def _pre_hook(info: NodeInfo, on_grad_pre: Any) -> Any:
-    def prehook(grad_outputs: tuple) -> None:
-        on_grad_pre(info, grad_outputs)
-
-    return prehook

@@ -14,6 +14,11 @@ import torch
 from torch import nn
 from torch.nn.modules import module as module_mod
 
+# Looked up once: the hooks run at every module call (dynamo recognises the function object
+# itself, however it is reached).
+_is_compiling = torch.compiler.is_compiling
+_get_ident = threading.get_ident
+
 
 class ModuleTracker:
     def __init__(self) -> None:
@@ -52,9 +57,9 @@ class ModuleTracker:
         return stack
 
     def _enter(self, module: nn.Module, args: object) -> None:
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             return  # inside a torch.compile graph: no Python state of ours may be traced
-        if self.owner is not None and threading.get_ident() != self.owner:
+        if self.owner is not None and _get_ident() != self.owner:
             return  # another thread's model: not traced, and not named before ours
         stack = self._stack()
         name = self._names.get(module)
@@ -63,7 +68,7 @@ class ModuleTracker:
         stack.append(name)
 
     def _exit(self, module: nn.Module, args: object, output: object) -> None:
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             return
         stack = self._stack()
         if stack:

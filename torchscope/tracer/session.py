@@ -840,9 +840,32 @@ class Tracer:
 
     def on_grad(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> None:
         """Post-hook of one node: runs on the thread that executes the node."""
-        event = self._grad_event(info, grad_inputs, grad_outputs)
+        info["executed"] = True
+        # Backward hooks run with grad mode off, unless create_graph=True.
+        grad_was = _is_grad_enabled()
+        if grad_was:
+            _set_grad_enabled(False)
+        try:
+            with self.pipeline.lock:  # type: ignore[union-attr]
+                summary_of = self.summary_of
+                go = [None if g is None else summary_of(g) for g in grad_outputs]
+                if len(grad_inputs) == 1 and len(grad_outputs) == 1:
+                    # TBackward0 and friends send on a reordered view of what they received.
+                    (g,), (received,) = grad_inputs, grad_outputs
+                    aliases = [received] if received is not None else ()
+                    gi = [None if g is None else summary_of(g, aliases)]
+                else:
+                    gi = [None if g is None else summary_of(g) for g in grad_inputs]
+                event = self._grad_fields(info, go, gi)
+                self.pipeline.add(event)  # type: ignore[union-attr]
+        except Exception as exc:
+            self.report_error("backward hook", exc)
+            return
+        finally:
+            if grad_was:
+                _set_grad_enabled(True)
         stepper = self.stepper
-        if event is not None and stepper is not None and stepper.active:
+        if stepper is not None and stepper.active:
             tensors = {"grad_outputs": list(grad_outputs), "grad_inputs": list(grad_inputs)}
             self.pause_point(AFTER, event, tensors)
 
@@ -866,42 +889,16 @@ class Tracer:
             seq=self.next_seq() if gi is not None else None,
             step=self.step_index,
             backward=self._backward_index,
-            node=info.name,
-            node_id=info.id,
-            op_seq=info.op_seq,
-            module=info.module,
-            source=info.source,
-            param=info.param,
+            node=info["name"],
+            node_id=info["id"],
+            op_seq=info["op_seq"],
+            module=info["module"],
+            source=info["source"],
+            param=info["param"],
             grad_inputs=gi,
             grad_outputs=go,
             thread=_thread_name(),
         )
-
-    def _grad_event(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> Event | None:
-        # Backward hooks run with grad mode off, unless create_graph=True.
-        grad_was = _is_grad_enabled()
-        if grad_was:
-            _set_grad_enabled(False)
-        try:
-            with self.pipeline.lock:  # type: ignore[union-attr]
-                summary_of = self.summary_of
-                go = [None if g is None else summary_of(g) for g in grad_outputs]
-                if len(grad_inputs) == 1 and len(grad_outputs) == 1:
-                    # TBackward0 and friends send on a reordered view of what they received.
-                    (g,), (received,) = grad_inputs, grad_outputs
-                    aliases = [received] if received is not None else ()
-                    gi = [None if g is None else summary_of(g, aliases)]
-                else:
-                    gi = [None if g is None else summary_of(g) for g in grad_inputs]
-                event = self._grad_fields(info, go, gi)
-                self.pipeline.add(event)  # type: ignore[union-attr]
-        except Exception as exc:
-            self.report_error("backward hook", exc)
-            return None
-        finally:
-            if grad_was:
-                _set_grad_enabled(True)
-        return event
 
     # -- step-through ----------------------------------------------------------------------
     def _origin_of(self, event: dict) -> str | None:
