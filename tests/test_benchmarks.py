@@ -146,3 +146,26 @@ def test_gpu_check_skips_in_one_line_without_cuda():
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu_check: skipped: no CUDA device"), lines
+
+
+def test_instruction_counts_say_so_in_one_line_without_valgrind():
+    import os
+
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "instructions.py"), "--steps", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PATH": ""},  # no valgrind to be found
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == [
+        "instructions.py: valgrind not found (apt-get install valgrind); nothing counted"
+    ]
+
+
+def test_instruction_counts_run_every_rows_loop():
+    """What valgrind runs for each row (the counting itself takes minutes: not here)."""
+    for row in ("base", "floor", "traced", "trace"):
+        out = run("instructions.py", "--inner", row, "--steps", "1")
+        assert out == ""
