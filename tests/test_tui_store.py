@@ -448,3 +448,17 @@ def test_format_helpers(tmp_path: Path):
     # a relative path is looked up under the job's working directory
     assert source_context("m.py:2", cwd=str(tmp_path))[1][2] is True
     assert os.path.basename(str(src)) == "m.py"
+
+
+def test_an_empty_trailing_step_goes_whichever_news_completes_the_verdict_last():
+    # A file's steps 0-2 from its index, then the count pass (step 2: nothing in it), then the
+    # file's "complete" status in a batch of its own: the empty step goes at that last news.
+    empty = (0, 0, 0, 0, 1, [])
+    full = (3, 2, 2, 0, 8, [])
+    store = EventStore()
+    store.apply([("status", {"complete": False})])
+    store.apply([("index", [(0, False), (1, False), (2, False)])])
+    store.apply([("counts", {0: full, 1: full, 2: empty}, [0, 1, 2])])
+    assert store.order == [0, 1, 2]  # the file may still grow: step 2 may yet begin
+    ch = store.apply([("status", {"complete": True})])
+    assert store.order == [0, 1] and ch.removed == {2}

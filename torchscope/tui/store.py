@@ -592,7 +592,6 @@ class EventStore:
                 if state == "ended":  # the job is gone, and its breakpoints with it
                     ch.breakpoints_changed |= self.stepper.forget()
                     self.ended = True
-                    self._drop_empty_tail(ch)
             elif tag in ("reply", "refused"):
                 if tag == "reply" and isinstance(item[4], dict):
                     paused, bps = self.stepper.on_state(item[4].get("state"))
@@ -612,8 +611,9 @@ class EventStore:
                     info.state = EVICTED
                     ch.steps_changed.add(item[1])
                 ch.errors.append(item[2])
-        if ch.loaded or ch.steps_changed:
-            self._drop_empty_tail(ch)
+        # After every batch, not only those that changed a step: what completes the verdict
+        # (the last counts, the file's "complete" status, the load ending) comes in any order.
+        self._drop_empty_tail(ch)
         self._evict(ch)
         return ch
 
