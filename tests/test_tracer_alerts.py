@@ -286,3 +286,23 @@ def test_a_view_of_memory_from_outside_is_from_outside_too():
     assert messages[0].startswith(
         "NaN enters as input 0 of Tensor.mul (from outside the traced ops)"
     ), messages
+
+
+def test_the_destinations_of_an_out_call_are_written_not_read():
+    """``torch.add(a, b, out=dst)`` and FSDP's ``split_with_sizes_copy(..., out=[...])``
+    write into buffers whose old bytes (NaN garbage here) nobody reads: no stats of them,
+    no alert. A NaN among the real inputs still is one."""
+    garbage = [torch.full((4,), float("nan")) for _ in range(3)]
+    a, b = torch.ones(4), torch.full((4,), 2.0)
+    bad = torch.full((4,), float("nan"))
+    with torchscope.trace(live=False) as tr:
+        torch.add(a, b, out=garbage[0])
+        torch.split_with_sizes_copy(torch.cat([a, b]), [4, 4], out=garbage[1:])
+        torch.add(bad, b, out=torch.empty(4))
+    assert torch.equal(garbage[0], torch.full((4,), 3.0)) and torch.equal(garbage[2], b)
+    adds = [e for e in tr.ops if e["name"] == "torch.add"]
+    assert adds[0]["inputs"][2]["stats"] is None
+    messages = [a["message"] for a in tr.alerts]
+    assert len(messages) == 1 and messages[0].startswith(
+        "NaN enters as input 0 of torch.add (from outside the traced ops)"
+    ), messages

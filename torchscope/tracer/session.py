@@ -553,9 +553,15 @@ class Tracer:
             # An op that writes into its input destroys the value the deferral would read.
             deferrable = not writes_inputs(name, kwargs)
             # uniform_(w), copy_(w, src): w's old values (maybe uninitialised) do not matter.
-            overwritten = None
+            overwritten: list = []
             if overwrites_first_input(name):  # nn.init passes its tensor as tensor=...
-                overwritten = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
+                overwritten.append(args[0] if args else kwargs.get("tensor", kwargs.get("self")))
+            if kwargs:  # out=dst, out=[...] (FSDP's split_with_sizes_copy): written, not read
+                out = kwargs.get("out")
+                if isinstance(out, torch.Tensor):
+                    overwritten.append(out)
+                elif isinstance(out, (list, tuple)):
+                    overwritten += out
             grad_was = _is_grad_enabled()  # as _no_grad, inlined
             if grad_was:
                 _set_grad_enabled(False)
@@ -565,7 +571,7 @@ class Tracer:
                         if inputs[i] is None:
                             inputs[i] = (
                                 self._overwritten(t)
-                                if t is overwritten
+                                if any(t is o for o in overwritten)
                                 else self.external_summary(t, deferrable)
                             )
             finally:
