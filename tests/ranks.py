@@ -10,7 +10,7 @@ from pathlib import Path
 JOBS = Path(__file__).parent / "jobs"
 # DDP on a small model; rank 1 makes a NaN (sqrt of a negative) in its forward at step 3.
 NAN_JOB = JOBS / "ddp_nan.py"
-NAN_LINE = 22  # the line of that sqrt
+NAN_LINE = 25  # the line of that sqrt
 # DDP, 40 steps of about 0.1 s: long enough for a UI to attach and arm both ranks.
 STEADY_JOB = JOBS / "ddp_steady.py"
 
@@ -40,10 +40,11 @@ def finish(*procs: subprocess.Popen, timeout: float = 60) -> list[tuple[str, str
     return [p.communicate(timeout=timeout) for p in procs]
 
 
-def kill(*procs: subprocess.Popen) -> None:
+def kill(*procs: subprocess.Popen | None) -> None:
     """On the way out of a test, passed or not: no rank is left behind."""
     for p in procs:
-        p.kill()
+        if p is not None:  # not started: the test failed before it got there
+            p.kill()
 
 
 def job_ranks(job: subprocess.Popen, deadline: float) -> list:

@@ -15,6 +15,9 @@ from ranks import JOBS, NAN_JOB, STEADY_JOB, finish, job_ranks, kill, torchrun
 pytest.importorskip("torch")
 
 JOB = JOBS / "ddp_collectives.py"
+# The reference runs (the same jobs without torchscope, for their losses) need no short
+# process-group timeout: a busy host must not fail them.
+REFERENCE = {"JOB_PG_TIMEOUT": "60"}
 
 
 @pytest.fixture(scope="module")
@@ -137,10 +140,13 @@ def test_a_ui_holds_one_rank_paused_past_the_process_group_timeout_and_no_rank_d
         str(NAN_JOB),
         cwd=tmp_path,
     )
-    plain = torchrun(str(NAN_JOB), cwd=tmp_path)  # the same job without torchscope, meanwhile
+    plain = None
     try:
         deadline = time.monotonic() + 60
         rank1 = job_ranks(job, deadline)[1]
+        # The same job without torchscope, meanwhile: started once the traced ranks are up
+        # (not competing with their start for the CPU), with no short timeout of its own.
+        plain = torchrun(str(NAN_JOB), cwd=tmp_path, env=REFERENCE)
         with SessionClient() as ui:
             ui.connect(rank1, timeout=10)
             ui.request("arm")  # as the UI does: this client is there
@@ -176,11 +182,12 @@ def test_a_ui_on_every_rank_arms_them_together_and_a_pause_on_one_kills_neither(
     from torchscope.protocol.client import SessionClient, SessionRefused
 
     job = torchrun("-m", "torchscope", "run", "--lease", "3", str(STEADY_JOB), cwd=tmp_path)
-    # The same job without torchscope, meanwhile (the UI below mostly waits).
-    plain = torchrun(str(STEADY_JOB), cwd=tmp_path, env={"JOB_SLEEP": "0"})
+    plain = None
     try:
         deadline = time.monotonic() + 60
         ranks = job_ranks(job, deadline)
+        # The same job without torchscope, meanwhile (the UI below mostly waits).
+        plain = torchrun(str(STEADY_JOB), cwd=tmp_path, env={"JOB_SLEEP": "0", **REFERENCE})
         assert [r.rank for r in ranks] == [0, 1] and ranks[0].job == ranks[1].job
         ls = subprocess.run(
             [sys.executable, "-m", "torchscope", "ls"], capture_output=True, text=True, timeout=30

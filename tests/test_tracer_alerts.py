@@ -306,3 +306,18 @@ def test_the_destinations_of_an_out_call_are_written_not_read():
     assert len(messages) == 1 and messages[0].startswith(
         "NaN enters as input 0 of torch.add (from outside the traced ops)"
     ), messages
+
+
+def test_a_destination_the_memo_knows_as_garbage_is_still_only_written():
+    """FSDP views its uninitialised all-gather buffer (a traced view of outside memory: in
+    the memo, NaN garbage) and passes the views as ``out=``: still no stats, no alert."""
+    buf = torch.empty(8)
+    buf.numpy()[:] = float("nan")  # garbage, behind the tracer's back
+    src = torch.arange(8.0)
+    with torchscope.trace(live=False) as tr:
+        dests = [buf.narrow(0, 0, 4), buf.narrow(0, 4, 4)]
+        torch.split_with_sizes_copy(src, [4, 4], out=dests)
+    assert torch.equal(buf, src)
+    (split,) = [e for e in tr.ops if e["name"] == "torch.split_with_sizes_copy"]
+    assert [s["stats"] is None for s in split["inputs"]] == [False, True, True]
+    assert tr.alerts == []

@@ -11,7 +11,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 # A short process-group timeout: a rank left waiting in a collective dies after 5 s.
-dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=5))
+# (The tests' reference runs without torchscope give themselves longer: JOB_PG_TIMEOUT.)
+timeout = datetime.timedelta(seconds=float(os.environ.get("JOB_PG_TIMEOUT", "5")))
+dist.init_process_group("gloo", timeout=timeout)
 rank = dist.get_rank()
 torch.manual_seed(0)
 model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)))

@@ -549,19 +549,15 @@ class Tracer:
         tensors = iter_tensors(args, kwargs)
         memo_get = self.memo.get
         inputs = [memo_get(t) for t in tensors]
+        if kwargs and kwargs.get("out") is not None:
+            self._destinations(kwargs["out"], tensors, inputs)
         if None in inputs:  # inputs no traced op made: data, weights
             # An op that writes into its input destroys the value the deferral would read.
             deferrable = not writes_inputs(name, kwargs)
             # uniform_(w), copy_(w, src): w's old values (maybe uninitialised) do not matter.
-            overwritten: list = []
+            overwritten = None
             if overwrites_first_input(name):  # nn.init passes its tensor as tensor=...
-                overwritten.append(args[0] if args else kwargs.get("tensor", kwargs.get("self")))
-            if kwargs:  # out=dst, out=[...] (FSDP's split_with_sizes_copy): written, not read
-                out = kwargs.get("out")
-                if isinstance(out, torch.Tensor):
-                    overwritten.append(out)
-                elif isinstance(out, (list, tuple)):
-                    overwritten += out
+                overwritten = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
             grad_was = _is_grad_enabled()  # as _no_grad, inlined
             if grad_was:
                 _set_grad_enabled(False)
@@ -571,13 +567,23 @@ class Tracer:
                         if inputs[i] is None:
                             inputs[i] = (
                                 self._overwritten(t)
-                                if any(t is o for o in overwritten)
+                                if t is overwritten
                                 else self.external_summary(t, deferrable)
                             )
             finally:
                 if grad_was:
                     _set_grad_enabled(True)
         return name, tensors, inputs, _get_sequence_nr(), time.perf_counter_ns()
+
+    def _destinations(self, out: Any, tensors: list[torch.Tensor], inputs: list) -> None:
+        """``out=dst`` or ``out=[...]`` (FSDP's ``split_with_sizes_copy``): written, not read.
+        Their old bytes (often garbage, or a view of it the memo holds) get no stats and
+        raise no alert, whatever summary they had."""
+        dests = out if isinstance(out, (list, tuple)) else (out,)
+        with self.pipeline.lock:  # type: ignore[union-attr]
+            for i, t in enumerate(tensors):
+                if any(t is d for d in dests):
+                    inputs[i] = self._overwritten(t)
 
     def after_op(
         self, pending: tuple, args: tuple, kwargs: dict, result: Any
