@@ -10,12 +10,13 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
-def run(script: str, *args: str) -> str:
+def run(script: str, *args: str, env: dict[str, str] | None = None) -> str:
     proc = subprocess.run(
         [sys.executable, str(BENCH / script), *args],
         capture_output=True,
         text=True,
         timeout=300,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
@@ -137,29 +138,15 @@ def test_gpu_check_skips_in_one_line_without_cuda():
         import pytest
 
         pytest.skip("a CUDA device is present: the real check runs (minutes), not the skip")
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "gpu_check.py")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = proc.stdout.splitlines()
+    lines = run("gpu_check.py").splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu_check: skipped: no CUDA device"), lines
 
 
 def test_instruction_counts_say_so_in_one_line_without_valgrind():
     import os
 
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "instructions.py"), "--steps", "1"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PATH": ""},  # no valgrind to be found
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.splitlines() == [
+    out = run("instructions.py", "--steps", "1", env={**os.environ, "PATH": ""})  # no valgrind
+    assert out.splitlines() == [
         "instructions.py: valgrind not found (apt-get install valgrind); nothing counted"
     ]
 

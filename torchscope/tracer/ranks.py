@@ -152,10 +152,10 @@ class RankFingerprints:
     def pending(self) -> bool:
         return bool(self._pending)
 
-    def publish(self, step: int, names: list[str], sums: list[float]) -> None:
+    def publish(self, step: int, names: list[str], norms: list[float]) -> None:
         # repr: the shortest text that reads back as the same float
-        self.store.set(f"torchscope/fp/{step}/{self.rank}", ",".join(map(repr, sums)))
-        self._pending[step] = (names, sums)
+        self.store.set(f"torchscope/fp/{step}/{self.rank}", ",".join(map(repr, norms)))
+        self._pending[step] = (names, norms)
         while len(self._pending) > 4 * self.COMPARE_EVERY:  # ranks that never publish
             self._pending.pop(next(iter(self._pending)))
 

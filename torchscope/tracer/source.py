@@ -47,23 +47,19 @@ def user_site(depth: int = 2) -> tuple[str, str] | None:
     frame = sys._getframe(depth)
     internal = _internal
     while frame is not None:
-        # Most frames are torch's (module calls, functional wrappers): this inner loop is a
-        # dict lookup per frame; a file not judged yet drops out to _is_internal below.
-        while frame is not None and internal.get(frame.f_code.co_filename):
-            frame = frame.f_back
-        if frame is None:
-            return None
         code = frame.f_code
-        if _is_internal(code):
-            frame = frame.f_back
-            continue
-        key = (code.co_filename, frame.f_lineno)
-        site = _sites.get(key)
-        if site is None:
-            if len(_sites) > 100_000:  # generated code (exec) could make lines endless
-                _sites.clear()
-            site = _sites[key] = f"{key[0]}:{key[1]}"
-        return site, code.co_name
+        verdict = internal.get(code.co_filename)  # _is_internal, inlined: once per frame
+        if verdict is None:
+            verdict = _is_internal(code)
+        if not verdict:
+            key = (code.co_filename, frame.f_lineno)
+            site = _sites.get(key)
+            if site is None:
+                if len(_sites) > 100_000:  # generated code (exec) could make lines endless
+                    _sites.clear()
+                site = _sites[key] = f"{key[0]}:{key[1]}"
+            return site, code.co_name
+        frame = frame.f_back
     return None
 
 
