@@ -14,19 +14,28 @@ each layer next to the untraced step and next to torchscope itself, in one run:
                     aminmax, sum, dot, read to the host
   + node hooks      ... and walks the graph at ``backward`` and hooks every node (empty hooks)
   + grad stats      ... and the hooks reduce every gradient a node sends on
+  + event records   ... and each call and node leaves the least record a debugger shows: a
+                    dict with its name, source line and the summaries (shape, dtype, the
+                    stats dict) of what went in and came out, kept until the step ends
   torchscope        ``torchscope.trace(keep=False)``
   torchscope, trace() defaults   ``torchscope.trace()`` (events kept in memory)
 
 "+ grad stats" does nothing torchscope can skip and none of what it adds (events, source
 lines, module paths, node ids, alerts, dedup of tensors seen twice), so the gap between it
-and the untraced step is the floor of any tracer built this way in Python.
+and the untraced step is the floor of any tracer built this way in Python. "+ event records"
+adds only what any tracer that shows its events must build; the gap between it and
+torchscope is torchscope's own bookkeeping (module paths, node ids and op links, the memo,
+alerts, the event pipeline).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
+import itertools
+import math
 import os
 import sys
 import time
@@ -48,6 +57,7 @@ from overhead import CLOCK, CLOCKS, Config, event_counts, measure, table  # noqa
 
 import torchscope  # noqa: E402
 from torchscope.tracer.mode import op_name  # noqa: E402
+from torchscope.tracer.source import user_site  # noqa: E402
 from torchscope.tracer.summary import _dense_view  # noqa: E402
 
 
@@ -58,28 +68,77 @@ def reduce_to_host(t: torch.Tensor) -> tuple[float, float, float, float]:
     return mn.item(), mx.item(), flat.sum().item(), torch.dot(flat, flat).item()
 
 
+_text: dict[Any, str] = {}  # str() of each dtype and device, made once
+
+
+def _str(x: Any) -> str:
+    text = _text.get(x)
+    if text is None:
+        text = _text[x] = str(x)
+    return text
+
+
+def meta(t: torch.Tensor) -> dict[str, Any]:
+    return {"shape": list(t.shape), "dtype": _str(t.dtype), "device": _str(t.device)}
+
+
+def summary(t: torch.Tensor, numbers: tuple[float, float, float, float]) -> dict[str, Any]:
+    """The least summary a reader is shown: shape, dtype, device and the stats dict."""
+    mn, mx, total, sq = numbers
+    n = t.numel()
+    mean = total / n
+    return {
+        "shape": list(t.shape),
+        "dtype": _str(t.dtype),
+        "device": _str(t.device),
+        "stats": {
+            "min": mn,
+            "max": mx,
+            "mean": mean,
+            "std": math.sqrt(max(sq - total * mean, 0.0) / max(n - 1, 1)),
+            "norm": math.sqrt(sq),
+            "nan": 0,
+            "inf": 0,
+        },
+    }
+
+
 class FloorMode(TorchFunctionMode):
     """The design with nothing else: ``level`` 0 = mode, 1 = + forward stats, 2 = + node hooks,
-    3 = + grad stats."""
+    3 = + grad stats, 4 = + event records."""
 
     def __init__(self, level: int) -> None:
         super().__init__()
         self.level = level
+        self.records: list[dict[str, Any]] = []  # this step's (cleared by floor()'s hooks)
+        self.seq = itertools.count()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
         if func is torch.Tensor.backward and self.level >= 2:
             return self._backward(func, args, kwargs)
         result = func(*args, **kwargs)
+        name = op_name(func) if self.level >= 1 else None
         if (
-            self.level >= 1
-            and op_name(func) is not None  # the calls torchscope traces (not `p.grad` reads)
+            name is not None  # the calls torchscope traces (not `p.grad` reads)
             and isinstance(result, torch.Tensor)
             and result.is_floating_point()
             and result.numel()
         ):
             with torch.no_grad():
-                reduce_to_host(result)
+                numbers = reduce_to_host(result)
+            if self.level >= 4:
+                site = user_site(2)  # the frame above this one
+                self.records.append(
+                    {
+                        "kind": "op",
+                        "seq": next(self.seq),
+                        "name": name,
+                        "source": site[0] if site is not None else None,
+                        "inputs": [meta(a) for a in args if isinstance(a, torch.Tensor)],
+                        "outputs": [summary(result, numbers)],
+                    }
+                )
         return result
 
     def _backward(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -91,7 +150,9 @@ class FloorMode(TorchFunctionMode):
             if node in seen:
                 continue
             seen.add(node)
-            handles.append(node.register_hook(self._hook))
+            # The records' node name rides in a partial; lower levels keep the bare hook.
+            hook = functools.partial(self._record, node.name()) if self.level >= 4 else self._hook
+            handles.append(node.register_hook(hook))
             todo.extend(n for n, _ in node.next_functions if n is not None)
         try:
             return func(*args, **kwargs)
@@ -105,6 +166,22 @@ class FloorMode(TorchFunctionMode):
                 if g is not None and g.is_floating_point() and g.numel():
                     reduce_to_host(g)
 
+    def _record(self, node: str, grad_inputs: tuple, grad_outputs: tuple) -> None:
+        sent = [
+            summary(g, reduce_to_host(g))
+            for g in grad_inputs
+            if g is not None and g.is_floating_point() and g.numel()
+        ]
+        self.records.append(
+            {
+                "kind": "grad",
+                "seq": next(self.seq),
+                "node": node,
+                "grad_inputs": sent,
+                "grad_outputs": [meta(g) for g in grad_outputs if g is not None],
+            }
+        )
+
 
 @contextlib.contextmanager
 def floor(level: int):
@@ -112,6 +189,7 @@ def floor(level: int):
 
     def leave(*_: Any) -> None:
         mode.__exit__(None, None, None)
+        mode.records.clear()  # the step ends: a tracer hands its records on
 
     def enter(*_: Any) -> None:
         mode.__enter__()
@@ -120,7 +198,7 @@ def floor(level: int):
     pre = register_optimizer_step_pre_hook(leave)
     post = register_optimizer_step_post_hook(enter)
     try:
-        yield
+        yield mode
     finally:
         pre.remove()
         post.remove()
@@ -135,6 +213,7 @@ def rows() -> list[Config]:
         Config("fwd", "+ forward stats", lambda w: floor(1)),
         Config("hooks", "+ node hooks", lambda w: floor(2)),
         Config("grads", "+ grad stats", lambda w: floor(3)),
+        Config("records", "+ event records", lambda w: floor(4)),
         Config("traced", "torchscope", lambda w: torchscope.trace(keep=False)),
         # The public API as most users call it: events kept in memory.
         Config("trace", "torchscope, trace() defaults", lambda w: torchscope.trace()),
@@ -159,7 +238,12 @@ def per_event(w: Any, results: dict) -> None:
     counts = event_counts(w)
     events = max(counts["ops"] + counts["grads"], 1)
     base = statistics.median(results[(w.name, "base")].times)
-    rows = (("grads", "floor"), ("traced", "trace(keep=False)"), ("trace", "trace()"))
+    rows = (
+        ("grads", "floor"),
+        ("records", "floor + event records"),
+        ("traced", "trace(keep=False)"),
+        ("trace", "trace()"),
+    )
     cells = [
         f"{label} {(statistics.median(results[(w.name, key)].times) - base) / events * 1e6:.1f}"
         for key, label in rows
@@ -212,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{paired(results, w, key):.2f} / {floor_ratio:.2f} = "
             f"{paired(results, w, key) / floor_ratio:.2f}"
         )
+    records_ratio = paired(results, w, "records")
+    print(
+        f"\nevent records alone / floor: {records_ratio:.2f} / {floor_ratio:.2f} = "
+        f"{records_ratio / floor_ratio:.2f}; torchscope trace(keep=False) / event records: "
+        f"{paired(results, w, 'traced') / records_ratio:.2f}"
+    )
     return 0
 
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
@@ -61,10 +63,42 @@ def test_floor_prints_every_layer_and_torchscope():
         "+ forward stats",
         "+ node hooks",
         "+ grad stats",
+        "+ event records",
         "torchscope",
         "torchscope, trace() defaults",
     ]
     assert "torchscope trace(keep=False) / floor (`+ grad stats`)" in out
+    assert "event records alone / floor" in out
+
+
+def test_the_floors_event_records_hold_what_the_step_computed():
+    """The `+ event records` row builds real records (not just their cost): each traced call
+    and node, its name, and the stats of what it produced."""
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import floor
+    finally:
+        sys.path.remove(str(BENCH))
+    w = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    x = torch.tensor([4.0, 5.0, 6.0])
+    with floor.floor(4) as mode:
+        (w * x).sum().backward()
+    ops = [r for r in mode.records if r["kind"] == "op"]
+    grads = {r["node"]: r for r in mode.records if r["kind"] == "grad"}
+    assert [op["name"] for op in ops] == ["Tensor.mul", "Tensor.sum"]
+    assert ops[0]["outputs"][0]["stats"]["max"] == 18.0
+    assert ops[0]["outputs"][0]["stats"]["mean"] == pytest.approx(32 / 3)
+    assert ops[0]["source"].startswith(__file__ + ":")  # the line of this test that made it
+    # MulBackward0 sends d(sum)/dw = x on to w's AccumulateGrad.
+    sent = grads["MulBackward0"]["grad_inputs"]
+    assert [s["stats"]["min"] for s in sent] == [4.0] and sent[0]["stats"]["norm"] == pytest.approx(
+        float(x.norm())
+    )
+    assert grads["torch::autograd::AccumulateGrad"]["grad_inputs"] == []  # w's: a sink
 
 
 def test_attach_benchmark_prints_its_rows_and_the_attach_latency():
@@ -135,8 +169,6 @@ def test_gpu_check_skips_in_one_line_without_cuda():
     import torch
 
     if torch.cuda.is_available():
-        import pytest
-
         pytest.skip("a CUDA device is present: the real check runs (minutes), not the skip")
     lines = run("gpu_check.py").splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu_check: skipped: no CUDA device"), lines
