@@ -547,8 +547,7 @@ class Tracer:
         if self.gated and name in COLLECTIVES:
             self._meet_ranks(name)
         tensors = iter_tensors(args, kwargs)
-        memo_get = self.memo.get
-        inputs = [memo_get(t) for t in tensors]
+        inputs = list(map(self.memo.get, tensors))  # map: no comprehension frame per op
         if kwargs and kwargs.get("out") is not None:
             self._destinations(kwargs["out"], tensors, inputs)
         if None in inputs:  # inputs no traced op made: data, weights
@@ -643,7 +642,9 @@ class Tracer:
                     event["outputs"] = [self._uninitialized(t) for t in outs]
                 else:
                     summary_of = self.summary_of
-                    outputs = event["outputs"] = [summary_of(t, in_tensors) for t in outs]
+                    outputs = event["outputs"] = []
+                    for t in outs:  # a loop: a comprehension costs a frame per op
+                        outputs.append(summary_of(t, in_tensors))
                     if not all_finite(outputs):
                         self._judge_external(in_tensors, inputs)
                 self.pipeline.add(event)  # type: ignore[union-attr]
@@ -859,15 +860,21 @@ class Tracer:
             _set_grad_enabled(False)
         try:
             with self.pipeline.lock:  # type: ignore[union-attr]
+                # Loops, not comprehensions: a comprehension costs a frame, and this runs
+                # for every node.
                 summary_of = self.summary_of
-                go = [None if g is None else summary_of(g) for g in grad_outputs]
+                go = []
+                for g in grad_outputs:
+                    go.append(None if g is None else summary_of(g))
                 if len(grad_inputs) == 1 and len(grad_outputs) == 1:
                     # TBackward0 and friends send on a reordered view of what they received.
                     (g,), (received,) = grad_inputs, grad_outputs
                     aliases = [received] if received is not None else ()
                     gi = [None if g is None else summary_of(g, aliases)]
                 else:
-                    gi = [None if g is None else summary_of(g) for g in grad_inputs]
+                    gi = []
+                    for g in grad_inputs:
+                        gi.append(None if g is None else summary_of(g))
                 event = self._grad_fields(info, go, gi)
                 self.pipeline.add(event)  # type: ignore[union-attr]
         except Exception as exc:
