@@ -34,8 +34,8 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from models import WORKLOADS, Workload  # noqa: E402
 from overhead import Config, assert_clean, measure, table  # noqa: E402
+from workloads import WORKLOADS, Workload  # noqa: E402
 
 from torchscope.tracer.agent import Agent, ServeOptions, current_agent  # noqa: E402
 
@@ -103,7 +103,7 @@ JOB = """\
 import sys, time
 sys.path.insert(0, {bench!r})
 import torch
-from models import make_mlp
+from workloads import make_mlp
 torch.set_num_threads(1)
 w = make_mlp()
 print("ready", flush=True)

@@ -52,8 +52,8 @@ from torch.optim.optimizer import (  # noqa: E402
 from torch.overrides import TorchFunctionMode  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from models import ALL_WORKLOADS as WORKLOADS  # noqa: E402
 from overhead import CLOCK, CLOCKS, Config, event_counts, measure, table  # noqa: E402
+from workloads import ALL_WORKLOADS as WORKLOADS  # noqa: E402
 
 import torchscope  # noqa: E402
 from torchscope.tracer.mode import op_name  # noqa: E402

@@ -44,7 +44,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from models import MLP, TinyLM  # noqa: E402
+from workloads import MLP, TinyLM  # noqa: E402
 
 import torchscope  # noqa: E402
 from torchscope.tracer import session as session_mod  # noqa: E402

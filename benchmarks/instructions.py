@@ -53,7 +53,7 @@ def inner(row: str, workload: str, steps: int) -> None:
 
     torch.set_num_threads(1)
     from floor import floor
-    from models import ALL_WORKLOADS
+    from workloads import ALL_WORKLOADS
 
     import torchscope
 
@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sys.path.insert(0, HERE)
-    from models import ALL_WORKLOADS
     from overhead import event_counts
+    from workloads import ALL_WORKLOADS
 
     w = ALL_WORKLOADS[args.workload]()
     c = event_counts(w)

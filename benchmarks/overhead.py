@@ -2,7 +2,7 @@
 
     python benchmarks/overhead.py [--steps N] [--repeats R] [--quick] [--profile] [--clock cpu]
 
-Three workloads (see ``benchmarks/models.py``):
+Three workloads (see ``benchmarks/workloads.py``):
   mlp          8 x (Linear 256, GELU, LayerNorm), batch 64, SGD, MSE loss
   transformer  2-layer pre-LN LM, d_model 128, 4 heads, seq 64, batch 8, hand-written
                causal attention, SGD, cross-entropy
@@ -67,8 +67,8 @@ warnings.filterwarnings("ignore", message="Anomaly Detection has been enabled")
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from models import ALL_WORKLOADS as WORKLOADS  # noqa: E402
-from models import Workload  # noqa: E402
+from workloads import ALL_WORKLOADS as WORKLOADS  # noqa: E402
+from workloads import Workload  # noqa: E402
 
 import torchscope  # noqa: E402
 from torchscope.tracer import publisher as publisher_mod  # noqa: E402

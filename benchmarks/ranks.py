@@ -3,7 +3,7 @@
     python benchmarks/ranks.py            # about a minute on 2 cores
     python benchmarks/ranks.py --quick    # a smoke run (noisy numbers)
 
-Each setting runs the MLP of ``models.py`` (batch 64 per rank) in rounds that interleave an
+Each setting runs the MLP of ``workloads.py`` (batch 64 per rank) in rounds that interleave an
 untraced block and a block under the agent as ``torchscope run --steps all --no-live`` starts
 it (``Agent(ServeOptions(steps="all", live=False))``, garbage collection on): one process
 with no process group, then 2 ranks (gloo, CPU) under ``torchrun --standalone`` with the
@@ -36,7 +36,7 @@ def worker(steps: int, rounds: int) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from models import make_mlp
+    from workloads import make_mlp
 
     from torchscope.tracer import ranks, session
     from torchscope.tracer.agent import Agent, ServeOptions

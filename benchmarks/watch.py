@@ -41,8 +41,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from attach import serving  # noqa: E402
-from models import WORKLOADS, Workload  # noqa: E402
 from overhead import Config, assert_clean, measure, table  # noqa: E402
+from workloads import WORKLOADS, Workload  # noqa: E402
 
 import torchscope  # noqa: E402
 from torchscope.tracer.watch import NanWatch, _total_norms, tensors_in  # noqa: E402
