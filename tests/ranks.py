@@ -5,13 +5,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 JOBS = Path(__file__).parent / "jobs"
 # DDP on a small model; rank 1 makes a NaN (sqrt of a negative) in its forward at step 3.
 NAN_JOB = JOBS / "ddp_nan.py"
 NAN_LINE = 25  # the line of that sqrt
-# DDP, 40 steps of about 0.1 s: long enough for a UI to attach and arm both ranks.
+# DDP, 40 steps of about 0.1 s: long enough for a UI to attach and arm both ranks (JOB_STEPS,
+# JOB_SLEEP and JOB_PACE_FILE change that; the losses stay the same).
 STEADY_JOB = JOBS / "ddp_steady.py"
 
 
@@ -49,8 +53,6 @@ def kill(*procs: subprocess.Popen | None) -> None:
 
 def job_ranks(job: subprocess.Popen, deadline: float) -> list:
     """The session records of both ranks of ``job`` once both registered (by rank)."""
-    import time
-
     from torchscope.protocol import endpoints as ep
 
     while True:
@@ -60,3 +62,45 @@ def job_ranks(job: subprocess.Popen, deadline: float) -> list:
         if len(ranks) == 2:
             return ranks
         time.sleep(0.1)
+
+
+class Output:
+    """A process's stdout and stderr read as they come, so that a test can wait for a line
+    instead of sleeping for long enough."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self._lines: dict[str, list[str]] = {"out": [], "err": []}
+        self._readers = [
+            threading.Thread(target=self._read, args=(pipe, self._lines[name]), daemon=True)
+            for name, pipe in (("out", proc.stdout), ("err", proc.stderr))
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(pipe, lines: list[str]) -> None:
+        for line in pipe:
+            lines.append(line)
+
+    @property
+    def out(self) -> str:
+        return "".join(self._lines["out"])
+
+    @property
+    def err(self) -> str:
+        return "".join(self._lines["err"])
+
+    def wait_for(self, cond: Callable[[], bool], deadline: float, what: str) -> None:
+        """Until ``cond()``; fails (saying ``what``) past ``deadline`` or if the process ends."""
+        while not cond():
+            alive = time.monotonic() < deadline and self.proc.poll() is None
+            assert alive, f"{what}; stderr so far:\n{self.err[-3000:]}"
+            time.sleep(0.05)
+
+    def finish(self, timeout: float = 60) -> tuple[str, str]:
+        """(stdout, stderr) once the process has ended and both pipes are read to their end."""
+        self.proc.wait(timeout)
+        for reader in self._readers:
+            reader.join(timeout)
+        return self.out, self.err

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ranks import JOBS, NAN_JOB, STEADY_JOB, finish, job_ranks, kill, torchrun
+from ranks import JOBS, NAN_JOB, STEADY_JOB, Output, finish, job_ranks, kill, torchrun
 
 pytest.importorskip("torch")
 
@@ -18,6 +18,9 @@ JOB = JOBS / "ddp_collectives.py"
 # The reference runs (the same jobs without torchscope, for their losses) need no short
 # process-group timeout: a busy host must not fail them.
 REFERENCE = {"JOB_PG_TIMEOUT": "60"}
+# The traced jobs that a UI holds paused: a 3 s process-group timeout, and a hold well past it.
+SHORT = {"JOB_PG_TIMEOUT": "3"}
+HOLD = 5.0
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +125,7 @@ def test_ddp_replicas_that_drift_apart_are_an_alert_on_both_ranks(recorded) -> N
 
 
 def test_a_ui_holds_one_rank_paused_past_the_process_group_timeout_and_no_rank_dies(tmp_path):
-    """Rank 1 stops at its NaN; a UI holds it for 8 s against a 5 s process-group timeout.
+    """Rank 1 stops at its NaN; a UI holds it for 5 s against a 3 s process-group timeout.
     Rank 0 waits before its backward (in Python, not in the all-reduce) and says so; after
     continue both ranks finish, with the losses of the same job run without torchscope."""
     import time
@@ -139,14 +142,12 @@ def test_a_ui_holds_one_rank_paused_past_the_process_group_timeout_and_no_rank_d
         "3",
         str(NAN_JOB),
         cwd=tmp_path,
+        env=SHORT,
     )
     plain = None
     try:
         deadline = time.monotonic() + 60
         rank1 = job_ranks(job, deadline)[1]
-        # The same job without torchscope, meanwhile: started once the traced ranks are up
-        # (not competing with their start for the CPU), with no short timeout of its own.
-        plain = torchrun(str(NAN_JOB), cwd=tmp_path, env=REFERENCE)
         with SessionClient() as ui:
             ui.connect(rank1, timeout=10)
             ui.request("arm")  # as the UI does: this client is there
@@ -154,7 +155,10 @@ def test_a_ui_holds_one_rank_paused_past_the_process_group_timeout_and_no_rank_d
                 assert time.monotonic() < deadline, "rank 1 did not pause at its NaN"
                 time.sleep(0.05)
             held = time.monotonic()
-            while time.monotonic() - held < 8:  # past the 5 s timeout
+            # The same job without torchscope, meanwhile: started now that the traced ranks
+            # wait (not competing with their start for the CPU), with no short timeout.
+            plain = torchrun(str(NAN_JOB), cwd=tmp_path, env=REFERENCE)
+            while time.monotonic() - held < HOLD:  # past the group's timeout
                 ui.request("ping")
                 time.sleep(0.5)
             assert ui.request("state")["state"]["paused"] is not None
@@ -173,21 +177,25 @@ def test_a_ui_holds_one_rank_paused_past_the_process_group_timeout_and_no_rank_d
 
 def test_a_ui_on_every_rank_arms_them_together_and_a_pause_on_one_kills_neither(tmp_path):
     """A dormant torchrun job: `ls` shows its ranks as one job; a UI on each rank arms them
-    (they agree on the steps they meet in); a breakpoint on rank 1 holds it for 8 s against
-    a 5 s process-group timeout; rank 0 waits before its backward and says so; after
+    (they agree on the steps they meet in); a breakpoint on rank 1 holds it for 5 s against
+    a 3 s process-group timeout; rank 0 waits before its backward and says so; after
     continue and disarm both finish, with the losses of the job run without torchscope."""
     import time
 
     from torchscope.protocol import endpoints as ep
     from torchscope.protocol.client import SessionClient, SessionRefused
 
-    job = torchrun("-m", "torchscope", "run", "--lease", "3", str(STEADY_JOB), cwd=tmp_path)
+    # Steps of 0.1 s until the pause is over (time for the UIs to attach), then at full speed.
+    pace = tmp_path / "pace"
+    pace.touch()
+    job = torchrun(
+        "-m", "torchscope", "run", "--lease", "3", str(STEADY_JOB),
+        cwd=tmp_path, env={"JOB_PACE_FILE": str(pace), **SHORT},
+    )  # fmt: skip
     plain = None
     try:
         deadline = time.monotonic() + 60
         ranks = job_ranks(job, deadline)
-        # The same job without torchscope, meanwhile (the UI below mostly waits).
-        plain = torchrun(str(STEADY_JOB), cwd=tmp_path, env={"JOB_SLEEP": "0", **REFERENCE})
         assert [r.rank for r in ranks] == [0, 1] and ranks[0].job == ranks[1].job
         ls = subprocess.run(
             [sys.executable, "-m", "torchscope", "ls"], capture_output=True, text=True, timeout=30
@@ -216,15 +224,19 @@ def test_a_ui_on_every_rank_arms_them_together_and_a_pause_on_one_kills_neither(
                 ui0.request("ping")
                 time.sleep(0.05)
             held = time.monotonic()
-            while time.monotonic() - held < 8:  # past the 5 s timeout
+            # The same job without torchscope, meanwhile: started now that the traced ranks
+            # wait (not competing with them for the CPU before), with no short timeout.
+            plain = torchrun(str(STEADY_JOB), cwd=tmp_path, env={"JOB_SLEEP": "0", **REFERENCE})
+            while time.monotonic() - held < HOLD:  # past the group's timeout
                 ui0.request("ping")
                 ui1.request("ping")
                 time.sleep(0.5)
             state = ui1.request("state")["state"]
             assert state["paused"] is not None
             # What the UI shows a pause against: the group's timeout, the pause's age, the lease.
-            assert state["pg_timeout_s"] == 5.0 and state["paused_s"] >= 8, state
+            assert state["pg_timeout_s"] == 3.0 and state["paused_s"] >= HOLD, state
             assert state["lease_s"] == 3.0
+            pace.unlink()  # the rest of the job need not wait
             ui1.request("continue")
             ui0.request("disarm")
             ui1.request("disarm")
@@ -247,12 +259,21 @@ def test_wait_holds_every_rank_until_one_ui_reaches_the_job(tmp_path):
 
     job = torchrun(
         "-m", "torchscope", "run", "--wait", "--lease", "3", str(STEADY_JOB),
-        cwd=tmp_path, env={"JOB_SLEEP": "0"},
+        cwd=tmp_path, env={"JOB_SLEEP": "0", "JOB_STEPS": "6"},
     )  # fmt: skip
+    output = Output(job)
+    waiting = [
+        f"torchscope[rank {rank}]: waiting for a UI (on any rank of this job) before the "
+        "first op (--wait)"
+        for rank in (0, 1)
+    ]
     try:
         deadline = time.monotonic() + 60
         rank1 = job_ranks(job, deadline)[1]
-        time.sleep(1.0)  # both ranks are waiting now; nothing ran
+        output.wait_for(
+            lambda: all(line in output.err for line in waiting), deadline, "a rank did not wait"
+        )
+        assert not any(line.startswith("rank ") for line in output.out.splitlines())  # no step
         with SessionClient() as ui:
             ui.connect(rank1, timeout=10)
             ui.request("arm")
@@ -260,18 +281,13 @@ def test_wait_holds_every_rank_until_one_ui_reaches_the_job(tmp_path):
                 assert time.monotonic() < deadline, "the job did not finish"
                 with contextlib.suppress(Exception):
                     ui.request("ping")
-                time.sleep(0.3)
-        out, err = job.communicate(timeout=30)
+                time.sleep(0.1)
+        out, err = output.finish(timeout=30)
     finally:
         job.kill()
     assert job.returncode == 0, err[-3000:]
-    for rank in (0, 1):
-        assert (
-            f"torchscope[rank {rank}]: waiting for a UI (on any rank of this job) before the "
-            "first op (--wait)" in err
-        ), err[-3000:]
     assert "torchscope[rank 0]: a UI reached another rank of this job: going on" in err
-    assert sum(line.startswith("rank ") for line in out.splitlines()) == 80
+    assert sum(line.startswith("rank ") for line in out.splitlines()) == 12  # 2 ranks x 6
 
 
 def test_fsdp2_shards_of_the_synced_gradients_are_recorded_and_buffers_raise_no_alert(tmp_path):

@@ -1,5 +1,5 @@
-"""A DDP job that runs long enough to be attached to: 40 steps of about 0.1 s (JOB_SLEEP),
-no NaN."""
+"""A DDP job that runs long enough to be attached to: 40 steps (JOB_STEPS) of about 0.1 s
+(JOB_SLEEP; with JOB_PACE_FILE, only while that file exists), no NaN."""
 
 import datetime
 import os
@@ -19,12 +19,14 @@ torch.manual_seed(0)
 model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 gen = torch.Generator().manual_seed(1 + rank)
-for step in range(40):
+pace = os.environ.get("JOB_PACE_FILE")  # the test deletes it when the rest may run at once
+for step in range(int(os.environ.get("JOB_STEPS", "40"))):
     loss = model(torch.randn(8, 4, generator=gen)).pow(2).mean()
     opt.zero_grad()
     loss.backward()
     opt.step()
     sys.stdout.write(f"rank {rank} step {step} {loss.item()!r}\n")  # one write: shared pipe
     sys.stdout.flush()
-    time.sleep(float(os.environ.get("JOB_SLEEP", "0.1")))
+    if pace is None or os.path.exists(pace):
+        time.sleep(float(os.environ.get("JOB_SLEEP", "0.1")))
 dist.destroy_process_group()
