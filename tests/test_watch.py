@@ -550,6 +550,45 @@ def test_nan_on_the_first_step_is_replayed_from_the_discovery_capture():
     assert w.roots == []  # held weakly: a watch never keeps a model alive
 
 
+def test_a_model_call_that_raises_on_the_first_step_leaves_the_watch_working(recwarn):
+    """After a forward that raised, torch calls global always_call hooks without the keyword
+    arguments they asked for: the watch must take that call, not raise in it (torch would
+    warn) and lose count of the module calls in progress."""
+
+    def loop(model, step):
+        if step == 0:
+            with contextlib.suppress(RuntimeError):
+                model(torch.ones(8, 5))  # the wrong width: Linear raises inside the forward
+        return sqrt_loop(model, step)
+
+    w, _ = watch()
+    _, model = train(SqrtNet, loop, 4, ctx=w)
+    assert not [str(r.message) for r in recwarn if "forward hook" in str(r.message)]
+    (det,) = w.detections
+    assert (det["step"], det["origin"], det["where"]) == (3, "torch.sqrt", "forward")
+    assert det["reproduced"] is True and w.roots == [model]
+
+
+class ComplexNet(nn.Module):
+    """A complex weight beside a real one (spectral layers): the watch's norms take both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.phase = nn.Parameter(torch.ones(3, dtype=torch.complex64))
+
+    def forward(self, x):
+        return (self.lin(torch.sqrt(x)) * self.phase).abs()
+
+
+def test_complex_parameters_are_watched_and_their_nan_found(capsys):
+    w, _ = watch()
+    train(ComplexNet, sqrt_loop, 5, ctx=w)
+    assert "internal error" not in capsys.readouterr().err
+    (det,) = w.detections
+    assert (det["step"], det["origin"], det["what"]) == (3, "torch.sqrt", "nan")
+
+
 def test_ddp_replays_the_wrapped_module_not_the_wrapper(tmp_path):
     dist = pytest.importorskip("torch.distributed")
     if not dist.is_available():

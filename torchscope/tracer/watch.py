@@ -366,7 +366,9 @@ class NanWatch:
         except Exception as exc:
             self._error("capturing a module call", exc)
 
-    def _global_post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _global_post(self, module: nn.Module, args: tuple, *rest: Any) -> None:
+        # (kwargs, output) after a forward that returned. After one that raised, torch calls
+        # global always_call hooks with (module, args, None) whatever with_kwargs said.
         if torch.compiler.is_compiling() or self._replaying:
             return
         if threading.get_ident() != self._owner:
@@ -374,7 +376,10 @@ class NanWatch:
         try:
             self._depth = max(self._depth - 1, 0)
             if self._depth == 0:
-                self._end_call(module, kwargs, output)
+                if len(rest) == 2:
+                    self._end_call(module, rest[0], rest[1])
+                else:
+                    self._pending = None  # the call raised: nothing of it reaches a gradient
         except Exception as exc:
             self._error("capturing a module call", exc)
 
@@ -727,7 +732,13 @@ def _params_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 
 def _dense(t: torch.Tensor) -> torch.Tensor:
-    return t._values() if t.is_sparse else t
+    """Values whose L2 norm is ``t``'s: a sparse tensor's stored values, a complex tensor's
+    real and imaginary parts (``foreach_norm`` takes no real dtype for complex input)."""
+    if t.is_sparse:
+        t = t._values()
+    if t.is_complex():
+        t = torch.view_as_real(t.conj() if t.is_conj() else t)  # |conj z| = |z|
+    return t
 
 
 def _norm_of(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -741,7 +752,7 @@ def _norm_of(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     for (dev, dtype), ts in groups.items():
         if dtype in (torch.float32, torch.float64):
             norms = torch._foreach_norm(ts)
-        elif dtype.is_floating_point or dtype.is_complex:
+        elif dtype.is_floating_point:
             norms = torch._foreach_norm(ts, dtype=torch.float32)
         else:
             continue
