@@ -378,3 +378,24 @@ def test_view_made_under_no_grad_then_written_in_place():
     assert fill and fill[0].grad_fn is None and fill[0].outputs[0]["values"] == [0.0] * 4
     assert emb.weight.grad[0].abs().sum().item() == 0.0  # padding row gets no gradient
     assert any(g.node == "EmbeddingBackward0" for g in tr.grads)
+
+
+@pytest.mark.parametrize("width", [2, 40])  # a few values (listed) and many (reduced)
+def test_batched_autograd_grad_records_shapes_and_no_errors(width):
+    """``autograd.grad(..., is_grads_batched=True)`` (jacobian(vectorize=True) too) runs the
+    backward under vmap: the hooks see batched gradients, whose numbers cannot be read."""
+    x = torch.randn(4, width, requires_grad=True)
+    w = torch.randn(width, 3, requires_grad=True)
+    v = torch.eye(3)[:, None, :].expand(3, 4, 3)  # one grad_output per output column
+    out = torch.tanh(x @ w)
+    (plain,) = torch.autograd.grad(out, x, v, is_grads_batched=True, retain_graph=True)
+    with torchscope.trace() as tr:
+        (traced,) = torch.autograd.grad(tr_out := torch.tanh(x @ w), x, v, is_grads_batched=True)
+        jac = torch.autograd.functional.jacobian(lambda a: torch.tanh(a @ w), x, vectorize=True)
+    assert tr.errors == [] and torch.equal(plain, traced)
+    assert jac.shape == (4, 3, 4, width) and tr_out.shape == (4, 3)
+    (tanh,) = [g for g in tr.grads if g.node == "TanhBackward0" and g.backward == 1]
+    (sent,) = tanh.grad_inputs
+    assert (sent["shape"], sent["stats"], sent["stats_of"]) == ([4, 3], None, "batched")
+    graph = next(g for g in tr.graphs if g.backward == 1)
+    assert all(n["executed"] for n in graph.nodes if n["name"] == "TanhBackward0")

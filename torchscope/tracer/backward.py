@@ -60,26 +60,29 @@ def root_tensors(call: str, args: tuple, kwargs: dict) -> list[torch.Tensor]:
 class NodeHooks:
     """Installs a post-hook on each reachable node for one backward call, then removes them."""
 
-    def __init__(self, tracer: Tracer, call: str, roots: list[torch.Tensor]) -> None:
+    def __init__(
+        self, tracer: Tracer, call: str, roots: list[torch.Tensor], *, batched: bool = False
+    ) -> None:
         self.tracer = tracer
         self.call = call
         self.nodes: list[NodeInfo] = []
         self.root_ids: list[int] = []
         self._handles: list[Any] = []
         try:
-            self._install(roots)
+            self._install(roots, batched)
         except BaseException:
             self.remove()  # no half-hooked graph: its hooks would fire in this and later calls
             raise
 
-    def _install(self, roots: list[torch.Tensor]) -> None:
+    def _install(self, roots: list[torch.Tensor], batched: bool) -> None:
         tracer = self.tracer
         # Pre-hooks only when someone may pause in this backward: they cost a call per node.
-        stepping = tracer.stepper is not None and tracer.stepper.active
+        # A batched backward's gradients cannot be read, so it is not stepped through.
+        stepping = tracer.stepper is not None and tracer.stepper.active and not batched
         node_id = tracer.node_id
         new_id = tracer._node_ids.__next__
         run_id = tracer.run_id
-        on_grad = tracer.on_grad
+        on_grad = tracer.on_batched_grad if batched else tracer.on_grad
         param_name = tracer.modules.param_name
         infos = self.nodes
         handles = self._handles

@@ -776,7 +776,10 @@ class Tracer:
             self._meet_ranks(f"{call}()")
         hooks = None
         try:
-            hooks = NodeHooks(self, call, root_tensors(call, args, kwargs))
+            # autograd.grad(..., is_grads_batched=True) runs the backward under vmap: the
+            # hooks get batched gradients, whose numbers cannot be read there.
+            batched = bool(kwargs.get("is_grads_batched"))
+            hooks = NodeHooks(self, call, root_tensors(call, args, kwargs), batched=batched)
             self._backward_index += 1
             frame = user_frame(1)
         except Exception as exc:
@@ -887,6 +890,18 @@ class Tracer:
         if stepper is not None and stepper.active:
             tensors = {"grad_outputs": list(grad_outputs), "grad_inputs": list(grad_inputs)}
             self.pause_point(AFTER, event, tensors)
+
+    def on_batched_grad(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> None:
+        """Post-hook of one node of a batched backward (``is_grads_batched=True``): each
+        gradient is a vmap batch, so its shape is recorded and its numbers are not."""
+        info["executed"] = True
+        try:
+            with self.pipeline.lock:  # type: ignore[union-attr]
+                go = [_batched_summary(g) for g in grad_outputs]
+                gi = [_batched_summary(g) for g in grad_inputs]
+                self.pipeline.add(self._grad_fields(info, go, gi))  # type: ignore[union-attr]
+        except Exception as exc:
+            self.report_error("backward hook", exc)
 
     def on_grad_pre(self, info: NodeInfo, grad_outputs: tuple) -> None:
         """Pre-hook of one node (installed only while stepping): before the node runs."""
@@ -1077,6 +1092,15 @@ class _no_grad:
     def __exit__(self, *exc: object) -> None:
         if self.was:
             torch._C._set_grad_enabled(True)
+
+
+def _batched_summary(g: torch.Tensor | None) -> dict | None:
+    if g is None:
+        return None
+    summary = tensor_meta(g)  # the shape of one gradient of the batch
+    summary["stats"] = None
+    summary["stats_of"] = "batched"
+    return summary
 
 
 def _has_inf_scalar(args: tuple, kwargs: dict) -> bool:

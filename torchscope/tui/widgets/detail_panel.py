@@ -426,6 +426,8 @@ class DetailPanel(VerticalScroll, can_focus=True):
             if s.get("external"):
                 # The tracer reduces data and weights only when the op's output goes bad.
                 why = "from outside: stats only on a bad output"
+            elif s.get("stats_of") == "batched":
+                why = "one of a batch of gradients (is_grads_batched): numbers not read"
             else:
                 why = "metadata only: no values summarised"
             lines.append(f"{pad}[dim]({why})[/]")
