@@ -6,6 +6,7 @@ handlers with a client id); the socket path is covered by tests/test_attach.py.
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import models
@@ -168,6 +169,7 @@ def test_a_breakpoint_set_on_a_dormant_job_hits_in_its_next_step():
 
 
 def test_jobs_without_an_optimizer_count_a_step_per_backward():
+    gc.collect()  # optimizers of earlier tests, if any are still waiting to be freed
     model = models.mlp()
     a, events = agent()
 
@@ -197,10 +199,16 @@ def test_jobs_without_an_optimizer_count_a_step_per_backward():
     assert a.clock.counted_by == "backward"
 
 
-def test_gradient_accumulation_is_renumbered_by_the_first_optimizer_step():
+def test_gradient_accumulation_counts_optimizer_steps_from_the_first_micro_batch():
+    """The job holds its optimizer when the first backward() ends: micro-batches are never
+    steps, so a trace from the start numbers each step once (it numbered the first step's
+    micro-batches 0, 1, 2, 3, then the optimizer renumbered, and two steps were "1")."""
     model = models.mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    a, _ = agent()
+    events: list = []
+    a = Agent(ServeOptions(live=False, steps="all"))
+    a.sinks.append(events.extend)  # before start(): tracing begins there, at step 0
+    a.start()
     try:
         for _ in range(3):
             for _micro in range(4):
@@ -208,6 +216,27 @@ def test_gradient_accumulation_is_renumbered_by_the_first_optimizer_step():
             opt.step()
             opt.zero_grad()
         assert a.clock.step == 3
+    finally:
+        a.stop()
+    graphs = [(e["step"], e["backward"]) for e in events if e["kind"] == "graph"]
+    assert graphs == [(step, b) for step in range(3) for b in range(1, 5)]
+
+
+def test_an_optimizer_built_after_the_first_backwards_renumbers_the_steps():
+    gc.collect()  # optimizers of earlier tests, if any are still waiting to be freed
+    model = models.mlp()
+    a, _ = agent()
+    try:
+        for _micro in range(4):  # a warm-up with no optimizer yet: a step per backward
+            model(torch.randn(2, 8)).sum().backward()
+        model(torch.randn(2, 8))
+        assert a.clock.step == 4
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(2):
+            opt.step()
+            opt.zero_grad()
+            model(torch.randn(2, 8)).sum().backward()
+        assert a.clock.step == 2  # counted as the optimizer counts
     finally:
         a.stop()
 

@@ -15,18 +15,23 @@ hooks nested: one update, one step.
 
 A boundary after ``backward()`` is not taken at once (the hand-written update that follows is
 not the next step's work) but at the next module call or backward, whichever comes first.
-The first ``optimizer.step()`` turns these provisional boundaries off and renumbers the step
-as the optimizer counts it, so gradient accumulation is counted right from then on.
+A job that holds an optimizer when its first ``backward()`` ends never counts that way: its
+``step()`` ends the steps, and the micro-batches of gradient accumulation before it belong to
+one step (a trace that numbered them as steps would number two steps alike once the optimizer
+renumbered). Otherwise the first ``optimizer.step()`` turns these provisional boundaries off
+and renumbers the step as the optimizer counts it.
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 from typing import Any, Protocol
 
 from torch.nn.modules import module as module_mod
 from torch.optim.optimizer import (
+    Optimizer,
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
@@ -72,6 +77,7 @@ class StepClock:
         self._optimizer_seen = False
         self._manual_seen = False
         self._provisional = 0  # steps counted from backward() before any optimizer step
+        self._optimizer_held: bool | None = None  # asked once, at the first backward() end
         self._hooks: list[Any] = []
         self._resume_hook: Any = None  # settles an update whose step() raised
         self._pending_hook: Any = None  # takes a boundary deferred after backward()
@@ -181,6 +187,10 @@ class StepClock:
 
     def backward_ends(self, ok: bool) -> None:
         if ok and self._pending_hook is None and self._counts_backward():
+            if self._optimizer_held is None:
+                self._optimizer_held = _an_optimizer_exists()
+            if self._optimizer_held:
+                return
             self._pending_hook = module_mod.register_module_forward_pre_hook(
                 lambda module, args: self._take_pending()
             )
@@ -209,4 +219,19 @@ def _on_stack(frame: Any, start: Any, limit: int = 64) -> bool:
         if f is frame:
             return True
         f = f.f_back
+    return False
+
+
+def _an_optimizer_exists() -> bool:
+    """Whether this process holds a torch optimizer (whose ``step()`` will end the steps).
+
+    ``Optimizer.__init__`` marks its class's ``step`` as hooked, so a process that never
+    built one pays nothing here; one that did pays one pass over the collector's objects."""
+    classes: list[type] = [Optimizer]
+    while classes:
+        cls = classes.pop()
+        if getattr(cls.__dict__.get("step"), "hooked", False):
+            # type(o), not isinstance: that asks proxies for __class__ (some warn when asked)
+            return any(issubclass(type(o), Optimizer) for o in gc.get_objects())
+        classes.extend(cls.__subclasses__())
     return False
