@@ -349,3 +349,16 @@ def test_encoding_after_a_refused_object_starts_clean():
     good = {"kind": "op", "seq": 2, "outputs": [{"shape": [2, 3]}]}
     assert codec.pack(good) == msgpack.packb(good, use_bin_type=True)
     assert codec.unpack(codec.pack(good)) == good
+
+
+def test_a_second_writer_of_the_same_file_is_refused_and_the_first_recording_survives(tmp_path):
+    path = tmp_path / "same.tsc"
+    first = TraceWriter(path)
+    first.write([{"kind": "step", "seq": 0, "step": 0}])
+    first.flush()
+    with pytest.raises(TraceFileError, match="another recording is being written to it"):
+        TraceWriter(path)  # it used to empty the file and write its own header over it
+    first.write([{"kind": "step", "seq": 1, "step": 1}])
+    first.close()
+    assert [e["seq"] for e in read_all(path)[1]] == [0, 1]
+    TraceWriter(path).close()  # free again once the first writer is done

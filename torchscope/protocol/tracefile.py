@@ -53,6 +53,11 @@ from typing import Any
 
 import msgpack
 
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks
+    fcntl = None  # type: ignore[assignment]
+
 from torchscope.protocol import codec
 from torchscope.protocol.codec import ProtocolError
 from torchscope.protocol.events import Event, Trace, check_event, event_problem
@@ -104,9 +109,27 @@ _clock = time.monotonic
 
 
 def _open_for_writing(path: str) -> Any:
-    # Unbuffered: a record is one write() of our own, and after a failed one no hidden buffer
-    # is left to be flushed later, behind a truncation.
-    return open(path, "wb", buffering=0)
+    """The file, emptied and locked for this writer alone.
+
+    Locked before it is emptied: a second job given the same path must not truncate the
+    first one's recording (both were lost), so it is refused while the first still writes.
+    Unbuffered: a record is one write() of our own, and after a failed one no hidden buffer
+    is left to be flushed later, behind a truncation."""
+    f = open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o666), "wb", buffering=0)  # noqa: SIM115
+    try:
+        if stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # a pipe or device: written as it is
+            if fcntl is not None:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise OSError(
+                        errno.EBUSY, "another recording is being written to it"
+                    ) from None
+            os.ftruncate(f.fileno(), 0)
+    except BaseException:
+        f.close()
+        raise
+    return f
 
 
 class TraceFileError(ProtocolError):
