@@ -145,6 +145,35 @@ def test_perfetto_to_stdout_and_bad_input(trace_file: Path, tmp_path: Path) -> N
     assert res.returncode == 2 and res.stderr.startswith("torchscope: error: cannot write")
 
 
+
+@pytest.mark.parametrize("fmt", ["perfetto", "csv"])
+def test_export_never_writes_over_its_input_and_writes_through_a_pipe(
+    trace_file: Path, tmp_path: Path, fmt: str
+) -> None:
+    import os
+    import threading
+
+    copy = tmp_path / "t.tsc"
+    copy.write_bytes(trace_file.read_bytes())
+    res = run("export", copy, "--format", fmt, "-o", copy)
+    assert res.returncode == 2 and "is the recording being exported" in res.stderr
+    assert copy.read_bytes() == trace_file.read_bytes()  # it used to be the export
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    res = run("export", trace_file, "--format", fmt, "-o", fifo)
+    reader.join(timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert fifo.is_fifo()  # not replaced by a regular file its reader never sees
+    text = got[0].decode()
+    if fmt == "perfetto":
+        check_trace_event_format(json.loads(text))
+    else:
+        assert text.startswith("seq,step,kind,name,") and len(text.splitlines()) > 10
+
+
 # -- pandas ----------------------------------------------------------------------------------
 def test_pandas_round_trip_of_every_kind(trace_file: Path, tmp_path: Path) -> None:
     pd = pytest.importorskip("pandas")

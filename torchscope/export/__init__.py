@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from torchscope.export.tables import TABLE_KINDS, TableError, read_table, to_pandas, write_table
+from torchscope.protocol.output import replacing, same_file
 
 __all__ = ["TABLE_KINDS", "TableError", "main", "read_table", "to_pandas", "write_table"]
 
@@ -45,7 +46,8 @@ def main(args: Any) -> int:
                     raise MissingExtra(MISSING_PYARROW) from None
         except TableError as exc:
             return _fail(str(exc))
-    tmp = None
+    if out != "-" and same_file(out, args.file):
+        return _fail(f"-o {out} is the recording being exported: give another path")
     try:
         with TraceReader(args.file) as reader:
             if fmt == "perfetto":
@@ -55,15 +57,16 @@ def main(args: Any) -> int:
                 if out == "-":
                     n = write(reader.iter_events(), sys.stdout, meta)
                 else:
-                    tmp = f"{out}.tmp{os.getpid()}"
-                    with open(tmp, "w", encoding="utf-8") as f:
+                    with replacing(out) as f:
                         n = write(reader.iter_events(), f, meta)
-                    os.replace(tmp, out)
-                    tmp = None
                 what = f"{n} trace events"
             else:
                 df = to_pandas(reader.iter_events(), args.kind)
-                write_table(df, sys.stdout if out == "-" and fmt == "csv" else out, fmt)
+                if out == "-" and fmt == "csv":
+                    write_table(df, sys.stdout, fmt)
+                else:
+                    with replacing(out, "wb") as f:
+                        write_table(df, f, fmt)
                 what = f"{len(df)} rows of kind {args.kind}"
             if reader.truncated:
                 print(
@@ -75,9 +78,6 @@ def main(args: Any) -> int:
         return _fail(f"{args.file}: {exc}" if isinstance(exc, ProtocolError) else str(exc))
     except OSError as exc:
         return _fail(f"cannot write {out}: {exc.strerror or exc}")
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
     if out != "-":
         print(f"torchscope: wrote {what} to {out}", file=sys.stderr)
     return 0

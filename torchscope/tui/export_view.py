@@ -18,6 +18,7 @@ from typing import Any
 from torchscope.dump import render
 from torchscope.protocol import codec
 from torchscope.protocol.events import Event
+from torchscope.protocol.output import replacing
 from torchscope.tui.store import RAW, SEQ, StepData
 
 __all__ = ["default_path", "snapshot", "write_jsonl"]
@@ -56,19 +57,12 @@ def _events(items: list[Any]):
 
 def write_jsonl(items: list[Any], path: str) -> int:
     """Write ``items`` (see :func:`snapshot`) to ``path``, atomically; the number written."""
-    path = os.path.expanduser(path)
-    tmp = f"{path}.tmp{os.getpid()}"
     n = 0
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for line in render(_events(items), "jsonl"):
-                f.write(line)
-                f.write("\n")
-                n += 1
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with replacing(os.path.expanduser(path)) as f:
+        for line in render(_events(items), "jsonl"):
+            f.write(line)
+            f.write("\n")
+            n += 1
     return n
 
 
