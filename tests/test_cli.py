@@ -74,6 +74,19 @@ def test_dump_text_filters_by_kind_and_step(seed_trace: Path) -> None:
     assert torchscope("dump", str(seed_trace), "--step", "7").stdout.splitlines()[1:] == []
 
 
+def test_dump_to_a_full_disk_is_one_line(seed_trace: Path) -> None:
+    with open("/dev/full", "w") as full:
+        res = subprocess.run(
+            [sys.executable, "-m", "torchscope", "dump", str(seed_trace)],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    assert res.returncode == 2  # it was a traceback
+    assert res.stderr == "torchscope: error: cannot write the output: No space left on device\n"
+
+
 def test_module_mode_passes_arguments_and_exit_code(tmp_path: Path) -> None:
     pkg = tmp_path / "pkg"
     pkg.mkdir()

@@ -150,8 +150,26 @@ def test_bad_input_is_one_line_and_exit_2(runs: dict[str, Path], tmp_path: Path)
         assert res.stderr.startswith("torchscope: error: ")
         assert len(res.stderr.strip().splitlines()) == 1, res.stderr
         assert res.stdout == ""
-    res = diff(runs["base"], runs["base"], "--step", "x-y")
-    assert res.returncode == 2 and "bad step list" in res.stderr
+    for options, why in (
+        (("--step", "x-y"), "bad step list"),
+        (("--step", "5-2"), "bad step list"),  # it compared nothing and said "same"
+        (("--step", "999"), "neither recording has step 999"),
+        (("--rtol", "nan"), "--rtol and --atol must be numbers >= 0"),  # every event diverged
+    ):
+        res = diff(runs["base"], runs["base"], *options)
+        assert res.returncode == 2 and why in res.stderr, (options, res.stderr)
+        assert len(res.stderr.strip().splitlines()) == 1 and res.stdout == ""
+    # stdout on a full disk: one line and 2, not a traceback and 1 ("diverged")
+    with open("/dev/full", "w") as full:
+        res = subprocess.run(
+            [sys.executable, "-m", "torchscope", "diff", runs["base"], runs["base"]],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    assert res.returncode == 2
+    assert res.stderr == "torchscope: error: cannot write the output: No space left on device\n"
 
 
 def test_step_filter_and_truncated_file(runs: dict[str, Path], tmp_path: Path) -> None:

@@ -344,6 +344,7 @@ def _print_user_traceback(exc: BaseException) -> None:
 # -- dump ------------------------------------------------------------------------------------
 def cmd_dump(args: argparse.Namespace) -> int:
     from torchscope.dump import render
+    from torchscope.protocol.output import drop_stdout
     from torchscope.protocol.tracefile import TraceFileError, TraceReader
 
     try:
@@ -364,9 +365,11 @@ def cmd_dump(args: argparse.Namespace) -> int:
             out.flush()
             return _fail(f"{args.file}: {exc}")
         except BrokenPipeError:  # `torchscope dump t.tsc | head`
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
+            drop_stdout()
             return 0
+        except OSError as exc:  # a full disk
+            drop_stdout()
+            return _fail(f"cannot write the output: {exc.strerror or exc}")
         if reader.truncated:
             print(
                 f"torchscope: {args.file} was cut short at byte {reader.truncated_at} "

@@ -477,12 +477,13 @@ def parse_steps(spec: str | None) -> set[int] | None:
     for part in spec.split(","):
         lo, sep, hi = part.strip().partition("-")
         try:
-            if sep:
-                out.update(range(int(lo), int(hi) + 1))
-            else:
-                out.add(int(lo))
+            first = int(lo)
+            last = int(hi) if sep else first
         except ValueError:
-            raise ValueError(f"bad step list {spec!r} (expected e.g. 3, 0-9, 1,4,7-8)") from None
+            first = last = -1
+        if first < 0 or last < first:
+            raise ValueError(f"bad step list {spec!r} (expected e.g. 3, 0-9, 1,4,7-8)")
+        out.update(range(first, last + 1))
     return out
 
 
@@ -490,8 +491,10 @@ def main(args: Any) -> int:
     """``torchscope diff``: 0 same, 1 diverged, 2 bad input."""
     import sys
 
-    if args.rtol < 0 or args.atol < 0:
-        print("torchscope: error: --rtol and --atol must be >= 0", file=sys.stderr)
+    from torchscope.protocol.output import drop_stdout
+
+    if not (args.rtol >= 0 and args.atol >= 0):  # NaN too: it would call every event divergent
+        print("torchscope: error: --rtol and --atol must be numbers >= 0", file=sys.stderr)
         return 2
     try:
         opts = Options(
@@ -505,12 +508,18 @@ def main(args: Any) -> int:
     except (DiffError, ValueError) as exc:
         print(f"torchscope: error: {exc}", file=sys.stderr)
         return 2
+    if opts.steps is not None and not res.matched and not res.only_a and not res.only_b:
+        print(f"torchscope: error: neither recording has step {args.step}", file=sys.stderr)
+        return 2
     for n in notes:
         print(f"torchscope: {n}", file=sys.stderr)
     try:
         sys.stdout.write("\n".join(lines) + "\n")
         sys.stdout.flush()
     except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        drop_stdout()
+    except OSError as exc:  # a full disk: not "diverged" (1)
+        drop_stdout()
+        print(f"torchscope: error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     return 0 if res.same else 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import sys
 from collections.abc import Iterator
 from typing import IO
 
@@ -47,3 +48,12 @@ def replacing(path: str, mode: str = "w") -> Iterator[IO]:
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+
+
+def drop_stdout() -> None:
+    """After stdout failed (a closed pipe, a full disk): point it at /dev/null, so the flush
+    at exit cannot fail again with a traceback."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
