@@ -122,6 +122,38 @@ def test_script_error_shows_the_user_traceback_only(tmp_path: Path) -> None:
     assert "runpy" not in res.stderr and "torchscope/cli.py" not in res.stderr
 
 
+def test_a_script_sees_what_python_shows_it(tmp_path: Path) -> None:
+    """argv[0] as typed, an absolute __file__, a source loader, its directory first on
+    sys.path (not the console script's), and its own excepthook for an uncaught error; a
+    directory with __main__.py runs too."""
+    (tmp_path / "show.py").write_text(
+        textwrap.dedent(
+            """
+            import os, sys
+            def hook(kind, exc, tb):
+                print("hook:", kind.__name__, exc, file=sys.stderr)
+            sys.excepthook = hook
+            print(sys.argv[0], os.path.isabs(__file__), type(__loader__).__name__, __name__)
+            print(sys.path[0] == os.path.dirname(os.path.abspath(__file__)))
+            raise ValueError("mine")
+            """
+        )
+    )
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__main__.py").write_text("import sys\nprint('app', sys.argv[1:])\n")
+    plain = subprocess.run(
+        [sys.executable, "show.py"], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
+    res = torchscope("run", "--quiet", "show.py", cwd=tmp_path)
+    assert (res.returncode, res.stdout) == (plain.returncode, plain.stdout) == (
+        1,
+        "show.py True SourceFileLoader __main__\nTrue\n",
+    )
+    assert res.stderr == plain.stderr == "hook: ValueError mine\n"
+    res = torchscope("run", "--quiet", "app", "x", cwd=tmp_path)
+    assert (res.returncode, res.stdout) == (0, "app ['x']\n"), res.stderr
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -10,6 +10,7 @@ import contextlib
 import os
 import sys
 import traceback
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -220,7 +221,9 @@ def cmd_run(opts: RunOptions) -> int:
         parse_steps(opts.steps)
     except StepSpecError as exc:
         raise UsageError(str(exc)) from None
-    if opts.script is not None and not os.path.isfile(opts.script):
+    if opts.script is not None and not (
+        os.path.isfile(opts.script) or os.path.isfile(os.path.join(opts.script, "__main__.py"))
+    ):
         raise UsageError(f"no such script: {opts.script}")
 
     if opts.live:
@@ -261,11 +264,16 @@ def cmd_run(opts: RunOptions) -> int:
         )
     )
     target = opts.script or f"-m {opts.module}"
-    sys.argv = [opts.script or opts.module or "", *opts.args]
-    if opts.script is not None:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(opts.script)))
-    else:
-        sys.path.insert(0, os.getcwd())
+    sys.argv = [opts.script or opts.module or "", *opts.args]  # argv[0] as typed, as python
+    # What python puts first on sys.path for the script (or -m), in place of what it put
+    # there for torchscope (the console script's directory).
+    first = os.getcwd() if opts.script is None else os.path.dirname(script)  # type: ignore[arg-type]
+    if opts.script is not None and os.path.isdir(opts.script):
+        first = script  # a directory with __main__.py: run_path puts it first itself
+    if sys.path and not getattr(sys.flags, "safe_path", False):
+        sys.path[0] = first
+    elif not getattr(sys.flags, "safe_path", False):
+        sys.path.insert(0, first)
     try:
         agent.start()
     except TraceFileError as exc:
@@ -281,16 +289,19 @@ def cmd_run(opts: RunOptions) -> int:
             where += f"; {attach}: torchscope tui {os.getpid()}"
         print(f"torchscope: {what}{where}", file=sys.stderr)
     code = 0
+    interrupted: KeyboardInterrupt | None = None
     try:
         if opts.module is not None:
             runpy.run_module(opts.module, run_name="__main__", alter_sys=True)
-        else:
-            # An absolute __file__, as python gives the main script since 3.9.
-            runpy.run_path(script, run_name="__main__")  # type: ignore[arg-type]
+        elif os.path.isfile(script) and not zipfile.is_zipfile(script):  # type: ignore[arg-type]
+            _run_main_script(script)  # type: ignore[arg-type]
+        else:  # a directory or zip archive with __main__.py
+            runpy.run_path(opts.script, run_name="__main__")  # type: ignore[arg-type]
     except SystemExit as exc:
         code = _exit_code(exc.code)
-    except KeyboardInterrupt as exc:  # as python: the traceback, then exit code 130
+    except KeyboardInterrupt as exc:  # as python: the traceback, then death by SIGINT
         _print_user_traceback(exc)
+        interrupted = exc
         code = 130
     except WatchStop as exc:  # --on-nan stop: reported, the file complete, the update not made
         code = exc.exit_code
@@ -316,7 +327,36 @@ def cmd_run(opts: RunOptions) -> int:
             if agent.writer is not None and agent.writer.stopped:
                 saved += " (recording stopped early: see above)"
         print(f"torchscope: {steps} step(s) seen{traced}{saved}", file=sys.stderr)
+    if interrupted is not None:
+        # Python ends a job that Ctrl-C stopped by SIGINT, after its atexit handlers, so its
+        # parent (a shell loop, a scheduler) sees a signal, not an exit code: leave the same
+        # way. The traceback is shown already.
+        sys.excepthook = lambda *exc_info: None
+        raise interrupted.with_traceback(None)
     return code
+
+
+def _run_main_script(path: str) -> None:
+    """Run ``path`` as python runs its main script: in a fresh ``__main__`` module, with an
+    absolute ``__file__`` and a source loader (``runpy.run_path`` sets ``sys.argv[0]`` to the
+    absolute path and leaves ``__loader__`` None)."""
+    import builtins
+    import types
+    from importlib.machinery import SourceFileLoader
+
+    loader = SourceFileLoader("__main__", path)
+    code = compile(loader.get_data(path), path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(
+        __file__=path, __loader__=loader, __spec__=None, __cached__=None, __builtins__=builtins
+    )
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    try:
+        exec(code, main.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
 
 
 def _exit_code(code: object) -> int:
@@ -338,7 +378,11 @@ def _print_user_traceback(exc: BaseException) -> None:
         or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
     ):
         tb = tb.tb_next
-    traceback.print_exception(type(exc), exc, tb)
+    exc.with_traceback(tb)  # the hook prints the exception's own traceback
+    try:
+        sys.excepthook(type(exc), exc, tb)  # the script's own hook, if it set one
+    except Exception:
+        traceback.print_exception(type(exc), exc, tb)
 
 
 # -- dump ------------------------------------------------------------------------------------
