@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,15 @@ def test_each_kind_of_target(tmp_path: Path):
     assert check("tui", str(dead.pid)).startswith(f"no process with pid {dead.pid}")
     assert check("tui", str(dead.pid), wait=True) is None
     assert "no such socket" in check("tui", f"ipc://{tmp_path}/gone.control")
+    # tcp: something must listen there (the UI opened on "disconnected" for ever)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        assert check("tui", f"tcp://127.0.0.1:{port}") is None
+    assert "nothing listens there" in check("tui", f"tcp://127.0.0.1:{port}")
+    assert check("tui", f"tcp://127.0.0.1:{port}", wait=True) is None
+    assert check("tui", "tcp://127.0.0.1").endswith("expected tcp://HOST:PORT")
     assert check("tui", None) is None  # the one session: waits for it, on screen
     for msg in (check("tui", str(script)), check("replay", "12345")):
         assert "\n" not in msg

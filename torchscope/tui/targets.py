@@ -101,6 +101,25 @@ def _terminal_problem(stdin: TextIO | None, stdout: TextIO | None) -> str | None
     return None
 
 
+def _tcp_problem(target: str, timeout: float = 3.0) -> str | None:
+    """Whether anything listens at a ``tcp://host:port`` endpoint (ZeroMQ would connect in
+    the background for ever, and the UI open on a session that is not there)."""
+    import socket
+
+    host, sep, port = target[len("tcp://") :].rpartition(":")
+    host = host.strip("[]")  # tcp://[::1]:5555
+    if not sep or not port.isdigit() or not host or host == "*":
+        return f"{target}: expected tcp://HOST:PORT"
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return None
+    except OSError as exc:
+        why = "nothing listens there" if isinstance(exc, ConnectionRefusedError) else (
+            exc.strerror or str(exc) or type(exc).__name__
+        )
+        return f"{target}: cannot connect: {why} (is the job running? --wait waits for it)"
+
+
 def _target_problem(command: str, target: str | None, wait: bool) -> str | None:
     if command == "replay":
         if target is None or not os.path.isfile(target):
@@ -116,6 +135,8 @@ def _target_problem(command: str, target: str | None, wait: bool) -> str | None:
             path = target[len("ipc://") :]
             if not os.path.exists(path):
                 return f"{target}: no such socket (is the job running? --wait waits for it)"
+        if target.startswith("tcp://") and not wait:
+            return _tcp_problem(target)
         return None
     if target.isdigit():
         pid = int(target)
