@@ -180,6 +180,24 @@ def test_web_serves_the_page_on_localhost(trace_file: Path, tmp_path: Path) -> N
         timeout=60,
     )
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    # No target, no port: refused before "open http://..." (it served nothing for ever).
+    taken = socket.socket()
+    taken.bind(("localhost", 0))
+    taken.listen()
+    for target, port, why in (
+        (tmp_path / "missing.tsc", free_port(), "no such trace file, endpoint or pid"),
+        (trace_file, 99999, "--port must be 1-65535, not 99999"),
+        (trace_file, taken.getsockname()[1], "Address already in use"),
+    ):
+        res = subprocess.run(
+            [sys.executable, "-m", "torchscope", "tui", str(target), "--web", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert res.returncode == 2 and why in res.stderr, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1
+    taken.close()
     port = free_port()
     with web_server(trace_file, port):
         with urllib.request.urlopen(f"http://localhost:{port}/", timeout=5) as r:

@@ -662,6 +662,11 @@ def cmd_tui_web(args: argparse.Namespace) -> int:
 
     if len(args.targets) > 1:
         return _fail("--web opens one target (several side by side: the terminal UI)")
+    from torchscope.tui.targets import target_problem  # the terminal UI's rules, no terminal
+
+    problem = target_problem("tui", args.target, getattr(args, "wait", False))
+    if problem:
+        return _fail(problem)
     if args.target and os.path.isfile(args.target):  # a bad file fails here, not in each tab
         from torchscope.protocol.tracefile import TraceFileError, TraceReader
 

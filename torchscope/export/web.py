@@ -68,12 +68,29 @@ def make_server(target: str | None, *, host: str, port: int, max_events: int) ->
     return Server(tui_command(target, max_events), host=host, port=port, title="torchscope")
 
 
+def _check_port(host: str, port: int) -> None:
+    """Refuse a port the server could not listen on, before saying where to browse (the
+    server logs its failure and goes on serving nothing)."""
+    import socket
+
+    if not 0 < port < 65536:
+        raise WebError(f"--port must be 1-65535, not {port}")
+    try:
+        for family, kind, proto, _, addr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(addr)
+    except OSError as exc:
+        raise WebError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+
+
 def serve(
     target: str | None, *, host: str = "localhost", port: int = 8000, max_events: int = 250_000
 ) -> int:
     """Serve until Ctrl+C. The page is reachable from this machine only unless ``host`` says
     otherwise (then anyone who reaches the port gets the UI: use an SSH tunnel instead)."""
     server = make_server(target, host=host, port=port, max_events=max_events)
+    _check_port(host, port)
     if host not in LOCAL_HOSTS:
         print(
             f"torchscope: warning: serving on {host}:{port}; anyone who reaches it can use "

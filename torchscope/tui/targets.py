@@ -51,7 +51,7 @@ def check_target(
     stdout: TextIO | None = None,
 ) -> str | None:
     """None when the UI can open on ``target``; otherwise the one-line reason it cannot."""
-    problem = _target_problem(command, target, wait)
+    problem = target_problem(command, target, wait)
     if problem is not None:
         return problem
     return _terminal_problem(stdin, stdout)
@@ -73,7 +73,7 @@ def check_targets(
         targets = expand_targets(targets)
         if len(targets) > 1:
             for t in targets:
-                problem = _target_problem(command, t, wait)
+                problem = target_problem(command, t, wait)
                 if problem is not None:
                     return problem
             problem = check_files(targets)
@@ -120,7 +120,7 @@ def _tcp_problem(target: str, timeout: float = 3.0) -> str | None:
         return f"{target}: cannot connect: {why} (is the job running? --wait waits for it)"
 
 
-def _target_problem(command: str, target: str | None, wait: bool) -> str | None:
+def target_problem(command: str, target: str | None, wait: bool) -> str | None:
     if command == "replay":
         if target is None or not os.path.isfile(target):
             hint = f"; for a live session: torchscope tui {target}" if target else ""
