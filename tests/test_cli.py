@@ -166,6 +166,11 @@ def test_a_script_sees_what_python_shows_it(tmp_path: Path) -> None:
         (["dump", "missing.tsc"], "missing.tsc"),
         (["dump", "x.tsc", "--format", "xml"], "invalid choice"),
         (["frobnicate"], "invalid choice"),
+        (["run", "--on-nan", "stop", "a.py"], "add --watch nan"),  # it did nothing, silently
+        (["record", "1", "--timeout", "-1", "-o", "x.tsc"], "must be more than 0 seconds"),
+        (["watch", "1", "--timeout", "0"], "must be more than 0 seconds"),
+        (["ls", "--timeout", "nan"], "must be more than 0 seconds"),
+        (["export", "x.tsc", "--kind", "grad", "-o", "x.json"], "--format csv or parquet"),
     ],
 )
 def test_bad_arguments_give_one_line_and_exit_2(
@@ -175,6 +180,12 @@ def test_bad_arguments_give_one_line_and_exit_2(
     assert res.returncode == 2
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert message in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_double_dash_ends_torchscopes_options(tmp_path: Path) -> None:
+    (tmp_path / "-dash.py").write_text("import sys\nprint(sys.argv)\n")
+    res = torchscope("run", "--quiet", "--", "-dash.py", "--steps", "3", cwd=tmp_path)
+    assert (res.returncode, res.stdout) == (0, "['-dash.py', '--steps', '3']\n"), res.stderr
 
 
 def test_unwritable_record_path_is_a_usage_error(tmp_path: Path) -> None:

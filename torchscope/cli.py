@@ -151,7 +151,7 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
             else:
                 opts.module = value
                 opts.args = list(it)
-                return opts
+                return _checked(opts)
         elif tok == "--quiet":
             opts.quiet = True
         elif tok == "--no-live":
@@ -165,6 +165,13 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
         elif tok in ("-h", "--help"):
             print(RUN_USAGE, end="")
             raise SystemExit(0)
+        elif tok == "--":  # the end of torchscope's options: the script comes next
+            script = next(it, None)
+            if script is None:
+                break
+            opts.script = script
+            opts.args = list(it)
+            return _checked(opts)
         elif tok.startswith("-") and tok != "-":
             raise UsageError(
                 f"unknown option {tok!r} for run; options go before the script "
@@ -173,8 +180,26 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
         else:
             opts.script = tok
             opts.args = list(it)
-            return opts
+            return _checked(opts)
     raise UsageError("run needs a script or -m MODULE (see 'torchscope run --help')")
+
+
+def _checked(opts: RunOptions) -> RunOptions:
+    """Options that only mean something together."""
+    if opts.on_nan != "continue" and not opts.watch:
+        raise UsageError(f"--on-nan {opts.on_nan} acts on what --watch finds: add --watch nan")
+    return opts
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a number of seconds, more than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes seconds, not {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
+    return value
 
 
 def _break_spec(text: str) -> dict:
@@ -750,7 +775,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="make a running Python job attachable (Python 3.14+: sys.remote_exec)",
     )
     attach.add_argument("pid", type=int, help="process id of the job")
-    attach.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for it")
+    attach.add_argument("--timeout", type=_seconds, default=10.0, help="seconds to wait for it")
     watch = sub.add_parser(
         "watch", help="switch the NaN watch of a running job on or off (see 'run --watch')"
     )
@@ -760,9 +785,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--on-nan", default="continue", choices=("continue", "pause", "stop"), help="policy"
     )
     watch.add_argument("--off", action="store_true", help="stop watching")
-    watch.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the job")
+    watch.add_argument("--timeout", type=_seconds, default=2.0, help="seconds to wait for the job")
     ls = sub.add_parser("ls", help="list live torchscope sessions on this machine")
-    ls.add_argument("--timeout", type=float, default=0.5, help="seconds to wait for each session")
+    ls.add_argument(
+        "--timeout", type=_seconds, default=0.5, help="seconds to wait for each session"
+    )
     record = sub.add_parser("record", help="record a live session into a trace file")
     record.add_argument("target", nargs="?", help="pid or control endpoint (default: the only one)")
     record.add_argument("-o", "--output", required=True, help="trace file to write")
@@ -773,7 +800,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="arm the job for its next N steps, record them, and let it go dormant again",
     )
     record.add_argument("--snapshot", type=int, default=10_000, help="recent events to start with")
-    record.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the job")
+    record.add_argument("--timeout", type=_seconds, default=2.0, help="seconds to wait for the job")
     record.add_argument("--quiet", action="store_true", help="no progress line")
     diff = sub.add_parser(
         "diff", help="compare two trace files: the first op or node where they diverge"
@@ -799,8 +826,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", required=True, help="file to write ('-': stdout)")
     export.add_argument(
         "--kind",
-        default="op",
-        help="csv/parquet: which rows (op, grad, step, alert, ..., or tensor: one per summary)",
+        help="csv/parquet: which rows (op, grad, step, alert, ..., or tensor: one per summary; "
+        "default op)",
     )
     return parser
 

@@ -30,6 +30,10 @@ def main(args: Any) -> int:
     from torchscope.protocol.tracefile import TraceReader
 
     fmt, out = args.format, args.output
+    if fmt == "perfetto" and args.kind is not None:
+        return _fail("--kind picks the rows of a table: it goes with --format csv or parquet")
+    if args.kind is None:
+        args.kind = "op"
     if fmt != "perfetto" and args.kind not in TABLE_KINDS:
         return _fail(f"--kind must be one of {', '.join(TABLE_KINDS)}, not {args.kind!r}")
     if fmt != "perfetto":
