@@ -4,6 +4,7 @@ promise that the job goes on exactly as it would have without the watch."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import struct
 
@@ -567,6 +568,41 @@ def test_a_model_call_that_raises_on_the_first_step_leaves_the_watch_working(rec
     (det,) = w.detections
     assert (det["step"], det["origin"], det["where"]) == (3, "torch.sqrt", "forward")
     assert det["reproduced"] is True and w.roots == [model]
+
+
+def hand_train(steps: int, ctx) -> tuple[list[float], nn.Module]:
+    """word_language_model's loop: no optimizer, the update written out after backward()."""
+    torch.manual_seed(0)
+    model = SqrtNet()
+    losses = []
+    with ctx:
+        for step in range(steps):
+            loss = sqrt_loop(model, step)
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.05 * p.grad
+                    p.grad = None
+            losses.append(loss.item())
+    return losses, model
+
+
+def test_a_job_that_updates_by_hand_is_checked_after_each_backward():
+    """With no optimizer, the check runs when backward() ends: the gradients complete and the
+    weights not yet updated (under torchscope run it never ran at all: a silent watch)."""
+    gc.collect()  # optimizers of earlier tests, if any are still waiting to be freed
+    plain, _ = hand_train(5, contextlib.nullcontext())
+    w, lines = watch(backward_checks=True)  # as the agent's watch (torchscope run --watch)
+    losses, _ = hand_train(5, w)
+    assert bits(losses) == bits(plain)
+    (det,) = w.detections
+    assert (det["step"], det["origin"], det["where"]) == (3, "torch.sqrt", "forward")
+    assert det["reproduced"] is True
+    assert lines[0].startswith("torchscope: NaN first appears at step 3 in torch.sqrt")
+
+    stopping, _ = watch(on_nan="stop", backward_checks=True)
+    with pytest.raises(WatchStop):
+        hand_train(5, stopping)  # out of step 3's backward(), before its update
 
 
 class ComplexNet(nn.Module):

@@ -326,6 +326,7 @@ class Agent:
             report=self._watch_report,
             replay_wanted=lambda: self.tracer is None,
             on_unreproduced=self._trace_after_unreproduced,
+            backward_checks=True,  # a job that updates by hand is checked after backward()
         ).install()
 
     def _replay_tracer(self, step: int) -> Tracer:

@@ -12,7 +12,9 @@ return replacement keyword arguments (``retain_graph``); a listener that sets
 ``needs_arguments = True`` gets every argument by name there (``tensors`` are the roots).
 ``backward_ends(ok)`` runs after it,
 also when it raised. Nested calls (a backward inside a backward hook) are not reported: only
-the outermost call of a thread is a step's backward. Listener errors never reach the job.
+the outermost call of a thread is a step's backward. Listener errors never reach the job,
+except one whose class sets ``stops_the_job`` (the NaN watch's "stop"), raised from
+``backward_ends`` after a backward that succeeded.
 """
 
 from __future__ import annotations
@@ -76,11 +78,17 @@ def _make_wrapper(original: Any) -> Any:
             return result
         finally:
             _depth.n = depth
+            stop = None
             for listener in listeners:
                 try:
                     listener.backward_ends(ok)
                 except Exception as exc:
-                    _report(exc)
+                    if getattr(exc, "stops_the_job", False) and ok:
+                        stop = exc  # the NaN watch's "stop": meant for the job
+                    else:
+                        _report(exc)
+            if stop is not None:
+                raise stop
 
     return backward
 

@@ -188,7 +188,7 @@ class StepClock:
     def backward_ends(self, ok: bool) -> None:
         if ok and self._pending_hook is None and self._counts_backward():
             if self._optimizer_held is None:
-                self._optimizer_held = _an_optimizer_exists()
+                self._optimizer_held = an_optimizer_exists()
             if self._optimizer_held:
                 return
             self._pending_hook = module_mod.register_module_forward_pre_hook(
@@ -222,7 +222,7 @@ def _on_stack(frame: Any, start: Any, limit: int = 64) -> bool:
     return False
 
 
-def _an_optimizer_exists() -> bool:
+def an_optimizer_exists() -> bool:
     """Whether this process holds a torch optimizer (whose ``step()`` will end the steps).
 
     ``Optimizer.__init__`` marks its class's ``step`` as hooked, so a process that never

@@ -69,7 +69,7 @@ from torch._C._autograd import _get_sequence_nr
 from torch.nn.modules import module as module_mod
 
 from torchscope.tracer import backward_calls
-from torchscope.tracer.clock import StepClock
+from torchscope.tracer.clock import StepClock, an_optimizer_exists
 from torchscope.tracer.ranks import say_line
 
 if TYPE_CHECKING:
@@ -82,9 +82,11 @@ STOP_EXIT_CODE = 3  # what `torchscope run --on-nan stop` should exit with
 
 class WatchStop(Exception):
     """Raised from ``optimizer.step()`` (before the update) when ``on_nan="stop"`` and a step
-    went bad. ``detection`` is the report's dict; ``exit_code`` what a CLI should exit with."""
+    went bad; in a job that updates by hand, from the step's ``backward()``. ``detection`` is
+    the report's dict; ``exit_code`` what a CLI should exit with."""
 
     exit_code = STOP_EXIT_CODE
+    stops_the_job = True  # backward_calls lets it through to the job
 
     def __init__(self, detection: dict[str, Any]) -> None:
         super().__init__(detection.get("message", "torchscope: NaN watch stopped the job"))
@@ -188,6 +190,9 @@ class NanWatch:
         example: arm full tracing for the next steps).
     replay_wanted: ``f() -> bool``, asked at a detection; False skips the replay (the step
         was traced live already: its alert says where the value came from).
+    backward_checks: in a job that held no optimizer when its first backward() ended, check
+        each step when its backward() ends (gradients complete, weights not yet updated by
+        the job's own code). Otherwise such a job calls ``before_update()`` itself.
     """
 
     needs_arguments = True  # backward_calls: the roots and retain_graph, by name
@@ -207,6 +212,7 @@ class NanWatch:
         max_graphs: int = 1,
         on_unreproduced: Callable[[dict[str, Any]], None] | None = None,
         replay_wanted: Callable[[], bool] | None = None,
+        backward_checks: bool = False,
     ) -> None:
         if keep_graph not in (True, False, "auto"):
             raise ValueError(f"keep_graph must be True, False or 'auto', not {keep_graph!r}")
@@ -258,6 +264,9 @@ class NanWatch:
         self._said: set[str] = set()
         self.last_replay: Any = None  # the replay object of the last detection (tests, UI)
         self._bad_run: dict[str, Any] | None = None  # the detection of the current bad stretch
+        # In a job with no optimizer, check each step when its backward() ends (the agent's
+        # watch: such a job calls no before_update() of its own).
+        self._hand_updates: bool | None = None if backward_checks else False
 
     # -- lifecycle -----------------------------------------------------------------------------
     def install(self) -> NanWatch:
@@ -483,6 +492,17 @@ class NanWatch:
             rec.drop_graph()
             with contextlib.suppress(ValueError):
                 self._backwards.remove(rec)
+        elif rec is not None and self._updates_by_hand():
+            # No optimizer: the update is the job's own code, right after this. The
+            # gradients are complete and the weights untouched, as at optimizer.step().
+            self.before_update()
+
+    def _updates_by_hand(self) -> bool:
+        """Whether this job updates its weights by hand (it held no optimizer when its first
+        backward ended): then each backward ends a step, and is checked there."""
+        if self._hand_updates is None:
+            self._hand_updates = not an_optimizer_exists()
+        return self._hand_updates
 
     # -- the check -----------------------------------------------------------------------------
     # -- the optimizer update (StepClock listener: nested step() calls are one update) ---------
@@ -491,6 +511,7 @@ class NanWatch:
         optimizer). Raises ``WatchStop`` under "stop", out of ``step()``, before the update."""
         if not self.installed or self._replaying:
             return False
+        self._hand_updates = False  # an optimizer ends the steps after all
         closure = args[1] if len(args) > 1 else kwargs.get("closure")
         stop: WatchStop | None = None
         try:
