@@ -39,6 +39,20 @@ def torchrun(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subpro
     )
 
 
+# torch 2.13's gloo sometimes aborts a rank as its process exits, after the job's work and
+# destroy_process_group(), on a loaded host: with or without torchscope (about 3 runs in 30
+# with 3 CPU burners; pytorch#190489). torchrun then exits 1 naming the rank's exit code -6.
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
+def ended_well(proc: subprocess.Popen, err: str) -> bool:
+    """Whether a torchrun job ended as it should: exit 0, or only gloo's abort at exit (the
+    caller's checks of what the job printed and recorded still decide the test)."""
+    if proc.returncode == 0:
+        return True
+    return proc.returncode == 1 and GLOO_EXIT_ABORT in err and "(exitcode: -6)" in err
+
+
 def finish(*procs: subprocess.Popen, timeout: float = 60) -> list[tuple[str, str]]:
     """Each process's (stdout, stderr) once it has ended."""
     return [p.communicate(timeout=timeout) for p in procs]

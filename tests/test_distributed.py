@@ -10,7 +10,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from ranks import JOBS, NAN_JOB, STEADY_JOB, Output, finish, job_ranks, kill, torchrun
+from ranks import (
+    JOBS,
+    NAN_JOB,
+    STEADY_JOB,
+    Output,
+    ended_well,
+    finish,
+    job_ranks,
+    kill,
+    torchrun,
+)
 
 pytest.importorskip("torch")
 
@@ -167,11 +177,11 @@ def test_a_ui_holds_one_rank_paused_past_the_process_group_timeout_and_no_rank_d
         (out, err), (plain_out, plain_err) = finish(job, plain)
     finally:
         kill(job, plain)
-    assert job.returncode == 0, err[-3000:]
+    assert ended_well(job, err), err[-3000:]
     assert (
         "torchscope[rank 0]: waiting before Tensor.backward() at step 3 for the other ranks" in err
     )
-    assert plain.returncode == 0, plain_err[-2000:]
+    assert ended_well(plain, plain_err), plain_err[-2000:]
     assert sorted(out.splitlines()) == sorted(plain_out.splitlines())  # bit-identical losses
 
 
@@ -243,10 +253,10 @@ def test_a_ui_on_every_rank_arms_them_together_and_a_pause_on_one_kills_neither(
         (out, err), (plain_out, plain_err) = finish(job, plain)
     finally:
         kill(job, plain)
-    assert job.returncode == 0, err[-3000:]
+    assert ended_well(job, err), err[-3000:]
     assert "ranks traced from step" in err, err[-3000:]
     assert f"torchscope[rank 0]: waiting before Tensor.backward() at step {at}" in err, err[-3000:]
-    assert plain.returncode == 0, plain_err[-2000:]
+    assert ended_well(plain, plain_err), plain_err[-2000:]
     assert sorted(out.splitlines()) == sorted(plain_out.splitlines())  # bit-identical losses
 
 
@@ -285,7 +295,7 @@ def test_wait_holds_every_rank_until_one_ui_reaches_the_job(tmp_path):
         out, err = output.finish(timeout=30)
     finally:
         job.kill()
-    assert job.returncode == 0, err[-3000:]
+    assert ended_well(job, err), err[-3000:]
     assert "torchscope[rank 0]: a UI reached another rank of this job: going on" in err
     assert sum(line.startswith("rank ") for line in out.splitlines()) == 12  # 2 ranks x 6
 
@@ -302,8 +312,8 @@ def test_fsdp2_shards_of_the_synced_gradients_are_recorded_and_buffers_raise_no_
         (out, err), (plain_out, plain_err) = finish(traced, plain, timeout=120)
     finally:
         kill(traced, plain)
-    assert traced.returncode == 0, err[-3000:]
-    assert plain.returncode == 0, plain_err[-3000:]
+    assert ended_well(traced, err), err[-3000:]
+    assert ended_well(plain, plain_err), plain_err[-3000:]
     printed = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert sorted(out.splitlines()) == sorted(plain_out.splitlines())  # bit-identical
     for rank in (0, 1):

@@ -51,9 +51,12 @@ async def test_alert_jump_in_a_file_lands_with_the_row_in_view(trace_file: Path)
             return row is not None and row.seq == alert["event_seq"]
 
         await until(pilot, landed, what="the alert's op selected")
-        await pilot.pause()
-        top = round(tl.scroll_y)
-        assert top <= tl.cursor < top + tl.page_height, (tl.cursor, top, tl.page_height)
+
+        def in_view() -> bool:  # the scroll follows the cursor at the next refresh
+            top = round(tl.scroll_y)
+            return top <= tl.cursor < top + tl.page_height
+
+        await until(pilot, in_view, what=f"row {tl.cursor} scrolled into view")
         want = f"event #{alert['event_seq']}"
         await until(pilot, lambda: want in app.screen_text(), what="detail")
 
