@@ -605,6 +605,52 @@ def test_a_job_that_updates_by_hand_is_checked_after_each_backward():
         hand_train(5, stopping)  # out of step 3's backward(), before its update
 
 
+def test_a_watched_model_can_be_deep_copied_and_pickled_without_the_watch():
+    """EMA models (AveragedModel deep-copies) and torch.save(model) mid-run: the copy takes
+    no part of the watch (its locks made deepcopy and pickle fail) and loads without it."""
+    import copy
+    import pickle
+
+    from torch.optim.swa_utils import AveragedModel
+
+    w, _ = watch()
+
+    def after_step(step, model):
+        if step == 1:
+            AveragedModel(model)
+            copied = copy.deepcopy(model)
+            data = pickle.dumps(model)
+            # no class of torchscope's in it: it loads where torchscope is not installed
+            assert b"torchscope.tracer" not in data and b"Watch" not in data
+            loaded = pickle.loads(data)
+            x = positive(0)
+            assert torch.equal(copied(x), model(x)) and torch.equal(loaded(x), model(x))
+
+    losses, _ = train(SqrtNet, sqrt_loop, 5, ctx=w, after_step=after_step)
+    plain, _ = train(SqrtNet, sqrt_loop, 5)
+    assert bits(losses) == bits(plain)
+    (det,) = w.detections  # the copies' calls are not the watched model's
+    assert (det["step"], det["origin"], det["reproduced"]) == (3, "torch.sqrt", True)
+
+
+def test_a_model_compiled_by_inductor_trains_under_the_watch():
+    """Inductor's backward donates its buffers and refuses retain_graph: the watch does not
+    ask for it on a compiled model (step 1's backward raised)."""
+    torch._dynamo.reset()
+
+    def compiled():
+        torch.manual_seed(0)
+        return torch.compile(nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3)))
+
+    def loop(model, step):
+        return model(data(step, 8, 4)).pow(2).mean()
+
+    plain, _ = train(compiled, loop, 3)
+    w, _ = watch()
+    losses, _ = train(compiled, loop, 3, ctx=w)
+    assert bits(losses) == bits(plain) and w.steps_checked == 3
+
+
 class ComplexNet(nn.Module):
     """A complex weight beside a real one (spectral layers): the watch's norms take both."""
 

@@ -55,6 +55,7 @@ would run collectives: refused). User hooks on tensors and modules run again in 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -356,10 +357,9 @@ class NanWatch:
         self._depth = 0
         hooks = []
         for m in self._live_roots():
-            hooks.append(m.register_forward_pre_hook(self._root_pre, with_kwargs=True))
-            hooks.append(
-                m.register_forward_hook(self._root_post, with_kwargs=True, always_call=True)
-            )
+            pre, post = _RootHook(self, "_root_pre"), _RootHook(self, "_root_post")
+            hooks.append(m.register_forward_pre_hook(pre, with_kwargs=True))
+            hooks.append(m.register_forward_hook(post, with_kwargs=True, always_call=True))
         self._root_hooks = hooks
 
     def _global_pre(self, module: nn.Module, args: tuple) -> None:
@@ -479,7 +479,8 @@ class NanWatch:
             if self.max_graphs <= 0:
                 return None
             rec.roots = roots
-            if user_retains:
+            if user_retains or self._compiled_roots():
+                # A graph compiled by inductor donates its buffers and refuses retain_graph.
                 return None
             return {**kwargs, "retain_graph": True}
         except Exception as exc:
@@ -496,6 +497,15 @@ class NanWatch:
             # No optimizer: the update is the job's own code, right after this. The
             # gradients are complete and the weights untouched, as at optimizer.step().
             self.before_update()
+
+    def _compiled_roots(self) -> bool:
+        """Whether a watched top-level module runs compiled (``torch.compile(model)`` or
+        ``model.compile()``): its backward may not be retained."""
+        # The step's own top-level calls too: on the first step the roots are still found.
+        for m in (*self._live_roots(), *(c.module for c in self._calls)):
+            if getattr(m, "_compiled_call_impl", None) is not None or hasattr(m, "_orig_mod"):
+                return True
+        return False
 
     def _updates_by_hand(self) -> bool:
         """Whether this job updates its weights by hand (it held no optimizer when its first
@@ -731,6 +741,29 @@ class NanWatch:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+class _RootHook:
+    """The watch's hook on a watched top-level module, which copies and pickles of the module
+    do not take along: ``copy.deepcopy`` (an EMA model, ``AveragedModel``) and pickling
+    (``torch.save(model)``) get an inert stand-in made of the standard library, so the copy
+    needs neither this watch (its locks cannot be copied) nor torchscope to load."""
+
+    __slots__ = ("_method", "_watch")
+
+    def __init__(self, watch: NanWatch, method: str) -> None:
+        self._watch = weakref.ref(watch)
+        self._method = method
+
+    def __call__(self, *args: Any) -> None:
+        watch = self._watch()
+        if watch is not None:
+            getattr(watch, self._method)(*args)
+
+    def __reduce__(self) -> tuple:
+        # sys.audit("...", module, args, ...) returns None and does nothing unless the
+        # program installed an audit hook: a no-op hook for any signature.
+        return (functools.partial, (sys.audit, "torchscope.inactive_hook"))
+
+
 def _grad_catcher(ref: weakref.ref, call: Call, i: int) -> Callable[[torch.Tensor], None]:
     # Captures the call record and a weak watch reference, never the output tensor itself.
     def hook(grad: torch.Tensor) -> None:
