@@ -109,3 +109,43 @@ def test_op_durations_exclude_time_spent_paused():
     logs = [e for e in job.tracer.trace.ops if e.name == "torch.log"]
     assert job.stepper.auto_resumed >= 1
     assert logs and all(e.duration_us < 100_000 for e in logs), [e.duration_us for e in logs]
+
+
+def test_the_job_says_on_stderr_when_a_ui_pauses_it_and_when_it_goes_on():
+    """Once per pause a UI holds (not at each op it steps over), and when the UI lets go."""
+    import threading
+
+    from torchscope.tracer.stepper import PausePoint, Stepper
+
+    notes: list[str] = []
+    stepper = Stepper(lease_seconds=30, note=notes.append)
+    stepper.contact(b"ui")
+
+    def point(reason: str) -> PausePoint:
+        return PausePoint("before", {"kind": "op", "name": "F.relu", "seq": 7}, {}, [], reason)
+
+    results: list[str] = []
+    for reason, let_go in (
+        ("paused", lambda: stepper.request_step(b"ui")),
+        ("step", lambda: stepper.request_continue(b"ui")),
+    ):
+        t = threading.Thread(target=lambda r=reason: results.append(stepper.at_point(point(r))))
+        t.start()
+        deadline = time.monotonic() + 10
+        while stepper.paused is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        let_go()
+        t.join(10)
+    assert results == ["step", "continue"]
+    assert len(notes) == 1 and notes[0].startswith("paused at ")
+    assert notes[0].endswith("by paused (a UI holds it)")
+    # the pause by "step" was the UI's own stepping: said nothing, and its end neither
+    t = threading.Thread(target=lambda: results.append(stepper.at_point(point("breakpoint 1"))))
+    t.start()
+    deadline = time.monotonic() + 10
+    while stepper.paused is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stepper.request_continue(b"ui")
+    t.join(10)
+    assert notes[1:] == [notes[1], "resumed: the UI continued"]
+    assert notes[1].endswith("by breakpoint 1 (a UI holds it)")

@@ -67,6 +67,14 @@ class PausePoint:
         return f"{name} ({self.phase}){f' at {source}' if source else ''}"
 
 
+# What ended a pause a UI held, as the job says it on stderr (the lease says its own).
+_RESUMED_BY = {
+    "continue": "the UI continued",
+    "detach": "the UI detached",
+    "left": "the UI that held the pause went",
+}
+
+
 class Stepper:
     def __init__(
         self,
@@ -145,6 +153,7 @@ class Stepper:
         Returns what resumed it: "continue", "step", "next", "detach", "attached" (--wait:
         a UI came), "left" (the UI that owned the pause went) or "lease".
         """
+        told = False
         with self._cv:
             point.owner = self._owner_of(point.reason)
             self.paused = point
@@ -175,6 +184,10 @@ class Stepper:
                 self._say_unattended(point)
                 while self.hold and not self._attached and self._resume_reason is None:
                     self._cv.wait(0.5)
+            elif point.reason not in ("step", "next step"):
+                # A UI holds it: said once per pause, not at every op the UI steps over.
+                told = True
+                self._note(f"paused at {point.where()} by {point.reason} (a UI holds it)")
             start = time.monotonic()
             while self._resume_reason is None:
                 left = self.lease_seconds - (time.monotonic() - self._lease_since(point, start))
@@ -183,6 +196,8 @@ class Stepper:
                     break
                 self._cv.wait(min(left, 0.5))
             reason, self._resume_reason = self._resume_reason, None
+            if told and reason in _RESUMED_BY:
+                self._note(f"resumed: {_RESUMED_BY[reason]}")
             self.paused = None
             self._refresh()
             return reason
