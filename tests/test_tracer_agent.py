@@ -327,3 +327,68 @@ def test_serve_is_idempotent_and_a_trace_block_keeps_working_beside_it():
         assert tr.ops and tr.grads
     finally:
         a.stop()
+
+
+def _job_thread(a: Agent, go: threading.Event, steps: int = 3) -> threading.Thread:
+    def body() -> None:
+        a.start()  # the training thread owns the clock
+        try:
+            go.wait(10)
+            model = models.mlp()
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            for _ in range(steps):
+                F.relu(model(torch.ones(2, 8))).sum().backward()
+                opt.step()
+        finally:
+            a.stop()
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    return t
+
+
+def _until(cond, timeout: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_recorder_is_not_a_ui_for_wait_or_for_pauses():
+    """A recorder that comes and goes does not end --wait; the last UI quitting ends a
+    command-line breakpoint's pause at once although a recorder is still attached (it held
+    the job for the whole lease, 'its UI stopped responding')."""
+    import time
+
+    from torchscope.protocol.breakpoints import parse_break_spec
+
+    go = threading.Event()
+    go.set()
+    a = Agent(ServeOptions(live=False, wait=True, lease=30))
+    job = _job_thread(a, go)
+    _until(lambda: a.stepper is not None and a.stepper.paused is not None)
+    a._cmd_arm({"by": "record"}, b"rec")
+    a._cmd_disarm({}, b"rec")
+    time.sleep(0.3)
+    assert a.stepper.paused is not None and a.stepper.paused.reason == "waiting for a UI"
+    a._cmd_arm({"by": "ui"}, b"ui")  # a UI: the job goes on
+    job.join(20)
+    assert not job.is_alive()
+
+    go = threading.Event()
+    a = Agent(ServeOptions(live=False, breakpoints=[parse_break_spec("op:relu")], lease=30))
+    job = _job_thread(a, go, steps=1)
+    _until(lambda: a.started)
+    a._cmd_arm({"by": "record"}, b"rec")
+    a._cmd_arm({"by": "ui"}, b"ui")
+    go.set()
+    _until(lambda: a.stepper.paused is not None)
+    first = a.stepper.paused
+    a._cmd_disarm({}, b"ui")  # q in the UI; the recorder stays
+    _until(lambda: a.stepper.paused is not first, timeout=5)  # not the 30 s lease
+    assert a.stepper.auto_resumed == 0
+    a._cmd_detach({}, b"rec")  # the command line's breakpoint goes: the job runs out
+    job.join(20)
+    assert not job.is_alive()

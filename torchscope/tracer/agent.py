@@ -716,9 +716,13 @@ class Agent:
             self._client_holders_gone.add(holder.id)
         if holder.client is not None and self.stepper is not None:
             self.stepper.release(holder.client)
-            if not any(h.client is not None for h in self._holders.values()):
+            if holder.label == "ui" and not self._a_ui_holds():
                 # No UI left: nobody will say continue. A pause held for a UI ends now.
+                # (A recorder never says continue, nor is it what --wait waits for.)
                 self.stepper.detach_uis()
+
+    def _a_ui_holds(self) -> bool:
+        return any(h.client is not None and h.label == "ui" for h in self._holders.values())
 
     def _client_holder(self, client: bytes) -> Holder | None:
         return next((h for h in self._holders.values() if h.client == client), None)
@@ -770,7 +774,7 @@ class Agent:
                 self._drop_holder(holder)
             elif self.stepper is not None:
                 self.stepper.release(client)
-                if not any(h.client is not None for h in self._holders.values()):
+                if not self._a_ui_holds():
                     self.stepper.detach_uis()
         if self.publisher is not None:
             self.publisher.tracing = self._tracing_state()
