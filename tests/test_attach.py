@@ -251,3 +251,39 @@ async def test_a_ui_arms_a_dormant_job_pauses_steps_and_quits_leaving_it_dormant
         finish(job, lines)
     finally:
         job.kill()
+
+
+def test_a_ui_whose_hold_lapsed_arms_the_job_again(tmp_path):
+    """A UI that stalls past the lease (stopped, swapped out) loses its hold and the job goes
+    dormant; once the UI talks again it holds the job again (it showed 'connected' with no
+    events for good, and a pause never came)."""
+    import threading
+
+    from torchscope.tui.sources import LiveSource
+    from torchscope.tui.store import Inbox
+
+    script = write_job(tmp_path, steps=2000, sleep=0.02)
+    job = start([sys.executable, "-m", "torchscope", "run", "--lease", "1", str(script)], tmp_path)
+    lines: list[str] = []
+    source = LiveSource(str(job.pid), recv_timeout_ms=20, retry_seconds=0.2, ping_seconds=0.2)
+    stop = threading.Event()
+    ui = threading.Thread(target=source.run, args=(Inbox(), stop), daemon=True)
+    try:
+        read_until_step(job, 3, lines)
+        ui.start()
+
+        def tracing_becomes(state: str) -> None:
+            deadline = time.monotonic() + 30
+            while getattr(source.client, "tracing", None) != state:
+                assert time.monotonic() < deadline, f"never {state}"
+                time.sleep(0.05)
+
+        tracing_becomes("traced")
+        source.ping_seconds = 1e9  # the UI stalls: no request reaches the job
+        tracing_becomes("dormant")  # its hold lapsed after the 1 s lease
+        source.ping_seconds = 0.2  # it wakes up
+        tracing_becomes("traced")
+    finally:
+        stop.set()
+        ui.join(10)
+        job.kill()

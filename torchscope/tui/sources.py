@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from torchscope.protocol.events import SESSION, Event
+from torchscope.protocol.events import DORMANT, SESSION, Event
 from torchscope.protocol.tracefile import TraceFileError, TraceReader
 from torchscope.tui import countpass
 from torchscope.tui.stepping import REPLAY_REFUSAL
@@ -517,6 +517,7 @@ class LiveSource(EventSource):
         self.command_timeout = command_timeout
         self.client: Any = None
         self.pings = 0  # answered pings (tests)
+        self._armed = False  # this UI holds the job (arm answered): it keeps it held
         self._last_ping = 0.0
         self._running = False
         self._snapshot_seqs: set[int] = set()
@@ -555,7 +556,7 @@ class LiveSource(EventSource):
                     self._lost = True
                     continue
                 self._serve_commands(inbox)
-                self._ping()
+                self._ping(inbox)
                 for step in self._take_requests():
                     self._load_recorded(step, inbox)
         finally:
@@ -587,8 +588,9 @@ class LiveSource(EventSource):
                 inbox.put("reply", token, cmd, fields, result)
                 self._last_ping = time.monotonic()  # any request renews the lease
 
-    def _ping(self) -> None:
-        """The lease: any request tells the job its UI is alive."""
+    def _ping(self, inbox: Inbox) -> None:
+        """The lease: any request tells the job its UI is alive. A job that let this UI's
+        hold go (the UI stalled past the lease: stopped, swapped out) is armed again."""
         now = time.monotonic()
         if self.client is None or now - self._last_ping < self.ping_seconds:
             return
@@ -598,6 +600,8 @@ class LiveSource(EventSource):
         except Exception:  # a job gone or hung shows as not alive; nothing to add here
             return
         self.pings += 1
+        if self._armed and getattr(self.client, "tracing", None) == DORMANT:
+            self._arm(inbox)
 
     def _arm(self, inbox: Inbox) -> None:
         """Hold the job traced while this UI is here (a dormant job arms at its next step
@@ -606,7 +610,9 @@ class LiveSource(EventSource):
             result = self.client.request("arm", timeout=self.timeout)
         except Exception:
             return
+        self._armed = True
         if isinstance(result.get("tracing"), str):
+            self.client.tracing = result["tracing"]  # not dormant any more: no second arm
             inbox.status(tracing=result["tracing"])
 
     def _let_go(self) -> None:
