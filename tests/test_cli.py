@@ -167,6 +167,8 @@ def test_a_script_sees_what_python_shows_it(tmp_path: Path) -> None:
         (["dump", "x.tsc", "--format", "xml"], "invalid choice"),
         (["frobnicate"], "invalid choice"),
         (["run", "--on-nan", "stop", "a.py"], "add --watch nan"),  # it did nothing, silently
+        (["run", "--lease", "inf", "a.py"], "--lease must be a number of seconds above 0"),
+        (["run", "--break-on", "gradnorm:-1", "a.py"], "gradnorm must be a number above 0"),
         (["record", "1", "--timeout", "-1", "-o", "x.tsc"], "must be more than 0 seconds"),
         (["watch", "1", "--timeout", "0"], "must be more than 0 seconds"),
         (["ls", "--timeout", "nan"], "must be more than 0 seconds"),

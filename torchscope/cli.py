@@ -139,8 +139,8 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
                     opts.lease = float(value)
                 except ValueError:
                     raise UsageError(f"--lease takes seconds, not {value!r}") from None
-                if not opts.lease > 0:
-                    raise UsageError("--lease must be more than 0 seconds")
+                if not 0 < opts.lease < float("inf"):  # inf: a dead UI's pause never ends
+                    raise UsageError("--lease must be a number of seconds above 0")
             elif name == "--values":
                 try:
                     opts.values = int(value)

@@ -83,8 +83,12 @@ class Breakpoint:
                 raise BreakpointError(f"source must be FILE:LINE, not {bp.source!r}")
         if bp.nan is not None and bp.nan not in NAN_CONDITIONS:
             raise BreakpointError(f"nan must be one of {', '.join(NAN_CONDITIONS)}")
-        if bp.grad_norm is not None and not isinstance(bp.grad_norm, (int, float)):
-            raise BreakpointError("grad_norm must be a number")
+        if bp.grad_norm is not None and not (
+            isinstance(bp.grad_norm, (int, float))
+            and not isinstance(bp.grad_norm, bool)
+            and bp.grad_norm > 0  # NaN too; 0 or less fires at every node
+        ):
+            raise BreakpointError("gradnorm must be a number above 0")
         for name in ("step", "from_step"):
             value = getattr(bp, name)
             if value is not None and (not isinstance(value, int) or value < 0):
