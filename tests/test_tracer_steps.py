@@ -138,6 +138,42 @@ def test_nested_trace_collects_what_the_outer_one_emits_meanwhile():
     assert [o.name for o in again.ops] == ["torch.ones", "Tensor.add"]
 
 
+def test_a_nested_trace_keeps_its_own_steps_and_another_threads_gets_nothing(capsys):
+    """A nested trace(steps=...) collects those of its steps only (it took every step the
+    outer run traced); one started on another thread collects nothing and says so (it took
+    the traced thread's events as its own)."""
+    import threading
+
+    model = models.mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def train(n: int) -> None:
+        for _ in range(n):
+            model(torch.randn(1, 8)).sum().backward()
+            opt.step()
+
+    with torchscope.trace() as outer:
+        train(1)
+        with torchscope.trace(steps="1") as inner:
+            train(3)
+        got: list = []
+        worker = threading.Thread(
+            target=lambda: got.append(_traced(lambda: torch.ones(2) * 2)), name="worker"
+        )
+        worker.start()
+        worker.join(10)
+    assert sorted({o.step for o in outer.ops}) == [0, 1, 2, 3]
+    assert sorted({o.step for o in inner.ops}) == [2]  # its step 1: the outer run's 2
+    assert got == [[]]
+    assert "trace() on thread 'worker' is not traced: 'MainThread' is" in capsys.readouterr().err
+
+
+def _traced(body) -> list:
+    with torchscope.trace() as tr:
+        body()
+    return tr.ops
+
+
 def test_untraced_first_step_then_traced_backward_only_hooks_in_traced_steps():
     model = models.mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -173,6 +173,7 @@ class Tracer:
         self._backward_index = 0
         self._errors_seen: set[tuple[str, str]] = set()
         self._owner = threading.get_ident()
+        self._owner_name = _thread_name()
         self._mode_pushed = False
         # Standalone, the tracer counts steps itself; driven, the agent's clock calls the
         # same three methods (update_begins, update_ends, boundary).
@@ -217,6 +218,7 @@ class Tracer:
             self.summarizer, sinks, self.next_seq, on_error=self.report_error, on_idle=self._tick
         )
         self._owner = self.modules.owner = threading.get_ident()
+        self._owner_name = _thread_name()
         caller_warnings.install()
         _current = self
         self.started = True
@@ -246,7 +248,20 @@ class Tracer:
 
     def _start_nested(self, outer: Tracer) -> Tracer:
         """``trace()`` inside a traced run (``torchscope run`` of a script that calls it):
-        the outer tracer keeps tracing and this one collects what it emits meanwhile."""
+        the outer tracer keeps tracing and this one collects what it emits meanwhile, of the
+        steps this one asked for (counted from its start; the events keep the outer run's
+        numbers). From another thread than the traced one it collects nothing, and says so:
+        one thread is traced per process, and the outer run's events are not this one's."""
+        self._outer = outer
+        self._nested_sinks = []
+        self.started = True
+        if threading.get_ident() != outer._owner:
+            print(
+                f"torchscope: trace() on thread {_thread_name()!r} is not traced: "
+                f"{outer._owner_name!r} is (one traced thread per process)",
+                file=sys.stderr,
+            )
+            return self
         sinks: list[Sink] = []
         if self._keep:
             sinks.append(self.trace.events.extend)
@@ -255,13 +270,13 @@ class Tracer:
 
             self._writer = TraceWriter(self.record, metadata={"nested_in": outer.record})
             sinks.append(self._writer.write)
-        self._outer = outer
+        if not self.steps.all_steps:
+            sinks = [_of_steps(sink, self.steps, outer.step_index) for sink in sinks]
         self._nested_sinks = sinks
         assert outer.pipeline is not None
         with outer.pipeline.lock:
             outer.pipeline.flush(wait=True)  # what came before belongs to the outer run only
             outer.pipeline.sinks.extend(sinks)
-        self.started = True
         return self
 
     def _stop_nested(self) -> None:
@@ -1092,6 +1107,18 @@ class _no_grad:
     def __exit__(self, *exc: object) -> None:
         if self.was:
             torch._C._set_grad_enabled(True)
+
+
+def _of_steps(sink: Sink, steps: Any, first: int) -> Sink:
+    """``sink`` for the events of ``steps``, counted from step ``first`` (a nested trace's
+    own selection); events of no step pass."""
+
+    def of_steps(events: list[Event]) -> None:
+        kept = [e for e in events if type(e.get("step")) is not int or e["step"] - first in steps]
+        if kept:
+            sink(kept)
+
+    return of_steps
 
 
 def _batched_summary(g: torch.Tensor | None) -> dict | None:
