@@ -325,3 +325,23 @@ def test_fsdp2_shards_of_the_synced_gradients_are_recorded_and_buffers_raise_no_
             (truth,) = [p for p in printed if p["rank"] == rank and p["step"] == e["step"]]
             norms = {s["param"]: s["stats"]["norm"] for s in e["outputs"]}
             assert norms == pytest.approx(truth["shards"], rel=1e-5)
+
+
+def test_a_rank_armed_alone_waits_for_the_others_well_under_the_group_timeout(monkeypatch):
+    """`record PID` (or a UI) on one rank of a dormant job: the other ranks never answer and go
+    on into the step's all-reduce. The armed rank's wait for them must end before that
+    collective times out (it waited 10 s against a 5 s timeout, and the job died)."""
+    import time
+
+    import torch.distributed as dist
+
+    from torchscope.tracer import ranks
+
+    monkeypatch.setattr(ranks, "pg_timeout_seconds", lambda: 1.5)
+    said: list[str] = []
+    periods = ranks.AgreedPeriods(dist.HashStore(), 0, 2, said.append)
+    assert periods.at_boundary(10, wanted=True) is False  # proposes step 12
+    assert periods.at_boundary(11, wanted=True) is False
+    t0 = time.monotonic()
+    assert periods.at_boundary(12, wanted=True) is False  # nobody else came: not gated
+    assert time.monotonic() - t0 < 1.0  # a third of the group's timeout, not 10 s

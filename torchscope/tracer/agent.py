@@ -598,7 +598,9 @@ class Agent:
                         want = want or takes
                         # The command line arms every rank at the same steps: they can meet.
                         gated = gated or (takes and holder.client is None and holder.steps)
-                        by_ui = by_ui or (takes and holder.client is not None)
+                        # A recorder never pauses: it needs no meeting of the ranks.
+                        is_ui = holder.client is not None and holder.label == "ui"
+                        by_ui = by_ui or (takes and is_ui)
                 released, self._released = self._released, []
             # Ranks armed by UIs meet in the periods they agree on (tracer/ranks.py).
             scope = self._agreed_period(step, by_ui and not gated)

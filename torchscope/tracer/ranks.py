@@ -370,9 +370,13 @@ class AgreedPeriods:
     def _decide(self, step: int) -> int:
         t0 = time.monotonic()
         said = False
+        # A rank that is not armed never answers, and goes on into the step's collectives:
+        # waiting here must end well before they time out (that killed the job).
+        pg = pg_timeout_seconds()
+        limit = self.JOIN_TIMEOUT if pg is None else min(self.JOIN_TIMEOUT, pg / 3)
         while True:
             yes, no = self.store.add(self._key("yes"), 0), self.store.add(self._key("no"), 0)
-            if yes + no >= self.world or time.monotonic() - t0 > self.JOIN_TIMEOUT:
+            if yes + no >= self.world or time.monotonic() - t0 > limit:
                 break
             if not said and time.monotonic() - t0 > 0.5:
                 said = True
