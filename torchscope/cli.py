@@ -295,10 +295,8 @@ def cmd_run(opts: RunOptions) -> int:
     first = os.getcwd() if opts.script is None else os.path.dirname(script)  # type: ignore[arg-type]
     if opts.script is not None and os.path.isdir(opts.script):
         first = script  # a directory with __main__.py: run_path puts it first itself
-    if sys.path and not getattr(sys.flags, "safe_path", False):
-        sys.path[0] = first
-    elif not getattr(sys.flags, "safe_path", False):
-        sys.path.insert(0, first)
+    if not getattr(sys.flags, "safe_path", False):  # python -P puts nothing there
+        sys.path[:1] = [first]
     try:
         agent.start()
     except TraceFileError as exc:

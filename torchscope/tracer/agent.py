@@ -103,6 +103,11 @@ class Holder:
     remaining: int | None = None  # the next N steps (record --next N)
     last_contact: float = field(default_factory=time.monotonic)
 
+    @property
+    def is_ui(self) -> bool:
+        """A UI: what pauses and says continue (a recorder does neither)."""
+        return self.client is not None and self.label == "ui"
+
     def takes(self, step: int) -> bool | None:
         """Whether it holds ``step`` traced; None when it is done and goes."""
         if self.steps is not None:
@@ -599,8 +604,7 @@ class Agent:
                         # The command line arms every rank at the same steps: they can meet.
                         gated = gated or (takes and holder.client is None and holder.steps)
                         # A recorder never pauses: it needs no meeting of the ranks.
-                        is_ui = holder.client is not None and holder.label == "ui"
-                        by_ui = by_ui or (takes and is_ui)
+                        by_ui = by_ui or (takes and holder.is_ui)
                 released, self._released = self._released, []
             # Ranks armed by UIs meet in the periods they agree on (tracer/ranks.py).
             scope = self._agreed_period(step, by_ui and not gated)
@@ -718,13 +722,13 @@ class Agent:
             self._client_holders_gone.add(holder.id)
         if holder.client is not None and self.stepper is not None:
             self.stepper.release(holder.client)
-            if holder.label == "ui" and not self._a_ui_holds():
+            if holder.is_ui and not self._a_ui_holds():
                 # No UI left: nobody will say continue. A pause held for a UI ends now.
                 # (A recorder never says continue, nor is it what --wait waits for.)
                 self.stepper.detach_uis()
 
     def _a_ui_holds(self) -> bool:
-        return any(h.client is not None and h.label == "ui" for h in self._holders.values())
+        return any(h.is_ui for h in self._holders.values())
 
     def _client_holder(self, client: bytes) -> Holder | None:
         return next((h for h in self._holders.values() if h.client == client), None)
@@ -737,7 +741,7 @@ class Agent:
             holder = self._client_holder(client)
             if holder is not None:
                 holder.last_contact = time.monotonic()
-        is_ui = holder.label == "ui" if holder is not None else cmd in STEPPING_COMMANDS
+        is_ui = holder.is_ui if holder is not None else cmd in STEPPING_COMMANDS
         if is_ui and self.stepper is not None:
             self.stepper.contact(client)
 

@@ -106,9 +106,13 @@ def _tcp_problem(target: str, timeout: float = 3.0) -> str | None:
     the background for ever, and the UI open on a session that is not there)."""
     import socket
 
-    host, sep, port = target[len("tcp://") :].rpartition(":")
-    host = host.strip("[]")  # tcp://[::1]:5555
-    if not sep or not port.isdigit() or not host or host == "*":
+    from torchscope.protocol.endpoints import EndpointError, _split_tcp
+
+    try:
+        host, port = _split_tcp(target)
+    except EndpointError:
+        host, port = "", None
+    if not host or host == "*" or port is None or not port.isdigit():
         return f"{target}: expected tcp://HOST:PORT"
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):
