@@ -56,9 +56,9 @@ from overhead import CLOCK, CLOCKS, Config, event_counts, measure, table  # noqa
 from workloads import ALL_WORKLOADS as WORKLOADS  # noqa: E402
 
 import torchscope  # noqa: E402
-from torchscope.tracer.mode import op_name  # noqa: E402
-from torchscope.tracer.source import user_site  # noqa: E402
-from torchscope.tracer.summary import _dense_view  # noqa: E402
+from torchscope.tracer.armed.forward import op_name  # noqa: E402
+from torchscope.tracer.armed.source import user_site  # noqa: E402
+from torchscope.tracer.armed.summary import _dense_view  # noqa: E402
 
 
 def reduce_to_host(t: torch.Tensor) -> tuple[float, float, float, float]:

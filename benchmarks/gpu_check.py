@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from workloads import MLP, TinyLM  # noqa: E402
 
 import torchscope  # noqa: E402
-from torchscope.tracer import session as session_mod  # noqa: E402
+from torchscope.tracer.armed import session as session_mod  # noqa: E402
 
 BUDGET_S = 270.0  # leave room under the 5 minutes for start-up and the table
 

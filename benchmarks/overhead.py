@@ -73,7 +73,7 @@ from workloads import Workload  # noqa: E402
 import torchscope  # noqa: E402
 from torchscope.tracer import publisher as publisher_mod  # noqa: E402
 from torchscope.tracer.agent import Agent, ServeOptions, current_agent  # noqa: E402
-from torchscope.tracer.session import current_tracer  # noqa: E402
+from torchscope.tracer.armed.session import current_tracer  # noqa: E402
 
 
 # -- configurations ------------------------------------------------------------------------

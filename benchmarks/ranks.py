@@ -38,8 +38,9 @@ def worker(steps: int, rounds: int) -> None:
     import torch.nn.functional as F
     from workloads import make_mlp
 
-    from torchscope.tracer import ranks, session
+    from torchscope.tracer import ranks
     from torchscope.tracer.agent import Agent, ServeOptions
+    from torchscope.tracer.armed import session
 
     torch.set_num_threads(1)
     multi = "RANK" in os.environ

@@ -42,7 +42,8 @@ def _tracer_isolation(request: pytest.FixtureRequest):
     from torch.nn.modules import module as module_mod
     from torch.optim import optimizer as optim_mod
 
-    from torchscope.tracer import agent, backward_calls, session
+    from torchscope.tracer import agent, backward_calls
+    from torchscope.tracer.armed import session
 
     torch.set_num_threads(1)
     backward_fn = torch.autograd.backward

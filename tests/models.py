@@ -140,7 +140,7 @@ class OutputCapture(torch.overrides.TorchFunctionMode):
         self.calls: list[tuple[str, list[torch.Tensor]]] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        from torchscope.tracer.mode import BACKWARD_CALLS, op_name, result_tensors
+        from torchscope.tracer.armed.forward import BACKWARD_CALLS, op_name, result_tensors
 
         result = func(*args, **(kwargs or {}))
         name = op_name(func)
@@ -158,7 +158,7 @@ class OutputCapture(torch.overrides.TorchFunctionMode):
 
 def node_id_of(t: torch.Tensor) -> int | None:
     """The tracer's id of ``t.grad_fn`` (None when the tracer never saw that node)."""
-    from torchscope.tracer.backward import NODE_ID
+    from torchscope.tracer.armed.backward import NODE_ID
 
     return None if t.grad_fn is None else t.grad_fn.metadata.get(NODE_ID)
 

@@ -145,9 +145,13 @@ def test_a_script_sees_what_python_shows_it(tmp_path: Path) -> None:
         [sys.executable, "show.py"], capture_output=True, text=True, cwd=tmp_path, timeout=60
     )
     res = torchscope("run", "--quiet", "show.py", cwd=tmp_path)
-    assert (res.returncode, res.stdout) == (plain.returncode, plain.stdout) == (
-        1,
-        "show.py True SourceFileLoader __main__\nTrue\n",
+    assert (
+        (res.returncode, res.stdout)
+        == (plain.returncode, plain.stdout)
+        == (
+            1,
+            "show.py True SourceFileLoader __main__\nTrue\n",
+        )
     )
     assert res.stderr == plain.stderr == "hook: ValueError mine\n"
     res = torchscope("run", "--quiet", "app", "x", cwd=tmp_path)

@@ -145,7 +145,6 @@ def test_perfetto_to_stdout_and_bad_input(trace_file: Path, tmp_path: Path) -> N
     assert res.returncode == 2 and res.stderr.startswith("torchscope: error: cannot write")
 
 
-
 @pytest.mark.parametrize("fmt", ["perfetto", "csv"])
 def test_export_never_writes_over_its_input_and_writes_through_a_pipe(
     trace_file: Path, tmp_path: Path, fmt: str

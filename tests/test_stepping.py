@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from torchscope.protocol.breakpoints import BreakpointError, parse_break_spec
-from torchscope.tracer.session import Tracer
+from torchscope.tracer.armed.session import Tracer
 
 
 def line_of(func: Callable, needle: str) -> str:

@@ -250,7 +250,7 @@ def test_alerts_keep_seq_order_when_summaries_land_late(monkeypatch):
     """On CUDA a batch's numbers land after later events were numbered: the alert found in
     it is numbered then, so it must go out behind them. Here no sealed batch is ever ready
     until the tracer waits for them all, as a slow device copy would be."""
-    from torchscope.tracer import pipeline
+    from torchscope.tracer.armed import pipeline
 
     monkeypatch.setattr(pipeline.SealedBatch, "ready", lambda self: False)
     torch.manual_seed(0)

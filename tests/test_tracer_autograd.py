@@ -10,7 +10,7 @@ from torch.autograd.graph import get_gradient_edge
 from torch.utils.checkpoint import checkpoint
 
 import torchscope
-from torchscope.tracer.backward import NODE_ID
+from torchscope.tracer.armed.backward import NODE_ID
 
 
 def grad_values(events, node: str, backward: int | None = None):

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 import torchscope
-from torchscope.tracer import alerts, pipeline
-from torchscope.tracer.modules import ModuleTracker
-from torchscope.tracer.summary import Summarizer
+from torchscope.tracer.armed import alerts, pipeline
+from torchscope.tracer.armed.modules import ModuleTracker
+from torchscope.tracer.armed.summary import Summarizer
 
 
 def boom(*args, **kwargs):

@@ -8,7 +8,8 @@ import weakref
 import torch
 
 import torchscope
-from torchscope.tracer import mode, session, source
+from torchscope.tracer.armed import forward as mode
+from torchscope.tracer.armed import session, source
 
 
 def test_ten_thousand_steps_stay_bounded():

@@ -256,7 +256,7 @@ def test_outside_inputs_stay_metadata_while_outputs_are_finite():
 def test_batched_path_gives_the_same_summaries_as_reading_at_once():
     """CUDA tensors always take the batched path (stack, async copy, resolve later); on a
     machine without a GPU ``host_now=False`` sends host tensors the same way."""
-    from torchscope.tracer.summary import SealedBatch, Summarizer
+    from torchscope.tracer.armed.summary import SealedBatch, Summarizer
 
     torch.manual_seed(0)
     tensors = [
@@ -294,7 +294,7 @@ def test_float32_stats_hold_precision_where_plain_sums_would_not(host_now):
     """A tiny spread around a big mean (LayerNorm weights near 1) loses every digit of its std
     to float32 cancellation in sum/sum-of-squares, and 1e19-sized values overflow a float32
     sum of squares. Both paths keep the std and norm of a float64 reference."""
-    from torchscope.tracer.summary import SealedBatch, Summarizer
+    from torchscope.tracer.armed.summary import SealedBatch, Summarizer
 
     torch.manual_seed(0)
     cases = [
@@ -379,7 +379,7 @@ def _aten_ops(fn) -> list[str]:
 def test_one_pass_per_moment_and_no_counting_pass_on_the_device_path():
     """Batched (CUDA) summaries: aminmax and var_mean, nothing else per tensor; NaN/Inf are
     only counted, at resolve time, for a tensor whose min or max came back non-finite."""
-    from torchscope.tracer.summary import SealedBatch, Summarizer
+    from torchscope.tracer.armed.summary import SealedBatch, Summarizer
 
     torch.manual_seed(0)
     t = torch.randn(64, 32)
@@ -409,7 +409,7 @@ def test_one_pass_per_moment_and_no_counting_pass_on_the_device_path():
 def test_read_at_once_path_makes_three_reductions_and_counts_only_when_not_finite():
     """Host tensors: aminmax, sum and dot (var_mean's Welford pass is ~20x slower on the CPU
     than the three together); isnan/isinf only when the sum is not finite."""
-    from torchscope.tracer.summary import Summarizer
+    from torchscope.tracer.armed.summary import Summarizer
 
     torch.manual_seed(0)
     summarizer = Summarizer()
@@ -424,7 +424,7 @@ def test_read_at_once_path_makes_three_reductions_and_counts_only_when_not_finit
 
 
 def test_non_finite_counts_on_the_device_path_exact_while_the_tensor_lives():
-    from torchscope.tracer.summary import SealedBatch, Summarizer
+    from torchscope.tracer.armed.summary import SealedBatch, Summarizer
 
     summarizer = Summarizer(host_now=False)
     kept = torch.ones(100)
@@ -443,7 +443,7 @@ def test_non_finite_counts_on_the_device_path_exact_while_the_tensor_lives():
 
 
 def test_small_integer_and_bool_tensors_read_their_values_without_a_reduction():
-    from torchscope.tracer.summary import Summarizer
+    from torchscope.tracer.armed.summary import Summarizer
 
     summarizer = Summarizer()
     ops = _aten_ops(lambda: summarizer.summarize(torch.tensor([[3, -1], [4, 1]])))

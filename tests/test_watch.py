@@ -16,8 +16,8 @@ from torch.optim import optimizer as optim_mod
 
 import torchscope
 from torchscope.tracer import backward_calls
-from torchscope.tracer.session import current_tracer
-from torchscope.tracer.watch import NanWatch, WatchStop
+from torchscope.tracer.armed.session import current_tracer
+from torchscope.tracer.watch.nan_watch import NanWatch, WatchStop
 
 ORIGINAL_AUTOGRAD_BACKWARD = torch.autograd.backward
 ORIGINAL_TENSOR_BACKWARD = torch.Tensor.backward
@@ -703,7 +703,7 @@ def test_ddp_replays_the_wrapped_module_not_the_wrapper(tmp_path):
 def test_pause_stops_inside_the_replay_at_the_origin():
     """With a stepper (a UI could attach), "pause" stops the replay at the origin; with no UI
     the lease lets it go on by itself."""
-    from torchscope.tracer.session import Tracer
+    from torchscope.tracer.armed.session import Tracer
 
     made = []
 

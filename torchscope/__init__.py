@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from torchscope.protocol.events import Trace
     from torchscope.tracer.agent import Agent
-    from torchscope.tracer.session import Tracer
+    from torchscope.tracer.armed.session import Tracer
 
 
 def trace(
@@ -43,7 +43,7 @@ def trace(
         ``TORCHSCOPE_LIVE=1`` environment variable). To make a whole job attachable instead,
         see ``serve()``.
     """
-    from torchscope.tracer.session import Tracer
+    from torchscope.tracer.armed.session import Tracer
 
     return Tracer(
         record,
@@ -64,7 +64,7 @@ def step(n: int | None = None) -> None:
     script calls ``step()``, a ``backward()`` no longer ends a step by itself.
     """
     from torchscope.tracer.agent import current_agent
-    from torchscope.tracer.session import current_tracer
+    from torchscope.tracer.armed.session import current_tracer
 
     agent = current_agent()
     tracer = current_tracer()
@@ -105,7 +105,7 @@ def serve(
     ``watch="nan"`` (or ``"gradnorm:X"``) checks every step before the update for NaN/Inf
     gradients and loss, for about one fused reduction and one host sync per step, and
     replays a bad step traced to name its origin; ``on_nan`` is then ``"continue"``,
-    ``"pause"`` or ``"stop"`` (raises ``torchscope.tracer.watch.WatchStop`` from
+    ``"pause"`` or ``"stop"`` (raises ``torchscope.tracer.watch.nan_watch.WatchStop`` from
     ``optimizer.step()``, before the update).
     """
     import atexit
@@ -160,7 +160,7 @@ def load(path: str | os.PathLike) -> Trace:
 
 def __getattr__(name: str) -> Any:
     if name == "Tracer":
-        from torchscope.tracer.session import Tracer
+        from torchscope.tracer.armed.session import Tracer
 
         return Tracer
     raise AttributeError(f"module 'torchscope' has no attribute {name!r}")

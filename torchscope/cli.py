@@ -265,7 +265,7 @@ def cmd_run(opts: RunOptions) -> int:
 
     from torchscope.protocol.tracefile import TraceFileError
     from torchscope.tracer.agent import Agent, ServeOptions
-    from torchscope.tracer.watch import WatchStop
+    from torchscope.tracer.watch.nan_watch import WatchStop
 
     script = os.path.abspath(opts.script) if opts.script else None
     agent = Agent(

@@ -122,9 +122,7 @@ def _open_for_writing(path: str) -> Any:
                 try:
                     fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    raise OSError(
-                        errno.EBUSY, "another recording is being written to it"
-                    ) from None
+                    raise OSError(errno.EBUSY, "another recording is being written to it") from None
             os.ftruncate(f.fileno(), 0)
     except BaseException:
         f.close()

@@ -12,7 +12,7 @@ __all__ = ["Tracer", "current_tracer"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from torchscope.tracer import session
+        from torchscope.tracer.armed import session
 
         return getattr(session, name)
     raise AttributeError(f"module 'torchscope.tracer' has no attribute {name!r}")

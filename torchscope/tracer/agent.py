@@ -13,7 +13,7 @@ nothing: no mode on the stack, no module or node hooks, no events. It keeps
 Tracing is *held*: by the command line (``--record``, ``--steps``, ``--break-on``, ``--wait``:
 the steps they select), by a UI (while its lease lasts: any request renews it), or by
 ``record --next N`` (N steps). At every step boundary, on the training thread, the agent arms
-(starts a :class:`~torchscope.tracer.session.Tracer`) when someone holds tracing for the new
+(starts a :class:`~torchscope.tracer.armed.session.Tracer`) when someone holds tracing for the new
 step and disarms (stops it: no mode, no hooks, no threads of its own left) when nobody does.
 Arming never starts in the middle of a step. A holder that goes (``disarm``, ``q`` in the UI,
 or its lease running out) takes its breakpoints with it.
@@ -33,9 +33,10 @@ from typing import Any
 
 from torchscope.protocol.events import ALERT, ARMING, DORMANT, TRACED, TRACING, Event
 from torchscope.tracer import backward_calls
+from torchscope.tracer.armed.modules import is_fsdp2
+from torchscope.tracer.armed.pipeline import Sink
+from torchscope.tracer.armed.session import DrivenBy, Tracer, current_tracer, session_event
 from torchscope.tracer.clock import StepClock
-from torchscope.tracer.modules import is_fsdp2
-from torchscope.tracer.pipeline import Sink
 from torchscope.tracer.ranks import (
     AgreedPeriods,
     JobUiSignal,
@@ -47,7 +48,6 @@ from torchscope.tracer.ranks import (
     say,
     say_line,
 )
-from torchscope.tracer.session import DrivenBy, Tracer, current_tracer, session_event
 from torchscope.tracer.stepper import Stepper, stepping_commands
 from torchscope.tracer.steps import ALL_STEPS, StepSelection, parse_steps
 
@@ -78,7 +78,7 @@ class ServeOptions:
     lease: float = 10.0
     optimizer_ops: bool = False
     quiet: bool = False
-    watch: str | None = None  # "nan", "gradnorm:X": the always-on NaN watch (tracer/watch.py)
+    watch: str | None = None  # "nan", "gradnorm:X": the always-on NaN watch (tracer/watch/)
     on_nan: str = "continue"  # what the watch does after a detection: continue, pause, stop
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -321,7 +321,7 @@ class Agent:
 
     def _start_watch(self) -> None:
         from torchscope.tracer.steps import parse_watch
-        from torchscope.tracer.watch import NanWatch
+        from torchscope.tracer.watch.nan_watch import NanWatch
 
         self.watch = NanWatch(
             gradnorm=parse_watch(self.options.watch or "nan"),

@@ -118,8 +118,10 @@ def _tcp_problem(target: str, timeout: float = 3.0) -> str | None:
         with socket.create_connection((host, int(port)), timeout=timeout):
             return None
     except OSError as exc:
-        why = "nothing listens there" if isinstance(exc, ConnectionRefusedError) else (
-            exc.strerror or str(exc) or type(exc).__name__
+        why = (
+            "nothing listens there"
+            if isinstance(exc, ConnectionRefusedError)
+            else (exc.strerror or str(exc) or type(exc).__name__)
         )
         return f"{target}: cannot connect: {why} (is the job running? --wait waits for it)"
 

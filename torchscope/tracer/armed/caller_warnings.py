@@ -19,7 +19,9 @@ from typing import Any
 
 import torch.overrides
 
-_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+import torchscope
+
+_OURS = os.path.dirname(os.path.abspath(torchscope.__file__)) + os.sep
 _OVERRIDES = os.path.abspath(torch.overrides.__file__)
 _installed = False
 

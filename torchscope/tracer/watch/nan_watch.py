@@ -74,7 +74,7 @@ from torchscope.tracer.clock import StepClock, an_optimizer_exists
 from torchscope.tracer.ranks import say_line
 
 if TYPE_CHECKING:
-    from torchscope.tracer.session import Tracer
+    from torchscope.tracer.armed.session import Tracer
 
 POLICIES = ("continue", "pause", "stop")
 NAN, INF, GRADNORM = "nan", "inf", "gradnorm"
@@ -633,7 +633,7 @@ class NanWatch:
         if what in (NAN, INF) and not self.replay_wanted():
             det["notes"].append("the step was traced live: its alert names the origin")
         elif what in (NAN, INF):
-            from torchscope.tracer.watch_replay import Replay
+            from torchscope.tracer.watch.replay import Replay
 
             replay = Replay(self, det)
             self.last_replay = replay
@@ -911,7 +911,7 @@ def autocast_state() -> tuple[tuple[str, torch.dtype], ...]:
 
 def _call_site() -> str | None:
     """``file:line`` of the user's ``backward()`` call."""
-    from torchscope.tracer.source import user_frame
+    from torchscope.tracer.armed.source import user_frame
 
     frame = user_frame(2)
     return f"{frame[0]}:{frame[1]}" if frame else None

@@ -18,8 +18,8 @@ from collections import deque
 from collections.abc import Callable
 
 from torchscope.protocol.events import STEP, Event
-from torchscope.tracer.alerts import AlertDetector
-from torchscope.tracer.summary import SealedBatch, Summarizer, nonfinite_made
+from torchscope.tracer.armed.alerts import AlertDetector
+from torchscope.tracer.armed.summary import SealedBatch, Summarizer, nonfinite_made
 
 Sink = Callable[[list[Event]], None]
 

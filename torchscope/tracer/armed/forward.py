@@ -8,7 +8,7 @@ import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
 if TYPE_CHECKING:
-    from torchscope.tracer.session import Tracer
+    from torchscope.tracer.armed.session import Tracer
 
 BACKWARD_CALLS: dict[Any, str] = {
     torch.Tensor.backward: "Tensor.backward",

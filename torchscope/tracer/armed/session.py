@@ -34,8 +34,8 @@ from torchscope.protocol.events import (
     all_finite,
 )
 from torchscope.protocol.tracefile import per_rank_path
-from torchscope.tracer import caller_warnings
-from torchscope.tracer.backward import (
+from torchscope.tracer.armed import caller_warnings
+from torchscope.tracer.armed.backward import (
     NODE_ID,
     NODE_MOD,
     NODE_OP,
@@ -46,22 +46,22 @@ from torchscope.tracer.backward import (
     node_name,
     root_tensors,
 )
-from torchscope.tracer.clock import StepClock
-from torchscope.tracer.collectives import COLLECTIVES, group_size, is_async, written_tensors
-from torchscope.tracer.mode import (
+from torchscope.tracer.armed.collectives import COLLECTIVES, group_size, is_async, written_tensors
+from torchscope.tracer.armed.forward import (
     ForwardMode,
     iter_tensors,
     overwrites_first_input,
     result_tensors,
     writes_inputs,
 )
-from torchscope.tracer.modules import ModuleTracker, is_fsdp2
-from torchscope.tracer.pipeline import EventPipeline, Sink
+from torchscope.tracer.armed.modules import ModuleTracker, is_fsdp2
+from torchscope.tracer.armed.pipeline import EventPipeline, Sink
+from torchscope.tracer.armed.source import thread_stack, user_frame, user_site
+from torchscope.tracer.armed.summary import Summarizer, SummaryMemo, tensor_meta
+from torchscope.tracer.clock import StepClock
 from torchscope.tracer.ranks import env_int, job_id
-from torchscope.tracer.source import thread_stack, user_frame, user_site
 from torchscope.tracer.stepper import PausePoint, Stepper, stepping_commands
 from torchscope.tracer.steps import parse_steps
-from torchscope.tracer.summary import Summarizer, SummaryMemo, tensor_meta
 
 UNINITIALIZED_OPS = frozenset(
     {

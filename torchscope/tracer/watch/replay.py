@@ -35,8 +35,8 @@ from torch.autograd.graph import get_gradient_edge
 from torch.optim import optimizer as optimizer_mod
 
 from torchscope.protocol.events import ALERT
-from torchscope.tracer.backward import NODE_ID, NODE_MOD, NODE_OP, NODE_SRC, node_name
-from torchscope.tracer.watch import (
+from torchscope.tracer.armed.backward import NODE_ID, NODE_MOD, NODE_OP, NODE_SRC, node_name
+from torchscope.tracer.watch.nan_watch import (
     Call,
     rng_state,
     set_rng_state,
@@ -45,13 +45,13 @@ from torchscope.tracer.watch import (
 )
 
 if TYPE_CHECKING:
-    from torchscope.tracer.session import Tracer
-    from torchscope.tracer.watch import NanWatch
+    from torchscope.tracer.armed.session import Tracer
+    from torchscope.tracer.watch.nan_watch import NanWatch
 
 
 def default_tracer(step: int) -> Tracer:
     """An in-memory tracer numbered ``step`` that neither counts steps nor hooks optimizers."""
-    from torchscope.tracer.session import Tracer
+    from torchscope.tracer.armed.session import Tracer
 
     tracer = Tracer(
         keep=True,

@@ -14,7 +14,7 @@ import torch
 from torch.autograd.graph import get_gradient_edge
 
 if TYPE_CHECKING:
-    from torchscope.tracer.session import Tracer
+    from torchscope.tracer.armed.session import Tracer
 
 NODE_ID = "torchscope.id"  # our stable id for the node
 NODE_OP = "torchscope.op"  # seq of the forward op that created it
