@@ -56,7 +56,7 @@ from overhead import CLOCK, CLOCKS, Config, event_counts, measure, table  # noqa
 from workloads import ALL_WORKLOADS as WORKLOADS  # noqa: E402
 
 import torchscope  # noqa: E402
-from torchscope.tracer.armed.forward import op_name  # noqa: E402
+from torchscope.tracer.armed.calls import op_name  # noqa: E402
 from torchscope.tracer.armed.source import user_site  # noqa: E402
 from torchscope.tracer.armed.summary import _dense_view  # noqa: E402
 

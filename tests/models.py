@@ -140,7 +140,7 @@ class OutputCapture(torch.overrides.TorchFunctionMode):
         self.calls: list[tuple[str, list[torch.Tensor]]] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        from torchscope.tracer.armed.forward import BACKWARD_CALLS, op_name, result_tensors
+        from torchscope.tracer.armed.calls import BACKWARD_CALLS, op_name, result_tensors
 
         result = func(*args, **(kwargs or {}))
         name = op_name(func)

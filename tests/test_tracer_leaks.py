@@ -8,7 +8,7 @@ import weakref
 import torch
 
 import torchscope
-from torchscope.tracer.armed import forward as mode
+from torchscope.tracer.armed import calls as mode
 from torchscope.tracer.armed import session, source
 
 
@@ -45,7 +45,7 @@ def test_ten_thousand_steps_stay_bounded():
             if i in (2_000, 9_999):
                 gc.collect()
                 counts[i] = len(gc.get_objects())
-                assert len(tr.memo) < 50
+                assert len(tr.summaries.memo) < 50
         assert len(tr.events) == 1000
     assert dead_checked == 100
     assert tr.step_index == 10_000
@@ -53,7 +53,7 @@ def test_ten_thousand_steps_stay_bounded():
     # a linear leak of even one object per step would add ~8000
     assert counts[9_999] - counts[2_000] < 500, counts
     # the tracer's caches hold per-function and per-code-object entries only
-    assert len(mode._names) < 500
+    assert len(mode.op_names) < 500
     assert len(source._internal) < 5000
     assert len(tr.trace.steps) > 0 and {o.step for o in tr.ops} <= set(range(9_700, 10_000))
 

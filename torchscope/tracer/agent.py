@@ -10,13 +10,15 @@ nothing: no mode on the stack, no module or node hooks, no events. It keeps
 - the stepper (breakpoints and pauses outlive an armed period: a breakpoint set on a dormant
   job hits in its next traced step).
 
-Tracing is *held*: by the command line (``--record``, ``--steps``, ``--break-on``, ``--wait``:
-the steps they select), by a UI (while its lease lasts: any request renews it), or by
-``record --next N`` (N steps). At every step boundary, on the training thread, the agent arms
-(starts a :class:`~torchscope.tracer.armed.session.Tracer`) when someone holds tracing for the new
-step and disarms (stops it: no mode, no hooks, no threads of its own left) when nobody does.
-Arming never starts in the middle of a step. A holder that goes (``disarm``, ``q`` in the UI,
-or its lease running out) takes its breakpoints with it.
+Tracing is *held* (see :mod:`~torchscope.tracer.holders`). At every step boundary, on the
+training thread, the agent arms (starts a :class:`~torchscope.tracer.armed.session.Tracer`)
+when someone holds tracing for the new step and disarms (stops it: no mode, no hooks, no
+threads of its own left) when nobody does. Arming never starts in the middle of a step.
+Multi-rank jobs are checked against the other ranks at the same boundaries
+(:mod:`~torchscope.tracer.rank_checks`).
+
+Everything the agent says goes one way, :meth:`Agent.emit`: through the armed tracer while
+there is one (in order after the step's events still in flight), else straight to the sinks.
 """
 
 from __future__ import annotations
@@ -31,28 +33,26 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchscope.protocol.events import ALERT, ARMING, DORMANT, TRACED, TRACING, Event
+from torchscope.protocol.events import ARMING, DORMANT, TRACED, TRACING, Event
 from torchscope.tracer import backward_calls
 from torchscope.tracer.armed.modules import is_fsdp2
-from torchscope.tracer.armed.pipeline import Sink
 from torchscope.tracer.armed.session import DrivenBy, Tracer, current_tracer, session_event
 from torchscope.tracer.clock import StepClock
+from torchscope.tracer.holders import COMMAND_LINE, UI, Holders, StepHold
+from torchscope.tracer.outputs import Outputs
+from torchscope.tracer.rank_checks import RankChecks, rank_alert
 from torchscope.tracer.ranks import (
     AgreedPeriods,
     JobUiSignal,
-    RankFingerprints,
-    RankOrigins,
     job_id,
-    job_store,
     pg_timeout_seconds,
     say,
     say_line,
 )
-from torchscope.tracer.stepper import Stepper, stepping_commands
+from torchscope.tracer.stepper import Stepper
 from torchscope.tracer.steps import ALL_STEPS, StepSelection, parse_steps
 
 _agent: Agent | None = None
-ORIGIN_LOOKUPS = 20  # step boundaries to look for another rank's origin of an arrival
 WATCH_TRACE_STEPS = 3  # steps traced in full after a NaN the replay could not reproduce
 STEPPING_COMMANDS = frozenset(
     "pause step next continue detach state break_list break_add break_enable break_delete "
@@ -92,44 +92,6 @@ class ServeOptions:
         return None
 
 
-@dataclass
-class Holder:
-    """Someone who wants the job traced."""
-
-    id: int
-    label: str  # "command line", "ui", "record"
-    client: bytes | None = None  # the UI's connection; None: the command line
-    steps: StepSelection | None = None  # absolute steps (command line)
-    remaining: int | None = None  # the next N steps (record --next N)
-    last_contact: float = field(default_factory=time.monotonic)
-
-    @property
-    def is_ui(self) -> bool:
-        """A UI: what pauses and says continue (a recorder does neither)."""
-        return self.client is not None and self.label == "ui"
-
-    def takes(self, step: int) -> bool | None:
-        """Whether it holds ``step`` traced; None when it is done and goes."""
-        if self.steps is not None:
-            if step in self.steps:
-                return True
-            last = self.steps.last()
-            return None if last is not None and step > last else False
-        if self.remaining is not None:
-            if self.remaining <= 0:
-                return None
-            self.remaining -= 1
-        return True
-
-    def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "by": self.label}
-        if self.steps is not None:
-            out["steps"] = self.steps.text
-        if self.remaining is not None:
-            out["remaining"] = self.remaining
-        return out
-
-
 class Agent:
     """One per process (see :func:`serve`). ``start()`` on the training thread."""
 
@@ -139,33 +101,41 @@ class Agent:
         self.clock = StepClock(self, backward_steps=True)
         self.tracer: Tracer | None = None
         self.watch: Any = None  # NanWatch, with --watch
-        self.stepper: Stepper | None = None
-        self.publisher: Any = None
-        self.writer: Any = None
-        self.sinks: list[Sink] = []
+        self.outputs = Outputs()
+        self.holders = Holders(lambda: self.stepper, self._say)
+        self.ranks = RankChecks(self.emit, self.next_seq)
         self.started = False
         self.armed_periods = 0  # how often it armed (tests, benchmarks)
         self.traced_steps = 0
-        self._lock = threading.Lock()  # holders: control thread and training thread
-        self._holders: dict[int, Holder] = {}
-        self._ids = itertools.count(1)
-        self._released: list[int] = []  # holders gone since the last boundary (to announce)
         # A watch switched on or off from outside, applied at the next step boundary (the
         # watch hooks the training thread): (spec or None, on_nan).
         self._watch_request: tuple[str | None, str] | None = None
-        self._origins: RankOrigins | None = None  # shared NaN/Inf origins (multi-rank jobs)
-        self._fingerprints: RankFingerprints | None = None  # DDP replicas compared
-        self._fp_params: tuple[list, list] | None = None  # (DDP roots, their parameters)
-        self._endpoint_shared = False
         self._in_job = job_id() is not None  # a torchrun rank: it shares its endpoint
-        self._rank_records: list[str] | None = None  # every rank's session record (JSON)
+        self._multi_rank = os.environ.get("WORLD_SIZE", "1") != "1"
         self._periods: AgreedPeriods | None = None  # when UI-armed ranks meet
         self._no_periods = False  # the store failed once: UI-armed ranks trace ungated
-        # step -> (what, lookups left): NaN/Inf that arrived here through a collective
-        self._arrivals: dict[int, tuple[str, int]] = {}
         self._watch_listening: backward_calls.Listening | None = None
-        self._client_holders_gone: set[int] = set()
         self._blocked_said = False
+
+    @property
+    def stepper(self) -> Stepper | None:
+        return self.outputs.stepper
+
+    @stepper.setter
+    def stepper(self, stepper: Stepper | None) -> None:
+        self.outputs.stepper = stepper
+
+    @property
+    def publisher(self) -> Any:
+        return self.outputs.publisher
+
+    @property
+    def writer(self) -> Any:
+        return self.outputs.writer
+
+    @property
+    def sinks(self) -> list:
+        return self.outputs.sinks
 
     # -- lifecycle (training thread) -----------------------------------------------------------
     def start(self) -> Agent:
@@ -173,10 +143,12 @@ class Agent:
         if self.started:
             return self
         opts = self.options
+        outputs = self.outputs
         held = opts.held_steps()
         if opts.live or opts.breakpoints or opts.wait:
             hint = f"attach: torchscope tui {os.getpid()}" if opts.live else "no UI can attach"
-            self.stepper = Stepper(
+            stepper = outputs.start_stepper(
+                opts.breakpoints,
                 lease_seconds=opts.lease,
                 wait_for_ui=opts.wait,
                 hold=opts.hold,
@@ -184,24 +156,17 @@ class Agent:
                 job_ui=JobUiSignal.for_job(job_id()) if opts.wait else None,
             )
             if job_id() is not None:
-                self.stepper.pg_timeout = pg_timeout_seconds
-            for spec in opts.breakpoints:
-                self.stepper.add_breakpoint(spec)
+                stepper.pg_timeout = pg_timeout_seconds
         if held is not None:
-            self._add_holder(Holder(next(self._ids), "command line", steps=held))
+            self.holders.add(COMMAND_LINE, steps=held)
         if opts.record is not None:
-            from torchscope.protocol.tracefile import TraceWriter, per_rank_path
+            from torchscope.protocol.tracefile import per_rank_path
 
             opts.record = per_rank_path(opts.record)  # torchrun: one file per rank
         session = self.session_event()
         if opts.record is not None:
-            self.writer = TraceWriter(
-                opts.record,
-                metadata={"session": dict(session)},
-                on_stop=lambda message: self._say(message, force=True),
-            )
-            self.sinks.append(self.writer.write)
-            self.writer.write([session])
+            outputs.open_file(opts.record, session, lambda text: self._say(text, force=True))
+            outputs.writer.write([session])
         if opts.live:
             self._start_publisher(session)
         self.clock.install()
@@ -234,24 +199,16 @@ class Agent:
         )
 
     def _start_publisher(self, session: Event) -> None:
-        """A job whose live view cannot start still runs (and records, when asked)."""
-        from torchscope.tracer.publisher import EventPublisher  # pyzmq only when live
-
-        try:
-            publisher = EventPublisher(session, sndhwm=100).start()
-        except Exception as exc:  # unsafe runtime dir, bad TORCHSCOPE_BIND, bind failure
-            self._say(f"live view disabled: {exc}", force=True)
+        publisher = self.outputs.start_publisher(
+            session, self.clock.step, lambda: self.clock.step, lambda t: self._say(t, force=True)
+        )
+        if publisher is None:
             return
-        self.publisher = publisher
-        publisher.note_step(self.clock.step)
-        publisher.tracing = self._tracing_state()
-        self.sinks.append(publisher)
-        assert self.stepper is not None
-        publisher.commands.update(stepping_commands(self.stepper, lambda: self.clock.step))
+        publisher.tracing_state = self._tracing_state
         publisher.commands.update(
             {
                 "arm": self._cmd_arm,
-                "ranks": self._cmd_ranks,
+                "ranks": self.ranks.cmd_ranks,
                 "disarm": self._cmd_disarm,
                 "detach": self._cmd_detach,
                 "watch": self._cmd_watch,
@@ -343,167 +300,13 @@ class Agent:
             optimizer_ops=True,
             sinks=self.sinks,
             driven=DrivenBy(self.stepper, step, self.next_seq),
+            on_alert=self._on_alert(),
         ).start()
-        self._share_alerts(tracer)
         return tracer
 
-    # -- origins shared between ranks -----------------------------------------------------------
-    def _share_alerts(self, tracer: Tracer) -> None:
-        if tracer.pipeline is not None and os.environ.get("WORLD_SIZE", "1") != "1":
-            tracer.pipeline.alerts.on_alert = self._on_alert
-
-    def _rank_origins(self) -> RankOrigins | None:
-        if self._origins is None:
-            found = job_store()
-            if found is not None:
-                self._origins = RankOrigins(*found)
-        return self._origins
-
-    def _on_alert(self, alert: Event) -> None:
-        """An alert of this rank: an origin is published for the other ranks; a value that
-        arrived through a collective is matched with theirs at the next step boundaries."""
-        origins = self._rank_origins()
-        if origins is None:
-            return
-        if alert.get("arrived"):
-            with self._lock:
-                self._arrivals.setdefault(alert["step"], (alert["what"], ORIGIN_LOOKUPS))
-        else:
-            origins.publish(alert["step"], alert["message"])
-
-    def _match_arrivals(self) -> None:
-        """At a step boundary: the origins other ranks have published for the steps where a
-        NaN/Inf arrived here, as one alert each (no waiting: asked again at later steps)."""
-        origins = self._rank_origins()
-        with self._lock:
-            pending = dict(self._arrivals)
-        for step, (what, left) in pending.items():
-            found = origins.find(step) if origins is not None else []
-            with self._lock:
-                if found or left <= 1:
-                    self._arrivals.pop(step, None)
-                else:
-                    self._arrivals[step] = (what, left - 1)
-            for rank, message in found:
-                self._emit_alert(
-                    Event(
-                        kind=ALERT,
-                        seq=self.next_seq(),
-                        step=step,
-                        what=what,
-                        where="rank",
-                        event_seq=None,
-                        name=f"rank {rank}",
-                        source=None,
-                        message=f"the {'NaN' if what == 'nan' else 'Inf'} that arrived here "
-                        f"at step {step} was made on rank {rank}: {message}",
-                    )
-                )
-
-    def _last_word_of_other_ranks(self, seconds: float = 2.0) -> None:
-        """At the end of the job, the other ranks' origins and fingerprints of the last steps
-        get a short while to arrive."""
-        fp = self._fingerprints
-        deadline = time.monotonic() + seconds
-        while (self._arrivals or (fp is not None and fp.pending)) and time.monotonic() < deadline:
-            with contextlib.suppress(Exception):
-                self._match_arrivals()
-                self._report_divergence(final=True)
-            time.sleep(0.05)
-
-    def _share_endpoint(self) -> None:
-        """Under torchrun every rank puts its session record (endpoints, pid, host) in the
-        job's c10d store once, and reads the others' back when all are there: a UI that
-        reaches one rank, on any host, finds every rank through it (``ranks``)."""
-        found = job_store()
-        if found is None:
-            return
-        store, rank, world = found
-        if not self._endpoint_shared:
-            import json
-
-            store.set(f"torchscope/endpoint/{rank}", json.dumps(self.publisher.record.to_dict()))
-            self._endpoint_shared = True
-        keys = [f"torchscope/endpoint/{r}" for r in range(world)]
-        if store.check(keys):  # one round trip per step until every rank is there
-            self._rank_records = [bytes(v).decode() for v in store.multi_get(keys)]
-
-    def _cmd_ranks(self, args: dict[str, Any], client: bytes) -> dict[str, Any]:
-        import json
-
-        if self._rank_records is None:
-            raise ValueError(
-                "this job's ranks are not all known yet (each rank registers at its first "
-                "step boundary after the process group exists)"
-            )
-        return {"ranks": [json.loads(r) for r in self._rank_records]}
-
-    def _check_replicas(self, step: int) -> None:
-        """Traced DDP steps: publish this rank's parameter fingerprint and compare the other
-        ranks' (see ranks.RankFingerprints); a difference is one alert per parameter set."""
-        import torch
-
-        if self._fingerprints is None:
-            found = job_store()
-            if found is None:
-                return
-            self._fingerprints = RankFingerprints(*found)
-        fp = self._fingerprints
-        # DDP replicas only: FSDP2 ranks hold different shards by design.
-        roots = [m for m in self.tracer.modules.ddp_roots() if not is_fsdp2(m)]  # type: ignore[union-attr]
-        cached = self._fp_params
-        if cached is None or [r() for r in cached[0]] != roots:
-            # Walking the modules for their parameters costs more than summing them: once per
-            # armed period and set of DDP models (known by weak reference: a new model is seen).
-            refs = [weakref.ref(ddp) for ddp in roots]
-            cached = self._fp_params = (
-                refs,
-                [(n, p) for d in roots for n, p in d.named_parameters()],
-            )
-        named = cached[1]
-        if not named:
-            return
-        with torch.no_grad(), torch._C.DisableTorchFunction():
-            # One fused call for every parameter's norm (bit-identical replicas have
-            # bit-identical norms), one host read.
-            norms = torch._foreach_norm([p for _, p in named])
-            try:
-                values = torch.stack(norms).tolist()
-            except RuntimeError:  # parameters of several dtypes
-                values = [float(n) for n in norms]
-        fp.publish(step, [n for n, _ in named], values)
-        self._report_divergence()
-
-    def _report_divergence(self, final: bool = False) -> None:
-        fp = self._fingerprints
-        if fp is None:
-            return
-        for at, rank, differ in fp.compare(final):
-            shown = ", ".join(differ[:5]) + (
-                f" and {len(differ) - 5} more" if len(differ) > 5 else ""
-            )
-            self._emit_alert(
-                Event(
-                    kind=ALERT,
-                    seq=self.next_seq(),
-                    step=at,
-                    what="diverged",
-                    where="ranks",
-                    event_seq=None,
-                    name=f"rank {rank}",
-                    source=None,
-                    message=f"DDP replicas differ at the start of step {at}: {shown} "
-                    f"on this rank (rank {fp.rank}) and rank {rank}",
-                )
-            )
-
-    def _emit_alert(self, event: Event) -> None:
-        if self.tracer is not None and self.tracer.pipeline is not None:
-            self.tracer._emit(event)
-            return
-        for sink in self.sinks:
-            with contextlib.suppress(Exception):
-                sink([event])
+    def _on_alert(self) -> Any:
+        """Where an armed tracer's alerts go besides its sinks: the other ranks' checks."""
+        return self.ranks.on_alert if self._multi_rank else None
 
     def _watch_report(self, text: str) -> None:
         if not self.options.quiet:
@@ -512,25 +315,20 @@ class Agent:
         det = self.watch.detections[-1] if self.watch and self.watch.detections else None
         if det is None or det.get("reproduced") or det.get("last_step") != det.get("step"):
             return  # a reproduced replay recorded its own alert; a "lasted" summary is a note
-        event = Event(
-            kind=ALERT,
-            seq=self.next_seq(),
-            step=det["step"],
-            what=det["what"] if det["what"] in ("nan", "inf") else "gradnorm",
-            where="watch",
-            event_seq=None,
-            name="the gradients",
-            source=None,
-            message=text.removeprefix("torchscope: "),
+        self.emit(
+            rank_alert(
+                self.next_seq(),
+                det["step"],
+                det["what"] if det["what"] in ("nan", "inf") else "gradnorm",
+                "watch",
+                "the gradients",
+                text.removeprefix("torchscope: "),
+            )
         )
-        for sink in self.sinks:
-            with contextlib.suppress(Exception):
-                sink([event])
 
     def _trace_after_unreproduced(self, det: dict[str, Any]) -> None:
         """The replay could not say where it came from: trace the next steps in full."""
-        with self._lock:
-            self._add_holder(Holder(next(self._ids), "watch", remaining=WATCH_TRACE_STEPS))
+        self.holders.add("watch", remaining=WATCH_TRACE_STEPS)
         self._say(f"tracing the next {WATCH_TRACE_STEPS} steps in full to catch it live")
 
     def stop(self) -> None:
@@ -542,18 +340,15 @@ class Agent:
         if self.watch is not None:
             with contextlib.suppress(Exception):
                 self.watch.remove()
-        self._last_word_of_other_ranks()
+        self.ranks.last_word()
         if self._watch_listening is not None:
             self._watch_listening.remove()
             self._watch_listening = None
         try:
             self._disarm()
             self.clock.remove()
-            if self.writer is not None:
-                self.writer.close()
         finally:
-            if self.publisher is not None:
-                self.publisher.close()
+            self.outputs.close()
             if _agent is self:
                 _agent = None
             with contextlib.suppress(ValueError, OSError):
@@ -570,8 +365,7 @@ class Agent:
         if self.watch is not None:
             with contextlib.suppress(Exception):
                 self.watch.remove()
-        self.sinks = []
-        self.writer = self.publisher = None
+        self.outputs = Outputs()
 
     # -- step clock (training thread) ----------------------------------------------------------
     def update_begins(self, args: tuple, kwargs: dict) -> bool:
@@ -583,52 +377,37 @@ class Agent:
 
     def boundary(self, step: int) -> None:
         """Step ``step`` begins: arm or disarm here, never inside a step."""
-        if self._rank_records is None and self._in_job and self.publisher is not None:
+        ranks = self.ranks
+        if ranks.rank_records is None and self._in_job and self.publisher is not None:
             with contextlib.suppress(Exception):
-                self._share_endpoint()
-        if self._arrivals:
-            with contextlib.suppress(Exception):
-                self._match_arrivals()
+                ranks.share_endpoint(self.publisher.record.to_dict())
+        with contextlib.suppress(Exception):
+            ranks.match_arrivals()
         if self.tracer is not None and self.tracer.modules.has_ddp:
             with contextlib.suppress(Exception):
-                self._check_replicas(step)
+                roots = self.tracer.modules.ddp_roots()
+                ranks.check_replicas(step, [m for m in roots if not is_fsdp2(m)])
         try:
-            with self._lock:
-                want = gated = by_ui = False
-                for holder in list(self._holders.values()):
-                    takes = holder.takes(step)
-                    if takes is None:
-                        self._drop_holder(holder)
-                    else:
-                        want = want or takes
-                        # The command line arms every rank at the same steps: they can meet.
-                        gated = gated or (takes and holder.client is None and holder.steps)
-                        # A recorder never pauses: it needs no meeting of the ranks.
-                        by_ui = by_ui or (takes and holder.is_ui)
-                released, self._released = self._released, []
+            hold = self.holders.at_boundary(step)
             # Ranks armed by UIs meet in the periods they agree on (tracer/ranks.py).
-            scope = self._agreed_period(step, by_ui and not gated)
+            scope = self._agreed_period(step, hold.by_ui and not hold.gated)
             if scope is not None:
-                want = gated = True
+                hold.traced = hold.gated = True
             if self.publisher is not None:
                 self.publisher.note_step(step)
-            if want and self.tracer is None:
-                self._arm(step, released)
-            elif want:
+            if hold.traced and self.tracer is None:
+                self._arm(step, hold)
+            elif hold.traced:
                 self.tracer.boundary(step)  # type: ignore[union-attr]
-                if released:
-                    self._announce(released)
+                if hold.released:
+                    self._announce(hold.released)
             else:
-                self._disarm(released)
+                self._disarm(hold)
             if self.tracer is not None:
                 self.traced_steps += 1
-                self.tracer.gated = bool(gated)
-                self.tracer.gate_scope = scope or ""
+                self.tracer.gate(hold.gated, scope or "")
         except Exception as exc:  # never into the job
             self._say(f"internal error at a step boundary: {type(exc).__name__}: {exc}")
-        finally:
-            if self.publisher is not None:
-                self.publisher.tracing = self._tracing_state()
 
     def _agreed_period(self, step: int, wanted: bool) -> str | None:
         """The agreed period's scope when this rank meets the others in ``step``, else None.
@@ -647,7 +426,7 @@ class Agent:
             self._periods, self._no_periods = None, True
             return None
 
-    def _arm(self, step: int, released: list[int]) -> None:
+    def _arm(self, step: int, hold: StepHold) -> None:
         outer = current_tracer()
         if outer is not None:
             # The script's own torchscope.trace() block owns the mode now.
@@ -655,7 +434,7 @@ class Agent:
                 self._blocked_said = True
                 self._say("not arming while the script's torchscope.trace() block runs")
             return
-        self._announce(released, TRACED)
+        self._announce(hold.released, TRACED)
         opts = self.options
         tracer = Tracer(
             None,
@@ -664,21 +443,22 @@ class Agent:
             optimizer_ops=opts.optimizer_ops,
             sinks=self.sinks,
             driven=DrivenBy(self.stepper, step, self.next_seq),
+            on_alert=self._on_alert(),
         )
         tracer.start()
-        self._share_alerts(tracer)
         self.tracer = tracer
         self.armed_periods += 1
         self._say_holders(f"tracing from step {step}")
 
-    def _disarm(self, released: list[int] = ()) -> None:  # type: ignore[assignment]
+    def _disarm(self, hold: StepHold | None = None) -> None:
+        released = hold.released if hold is not None else []
         tracer, self.tracer = self.tracer, None
-        self._fp_params = None
+        self.ranks.forget_parameters()
         if tracer is not None:
             tracer.stop()  # the armed period's last events are delivered first
             self._announce(released, DORMANT)
             if self.started:
-                self._say_holders(f"dormant again at step {self.clock.step}", released)
+                self._say_holders(f"dormant again at step {self.clock.step}", hold)
         elif released:
             self._announce(released)
 
@@ -686,105 +466,57 @@ class Agent:
         """A ``tracing`` event: armed / dormant, who holds it, whose hold just ended."""
         if state is None:
             state = TRACED if self.tracer is not None else DORMANT
-        with self._lock:
-            holders = [h.describe() for h in self._holders.values()]
-        event = Event(
-            kind=TRACING,
-            seq=self.next_seq(),
-            step=self.clock.step,
-            state=state,
-            holders=holders,
-            released=list(released),
-            t=time.time(),
+        self.emit(
+            Event(
+                kind=TRACING,
+                seq=self.next_seq(),
+                step=self.clock.step,
+                state=state,
+                holders=self.holders.describe(),
+                released=list(released),
+                t=time.time(),
+            )
         )
-        if self.tracer is not None and self.tracer.pipeline is not None:
-            self.tracer._emit(event)  # in order after the step's events still in flight
-            return
-        for sink in self.sinks:
-            with contextlib.suppress(Exception):
-                sink([event])
+
+    def emit(self, event: Event) -> None:
+        """Everything the agent says: through the armed tracer while there is one (in order
+        after the step's events still in flight), else straight to the file and the UIs."""
+        tracer = self.tracer
+        if tracer is not None and tracer.pipeline is not None:
+            tracer.emit(event)
+        else:
+            self.outputs.emit([event])
 
     def _tracing_state(self) -> str:
         if self.tracer is not None:
             return TRACED
-        return ARMING if self._holders else DORMANT
+        return ARMING if self.holders else DORMANT
 
-    # -- holders (control thread, and the boundary) ---------------------------------------------
-    def _add_holder(self, holder: Holder) -> None:
-        self._holders[holder.id] = holder
-
-    def _drop_holder(self, holder: Holder) -> None:
-        """Called with the lock held."""
-        if self._holders.pop(holder.id, None) is None:
-            return
-        self._released.append(holder.id)
-        if holder.client is not None:
-            self._client_holders_gone.add(holder.id)
-        if holder.client is not None and self.stepper is not None:
-            self.stepper.release(holder.client)
-            if holder.is_ui and not self._a_ui_holds():
-                # No UI left: nobody will say continue. A pause held for a UI ends now.
-                # (A recorder never says continue, nor is it what --wait waits for.)
-                self.stepper.detach_uis()
-
-    def _a_ui_holds(self) -> bool:
-        return any(h.is_ui for h in self._holders.values())
-
-    def _client_holder(self, client: bytes) -> Holder | None:
-        return next((h for h in self._holders.values() if h.client == client), None)
-
+    # -- holders (control thread) ------------------------------------------------------------
     def _contact(self, client: bytes, cmd: str) -> None:
         """Any request renews its client's hold. Only a UI counts as a UI being there for
         the stepper (its pauses' lease, ``--wait``): a client that holds the job as a UI, or
         one that sends stepping commands; ``ls`` and ``record`` do not."""
-        with self._lock:
-            holder = self._client_holder(client)
-            if holder is not None:
-                holder.last_contact = time.monotonic()
+        holder = self.holders.contact(client)
         is_ui = holder.is_ui if holder is not None else cmd in STEPPING_COMMANDS
         if is_ui and self.stepper is not None:
             self.stepper.contact(client)
 
     def _expire_leases(self) -> None:
-        lease = self.options.lease
-        now = time.monotonic()
-        with self._lock:
-            for holder in list(self._holders.values()):
-                if holder.client is not None and now - holder.last_contact > lease:
-                    self._say(f"a {holder.label} stopped responding; its hold on tracing ended")
-                    self._drop_holder(holder)
-        if self.publisher is not None:
-            self.publisher.tracing = self._tracing_state()
+        self.holders.expire(self.options.lease)
 
     def _cmd_arm(self, args: dict[str, Any], client: bytes) -> dict[str, Any]:
-        by = args.get("by") or "ui"
-        with self._lock:
-            old = self._client_holder(client)
-            if old is not None:
-                del self._holders[old.id]  # a new request replaces the client's old one
-            holder = Holder(next(self._ids), by, client=client, remaining=args.get("next"))
-            self._add_holder(holder)
-        if by == "ui" and self.stepper is not None:
+        by = args.get("by") or UI
+        holder = self.holders.add(by, client=client, remaining=args.get("next"))
+        if by == UI and self.stepper is not None:
             self.stepper.contact(client)
         if self._periods is not None:
             self._periods.retry()
-        if self.publisher is not None:
-            self.publisher.tracing = self._tracing_state()
         return self._armed_reply(holder.id)
 
     def _cmd_disarm(self, args: dict[str, Any], client: bytes) -> dict[str, Any]:
         """This client lets go: its hold, its breakpoints, and (the last UI) its pauses."""
-        with self._lock:
-            holder = self._client_holder(client)
-            if holder is not None:
-                self._drop_holder(holder)
-            elif self.stepper is not None:
-                self.stepper.release(client)
-                if not self._a_ui_holds():
-                    self.stepper.detach_uis()
-        if self.publisher is not None:
-            self.publisher.tracing = self._tracing_state()
-        return self._armed_reply(holder.id if holder is not None else 0)
+        return self._armed_reply(self.holders.release(client))
 
     def _cmd_detach(self, args: dict[str, Any], client: bytes) -> dict[str, Any]:
         """Let the job run free: every breakpoint goes, the command line's too."""
@@ -801,12 +533,11 @@ class Agent:
         }
 
     # -- reporting -----------------------------------------------------------------------------
-    def _say_holders(self, text: str, released: list[int] = ()) -> None:  # type: ignore[assignment]
+    def _say_holders(self, text: str, hold: StepHold | None = None) -> None:
         """One line when a UI or a recorder arms or leaves (the command line's own steps
         are what the user asked for: nothing to say)."""
-        with self._lock:
-            clients = [h.label for h in self._holders.values() if h.client is not None]
-        if clients or any(i in self._client_holders_gone for i in released):
+        clients = self.holders.client_labels()
+        if clients or (hold is not None and hold.client_left):
             who = ", ".join(sorted(set(clients))) or "nobody"
             self._say(f"{text} (held by: {who})")
 

@@ -123,7 +123,7 @@ def listen(listener: BackwardListener) -> Listening:
             torch.autograd.backward = _wrapper
             # The traced mode recognises backward calls by function identity; with the
             # wrapper in place, torch's own override dispatch names the wrapper.
-            from torchscope.tracer.armed.forward import BACKWARD_CALLS
+            from torchscope.tracer.armed.calls import BACKWARD_CALLS
 
             BACKWARD_CALLS.setdefault(_wrapper, "torch.autograd.backward")
         _listeners = [*_listeners, listener]

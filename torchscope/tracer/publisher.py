@@ -154,7 +154,8 @@ class EventPublisher:
         self.step: int | None = (
             self.session.get("step") if isinstance(self.session.get("step"), int) else None
         )
-        self.tracing: str | None = None  # an agent's dormant / arming / traced
+        # An agent's dormant / arming / traced, asked when a heartbeat or an answer says it.
+        self.tracing_state: Callable[[], str | None] = lambda: None
 
         self._lock = threading.Lock()
         self._pending: deque[list[Any]] = deque()
@@ -492,7 +493,7 @@ class EventPublisher:
             events_total=self.events_total,
             pid=self.pid,
             t=time.time(),
-            tracing=self.tracing,
+            tracing=self.tracing_state(),
         )
         msg["sent"] = self.events_sent
         self._send(pub, pack(msg))
@@ -581,7 +582,7 @@ class EventPublisher:
             "frame": self._frame,
             "dropped": self.dropped,
             "events_total": self.events_total,
-            "tracing": self.tracing,
+            "tracing": self.tracing_state(),
         }
 
     def _cmd_hello(self, args: dict[str, Any], pub: zmq.Socket) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import contextlib
 from collections.abc import Callable
 
 from torchscope.protocol.events import ALERT, GRAD, OP, STEP, Event, all_finite
-from torchscope.tracer.armed.forward import overwrites_first_input
+from torchscope.tracer.armed.calls import overwrites_first_input
 
 INF_INTENDED = "inf_intended"  # summary flag: its Infs come from an infinite scalar argument
 # Ops that only look at their input's memory another way: they compute nothing.

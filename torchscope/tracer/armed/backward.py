@@ -1,4 +1,6 @@
-"""Backward: hooks on every autograd node reachable from the roots of one backward call.
+"""The backward level: hooks on every autograd node reachable from the roots of one backward
+call, and the recorder that turns each node's run into a grad event (what it received, what
+it sent on), plus one graph event per call.
 
 Nodes are identified through ``node.metadata`` (a dict that lives on the C++ node), never by
 holding the Python wrapper: wrappers keep saved tensors alive. Hook closures capture plain data
@@ -7,14 +9,22 @@ only, so a graph and its hooks are freed together.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.autograd.graph import get_gradient_edge
 
-if TYPE_CHECKING:
-    from torchscope.tracer.armed.session import Tracer
+from torchscope.protocol.breakpoints import AFTER, BEFORE
+from torchscope.protocol.events import GRAD, GRAPH, OP, Event
+from torchscope.tracer.armed.modules import ModuleTracker, is_fsdp2
+from torchscope.tracer.armed.pausing import Pauser
+from torchscope.tracer.armed.pipeline import EventPipeline
+from torchscope.tracer.armed.recording import ArmedState, ErrorReport, GradOffLocked, thread_name
+from torchscope.tracer.armed.source import user_frame
+from torchscope.tracer.armed.summary import tensor_meta
+from torchscope.tracer.armed.tensors import TensorSummaries
 
 NODE_ID = "torchscope.id"  # our stable id for the node
 NODE_OP = "torchscope.op"  # seq of the forward op that created it
@@ -61,9 +71,14 @@ class NodeHooks:
     """Installs a post-hook on each reachable node for one backward call, then removes them."""
 
     def __init__(
-        self, tracer: Tracer, call: str, roots: list[torch.Tensor], *, batched: bool = False
+        self,
+        recorder: BackwardRecorder,
+        call: str,
+        roots: list[torch.Tensor],
+        *,
+        batched: bool = False,
     ) -> None:
-        self.tracer = tracer
+        self.recorder = recorder
         self.call = call
         self.nodes: list[NodeInfo] = []
         self.root_ids: list[int] = []
@@ -75,15 +90,14 @@ class NodeHooks:
             raise
 
     def _install(self, roots: list[torch.Tensor], batched: bool) -> None:
-        tracer = self.tracer
+        recorder = self.recorder
         # Pre-hooks only when someone may pause in this backward: they cost a call per node.
         # A batched backward's gradients cannot be read, so it is not stepped through.
-        stepping = tracer.stepper is not None and tracer.stepper.active and not batched
-        node_id = tracer.node_id
-        new_id = tracer._node_ids.__next__
-        run_id = tracer.run_id
-        on_grad = tracer.on_batched_grad if batched else tracer.on_grad
-        param_name = tracer.modules.param_name
+        stepping = recorder.stepping() and not batched
+        new_id = recorder.new_node_id
+        run_id = recorder.run_id
+        on_grad = recorder.on_batched_grad if batched else recorder.on_grad
+        param_name = recorder.param_name
         infos = self.nodes
         handles = self._handles
         seen: set[int] = set()
@@ -92,10 +106,14 @@ class NodeHooks:
             if not t.requires_grad:
                 continue
             node = get_gradient_edge(t).node
-            self.root_ids.append(node_id(node))
+            md = node.metadata
+            nid = md.get(NODE_ID)
+            if nid is None:
+                nid = md[NODE_ID] = new_id()
+            self.root_ids.append(nid)
             todo.append(node)
         # This walk runs over every node of every backward call: one metadata fetch per node
-        # and per edge (node_id, inlined), nothing looked up twice.
+        # and per edge, nothing looked up twice.
         while todo:
             node = todo.pop()
             md = node.metadata
@@ -136,7 +154,7 @@ class NodeHooks:
             # holds the node's info and a bound method only (see the module docstring).
             handles.append(node.register_hook(partial(on_grad, info)))
             if stepping:
-                handles.append(node.register_prehook(partial(tracer.on_grad_pre, info)))
+                handles.append(node.register_prehook(partial(recorder.on_grad_pre, info)))
 
     def remove(self) -> None:
         for h in self._handles:
@@ -149,3 +167,224 @@ class NodeHooks:
             "roots": self.root_ids,
             "nodes": self.nodes,
         }
+
+
+class BackwardRecorder:
+    """Grad events of every node a backward call runs, and its graph event."""
+
+    def __init__(
+        self,
+        state: ArmedState,
+        pipeline: EventPipeline,
+        summaries: TensorSummaries,
+        modules: ModuleTracker,
+        next_seq: Callable[[], int],
+        report_error: ErrorReport,
+        *,
+        run_id: int,
+        new_node_id: Callable[[], int],
+        pauser: Pauser | None,
+    ) -> None:
+        self._state = state
+        self._pipeline = pipeline
+        self._summaries = summaries
+        self._modules = modules
+        self._next_seq = next_seq
+        self._report_error = report_error
+        self.run_id = run_id
+        self.new_node_id = new_node_id
+        self.param_name = modules.param_name
+        self._pauser = pauser
+        self._stepper = pauser.stepper if pauser is not None else None
+        self._recording = GradOffLocked(pipeline.lock)
+        self.backward_index = 0  # backward calls in this step, numbered from 1
+
+    def begin_step(self) -> None:
+        self.backward_index = 0
+
+    def stepping(self) -> bool:
+        """Whether someone may pause in this backward (the pre-hooks are then needed)."""
+        return self._stepper is not None and self._stepper.active
+
+    def run_backward(self, call: str, func: Any, args: tuple, kwargs: dict) -> Any:
+        state = self._state
+        if state.gated and call != "torch.autograd.grad":
+            state.meet_ranks(f"{call}()")
+        hooks = None
+        try:
+            # autograd.grad(..., is_grads_batched=True) runs the backward under vmap: the
+            # hooks get batched gradients, whose numbers cannot be read there.
+            batched = bool(kwargs.get("is_grads_batched"))
+            hooks = NodeHooks(self, call, root_tensors(call, args, kwargs), batched=batched)
+            self.backward_index += 1
+            frame = user_frame(1)
+        except Exception as exc:
+            self._report_error("installing backward hooks", exc)
+            if hooks is not None:
+                hooks.remove()
+                hooks = None
+        try:
+            return func(*args, **kwargs)
+        finally:
+            if hooks is not None:
+                try:
+                    hooks.remove()
+                    with self._pipeline.lock:
+                        self._pipeline.add(
+                            Event(
+                                kind=GRAPH,
+                                seq=self._next_seq(),
+                                step=state.step_index,
+                                backward=self.backward_index,
+                                source=f"{frame[0]}:{frame[1]}" if frame else None,
+                                **hooks.graph(),
+                            )
+                        )
+                except Exception as exc:
+                    self._report_error("removing backward hooks", exc)
+            if call != "torch.autograd.grad" and self._modules.has_ddp:
+                try:
+                    self._ddp_synced_grads(frame)
+                except Exception as exc:
+                    self._report_error("recording DDP's synchronised gradients", exc)
+
+    def _ddp_synced_grads(self, frame: tuple | None) -> None:
+        """Under DDP the gradient the optimizer uses is the ranks' average, which DDP's C++
+        reducer writes into ``p.grad`` by the time ``backward()`` returns; AccumulateGrad
+        only ever sees this rank's local one. One event per DDP model and backward call.
+        FSDP2 (``fully_shard``) likewise: ``p.grad`` is then this rank's shard of the
+        reduce-scattered gradient (a DTensor), recorded as
+        ``torch.distributed.fsdp_gradient_sync``."""
+        modules = self._modules
+        for ddp in modules.ddp_roots():
+            fsdp = is_fsdp2(ddp)
+            if not fsdp and not ddp.require_backward_grad_sync:
+                continue  # inside no_sync(): gradients are accumulated locally, not averaged
+            outputs = []
+            with self._recording:
+                for name, p in ddp.named_parameters():
+                    grad = p.grad
+                    if grad is None:
+                        continue
+                    if fsdp and hasattr(grad, "to_local"):
+                        grad = grad.to_local()  # this rank's shard, as the optimizer sees it
+                    s = dict(self._summaries.summarizer.summarize(grad))
+                    s["param"] = modules.param_name(p) or name
+                    outputs.append(s)
+                self._pipeline.add(
+                    Event(
+                        kind=OP,
+                        seq=self._next_seq(),
+                        step=self._state.step_index,
+                        name="torch.distributed."
+                        + ("fsdp_gradient_sync" if fsdp else "ddp_gradient_sync"),
+                        module=modules.name_of(ddp),
+                        source=f"{frame[0]}:{frame[1]}" if frame else None,
+                        function=frame[2] if frame else None,
+                        inputs=[],
+                        outputs=outputs,
+                        grad_fn=None,
+                        nodes=[],
+                        duration_us=0.0,
+                        thread=thread_name(),
+                        group_size=_ddp_world(ddp),
+                        backward=self.backward_index,
+                    )
+                )
+
+    def on_grad(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> None:
+        """Post-hook of one node: runs on the thread that executes the node."""
+        info["executed"] = True
+        try:
+            # Backward hooks run with grad mode off, unless create_graph=True.
+            with self._recording:
+                # Loops, not comprehensions: a comprehension costs a frame, and this runs
+                # for every node.
+                summary_of = self._summaries.summary_of
+                go = []
+                for g in grad_outputs:
+                    go.append(None if g is None else summary_of(g))
+                if len(grad_inputs) == 1 and len(grad_outputs) == 1:
+                    # TBackward0 and friends send on a reordered view of what they received.
+                    (g,), (received,) = grad_inputs, grad_outputs
+                    aliases = [received] if received is not None else ()
+                    gi = [None if g is None else summary_of(g, aliases)]
+                else:
+                    gi = []
+                    for g in grad_inputs:
+                        gi.append(None if g is None else summary_of(g))
+                event = self._grad_event(info, go, gi)
+                self._pipeline.add(event)
+        except Exception as exc:
+            self._report_error("backward hook", exc)
+            return
+        stepper = self._stepper
+        if stepper is not None and stepper.active:
+            tensors = {"grad_outputs": list(grad_outputs), "grad_inputs": list(grad_inputs)}
+            self._pauser.pause_point(AFTER, event, tensors)  # type: ignore[union-attr]
+
+    def on_batched_grad(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> None:
+        """Post-hook of one node of a batched backward (``is_grads_batched=True``): each
+        gradient is a vmap batch, so its shape is recorded and its numbers are not."""
+        info["executed"] = True
+        try:
+            with self._pipeline.lock:
+                go = [_batched_summary(g) for g in grad_outputs]
+                gi = [_batched_summary(g) for g in grad_inputs]
+                self._pipeline.add(self._grad_event(info, go, gi))
+        except Exception as exc:
+            self._report_error("backward hook", exc)
+
+    def on_grad_pre(self, info: NodeInfo, grad_outputs: tuple) -> None:
+        """Pre-hook of one node (installed only while stepping): before the node runs."""
+        if not self.stepping():
+            return
+        try:
+            with self._recording:
+                summary_of = self._summaries.summary_of
+                go = [None if g is None else summary_of(g) for g in grad_outputs]
+            stub = self._grad_event(info, go, None)
+        except Exception as exc:
+            self._report_error("backward pre-hook", exc)
+            return
+        self._pauser.pause_point(BEFORE, stub, {"grad_outputs": list(grad_outputs)})  # type: ignore[union-attr]
+
+    def _grad_event(self, info: NodeInfo, go: list, gi: list | None) -> Event:
+        """A node's grad event; a stub (no seq, no grad_inputs) before the node has run."""
+        return Event(
+            kind=GRAD,
+            seq=self._next_seq() if gi is not None else None,
+            step=self._state.step_index,
+            backward=self.backward_index,
+            node=info["name"],
+            node_id=info["id"],
+            op_seq=info["op_seq"],
+            module=info["module"],
+            source=info["source"],
+            param=info["param"],
+            grad_inputs=gi,
+            grad_outputs=go,
+            thread=thread_name(),
+        )
+
+
+def _ddp_world(ddp: Any) -> int | None:
+    try:
+        return int(ddp.process_group.size())
+    except Exception:
+        pass
+    try:
+        import torch.distributed as dist
+
+        return int(dist.get_world_size())  # FSDP2: its mesh spans the default group here
+    except Exception:
+        return None
+
+
+def _batched_summary(g: torch.Tensor | None) -> dict | None:
+    if g is None:
+        return None
+    summary = tensor_meta(g)  # the shape of one gradient of the batch
+    summary["stats"] = None
+    summary["stats_of"] = "batched"
+    return summary

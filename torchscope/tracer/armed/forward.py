@@ -1,82 +1,314 @@
-"""Forward ops: a TorchFunctionMode that sees one event per torch API call."""
+"""The forward level: a TorchFunctionMode that sees one event per torch API call, and the
+recorder that turns each call into an op event (inputs, outputs, the nodes it created).
+
+The mode only routes: noise and untraced calls go straight through, backward calls go to the
+backward recorder, every other call is recorded before and after it runs. The recorder holds
+what an op event needs and nothing of the session but :class:`ArmedState`.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import math
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
 
 import torch
-from torch.overrides import TorchFunctionMode, resolve_name
+from torch._C._autograd import _get_sequence_nr
+from torch.overrides import TorchFunctionMode
 
-if TYPE_CHECKING:
-    from torchscope.tracer.armed.session import Tracer
+from torchscope.protocol.breakpoints import AFTER, BEFORE
+from torchscope.protocol.events import OP, Event, all_finite
+from torchscope.tracer.armed.backward import (
+    NODE_ID,
+    NODE_MOD,
+    NODE_OP,
+    NODE_RUN,
+    NODE_SRC,
+    node_name,
+)
+from torchscope.tracer.armed.calls import (
+    BACKWARD_CALLS,
+    iter_tensors,
+    op_name,
+    op_names,
+    overwrites_first_input,
+    result_tensors,
+    writes_inputs,
+)
+from torchscope.tracer.armed.collectives import COLLECTIVES, group_size, is_async, written_tensors
+from torchscope.tracer.armed.modules import ModuleTracker
+from torchscope.tracer.armed.pausing import Pauser
+from torchscope.tracer.armed.pipeline import EventPipeline
+from torchscope.tracer.armed.recording import ArmedState, ErrorReport, GradOffLocked, thread_name
+from torchscope.tracer.armed.source import user_frame, user_site
+from torchscope.tracer.armed.tensors import TensorSummaries
 
-BACKWARD_CALLS: dict[Any, str] = {
-    torch.Tensor.backward: "Tensor.backward",
-    torch.autograd.backward: "torch.autograd.backward",
-    torch.autograd.grad: "torch.autograd.grad",
-}
-
-# Attribute reads that produce a new tensor are real ops; every other property access
-# (shape, grad, requires_grad, grad_fn, ...) is metadata noise.
-_TENSOR_PROPERTIES = {"T", "mT", "H", "mH", "real", "imag"}
-_NOISE = {
-    f"Tensor.{n}"
-    for n in """
-    dim ndimension size stride numel nelement is_contiguous data_ptr element_size storage_offset
-    __len__ __repr__ __format__ __hash__ is_floating_point is_complex get_device __bool__
-    __index__ __int__ __float__ __complex__ item tolist untyped_storage _is_view is_set_to
-    __reduce_ex__ __deepcopy__ __array__ numpy register_hook register_post_accumulate_grad_hook
-    retain_grad requires_grad_ __iter__ __contains__ __dir__ is_shared is_pinned _typed_storage
-    storage __setstate__ __getstate__ _version __torch_function__ has_names is_inference
-    """.split()
-}
-
-_names: dict[Any, str | None] = {}
 # Looked up once: __torch_function__ runs for every torch call of the job (dynamo recognises
 # the function object itself, however it is reached).
 _is_compiling = torch.compiler.is_compiling
 _is_tracing = torch._C._is_tracing
 
 
-def _resolve(func: Any) -> str | None:
-    if getattr(func, "__module__", "").startswith("torch.distributed"):
-        return "torch.distributed." + getattr(func, "__name__", repr(func))  # all_reduce, ...
-    name = resolve_name(func) or getattr(func, "__qualname__", None) or repr(func)
-    if name.startswith("torch.Tensor."):
-        name = name[6:]
-    if name.startswith(("profiler.", "torch.ops.profiler.")):
-        return None  # record_function bookkeeping that optimizers and profilers wrap around
+class PendingOp(NamedTuple):
+    """An op between ``before_op`` and ``after_op``: what it was called with."""
 
-    elif name.startswith("_VariableFunctionsClass."):  # torch._foreach_add_ and other privates
-        name = "torch." + name[24:]
-    if name.endswith((".__get__", ".__set__", ".__delete__")):
-        attr = name.rsplit(".", 2)[-2]
-        return (
-            name[: -len(".__get__")]
-            if name.endswith(".__get__") and attr in _TENSOR_PROPERTIES
-            else None
+    name: str
+    tensors: list[torch.Tensor]  # its tensor arguments
+    inputs: list[dict]  # their summaries
+    seq_lo: int  # the autograd sequence number before it ran (its nodes' window starts here)
+    t0: int  # perf_counter_ns when it started (restarted after a pause)
+
+
+_pending = tuple.__new__  # PendingOp without a Python-level __new__ frame: once per op
+
+
+class BackwardCalls(Protocol):
+    """Where the mode sends ``backward()``/``autograd.grad()`` (the backward recorder)."""
+
+    def run_backward(self, call: str, func: Any, args: tuple, kwargs: dict) -> Any: ...
+
+
+UNINITIALIZED_OPS = frozenset(
+    {
+        "torch.empty",
+        "torch.empty_like",
+        "torch.empty_strided",
+        "torch.empty_permuted",
+        "Tensor.new_empty",
+        "Tensor.new_empty_strided",
+        # FSDP2's all-gather buffer: this rank's shard copied into a torch.empty buffer
+        # whose other shards only the collective after it fills.
+        "fsdp.all_gather_copy_in",
+    }
+)
+
+
+class ForwardRecorder:
+    """One op event per traced call, with the autograd nodes the call created tagged."""
+
+    def __init__(
+        self,
+        state: ArmedState,
+        pipeline: EventPipeline,
+        summaries: TensorSummaries,
+        modules: ModuleTracker,
+        next_seq: Callable[[], int],
+        report_error: ErrorReport,
+        *,
+        run_id: int,
+        new_node_id: Callable[[], int],
+        pauser: Pauser | None,
+    ) -> None:
+        self._state = state
+        self._pipeline = pipeline
+        self._summaries = summaries
+        self._modules = modules
+        self._next_seq = next_seq
+        self.report_error = report_error
+        self._run_id = run_id
+        self._new_node_id = new_node_id
+        self.pauser = pauser
+        self._recording = GradOffLocked(pipeline.lock)
+
+    def before_op(self, name: str, args: tuple, kwargs: dict) -> PendingOp:
+        state = self._state
+        if state.gated and name in COLLECTIVES:
+            state.meet_ranks(name)
+        tensors = iter_tensors(args, kwargs)
+        inputs = list(map(self._summaries.memo.get, tensors))  # map: no comprehension frame
+        if kwargs and kwargs.get("out") is not None:
+            self._destinations(kwargs["out"], tensors, inputs)
+        if None in inputs:  # inputs no traced op made: data, weights
+            # An op that writes into its input destroys the value the deferral would read.
+            deferrable = not writes_inputs(name, kwargs)
+            # uniform_(w), copy_(w, src): w's old values (maybe uninitialised) do not matter.
+            overwritten = None
+            if overwrites_first_input(name):  # nn.init passes its tensor as tensor=...
+                overwritten = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
+            summaries = self._summaries
+            with self._recording:
+                for i, t in enumerate(tensors):
+                    if inputs[i] is None:
+                        inputs[i] = (
+                            summaries.overwritten(t)
+                            if t is overwritten
+                            else summaries.external(t, deferrable)
+                        )
+        return _pending(
+            PendingOp, (name, tensors, inputs, _get_sequence_nr(), time.perf_counter_ns())
         )
-    return None if name in _NOISE else name
 
+    def _destinations(self, out: Any, tensors: list[torch.Tensor], inputs: list) -> None:
+        """``out=dst`` or ``out=[...]`` (FSDP's ``split_with_sizes_copy``): written, not read.
+        Their old bytes (often garbage, or a view of it the memo holds) get no stats and
+        raise no alert, whatever summary they had."""
+        dests = out if isinstance(out, (list, tuple)) else (out,)
+        for i, t in enumerate(tensors):
+            if any(t is d for d in dests):
+                inputs[i] = self._summaries.overwritten(t)
 
-def op_name(func: Any) -> str | None:
-    """Qualified API name (``Tensor.mul``, ``torch.nn.functional.linear``) or None for noise."""
-    try:
-        return _names[func]
-    except KeyError:
-        name = _names[func] = _resolve(func)
-        return name
-    except TypeError:  # unhashable callable
-        return _resolve(func)
+    def after_op(
+        self, pending: PendingOp, args: tuple, kwargs: dict, result: Any
+    ) -> tuple[Event, list[torch.Tensor]] | None:
+        """Record the op; returns its event and output tensors (for the pauser)."""
+        name, in_tensors, inputs, seq_lo, t0 = pending
+        t1 = time.perf_counter_ns()
+        if name in COLLECTIVES:
+            return self._after_collective(pending, t1, args, kwargs, result)
+        outs = result_tensors(result)
+        if not outs:
+            # In-place calls like __setitem__ return None; their output is the first argument.
+            if result is None and args and isinstance(args[0], torch.Tensor):
+                outs = [args[0]]
+            else:
+                return None
+        seq_hi = _get_sequence_nr()
+        seq = self._next_seq()
+        site = user_site(1)
+        source, function = site if site is not None else (None, None)
+        nodes: list[dict] = []
+        module = self._modules.current()
+        gf0 = _grad_fn(outs[0])
+        if seq_hi != seq_lo:
+            for i, out in enumerate(outs):
+                gf = _grad_fn(out) if i else gf0
+                if gf is not None:
+                    self._tag_nodes(gf, seq_lo, seq_hi, seq, source, module, nodes)
+        event = Event(
+            kind=OP,
+            seq=seq,
+            step=self._state.step_index,
+            name=name,
+            module=module,
+            source=source,
+            function=function,
+            inputs=inputs,
+            outputs=None,
+            grad_fn=node_name(gf0) if gf0 is not None else None,
+            nodes=nodes,
+            duration_us=(t1 - t0) / 1000,
+            thread=thread_name(),
+        )
+        if _has_inf_scalar(args, kwargs):
+            event["inf_arg"] = True  # an Inf it makes is on purpose (masked_fill(m, -inf))
+        with self._recording:
+            # A view's output shares its input's stats when the input is unchanged (the
+            # memo checks its version); an in-place op's output is summarised afresh.
+            summaries = self._summaries
+            if name in UNINITIALIZED_OPS:
+                # Whatever bytes the allocator hands out: stats of them mean nothing, and
+                # a NaN among them is not an alert.
+                event["outputs"] = [summaries.uninitialized(t) for t in outs]
+            else:
+                summary_of = summaries.summary_of
+                outputs = event["outputs"] = []
+                for t in outs:  # a loop: a comprehension costs a frame per op
+                    outputs.append(summary_of(t, in_tensors))
+                if not all_finite(outputs):
+                    summaries.judge_external(in_tensors, inputs)
+            self._pipeline.add(event)
+        return event, outs
+
+    def _after_collective(
+        self, pending: PendingOp, t1: int, args: tuple, kwargs: dict, result: Any
+    ) -> tuple[Event, list[torch.Tensor]]:
+        """A ``torch.distributed`` call: what it wrote, summarised after it (see collectives)."""
+        name = pending.name
+        outs = written_tensors(name, args, kwargs)
+        pending_data = is_async(name, args, kwargs, result)
+        event = self.op_stub(name, pending.inputs, user_frame(1))
+        event.update(
+            seq=self._next_seq(),
+            grad_fn=None,
+            nodes=[],
+            duration_us=(t1 - pending.t0) / 1000,
+            thread=thread_name(),
+            group_size=group_size(name, args, kwargs),
+        )
+        if pending_data:
+            event["async_op"] = True
+        with self._recording:
+            event["outputs"] = [self._summaries.written(t, pending_data) for t in outs]
+            self._pipeline.add(event)
+        return event, outs
+
+    def op_stub(self, name: str, inputs: list, frame: tuple | None) -> Event:
+        """An op event's identity (what, where, from which line), before it has run."""
+        return Event(
+            kind=OP,
+            seq=None,
+            step=self._state.step_index,
+            name=name,
+            module=self._modules.current(),
+            source=f"{frame[0]}:{frame[1]}" if frame else None,
+            function=frame[2] if frame else None,
+            inputs=inputs,
+            outputs=None,
+        )
+
+    def _tag_nodes(
+        self, root: Any, lo: int, hi: int, seq: int, source: str | None, module: str, out: list
+    ) -> None:
+        """Tag the nodes this call created: their sequence numbers fall in [lo, hi)."""
+        todo = [root]
+        run_id = self._run_id
+        # The window holds hi - lo sequence numbers, one per node the call made: once that
+        # many are tagged, none is left below (most calls make one node, the root, and its
+        # next_functions, which build a wrapper per edge, are never read).
+        left = hi - lo
+        while todo:
+            node = todo.pop()
+            if not lo <= node._sequence_nr() < hi:
+                continue
+            md = node.metadata
+            if NODE_OP in md:
+                continue
+            md[NODE_OP] = seq
+            md[NODE_RUN] = run_id
+            md[NODE_SRC] = source
+            md[NODE_MOD] = module
+            nid = md.get(NODE_ID)
+            if nid is None:
+                nid = md[NODE_ID] = self._new_node_id()
+            out.append({"id": nid, "name": node_name(node)})
+            left -= 1
+            if left <= 0:
+                break
+            todo += [n for n, _ in node.next_functions if n is not None]
+
+    # -- pauses (only while a stepper is active) ---------------------------------------------
+    def pause_before_op(self, pending: PendingOp) -> PendingOp:
+        """Maybe pause before the op runs; returns ``pending`` with its clock restarted
+        after a pause (an op's duration never counts the time it sat paused)."""
+        try:
+            stub = self.op_stub(pending.name, pending.inputs, user_frame(1))
+        except Exception as exc:
+            self.report_error("pausing before an op", exc)
+            return pending
+        if self.pauser.pause_point(BEFORE, stub, {"inputs": list(pending.tensors)}):  # type: ignore[union-attr]
+            return pending._replace(t0=time.perf_counter_ns())
+        return pending
+
+    def pause_after_op(self, pending: PendingOp, event: Event, outs: list[torch.Tensor]) -> None:
+        tensors = {"inputs": list(pending.tensors), "outputs": outs}
+        self.pauser.pause_point(AFTER, event, tensors)  # type: ignore[union-attr]
 
 
 class ForwardMode(TorchFunctionMode):
-    """Hands every non-noise torch call to the tracer; never alters args or results."""
+    """Hands every non-noise torch call to the recorder; never alters args or results."""
 
-    def __init__(self, tracer: Tracer) -> None:
+    def __init__(self, recorder: ForwardRecorder, backward: BackwardCalls) -> None:
         super().__init__()
-        self.tracer = tracer
         self.enabled = True
+        # Bound once: __torch_function__ runs for every torch call of the job.
+        self._before_op = recorder.before_op
+        self._after_op = recorder.after_op
+        self._report_error = recorder.report_error
+        self._run_backward = backward.run_backward
+        self._recorder = recorder
+        pauser = recorder.pauser
+        self._stepper = pauser.stepper if pauser is not None else None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         # Every torch call of the job comes through here, most of them noise (``p.grad``):
@@ -86,7 +318,7 @@ class ForwardMode(TorchFunctionMode):
             # graph holds the ops alone (compiled regions are not traced op by op).
             return func(*args, **kwargs) if kwargs else func(*args)
         try:
-            name = _names[func]
+            name = op_names[func]
         except (KeyError, TypeError):
             name = op_name(func)
         if name is None or not self.enabled or _is_tracing():
@@ -94,77 +326,45 @@ class ForwardMode(TorchFunctionMode):
             return func(*args, **kwargs) if kwargs else func(*args)
         if kwargs is None:
             kwargs = {}
-        tracer = self.tracer
         if func in BACKWARD_CALLS:
-            return tracer.run_backward(BACKWARD_CALLS[func], func, args, kwargs)
+            return self._run_backward(BACKWARD_CALLS[func], func, args, kwargs)
         try:
-            pending = tracer.before_op(name, args, kwargs)
+            pending = self._before_op(name, args, kwargs)
         except Exception as exc:
-            tracer.report_error("forward op (before)", exc)
+            self._report_error("forward op (before)", exc)
             pending = None
-        stepper = tracer.stepper
+        stepper = self._stepper
         if pending is not None and stepper is not None and stepper.active:
-            pending = tracer.pause_before_op(pending)
+            pending = self._recorder.pause_before_op(pending)
         result = func(*args, **kwargs)
         if pending is not None:
             try:
-                done = tracer.after_op(pending, args, kwargs, result)
+                done = self._after_op(pending, args, kwargs, result)
             except Exception as exc:
-                tracer.report_error("forward op (after)", exc)
+                self._report_error("forward op (after)", exc)
                 done = None
             if done is not None and stepper is not None and stepper.active:
-                tracer.pause_after_op(pending, *done)
+                self._recorder.pause_after_op(pending, *done)
         return result
 
 
-_INPLACE_DUNDERS = frozenset(
-    f"Tensor.__i{op}__"
-    for op in "add sub mul truediv floordiv mod pow matmul and or xor lshift rshift".split()
-) | {"Tensor.__setitem__"}
+def _grad_fn(t: torch.Tensor) -> Any:
+    """``t.grad_fn``, or None where torch refuses to say: a view made under no_grad whose
+    memory was then written in place (``weight[pad].fill_(0)`` in ``nn.Embedding``)."""
+    if not t.requires_grad:
+        return None
+    try:
+        return t.grad_fn
+    except RuntimeError:
+        return None
 
 
-def writes_inputs(name: str, kwargs: dict) -> bool:
-    """Whether a call may overwrite one of its tensor arguments (``add_``, ``x[i] = v``,
-    ``out=``, ``inplace=True``)."""
-    return (
-        (name.endswith("_") and not name.endswith("__"))
-        or name in _INPLACE_DUNDERS
-        or (bool(kwargs) and (kwargs.get("out") is not None or bool(kwargs.get("inplace"))))
-    )
-
-
-# In-place calls whose result does not depend on the old values of their first argument: that
-# argument's numbers (often uninitialised memory, as under nn.init) are neither summarised nor
-# blamed for NaN.
-_OVERWRITING_METHODS = frozenset(
-    f"Tensor.{n}_"
-    for n in "fill zero uniform normal random bernoulli exponential geometric cauchy "
-    "log_normal copy".split()
-)
-
-
-def overwrites_first_input(name: str) -> bool:
-    """``x.uniform_()``, ``x.copy_(y)``, ``nn.init.kaiming_uniform_(w)``: ``x``/``w``'s old
-    values do not matter."""
-    return name in _OVERWRITING_METHODS or (
-        name.startswith("torch.nn.init.") and name.endswith("_")
-    )
-
-
-def iter_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    """Tensors among call arguments, one level into lists and tuples (``torch.cat([a, b])``)."""
-    out = []
-    for a in (*args, *kwargs.values()) if kwargs else args:
-        if isinstance(a, torch.Tensor):
-            out.append(a)
-        elif isinstance(a, (list, tuple)):
-            out.extend(b for b in a if isinstance(b, torch.Tensor))
-    return out
-
-
-def result_tensors(result: Any) -> list[torch.Tensor]:
-    if isinstance(result, torch.Tensor):
-        return [result]
-    if isinstance(result, (list, tuple)):
-        return [r for r in result if isinstance(r, torch.Tensor)]
-    return []
+def _has_inf_scalar(args: tuple, kwargs: dict) -> bool:
+    for a in args:
+        if type(a) is float and (a == math.inf or a == -math.inf):
+            return True
+    if kwargs:
+        for a in kwargs.values():
+            if type(a) is float and (a == math.inf or a == -math.inf):
+                return True
+    return False

@@ -71,6 +71,7 @@ from torch.nn.modules import module as module_mod
 
 from torchscope.tracer import backward_calls
 from torchscope.tracer.clock import StepClock, an_optimizer_exists
+from torchscope.tracer.errors import ReportOnce
 from torchscope.tracer.ranks import say_line
 
 if TYPE_CHECKING:
@@ -261,7 +262,7 @@ class NanWatch:
         # included), as it tells the tracer: the check runs there.
         self._clock: StepClock | None = None
         self._listening: backward_calls.Listening | None = None
-        self._errors_seen: set[tuple[str, str]] = set()
+        self._error = ReportOnce("the NaN watch", "the job continues")
         self._said: set[str] = set()
         self.last_replay: Any = None  # the replay object of the last detection (tests, UI)
         self._bad_run: dict[str, Any] | None = None  # the detection of the current bad stretch
@@ -720,19 +721,6 @@ class NanWatch:
             self._discover()  # the model was replaced (or compiled) since: look again
 
     # -- errors and notes ----------------------------------------------------------------------
-    def _error(self, where: str, exc: BaseException) -> None:
-        key = (where, type(exc).__name__)
-        if key in self._errors_seen:
-            return
-        self._errors_seen.add(key)
-        text = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
-        with contextlib.suppress(Exception):
-            print(
-                f"torchscope: internal error in the NaN watch ({where}): {text} "
-                "(the job continues; reported once)",
-                file=sys.stderr,
-            )
-
     def _say_once(self, key: str, text: str) -> None:
         if key not in self._said:
             self._said.add(key)

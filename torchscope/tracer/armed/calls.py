@@ -1,0 +1,119 @@
+"""What a torch call is, by its function: its name (or noise), whether it writes into its
+tensor arguments, which of them are tensors. Shared by the forward recorder, the alert rules
+and the backward-call listener; imports nothing of torchscope.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.overrides import resolve_name
+
+BACKWARD_CALLS: dict[Any, str] = {
+    torch.Tensor.backward: "Tensor.backward",
+    torch.autograd.backward: "torch.autograd.backward",
+    torch.autograd.grad: "torch.autograd.grad",
+}
+
+# Attribute reads that produce a new tensor are real ops; every other property access
+# (shape, grad, requires_grad, grad_fn, ...) is metadata noise.
+_TENSOR_PROPERTIES = {"T", "mT", "H", "mH", "real", "imag"}
+_NOISE = {
+    f"Tensor.{n}"
+    for n in """
+    dim ndimension size stride numel nelement is_contiguous data_ptr element_size storage_offset
+    __len__ __repr__ __format__ __hash__ is_floating_point is_complex get_device __bool__
+    __index__ __int__ __float__ __complex__ item tolist untyped_storage _is_view is_set_to
+    __reduce_ex__ __deepcopy__ __array__ numpy register_hook register_post_accumulate_grad_hook
+    retain_grad requires_grad_ __iter__ __contains__ __dir__ is_shared is_pinned _typed_storage
+    storage __setstate__ __getstate__ _version __torch_function__ has_names is_inference
+    """.split()
+}
+
+op_names: dict[Any, str | None] = {}
+
+
+def _resolve(func: Any) -> str | None:
+    if getattr(func, "__module__", "").startswith("torch.distributed"):
+        return "torch.distributed." + getattr(func, "__name__", repr(func))  # all_reduce, ...
+    name = resolve_name(func) or getattr(func, "__qualname__", None) or repr(func)
+    if name.startswith("torch.Tensor."):
+        name = name[6:]
+    if name.startswith(("profiler.", "torch.ops.profiler.")):
+        return None  # record_function bookkeeping that optimizers and profilers wrap around
+
+    elif name.startswith("_VariableFunctionsClass."):  # torch._foreach_add_ and other privates
+        name = "torch." + name[24:]
+    if name.endswith((".__get__", ".__set__", ".__delete__")):
+        attr = name.rsplit(".", 2)[-2]
+        return (
+            name[: -len(".__get__")]
+            if name.endswith(".__get__") and attr in _TENSOR_PROPERTIES
+            else None
+        )
+    return None if name in _NOISE else name
+
+
+def op_name(func: Any) -> str | None:
+    """Qualified API name (``Tensor.mul``, ``torch.nn.functional.linear``) or None for noise."""
+    try:
+        return op_names[func]
+    except KeyError:
+        name = op_names[func] = _resolve(func)
+        return name
+    except TypeError:  # unhashable callable
+        return _resolve(func)
+
+
+_INPLACE_DUNDERS = frozenset(
+    f"Tensor.__i{op}__"
+    for op in "add sub mul truediv floordiv mod pow matmul and or xor lshift rshift".split()
+) | {"Tensor.__setitem__"}
+
+
+def writes_inputs(name: str, kwargs: dict) -> bool:
+    """Whether a call may overwrite one of its tensor arguments (``add_``, ``x[i] = v``,
+    ``out=``, ``inplace=True``)."""
+    return (
+        (name.endswith("_") and not name.endswith("__"))
+        or name in _INPLACE_DUNDERS
+        or (bool(kwargs) and (kwargs.get("out") is not None or bool(kwargs.get("inplace"))))
+    )
+
+
+# In-place calls whose result does not depend on the old values of their first argument: that
+# argument's numbers (often uninitialised memory, as under nn.init) are neither summarised nor
+# blamed for NaN.
+_OVERWRITING_METHODS = frozenset(
+    f"Tensor.{n}_"
+    for n in "fill zero uniform normal random bernoulli exponential geometric cauchy "
+    "log_normal copy".split()
+)
+
+
+def overwrites_first_input(name: str) -> bool:
+    """``x.uniform_()``, ``x.copy_(y)``, ``nn.init.kaiming_uniform_(w)``: ``x``/``w``'s old
+    values do not matter."""
+    return name in _OVERWRITING_METHODS or (
+        name.startswith("torch.nn.init.") and name.endswith("_")
+    )
+
+
+def iter_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """Tensors among call arguments, one level into lists and tuples (``torch.cat([a, b])``)."""
+    out = []
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.extend(b for b in a if isinstance(b, torch.Tensor))
+    return out
+
+
+def result_tensors(result: Any) -> list[torch.Tensor]:
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, (list, tuple)):
+        return [r for r in result if isinstance(r, torch.Tensor)]
+    return []

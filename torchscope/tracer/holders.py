@@ -1,0 +1,186 @@
+"""Who holds a dormant job traced, and for how long.
+
+Tracing is *held*: by the command line (the steps ``--record``, ``--steps``, ``--break-on``,
+``--wait`` select), by a UI (while its lease lasts: any request renews it), by ``record --next
+N`` (N steps), or by the watch (the steps after a NaN it could not reproduce). The agent asks
+at every step boundary whether anyone holds the new step. A holder that goes (``disarm``,
+``q`` in the UI, its lease running out, its steps done) takes its breakpoints with it, and
+the last UI to go takes the pauses held for a UI.
+
+The table is shared by the control thread (requests, leases) and the training thread (step
+boundaries): every method takes its lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchscope.tracer.stepper import Stepper
+from torchscope.tracer.steps import StepSelection
+
+COMMAND_LINE = "command line"
+UI = "ui"
+
+
+@dataclass
+class Holder:
+    """Someone who wants the job traced."""
+
+    id: int
+    label: str  # "command line", "ui", "record", "watch"
+    client: bytes | None = None  # the UI's connection; None: the command line
+    steps: StepSelection | None = None  # absolute steps (command line)
+    remaining: int | None = None  # the next N steps (record --next N)
+    last_contact: float = field(default_factory=time.monotonic)
+
+    @property
+    def is_ui(self) -> bool:
+        """A UI: what pauses and says continue (a recorder does neither)."""
+        return self.client is not None and self.label == UI
+
+    def takes(self, step: int) -> bool | None:
+        """Whether it holds ``step`` traced; None when it is done and goes."""
+        if self.steps is not None:
+            if step in self.steps:
+                return True
+            last = self.steps.last()
+            return None if last is not None and step > last else False
+        if self.remaining is not None:
+            if self.remaining <= 0:
+                return None
+            self.remaining -= 1
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "by": self.label}
+        if self.steps is not None:
+            out["steps"] = self.steps.text
+        if self.remaining is not None:
+            out["remaining"] = self.remaining
+        return out
+
+
+@dataclass
+class StepHold:
+    """What the holders want of one step, asked at its boundary."""
+
+    traced: bool  # someone holds it
+    gated: bool  # the command line holds it: every rank is traced alike and can meet
+    by_ui: bool  # a UI holds it (a recorder never pauses: it needs no meeting of the ranks)
+    released: list[int] = field(default_factory=list)  # holders gone since the last boundary
+    client_left: bool = False  # one of them was a UI or a recorder (said on stderr)
+
+
+class Holders:
+    def __init__(
+        self, stepper: Callable[[], Stepper | None], say: Callable[[str], None]
+    ) -> None:
+        self._stepper = stepper  # the job's stepper, if any: a client's breakpoints go with it
+        self._say = say
+        self._lock = threading.Lock()
+        self._holders: dict[int, Holder] = {}
+        self._ids = itertools.count(1)
+        self._released: list[Holder] = []  # gone since the last boundary (to announce)
+
+    def __bool__(self) -> bool:
+        return bool(self._holders)
+
+    def add(
+        self,
+        label: str,
+        *,
+        client: bytes | None = None,
+        steps: StepSelection | None = None,
+        remaining: int | None = None,
+    ) -> Holder:
+        """A new holder; a client's new request replaces its old one."""
+        with self._lock:
+            if client is not None:
+                old = self._client_holder(client)
+                if old is not None:
+                    del self._holders[old.id]
+            holder = Holder(next(self._ids), label, client=client, steps=steps, remaining=remaining)
+            self._holders[holder.id] = holder
+        return holder
+
+    def at_boundary(self, step: int) -> StepHold:
+        """Each holder says whether it takes ``step``; those done with their steps go."""
+        with self._lock:
+            traced = gated = by_ui = False
+            for holder in list(self._holders.values()):
+                takes = holder.takes(step)
+                if takes is None:
+                    self._drop(holder)
+                else:
+                    traced = traced or takes
+                    gated = gated or bool(takes and holder.client is None and holder.steps)
+                    by_ui = by_ui or (takes and holder.is_ui)
+            gone, self._released = self._released, []
+        client_left = any(h.client is not None for h in gone)
+        return StepHold(traced, gated, by_ui, [h.id for h in gone], client_left)
+
+    def release(self, client: bytes) -> int:
+        """This client lets go: its hold, its breakpoints, and (the last UI) its pauses.
+        Returns the id of the hold it had, or 0."""
+        with self._lock:
+            holder = self._client_holder(client)
+            if holder is not None:
+                self._drop(holder)
+                return holder.id
+            stepper = self._stepper()
+            if stepper is not None:
+                stepper.release(client)
+                if not self._a_ui_holds():
+                    stepper.detach_uis()
+        return 0
+
+    def contact(self, client: bytes) -> Holder | None:
+        """Any request renews its client's hold; returns the holder, if it holds."""
+        with self._lock:
+            holder = self._client_holder(client)
+            if holder is not None:
+                holder.last_contact = time.monotonic()
+        return holder
+
+    def expire(self, lease: float) -> None:
+        """Clients silent for longer than ``lease`` let go."""
+        now = time.monotonic()
+        with self._lock:
+            for holder in list(self._holders.values()):
+                if holder.client is not None and now - holder.last_contact > lease:
+                    self._say(f"a {holder.label} stopped responding; its hold on tracing ended")
+                    self._drop(holder)
+
+    def describe(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [h.describe() for h in self._holders.values()]
+
+    def client_labels(self) -> list[str]:
+        with self._lock:
+            return [h.label for h in self._holders.values() if h.client is not None]
+
+    def _drop(self, holder: Holder) -> None:
+        """Called with the lock held."""
+        if self._holders.pop(holder.id, None) is None:
+            return
+        self._released.append(holder)
+        if holder.client is None:
+            return
+        stepper = self._stepper()
+        if stepper is not None:
+            stepper.release(holder.client)
+            if holder.is_ui and not self._a_ui_holds():
+                # No UI left: nobody will say continue. A pause held for a UI ends now.
+                # (A recorder never says continue, nor is it what --wait waits for.)
+                stepper.detach_uis()
+
+    def _a_ui_holds(self) -> bool:
+        return any(h.is_ui for h in self._holders.values())
+
+    def _client_holder(self, client: bytes) -> Holder | None:
+        return next((h for h in self._holders.values() if h.client == client), None)
