@@ -45,7 +45,8 @@ from overhead import Config, assert_clean, measure, table  # noqa: E402
 from workloads import WORKLOADS, Workload  # noqa: E402
 
 import torchscope  # noqa: E402
-from torchscope.tracer.watch.nan_watch import NanWatch, _total_norms, tensors_in  # noqa: E402
+from torchscope.tracer.watch.capture import tensors_in  # noqa: E402
+from torchscope.tracer.watch.nan_watch import NanWatch, _total_norms  # noqa: E402
 from torchscope.tracer.watch.replay import graph_saved_bytes  # noqa: E402
 
 

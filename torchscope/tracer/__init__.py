@@ -1,4 +1,15 @@
-"""In-process side of torchscope: forward mode, backward node hooks, summaries, steps.
+"""In-process side of torchscope. Imports no textual.
+
+What runs always, from the job's start (the dormant agent costs nothing until armed):
+  ``agent``         arms and disarms at step boundaries; the commands UIs send
+  ``holders``       who holds the job traced, and their leases
+  ``rank_checks``   what one rank checks against the others (origins, replicas, endpoints)
+  ``clock``, ``backward_calls``, ``steps``  where steps begin and end; step selections
+  ``stepper``       pauses and breakpoints (they outlive an armed period)
+  ``outputs``, ``publisher``  where events go: the trace file, the live stream
+  ``ranks``, ``errors``  the c10d store's helpers; internal errors said once
+What runs while armed: ``armed/`` (the session and one recorder per level).
+What the NaN watch owns: ``watch/``.
 
 Loaded lazily: ``torchscope.tracer.publisher`` (pyzmq only) stays importable without torch.
 """

@@ -77,9 +77,7 @@ class StepHold:
 
 
 class Holders:
-    def __init__(
-        self, stepper: Callable[[], Stepper | None], say: Callable[[str], None]
-    ) -> None:
+    def __init__(self, stepper: Callable[[], Stepper | None], say: Callable[[str], None]) -> None:
         self._stepper = stepper  # the job's stepper, if any: a client's breakpoints go with it
         self._say = say
         self._lock = threading.Lock()

@@ -1,0 +1,3 @@
+"""What the NaN watch owns: the always-on check of every step (``nan_watch``), what it captures
+of the step to replay it (``capture``), and the traced replay of a bad step that names the
+origin (``replay``)."""

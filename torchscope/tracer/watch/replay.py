@@ -28,7 +28,8 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch.autograd.graph import get_gradient_edge
@@ -36,7 +37,8 @@ from torch.optim import optimizer as optimizer_mod
 
 from torchscope.protocol.events import ALERT
 from torchscope.tracer.armed.backward import NODE_ID, NODE_MOD, NODE_OP, NODE_SRC, node_name
-from torchscope.tracer.watch.nan_watch import (
+from torchscope.tracer.watch.capture import (
+    Backward,
     Call,
     rng_state,
     set_rng_state,
@@ -46,7 +48,19 @@ from torchscope.tracer.watch.nan_watch import (
 
 if TYPE_CHECKING:
     from torchscope.tracer.armed.session import Tracer
-    from torchscope.tracer.watch.nan_watch import NanWatch
+
+
+class ReplayedWatch(Protocol):
+    """The watch, as a replay of its bad step reads it (tracer/watch/nan_watch.py)."""
+
+    _calls: list[Call]  # the step's top-level module calls
+    _backwards: list[Backward]  # its top-level backward() calls
+    _overflow: bool  # more calls than it keeps
+    _unseen_backward: bool  # a backward() it could not see
+    _replaying: bool  # set while the replay runs (the watch ignores its own calls)
+    max_calls: int
+    on_nan: str
+    tracer_factory: Callable[[int], Tracer] | None
 
 
 def default_tracer(step: int) -> Tracer:
@@ -146,7 +160,7 @@ def graph_saved_bytes(roots: list[torch.Tensor], exclude: list[torch.Tensor] = (
 
 
 class Replay:
-    def __init__(self, watch: NanWatch, detection: dict[str, Any]) -> None:
+    def __init__(self, watch: ReplayedWatch, detection: dict[str, Any]) -> None:
         self.watch = watch
         self.det = detection
         self.calls: list[Call] = list(watch._calls)

@@ -1,0 +1,118 @@
+"""The package's layout rules, read from the source (every import counts: module level, inside
+functions, under TYPE_CHECKING): dependencies point inward to ``protocol``, and no two modules
+of ``protocol`` or ``tracer`` need each other, directly or round a longer circle."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+import torchscope
+
+PACKAGE = pathlib.Path(torchscope.__file__).parent
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p) for p in PACKAGE.rglob("*.py")}
+
+
+def imports_of(path: pathlib.Path) -> set[str]:
+    """Every torchscope module ``path`` imports, wherever the import statement stands
+    (``from torchscope.tracer import agent``: the module ``torchscope.tracer.agent``)."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            for a in node.names:
+                found.add(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base)
+    return {m for m in found if m == "torchscope" or m.startswith("torchscope.")}
+
+
+def graph_of(subpackage: str) -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in (PACKAGE / subpackage).rglob("*.py")}
+    return {name: imports_of(path) & modules.keys() - {name} for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.mark.parametrize("subpackage", ["protocol", "tracer"])
+def test_no_two_modules_need_each_other(subpackage: str) -> None:
+    assert cycles(graph_of(subpackage)) == []
+
+
+def test_the_cycle_finder_finds_a_circle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_protocol_imports_nothing_of_torchscope_outside_it() -> None:
+    outside = {
+        f"{module_name(p)} -> {m}"
+        for p in (PACKAGE / "protocol").rglob("*.py")
+        for m in imports_of(p)
+        if m != "torchscope.protocol" and not m.startswith("torchscope.protocol.")
+    }
+    assert outside == set()
+
+
+@pytest.mark.parametrize(
+    ("subpackage", "allowed"),
+    [("tracer", ("protocol", "tracer")), ("tui", ("protocol", "tui", "analysis"))],
+)
+def test_dependencies_point_inward(subpackage: str, allowed: tuple[str, ...]) -> None:
+    """The tracer never imports the UI, the UI never the tracer (it runs without torch)."""
+    ok = ("torchscope", *(f"torchscope.{a}" for a in allowed))
+    wrong = {
+        f"{module_name(p)} -> {m}"
+        for p in (PACKAGE / subpackage).rglob("*.py")
+        for m in imports_of(p)
+        if not any(m == o or m.startswith(o + ".") for o in ok) and m != "torchscope"
+    }
+    assert wrong == set()
