@@ -9,7 +9,6 @@ only, so a graph and its hooks are freed together.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -18,13 +17,11 @@ from torch.autograd.graph import get_gradient_edge
 
 from torchscope.protocol.breakpoints import AFTER, BEFORE
 from torchscope.protocol.events import GRAD, GRAPH, OP, Event
-from torchscope.tracer.armed.modules import ModuleTracker, is_fsdp2
-from torchscope.tracer.armed.pausing import Pauser
-from torchscope.tracer.armed.pipeline import EventPipeline
-from torchscope.tracer.armed.recording import ArmedState, ErrorReport, GradOffLocked, thread_name
+from torchscope.tracer.armed.modules import is_fsdp2
+from torchscope.tracer.armed.recorder import Recorder
+from torchscope.tracer.armed.recording import thread_name
 from torchscope.tracer.armed.source import user_frame
 from torchscope.tracer.armed.summary import tensor_meta
-from torchscope.tracer.armed.tensors import TensorSummaries
 
 NODE_ID = "torchscope.id"  # our stable id for the node
 NODE_OP = "torchscope.op"  # seq of the forward op that created it
@@ -169,34 +166,12 @@ class NodeHooks:
         }
 
 
-class BackwardRecorder:
+class BackwardRecorder(Recorder):
     """Grad events of every node a backward call runs, and its graph event."""
 
-    def __init__(
-        self,
-        state: ArmedState,
-        pipeline: EventPipeline,
-        summaries: TensorSummaries,
-        modules: ModuleTracker,
-        next_seq: Callable[[], int],
-        report_error: ErrorReport,
-        *,
-        run_id: int,
-        new_node_id: Callable[[], int],
-        pauser: Pauser | None,
-    ) -> None:
-        self._state = state
-        self._pipeline = pipeline
-        self._summaries = summaries
-        self._modules = modules
-        self._next_seq = next_seq
-        self._report_error = report_error
-        self.run_id = run_id
-        self.new_node_id = new_node_id
-        self.param_name = modules.param_name
-        self._pauser = pauser
-        self._stepper = pauser.stepper if pauser is not None else None
-        self._recording = GradOffLocked(pipeline.lock)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.param_name = self.modules.param_name
         self.backward_index = 0  # backward calls in this step, numbered from 1
 
     def begin_step(self) -> None:
@@ -204,10 +179,10 @@ class BackwardRecorder:
 
     def stepping(self) -> bool:
         """Whether someone may pause in this backward (the pre-hooks are then needed)."""
-        return self._stepper is not None and self._stepper.active
+        return self.stepper is not None and self.stepper.active
 
     def run_backward(self, call: str, func: Any, args: tuple, kwargs: dict) -> Any:
-        state = self._state
+        state = self.state
         if state.gated and call != "torch.autograd.grad":
             state.meet_ranks(f"{call}()")
         hooks = None
@@ -219,7 +194,7 @@ class BackwardRecorder:
             self.backward_index += 1
             frame = user_frame(1)
         except Exception as exc:
-            self._report_error("installing backward hooks", exc)
+            self.report_error("installing backward hooks", exc)
             if hooks is not None:
                 hooks.remove()
                 hooks = None
@@ -229,11 +204,11 @@ class BackwardRecorder:
             if hooks is not None:
                 try:
                     hooks.remove()
-                    with self._pipeline.lock:
-                        self._pipeline.add(
+                    with self.pipeline.lock:
+                        self.pipeline.add(
                             Event(
                                 kind=GRAPH,
-                                seq=self._next_seq(),
+                                seq=self.next_seq(),
                                 step=state.step_index,
                                 backward=self.backward_index,
                                 source=f"{frame[0]}:{frame[1]}" if frame else None,
@@ -241,12 +216,12 @@ class BackwardRecorder:
                             )
                         )
                 except Exception as exc:
-                    self._report_error("removing backward hooks", exc)
-            if call != "torch.autograd.grad" and self._modules.has_ddp:
+                    self.report_error("removing backward hooks", exc)
+            if call != "torch.autograd.grad" and self.modules.has_ddp:
                 try:
                     self._ddp_synced_grads(frame)
                 except Exception as exc:
-                    self._report_error("recording DDP's synchronised gradients", exc)
+                    self.report_error("recording DDP's synchronised gradients", exc)
 
     def _ddp_synced_grads(self, frame: tuple | None) -> None:
         """Under DDP the gradient the optimizer uses is the ranks' average, which DDP's C++
@@ -255,27 +230,27 @@ class BackwardRecorder:
         FSDP2 (``fully_shard``) likewise: ``p.grad`` is then this rank's shard of the
         reduce-scattered gradient (a DTensor), recorded as
         ``torch.distributed.fsdp_gradient_sync``."""
-        modules = self._modules
+        modules = self.modules
         for ddp in modules.ddp_roots():
             fsdp = is_fsdp2(ddp)
             if not fsdp and not ddp.require_backward_grad_sync:
                 continue  # inside no_sync(): gradients are accumulated locally, not averaged
             outputs = []
-            with self._recording:
+            with self.recording:
                 for name, p in ddp.named_parameters():
                     grad = p.grad
                     if grad is None:
                         continue
                     if fsdp and hasattr(grad, "to_local"):
                         grad = grad.to_local()  # this rank's shard, as the optimizer sees it
-                    s = dict(self._summaries.summarizer.summarize(grad))
+                    s = dict(self.summaries.summarizer.summarize(grad))
                     s["param"] = modules.param_name(p) or name
                     outputs.append(s)
-                self._pipeline.add(
+                self.pipeline.add(
                     Event(
                         kind=OP,
-                        seq=self._next_seq(),
-                        step=self._state.step_index,
+                        seq=self.next_seq(),
+                        step=self.state.step_index,
                         name="torch.distributed."
                         + ("fsdp_gradient_sync" if fsdp else "ddp_gradient_sync"),
                         module=modules.name_of(ddp),
@@ -297,10 +272,10 @@ class BackwardRecorder:
         info["executed"] = True
         try:
             # Backward hooks run with grad mode off, unless create_graph=True.
-            with self._recording:
+            with self.recording:
                 # Loops, not comprehensions: a comprehension costs a frame, and this runs
                 # for every node.
-                summary_of = self._summaries.summary_of
+                summary_of = self.summaries.summary_of
                 go = []
                 for g in grad_outputs:
                     go.append(None if g is None else summary_of(g))
@@ -314,47 +289,47 @@ class BackwardRecorder:
                     for g in grad_inputs:
                         gi.append(None if g is None else summary_of(g))
                 event = self._grad_event(info, go, gi)
-                self._pipeline.add(event)
+                self.pipeline.add(event)
         except Exception as exc:
-            self._report_error("backward hook", exc)
+            self.report_error("backward hook", exc)
             return
-        stepper = self._stepper
+        stepper = self.stepper
         if stepper is not None and stepper.active:
             tensors = {"grad_outputs": list(grad_outputs), "grad_inputs": list(grad_inputs)}
-            self._pauser.pause_point(AFTER, event, tensors)  # type: ignore[union-attr]
+            self.pauser.pause_point(AFTER, event, tensors)  # type: ignore[union-attr]
 
     def on_batched_grad(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> None:
         """Post-hook of one node of a batched backward (``is_grads_batched=True``): each
         gradient is a vmap batch, so its shape is recorded and its numbers are not."""
         info["executed"] = True
         try:
-            with self._pipeline.lock:
+            with self.pipeline.lock:
                 go = [_batched_summary(g) for g in grad_outputs]
                 gi = [_batched_summary(g) for g in grad_inputs]
-                self._pipeline.add(self._grad_event(info, go, gi))
+                self.pipeline.add(self._grad_event(info, go, gi))
         except Exception as exc:
-            self._report_error("backward hook", exc)
+            self.report_error("backward hook", exc)
 
     def on_grad_pre(self, info: NodeInfo, grad_outputs: tuple) -> None:
         """Pre-hook of one node (installed only while stepping): before the node runs."""
         if not self.stepping():
             return
         try:
-            with self._recording:
-                summary_of = self._summaries.summary_of
+            with self.recording:
+                summary_of = self.summaries.summary_of
                 go = [None if g is None else summary_of(g) for g in grad_outputs]
             stub = self._grad_event(info, go, None)
         except Exception as exc:
-            self._report_error("backward pre-hook", exc)
+            self.report_error("backward pre-hook", exc)
             return
-        self._pauser.pause_point(BEFORE, stub, {"grad_outputs": list(grad_outputs)})  # type: ignore[union-attr]
+        self.pauser.pause_point(BEFORE, stub, {"grad_outputs": list(grad_outputs)})  # type: ignore[union-attr]
 
     def _grad_event(self, info: NodeInfo, go: list, gi: list | None) -> Event:
         """A node's grad event; a stub (no seq, no grad_inputs) before the node has run."""
         return Event(
             kind=GRAD,
-            seq=self._next_seq() if gi is not None else None,
-            step=self._state.step_index,
+            seq=self.next_seq() if gi is not None else None,
+            step=self.state.step_index,
             backward=self.backward_index,
             node=info["name"],
             node_id=info["id"],

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -37,12 +36,9 @@ from torchscope.tracer.armed.calls import (
     writes_inputs,
 )
 from torchscope.tracer.armed.collectives import COLLECTIVES, group_size, is_async, written_tensors
-from torchscope.tracer.armed.modules import ModuleTracker
-from torchscope.tracer.armed.pausing import Pauser
-from torchscope.tracer.armed.pipeline import EventPipeline
-from torchscope.tracer.armed.recording import ArmedState, ErrorReport, GradOffLocked, thread_name
+from torchscope.tracer.armed.recorder import Recorder
+from torchscope.tracer.armed.recording import thread_name
 from torchscope.tracer.armed.source import user_frame, user_site
-from torchscope.tracer.armed.tensors import TensorSummaries
 
 # Looked up once: __torch_function__ runs for every torch call of the job (dynamo recognises
 # the function object itself, however it is reached).
@@ -84,39 +80,15 @@ UNINITIALIZED_OPS = frozenset(
 )
 
 
-class ForwardRecorder:
+class ForwardRecorder(Recorder):
     """One op event per traced call, with the autograd nodes the call created tagged."""
 
-    def __init__(
-        self,
-        state: ArmedState,
-        pipeline: EventPipeline,
-        summaries: TensorSummaries,
-        modules: ModuleTracker,
-        next_seq: Callable[[], int],
-        report_error: ErrorReport,
-        *,
-        run_id: int,
-        new_node_id: Callable[[], int],
-        pauser: Pauser | None,
-    ) -> None:
-        self._state = state
-        self._pipeline = pipeline
-        self._summaries = summaries
-        self._modules = modules
-        self._next_seq = next_seq
-        self.report_error = report_error
-        self._run_id = run_id
-        self._new_node_id = new_node_id
-        self.pauser = pauser
-        self._recording = GradOffLocked(pipeline.lock)
-
     def before_op(self, name: str, args: tuple, kwargs: dict) -> PendingOp:
-        state = self._state
+        state = self.state
         if state.gated and name in COLLECTIVES:
             state.meet_ranks(name)
         tensors = iter_tensors(args, kwargs)
-        inputs = list(map(self._summaries.memo.get, tensors))  # map: no comprehension frame
+        inputs = list(map(self.summaries.memo.get, tensors))  # map: no comprehension frame
         if kwargs and kwargs.get("out") is not None:
             self._destinations(kwargs["out"], tensors, inputs)
         if None in inputs:  # inputs no traced op made: data, weights
@@ -126,8 +98,8 @@ class ForwardRecorder:
             overwritten = None
             if overwrites_first_input(name):  # nn.init passes its tensor as tensor=...
                 overwritten = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
-            summaries = self._summaries
-            with self._recording:
+            summaries = self.summaries
+            with self.recording:
                 for i, t in enumerate(tensors):
                     if inputs[i] is None:
                         inputs[i] = (
@@ -146,7 +118,7 @@ class ForwardRecorder:
         dests = out if isinstance(out, (list, tuple)) else (out,)
         for i, t in enumerate(tensors):
             if any(t is d for d in dests):
-                inputs[i] = self._summaries.overwritten(t)
+                inputs[i] = self.summaries.overwritten(t)
 
     def after_op(
         self, pending: PendingOp, args: tuple, kwargs: dict, result: Any
@@ -164,11 +136,11 @@ class ForwardRecorder:
             else:
                 return None
         seq_hi = _get_sequence_nr()
-        seq = self._next_seq()
+        seq = self.next_seq()
         site = user_site(1)
         source, function = site if site is not None else (None, None)
         nodes: list[dict] = []
-        module = self._modules.current()
+        module = self.modules.current()
         gf0 = _grad_fn(outs[0])
         if seq_hi != seq_lo:
             for i, out in enumerate(outs):
@@ -178,7 +150,7 @@ class ForwardRecorder:
         event = Event(
             kind=OP,
             seq=seq,
-            step=self._state.step_index,
+            step=self.state.step_index,
             name=name,
             module=module,
             source=source,
@@ -192,10 +164,10 @@ class ForwardRecorder:
         )
         if _has_inf_scalar(args, kwargs):
             event["inf_arg"] = True  # an Inf it makes is on purpose (masked_fill(m, -inf))
-        with self._recording:
+        with self.recording:
             # A view's output shares its input's stats when the input is unchanged (the
             # memo checks its version); an in-place op's output is summarised afresh.
-            summaries = self._summaries
+            summaries = self.summaries
             if name in UNINITIALIZED_OPS:
                 # Whatever bytes the allocator hands out: stats of them mean nothing, and
                 # a NaN among them is not an alert.
@@ -207,7 +179,7 @@ class ForwardRecorder:
                     outputs.append(summary_of(t, in_tensors))
                 if not all_finite(outputs):
                     summaries.judge_external(in_tensors, inputs)
-            self._pipeline.add(event)
+            self.pipeline.add(event)
         return event, outs
 
     def _after_collective(
@@ -219,7 +191,7 @@ class ForwardRecorder:
         pending_data = is_async(name, args, kwargs, result)
         event = self.op_stub(name, pending.inputs, user_frame(1))
         event.update(
-            seq=self._next_seq(),
+            seq=self.next_seq(),
             grad_fn=None,
             nodes=[],
             duration_us=(t1 - pending.t0) / 1000,
@@ -228,9 +200,9 @@ class ForwardRecorder:
         )
         if pending_data:
             event["async_op"] = True
-        with self._recording:
-            event["outputs"] = [self._summaries.written(t, pending_data) for t in outs]
-            self._pipeline.add(event)
+        with self.recording:
+            event["outputs"] = [self.summaries.written(t, pending_data) for t in outs]
+            self.pipeline.add(event)
         return event, outs
 
     def op_stub(self, name: str, inputs: list, frame: tuple | None) -> Event:
@@ -238,9 +210,9 @@ class ForwardRecorder:
         return Event(
             kind=OP,
             seq=None,
-            step=self._state.step_index,
+            step=self.state.step_index,
             name=name,
-            module=self._modules.current(),
+            module=self.modules.current(),
             source=f"{frame[0]}:{frame[1]}" if frame else None,
             function=frame[2] if frame else None,
             inputs=inputs,
@@ -252,7 +224,7 @@ class ForwardRecorder:
     ) -> None:
         """Tag the nodes this call created: their sequence numbers fall in [lo, hi)."""
         todo = [root]
-        run_id = self._run_id
+        run_id = self.run_id
         # The window holds hi - lo sequence numbers, one per node the call made: once that
         # many are tagged, none is left below (most calls make one node, the root, and its
         # next_functions, which build a wrapper per edge, are never read).
@@ -270,7 +242,7 @@ class ForwardRecorder:
             md[NODE_MOD] = module
             nid = md.get(NODE_ID)
             if nid is None:
-                nid = md[NODE_ID] = self._new_node_id()
+                nid = md[NODE_ID] = self.new_node_id()
             out.append({"id": nid, "name": node_name(node)})
             left -= 1
             if left <= 0:

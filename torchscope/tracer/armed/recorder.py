@@ -1,0 +1,39 @@
+"""The base of every recorder (one per tracing level): the pieces it writes through, bound
+once (a recorder's methods run for every op, node or kernel)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torchscope.tracer.armed.modules import ModuleTracker
+from torchscope.tracer.armed.pausing import Pauser
+from torchscope.tracer.armed.pipeline import EventPipeline
+from torchscope.tracer.armed.recording import ArmedState, ErrorReport, GradOffLocked
+from torchscope.tracer.armed.tensors import TensorSummaries
+
+
+class Recorder:
+    def __init__(
+        self,
+        state: ArmedState,
+        pipeline: EventPipeline,
+        summaries: TensorSummaries,
+        modules: ModuleTracker,
+        next_seq: Callable[[], int],
+        report_error: ErrorReport,
+        *,
+        run_id: int,
+        new_node_id: Callable[[], int],
+        pauser: Pauser | None,
+    ) -> None:
+        self.state = state  # read per event: the step, whether ranks meet first
+        self.pipeline = pipeline
+        self.summaries = summaries
+        self.modules = modules
+        self.next_seq = next_seq
+        self.report_error = report_error
+        self.run_id = run_id  # the session whose op seqs the node tags name
+        self.new_node_id = new_node_id  # ids unique in the process (node metadata outlives us)
+        self.pauser = pauser  # None: nobody can pause this job
+        self.stepper = pauser.stepper if pauser is not None else None
+        self.recording = GradOffLocked(pipeline.lock)  # ``with`` it around summaries
