@@ -18,7 +18,7 @@ pytest.importorskip("zmq")
 
 from tui_pilot import SIZE, sync, until
 
-from torchscope.attach import AttachError, attach
+from torchscope.cli.attach import AttachError, attach
 from torchscope.protocol.client import SessionClient
 
 # Prints its own step numbers and losses; slow enough to be caught mid-run.

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torchscope  # noqa: E402
-from torchscope.diff import Options, compare  # noqa: E402
+from torchscope.analysis.diff import Options, compare  # noqa: E402
 
 LOSS_LINE = "loss = ((h * scale - y) ** 2).mean()"
 

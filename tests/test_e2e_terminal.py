@@ -155,7 +155,7 @@ ADDMM = re.compile(r"◂ AddmmBackward0 .*?\bnorm=([0-9][0-9.e+-]*)(?=\s)")
 
 
 def test_watch_a_training_job_then_quit_and_the_job_goes_on(term: Terminal):
-    from torchscope.dump import compact_stat
+    from torchscope.analysis.render import compact_stat
 
     (term.cwd / "train.py").write_text(TRAIN)
     stop = term.cwd / "stop"

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from torchscope.protocol import endpoints as ep
-from torchscope.protocol.endpoints import EndpointError, SessionRecord
+from torchscope.protocol import runtime
+from torchscope.protocol.endpoints import SessionRecord
+from torchscope.protocol.runtime import EndpointError
 
 
 @pytest.fixture
@@ -122,8 +124,8 @@ def test_xdg_runtime_dir_used_when_usable(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
     assert ep.runtime_dir() == xdg / "torchscope"
     assert _mode(xdg / "torchscope") == 0o700
-    assert not ep._xdg_usable(str(tmp_path / "missing"))
-    assert not ep._xdg_usable(str(xdg / "torchscope" / "nope"))
+    assert not runtime._xdg_usable(str(tmp_path / "missing"))
+    assert not runtime._xdg_usable(str(xdg / "torchscope" / "nope"))
 
 
 # -- addresses --------------------------------------------------------------------------------

@@ -272,7 +272,7 @@ def test_missing_pandas_is_one_line(trace_file: Path, tmp_path: Path) -> None:
 
 def test_core_imports_no_pandas(trace_file: Path) -> None:
     code = (
-        "import sys, torchscope, torchscope.cli, torchscope.diff, torchscope.export\n"
+        "import sys, torchscope, torchscope.cli, torchscope.analysis.diff, torchscope.export\n"
         f"torchscope.load({str(trace_file)!r})\n"
         "bad = [m for m in ('pandas', 'pyarrow', 'numpy', 'torch', 'textual_serve') "
         "if m in sys.modules]\n"

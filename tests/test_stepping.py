@@ -361,7 +361,7 @@ def _wait_paused(client, timeout: float = 30.0, after: dict | None = None) -> di
 
 def _connect(pid: int, timeout: float = 30.0):
     from torchscope.protocol.client import SessionClient, SessionUnreachable
-    from torchscope.protocol.endpoints import EndpointError
+    from torchscope.protocol.runtime import EndpointError
 
     deadline = time.monotonic() + timeout
     while True:

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from torchscope.analysis.trace import load_trace
 from torchscope.protocol import codec, tracefile
-from torchscope.protocol.tracefile import TraceFileError, TraceReader, TraceWriter, load_trace
+from torchscope.protocol.tracefile import TraceFileError, TraceReader, TraceWriter
 
 REPO = Path(__file__).resolve().parents[1]
 

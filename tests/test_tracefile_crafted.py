@@ -26,11 +26,14 @@ import pytest
 
 import torchscope
 from torchscope import cli
-from torchscope.dump import _json_safe, text_line, to_jsonl
+from torchscope.analysis.render import text_line
+from torchscope.analysis.trace import load_trace
 from torchscope.protocol import tracefile
 from torchscope.protocol.codec import ProtocolError
 from torchscope.protocol.events import MAX_EVENT_DEPTH, check_event, event_problem
-from torchscope.protocol.tracefile import TraceFileError, TraceReader, TraceWriter, load_trace
+from torchscope.protocol.jsontext import json_safe as _json_safe
+from torchscope.protocol.jsontext import to_jsonl
+from torchscope.protocol.tracefile import TraceFileError, TraceReader, TraceWriter
 from torchscope.tui.synthetic import make_trace
 
 REPO = Path(__file__).resolve().parents[1]

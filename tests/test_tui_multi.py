@@ -360,7 +360,7 @@ def test_bad_input_among_several_is_one_line_and_exit_2_before_the_screen(tmp_pa
 
 
 def test_row_keys_follow_diffs_alignment(tmp_path: Path):
-    from torchscope.align import group_by_step
+    from torchscope.analysis.align import group_by_step
     from torchscope.tui.store import EventStore
 
     events = rank_trace(0, 2)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from torchscope.protocol.events import Trace
+    from torchscope.analysis.trace import Trace
     from torchscope.tracer.agent import Agent
     from torchscope.tracer.armed.session import Tracer
 
@@ -153,7 +153,7 @@ def serve(
 
 def load(path: str | os.PathLike) -> Trace:
     """Read a trace file back as the same ``Event`` records ``trace()`` produces."""
-    from torchscope.protocol.tracefile import load_trace
+    from torchscope.analysis.trace import load_trace
 
     return load_trace(path)
 

@@ -40,6 +40,7 @@ from torchscope.protocol.events import (
     STEP,
     Event,
 )
+from torchscope.protocol.jsontext import json_safe
 
 TRAIN_TID = 1
 PAUSE_TID = 999  # its own track, after any autograd threads
@@ -334,9 +335,7 @@ def _dump(obj: dict) -> str:
     try:
         return _encode(obj)
     except (ValueError, TypeError):
-        from torchscope.dump import _json_safe
-
-        return _encode(_json_safe(obj))
+        return _encode(json_safe(obj))
 
 
 def write(events: Iterable[Event], out: IO[str], metadata: dict | None = None) -> int:

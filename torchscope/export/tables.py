@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from torchscope.protocol.events import GRAD, KINDS, OP, Event
+from torchscope.protocol.jsontext import json_safe
 
 TENSOR = "tensor"
 TABLE_KINDS = (*KINDS, TENSOR)
@@ -53,10 +54,19 @@ def _pandas() -> Any:
     return pandas
 
 
-def _json(v: Any) -> str:
-    from torchscope.dump import _json_safe
+def check_extras(fmt: str) -> None:
+    """Raise MissingExtra (one line) when writing a ``fmt`` table (``"csv"``, ``"parquet"``)
+    needs a package this environment lacks: a check to make before reading anything."""
+    _pandas()
+    if fmt == "parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise MissingExtra(MISSING_PYARROW) from None
 
-    return json.dumps(_json_safe(v), separators=(",", ":"))
+
+def _json(v: Any) -> str:
+    return json.dumps(json_safe(v), separators=(",", ":"))
 
 
 def _cell(v: Any) -> Any:

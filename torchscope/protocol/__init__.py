@@ -4,6 +4,6 @@ Imports neither torch nor textual: a UI on a laptop reads what a tracer on a clu
 """
 
 from torchscope.protocol.codec import PROTOCOL_VERSION, ProtocolError, pack, unpack
-from torchscope.protocol.events import KINDS, Event, Trace
+from torchscope.protocol.events import KINDS, Event
 
-__all__ = ["KINDS", "PROTOCOL_VERSION", "Event", "ProtocolError", "Trace", "pack", "unpack"]
+__all__ = ["KINDS", "PROTOCOL_VERSION", "Event", "ProtocolError", "pack", "unpack"]

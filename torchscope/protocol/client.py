@@ -52,6 +52,7 @@ from torchscope.protocol.frames import (
     parse_frame,
     parse_reply,
 )
+from torchscope.protocol.runtime import EndpointError, runtime_dir, split_tcp
 
 # Token subscriptions start with this byte (see tracer.publisher.TOKEN_PREFIX; duplicated here
 # because the UI must not import the tracer package, which imports torch).
@@ -391,9 +392,9 @@ def reachable_endpoint(endpoint: str, control: str) -> str:
     if not (endpoint.startswith("tcp://") and control.startswith("tcp://")):
         return endpoint
     try:
-        host, port = ep._split_tcp(endpoint)
-        control_host, _ = ep._split_tcp(control)
-    except ep.EndpointError:
+        host, port = split_tcp(endpoint)
+        control_host, _ = split_tcp(control)
+    except EndpointError:
         return endpoint
     if host not in ANY_HOSTS or port is None:
         return endpoint
@@ -420,8 +421,8 @@ def _ipv6(endpoint: str | None) -> bool:
 
 def _runtime_dir_text() -> str:
     try:
-        return str(ep.runtime_dir())
-    except ep.EndpointError:
+        return str(runtime_dir())
+    except EndpointError:
         return "your torchscope runtime directory"
 
 

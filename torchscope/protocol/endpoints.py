@@ -19,7 +19,6 @@ Imports neither torch nor textual nor zmq (a non-loopback bind loads keys, which
 from __future__ import annotations
 
 import contextlib
-import getpass
 import ipaddress
 import json
 import os
@@ -32,7 +31,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-ENV_RUNTIME_DIR = "TORCHSCOPE_RUNTIME_DIR"
+from torchscope.protocol.runtime import (
+    ENV_RUNTIME_DIR,
+    EndpointError,
+    pid_alive,
+    runtime_dir,
+    sessions_dir,
+    split_tcp,
+    write_private,
+)
+
 ENV_BIND = "TORCHSCOPE_BIND"
 
 # Linux's sockaddr_un.sun_path is 108 bytes including the NUL; libzmq refuses longer paths
@@ -45,122 +53,7 @@ MAX_RECORD_BYTES = 64 * 1024
 RECORD_VERSION = 1
 
 
-class EndpointError(RuntimeError):
-    """A runtime directory, registry or address we refuse to use. The text is one line."""
-
-
-# -- the private runtime directory ------------------------------------------------------------
-def _uid() -> int | None:
-    return os.getuid() if hasattr(os, "getuid") else None
-
-
-def _xdg_usable(base: str) -> bool:
-    """``$XDG_RUNTIME_DIR`` is only worth using when it is a directory of ours we can write."""
-    try:
-        st = os.stat(base)
-    except OSError:
-        return False
-    uid = _uid()
-    return (
-        stat.S_ISDIR(st.st_mode)
-        and (uid is None or st.st_uid == uid)
-        and os.access(base, os.W_OK | os.X_OK)
-    )
-
-
-def _private_dir(path: Path) -> Path:
-    """Create ``path`` with mode 0700, or check that the existing one is ours and private.
-
-    We never "fix" a directory we did not create: a foreign or shared directory may be a trap
-    (another user could read our sockets or plant records), so we refuse and say why.
-    """
-    created = False
-    try:
-        os.mkdir(path, 0o700)
-        created = True
-    except FileExistsError:
-        pass
-    except FileNotFoundError:
-        try:
-            os.makedirs(path.parent, 0o700, exist_ok=True)
-            os.mkdir(path, 0o700)
-            created = True
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise EndpointError(
-                f"cannot create torchscope runtime directory {path}: {exc.strerror or exc}"
-            ) from None
-    except OSError as exc:
-        raise EndpointError(
-            f"cannot create torchscope runtime directory {path}: {exc.strerror or exc}"
-        ) from None
-    try:
-        st = os.lstat(path)  # lstat: a symlink planted by someone else must not be followed
-    except OSError as exc:
-        raise EndpointError(f"cannot inspect {path}: {exc.strerror or exc}") from None
-    hint = f"remove it or set {ENV_RUNTIME_DIR} to a private directory"
-    if stat.S_ISLNK(st.st_mode):
-        raise EndpointError(f"refusing to use {path}: it is a symbolic link; {hint}")
-    if not stat.S_ISDIR(st.st_mode):
-        raise EndpointError(f"refusing to use {path}: it is not a directory; {hint}")
-    uid = _uid()
-    if uid is not None and st.st_uid != uid:
-        raise EndpointError(
-            f"refusing to use {path}: it is owned by uid {st.st_uid}, not by you (uid {uid}); "
-            f"{hint}"
-        )
-    if created and stat.S_IMODE(st.st_mode) != 0o700:
-        os.chmod(path, 0o700)  # an odd umask may have taken owner bits away; this one is ours
-    elif uid is not None and st.st_mode & 0o077:
-        raise EndpointError(
-            f"refusing to use {path}: its mode is {stat.S_IMODE(st.st_mode):04o}, so other "
-            f"users can reach it; run 'chmod 700 {path}' or {hint}"
-        )
-    return path
-
-
-def runtime_dir() -> Path:
-    """This user's private torchscope directory, created 0700 if needed.
-
-    ``$TORCHSCOPE_RUNTIME_DIR`` if set, else ``$XDG_RUNTIME_DIR/torchscope`` when that base is
-    usable, else ``/tmp/torchscope-<uid>``. Raises EndpointError rather than use a directory
-    that is not ours or is open to other users.
-    """
-    override = os.environ.get(ENV_RUNTIME_DIR)
-    if override:
-        path = Path(override).expanduser().absolute()
-    else:
-        xdg = os.environ.get("XDG_RUNTIME_DIR")
-        if xdg and os.path.isabs(xdg) and _xdg_usable(xdg):
-            path = Path(xdg) / "torchscope"
-        else:
-            # Literally /tmp, not $TMPDIR: ipc paths must stay short (see MAX_IPC_PATH).
-            uid = _uid()
-            path = Path("/tmp") / f"torchscope-{uid if uid is not None else getpass.getuser()}"
-    return _private_dir(path)
-
-
-def sessions_dir() -> Path:
-    """``<runtime_dir>/sessions``, where each running traced process has one JSON record."""
-    return _private_dir(runtime_dir() / "sessions")
-
-
 # -- addresses --------------------------------------------------------------------------------
-def _split_tcp(addr: str) -> tuple[str, str | None]:
-    """``tcp://HOST[:PORT]`` → (HOST without brackets, PORT or None)."""
-    rest = addr[len("tcp://") :]
-    if rest.startswith("["):
-        host, sep, tail = rest[1:].partition("]")
-        if not sep or (tail and not tail.startswith(":")):
-            raise EndpointError(f"malformed tcp address {addr!r}")
-        return host, (tail[1:] if tail else None)
-    if rest.count(":") > 1:
-        raise EndpointError(f"malformed tcp address {addr!r}: put an IPv6 host in [brackets]")
-    host, sep, port = rest.partition(":")
-    return host, (port if sep else None)
-
-
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -176,7 +69,7 @@ def is_public_tcp(addr: str | None) -> bool:
     if not addr or not addr.startswith("tcp://"):
         return False
     try:
-        host, _ = _split_tcp(addr)
+        host, _ = split_tcp(addr)
     except EndpointError:
         return True
     return not _is_loopback(host)
@@ -204,7 +97,7 @@ def check_bind_address(addr: str, *, server_keys: Any = None) -> str:
             )
         return addr
     if addr.startswith("tcp://"):
-        host, port = _split_tcp(addr)
+        host, port = split_tcp(addr)
         if port is None or not (port == "*" or (port.isdigit() and 0 < int(port) < 65536)):
             raise EndpointError(f"tcp address {addr!r} needs a port (1-65535) or ':*'")
         if not _is_loopback(host) and server_keys is None:
@@ -238,7 +131,7 @@ def default_endpoints(pid: int | None = None, rank: int | None = None) -> tuple[
             check_bind_address(f"ipc://{base}.control"),
         )
     if bind.startswith("tcp://"):
-        host, port = _split_tcp(bind)
+        host, port = split_tcp(bind)
         hostpart = f"[{host}]" if ":" in host else host
         if port in (None, "", "*"):
             control_port = "*"
@@ -409,21 +302,6 @@ def register(record: SessionRecord) -> Path:
     return final
 
 
-def write_private(final: Path, data: bytes) -> None:
-    """Write ``data`` to ``final``, mode 0600, atomically (a temp file beside it, renamed):
-    a reader never sees half a file, and a link planted at the temp name is not followed."""
-    tmp = final.parent / f".{final.name}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, final)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def unregister(record: SessionRecord) -> None:
     """Remove ``record``'s registry file, if it is still there (and still this process's)."""
     path = Path(record.path) if record.path else None
@@ -453,43 +331,6 @@ def _read_record(path: Path) -> SessionRecord | None:
         return SessionRecord.from_dict(json.loads(data), path=str(path))
     except (OSError, ValueError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return None
-
-
-def _process_start_time(pid: int) -> float | None:
-    """Unix time at which ``pid`` started (Linux /proc), or None when unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat_line = fh.read()
-        # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-        fields = stat_line[stat_line.rindex(b")") + 2 :].split()
-        ticks = int(fields[19])  # field 22 overall: starttime, in clock ticks after boot
-        with open("/proc/stat", "rb") as fh:
-            for line in fh:
-                if line.startswith(b"btime "):
-                    return int(line.split()[1]) + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def pid_alive(pid: int, started: float | None = None) -> bool:
-    """Whether ``pid`` runs, and (if ``started`` is given) is not a newer process that
-    happens to reuse the number of a dead one."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, belongs to someone else
-    except OSError:
-        return False
-    if started:
-        began = _process_start_time(pid)
-        # The session event is written after the process started; a process that began
-        # later than the record is another one with the same pid. (2 s of slack: clock ticks.)
-        if began is not None and began > started + 2.0:
-            return False
-    return True
 
 
 def list_sessions() -> list[SessionRecord]:

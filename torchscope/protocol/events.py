@@ -7,7 +7,6 @@ they do not know, so adding a key is a minor protocol change.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 SESSION = "session"
@@ -321,70 +320,3 @@ def check_event(obj: Any) -> Event:
 
         raise ProtocolError(why)
     return obj if isinstance(obj, Event) else Event(obj)
-
-
-class Trace:
-    """Events of one traced run, in order, with views by kind.
-
-    ``torchscope.trace()`` fills one while the job runs; ``torchscope.load()`` builds one from a
-    file. Both hold the same ``Event`` records.
-    """
-
-    def __init__(self, events: Iterable[Event] = ()) -> None:
-        self.events: list[Event] = list(events)
-
-    def append(self, event: Event) -> None:
-        self.events.append(event)
-
-    def __iter__(self) -> Iterator[Event]:
-        return iter(self.events)
-
-    def __len__(self) -> int:
-        return len(self.events)
-
-    def of_kind(self, kind: str) -> list[Event]:
-        return [e for e in self.events if e["kind"] == kind]
-
-    @property
-    def session(self) -> Event | None:
-        for e in self.events:
-            if e["kind"] == SESSION:
-                return e
-        return None
-
-    @property
-    def ops(self) -> list[Event]:
-        return self.of_kind(OP)
-
-    @property
-    def grads(self) -> list[Event]:
-        return self.of_kind(GRAD)
-
-    @property
-    def graphs(self) -> list[Event]:
-        return self.of_kind(GRAPH)
-
-    @property
-    def alerts(self) -> list[Event]:
-        return self.of_kind(ALERT)
-
-    @property
-    def steps(self) -> list[Event]:
-        return self.of_kind(STEP)
-
-    @property
-    def errors(self) -> list[Event]:
-        return self.of_kind(ERROR)
-
-    def to_pandas(self, kind: str = "op") -> Any:
-        """A pandas DataFrame with one row per event of ``kind`` (``"op"``, ``"grad"``,
-        ``"step"``, ``"alert"``...; ``"tensor"``: one row per tensor summary), stats as
-        columns. Needs pandas: ``pip install 'torchscope[pandas]'``; see
-        ``torchscope.export.tables``."""
-        from torchscope.export.tables import to_pandas
-
-        return to_pandas(self.events, kind)
-
-    def grads_of(self, node: str) -> list[Event]:
-        """Grad events of every node with this name, e.g. ``"MulBackward0"``."""
-        return [e for e in self.events if e["kind"] == GRAD and e.get("node") == node]

@@ -44,8 +44,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchscope.protocol import endpoints as ep
-from torchscope.protocol.endpoints import EndpointError
+from torchscope.protocol.runtime import (
+    EndpointError,
+    pid_alive,
+    runtime_dir,
+    split_tcp,
+    write_private,
+)
 
 if TYPE_CHECKING:
     import zmq
@@ -426,7 +431,7 @@ def write_session_keys(
     """Write ``keys`` and the ``endpoints`` they open into the runtime directory (0700), as
     ``<pid>[-rank].<random>.curve``, mode 0600, atomically (temp file, rename). Returns the
     path; :func:`remove_session_keys` undoes it. Raises EndpointError / OSError."""
-    directory = ep.runtime_dir()
+    directory = runtime_dir()
     stem = f"{pid}" if rank is None else f"{pid}-{rank}"
     final = directory / f"{stem}.{secrets.token_hex(4)}{SESSION_SUFFIX}"
     data = json.dumps(
@@ -440,7 +445,7 @@ def write_session_keys(
             "client_secret": keys.client_secret.decode(),
         }
     ).encode()
-    ep.write_private(final, data)
+    write_private(final, data)
     return final
 
 
@@ -484,7 +489,7 @@ def _tcp_key(endpoint: str) -> tuple[str, str] | None:
     if not isinstance(endpoint, str) or not endpoint.startswith("tcp://"):
         return None
     try:
-        host, port = ep._split_tcp(endpoint)
+        host, port = split_tcp(endpoint)
     except EndpointError:
         return None
     if port is None:
@@ -503,7 +508,7 @@ def find_session_keys(endpoint: str) -> ClientKeys | None:
     if want is None:
         return None
     try:
-        directory = ep.runtime_dir()
+        directory = runtime_dir()
         paths = list(directory.glob("*" + SESSION_SUFFIX))
     except (OSError, EndpointError):
         return None
@@ -512,7 +517,7 @@ def find_session_keys(endpoint: str) -> ClientKeys | None:
         d = _read_session_file(path)
         if d is None or want not in {_tcp_key(e) for e in d["endpoints"]}:
             continue
-        if not ep.pid_alive(d["pid"]):
+        if not pid_alive(d["pid"]):
             continue  # a dead job's file (its port may be someone else's now)
         with contextlib.suppress(OSError):
             mtime = path.stat().st_mtime

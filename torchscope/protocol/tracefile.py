@@ -60,7 +60,7 @@ except ImportError:  # Windows: no advisory locks
 
 from torchscope.protocol import codec
 from torchscope.protocol.codec import ProtocolError
-from torchscope.protocol.events import Event, Trace, check_event, event_problem
+from torchscope.protocol.events import Event, check_event, event_problem
 
 __all__ = [
     "FILE_VERSION",
@@ -69,7 +69,6 @@ __all__ = [
     "TraceFileError",
     "TraceReader",
     "TraceWriter",
-    "load_trace",
 ]
 
 MAGIC = b"TSCTRACE"
@@ -840,22 +839,6 @@ class TraceReader:
         return TraceFileError(
             f"corrupt trace file at offset {pos}: expected a chunk, found {magic!r}", offset=pos
         )
-
-
-def load_trace(
-    path: str | os.PathLike[str], progress: Callable[[int, int], None] | None = None
-) -> Trace:
-    """Read every event of a trace file into a Trace. The Trace also gets ``metadata`` (the
-    file header's map), ``truncated`` (True when the writer did not close the file, so the
-    events end at the last complete chunk) and ``damaged`` (what is damaged in an index or
-    trailer that had to be bypassed; None when nothing is). Any corrupt or invalid event
-    raises TraceFileError."""
-    with TraceReader(path, progress=progress) as reader:
-        trace = Trace(reader.iter_events())
-        trace.metadata = reader.metadata  # type: ignore[attr-defined]
-        trace.truncated = reader.truncated  # type: ignore[attr-defined]
-        trace.damaged = reader.damaged  # type: ignore[attr-defined]
-    return trace
 
 
 def per_rank_path(path: str, rank: int | None = None) -> str:

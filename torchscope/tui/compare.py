@@ -21,7 +21,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchscope.diff import STAT_KEYS, Options, compare_events
+from torchscope.analysis.diff import STAT_KEYS, Options, compare_events
 from torchscope.protocol.events import GRAD, OP, number_text
 
 __all__ = ["Cell", "Column", "CompareTable", "build_table"]

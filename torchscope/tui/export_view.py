@@ -1,5 +1,5 @@
 """``e``: what the UI shows, written to a JSON-lines file (one event a line, as
-``torchscope dump --format jsonl`` writes them: :func:`torchscope.dump.render`).
+``torchscope dump --format jsonl`` writes them: :func:`torchscope.analysis.render.render`).
 
 - the current step: all of its events in memory (ops, backward nodes, graphs, alerts, step
   markers), in seq order;
@@ -15,7 +15,7 @@ import os
 import re
 from typing import Any
 
-from torchscope.dump import render
+from torchscope.analysis.render import render
 from torchscope.protocol import codec
 from torchscope.protocol.events import Event
 from torchscope.protocol.output import replacing

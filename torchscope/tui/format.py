@@ -12,7 +12,7 @@ import os
 import re
 from typing import Any
 
-from torchscope.dump import compact_stat, shape_text, short_source
+from torchscope.analysis.render import compact_stat, shape_text, short_source
 from torchscope.protocol.events import number_text
 
 __all__ = [

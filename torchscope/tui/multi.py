@@ -3,7 +3,7 @@
 Each source is a :class:`Lane`: its own source, inbox, store and status, so each rank keeps
 its own step list, alerts and stepper state; the app shows one lane at a time and switches
 between them keeping the position (same step, same op aligned as ``torchscope diff`` aligns
-two recordings: :mod:`torchscope.align`).
+two recordings: :mod:`torchscope.analysis.align`).
 
 - :func:`open_sources`: what ``torchscope tui`` opens for its command-line targets: every
   file (globs expanded), and for a pid or the one running session, every rank of its job
@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchscope.align import keyed
+from torchscope.analysis.align import keyed
 from torchscope.protocol.events import GRAD, OP
 from torchscope.tui.sources import EventSource, FileSource, LiveSource, SourceError, open_source
 from torchscope.tui.stepping import pause_key
@@ -322,7 +322,7 @@ def _candidates(data: StepData, kind: str, name: str) -> list[tuple]:
 
 def row_key(store: EventStore, data: StepData | None, row: Any) -> tuple | None:
     """``(kind, name, module or parameter[, backward call], occurrence)`` of a timeline row
-    within its step (:func:`torchscope.align.keyed`), or None (no row, a pending row)."""
+    within its step (:func:`torchscope.analysis.align.keyed`), or None (no row, a pending row)."""
     if data is None or row is None or getattr(row, "pending", False):
         return None
     cands = _candidates(data, row.kind, row.name)

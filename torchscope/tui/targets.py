@@ -106,10 +106,10 @@ def _tcp_problem(target: str, timeout: float = 3.0) -> str | None:
     the background for ever, and the UI open on a session that is not there)."""
     import socket
 
-    from torchscope.protocol.endpoints import EndpointError, _split_tcp
+    from torchscope.protocol.runtime import EndpointError, split_tcp
 
     try:
-        host, port = _split_tcp(target)
+        host, port = split_tcp(target)
     except EndpointError:
         host, port = "", None
     if not host or host == "*" or port is None or not port.isdigit():

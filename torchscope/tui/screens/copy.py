@@ -19,8 +19,8 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from torchscope.dump import to_jsonl
 from torchscope.protocol.events import GRAD, Event
+from torchscope.protocol.jsontext import to_jsonl
 from torchscope.tui.format import unravel
 from torchscope.tui.stepping import spec_from_event, spec_text
 

@@ -1,9 +1,12 @@
-"""Render trace events for people (a text table) and for programs (JSON lines)."""
+"""Render trace events for people (a text table) and for programs (JSON lines): what
+``torchscope dump`` prints, and the table cells the UI shares (``compact_stat``,
+``shape_text``, ``short_source``).
+
+Imports neither torch nor textual.
+"""
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -20,49 +23,7 @@ from torchscope.protocol.events import (
     Event,
     number_text,
 )
-
-
-def _json_key(key: Any) -> str:
-    """A map key as JSON writes it (the same text as the C encoder's for str/int/bool/None)."""
-    if isinstance(key, str):
-        return key
-    if key is None or isinstance(key, bool):
-        return json.dumps(key)
-    if isinstance(key, bytes):
-        return key.hex()
-    return str(_json_safe(key))
-
-
-def _json_safe(obj: Any) -> Any:
-    """JSON has no NaN/Infinity: write them as the strings "nan", "inf", "-inf"; bytes as
-    hex."""
-    if isinstance(obj, float):
-        if math.isnan(obj):
-            return "nan"
-        if math.isinf(obj):
-            return "inf" if obj > 0 else "-inf"
-        return obj
-    if isinstance(obj, dict):
-        return {_json_key(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    if isinstance(obj, bytes):
-        return obj.hex()
-    return obj
-
-
-# Reused: json.dumps with arguments builds a new encoder per call.
-_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
-
-
-def to_jsonl(event: Event) -> str:
-    """One event as one line of JSON. Most events hold only JSON's own types and go through
-    the C encoder as they are; only one that it refuses (a NaN or Inf, bytes) is rewritten
-    first, which costs a walk over the whole event in Python."""
-    try:
-        return _encode(event)
-    except (ValueError, TypeError):
-        return _encode(_json_safe(event))
+from torchscope.protocol.jsontext import to_jsonl
 
 
 def compact_stat(summary: dict | None) -> str:

@@ -1,4 +1,4 @@
-"""Compare two recordings: ``torchscope diff A.tsc B.tsc``.
+"""Compare two recordings: what ``torchscope diff A.tsc B.tsc`` reports.
 
 Events of the two runs are aligned by step, then by what they are: an op by its name and
 module path, a backward node by its name, module (or parameter) and backward call, each
@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchscope.align import group_by_step
+from torchscope.analysis.align import group_by_step
 from torchscope.protocol.events import GRAD, OP, Event, number_text
 
 STAT_KEYS = ("min", "max", "mean", "std", "norm")
@@ -93,7 +93,7 @@ class Result:
         return min(self.divergences, key=lambda d: d.order) if self.divergences else None
 
 
-# -- alignment (shared with the UI's compare view: torchscope.align) ---------------------------
+# -- alignment (shared with the UI's compare view: torchscope.analysis.align) ----------------
 def _step_sort(step: Any) -> tuple:
     return (-1, 0) if step is None else (0, step)
 
@@ -467,59 +467,3 @@ def diff_files(
     res = compare(ea, eb, opts)
     lines = list(render(res, path_a, path_b, sa.get("cwd"), sb.get("cwd")))
     return res, [*notes_a, *notes_b], lines
-
-
-def parse_steps(spec: str | None) -> set[int] | None:
-    """``"3"``, ``"0-9"``, ``"1,4,7-8"`` -> a set of steps; None for all."""
-    if not spec:
-        return None
-    out: set[int] = set()
-    for part in spec.split(","):
-        lo, sep, hi = part.strip().partition("-")
-        try:
-            first = int(lo)
-            last = int(hi) if sep else first
-        except ValueError:
-            first = last = -1
-        if first < 0 or last < first:
-            raise ValueError(f"bad step list {spec!r} (expected e.g. 3, 0-9, 1,4,7-8)")
-        out.update(range(first, last + 1))
-    return out
-
-
-def main(args: Any) -> int:
-    """``torchscope diff``: 0 same, 1 diverged, 2 bad input."""
-    import sys
-
-    from torchscope.protocol.output import drop_stdout
-
-    if not (args.rtol >= 0 and args.atol >= 0):  # NaN too: it would call every event divergent
-        print("torchscope: error: --rtol and --atol must be numbers >= 0", file=sys.stderr)
-        return 2
-    try:
-        opts = Options(
-            rtol=args.rtol,
-            atol=args.atol,
-            exact=args.exact,
-            strict_dtype=args.strict_dtype,
-            steps=parse_steps(args.step),
-        )
-        res, notes, lines = diff_files(args.a, args.b, opts)
-    except (DiffError, ValueError) as exc:
-        print(f"torchscope: error: {exc}", file=sys.stderr)
-        return 2
-    if opts.steps is not None and not res.matched and not res.only_a and not res.only_b:
-        print(f"torchscope: error: neither recording has step {args.step}", file=sys.stderr)
-        return 2
-    for n in notes:
-        print(f"torchscope: {n}", file=sys.stderr)
-    try:
-        sys.stdout.write("\n".join(lines) + "\n")
-        sys.stdout.flush()
-    except BrokenPipeError:
-        drop_stdout()
-    except OSError as exc:  # a full disk: not "diverged" (1)
-        drop_stdout()
-        print(f"torchscope: error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    return 0 if res.same else 1

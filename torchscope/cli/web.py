@@ -20,7 +20,7 @@ class WebError(Exception):
 
 def tui_command(target: str | None, max_events: int) -> str:
     """The shell command textual-serve runs for each browser tab: ``app_main`` below."""
-    parts = [sys.executable, "-m", "torchscope.export.web"]
+    parts = [sys.executable, "-m", "torchscope.cli.web"]
     if target:
         parts.append(target)
     parts += ["--max-events", str(max_events)]

@@ -1,0 +1,101 @@
+"""A recording in memory: :class:`Trace`, the events of one traced run with views by kind,
+as ``torchscope.trace()`` collects them and ``torchscope.load()`` reads them back
+(:func:`load_trace`), and ``Trace.to_pandas`` for tables.
+
+Not a wire or file format (those are :mod:`torchscope.protocol`): the object a user's own
+analysis starts from. Imports neither torch nor textual, and pandas only in ``to_pandas``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from torchscope.protocol.events import ALERT, ERROR, GRAD, GRAPH, OP, SESSION, STEP, Event
+from torchscope.protocol.tracefile import TraceReader
+
+__all__ = ["Trace", "load_trace"]
+
+
+class Trace:
+    """Events of one traced run, in order, with views by kind.
+
+    ``torchscope.trace()`` fills one while the job runs; ``torchscope.load()`` builds one from a
+    file. Both hold the same ``Event`` records.
+    """
+
+    def __init__(self, events: Iterable[Event] = ()) -> None:
+        self.events: list[Event] = list(events)
+
+    def append(self, event: Event) -> None:
+        self.events.append(event)
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self.events)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def of_kind(self, kind: str) -> list[Event]:
+        return [e for e in self.events if e["kind"] == kind]
+
+    @property
+    def session(self) -> Event | None:
+        for e in self.events:
+            if e["kind"] == SESSION:
+                return e
+        return None
+
+    @property
+    def ops(self) -> list[Event]:
+        return self.of_kind(OP)
+
+    @property
+    def grads(self) -> list[Event]:
+        return self.of_kind(GRAD)
+
+    @property
+    def graphs(self) -> list[Event]:
+        return self.of_kind(GRAPH)
+
+    @property
+    def alerts(self) -> list[Event]:
+        return self.of_kind(ALERT)
+
+    @property
+    def steps(self) -> list[Event]:
+        return self.of_kind(STEP)
+
+    @property
+    def errors(self) -> list[Event]:
+        return self.of_kind(ERROR)
+
+    def to_pandas(self, kind: str = "op") -> Any:
+        """A pandas DataFrame with one row per event of ``kind`` (``"op"``, ``"grad"``,
+        ``"step"``, ``"alert"``...; ``"tensor"``: one row per tensor summary), stats as
+        columns. Needs pandas: ``pip install 'torchscope[pandas]'``; see
+        ``torchscope.export.tables``."""
+        from torchscope.export.tables import to_pandas
+
+        return to_pandas(self.events, kind)
+
+    def grads_of(self, node: str) -> list[Event]:
+        """Grad events of every node with this name, e.g. ``"MulBackward0"``."""
+        return [e for e in self.events if e["kind"] == GRAD and e.get("node") == node]
+
+
+def load_trace(
+    path: str | os.PathLike[str], progress: Callable[[int, int], None] | None = None
+) -> Trace:
+    """Read every event of a trace file into a Trace. The Trace also gets ``metadata`` (the
+    file header's map), ``truncated`` (True when the writer did not close the file, so the
+    events end at the last complete chunk) and ``damaged`` (what is damaged in an index or
+    trailer that had to be bypassed; None when nothing is). Any corrupt or invalid event
+    raises TraceFileError."""
+    with TraceReader(path, progress=progress) as reader:
+        trace = Trace(reader.iter_events())
+        trace.metadata = reader.metadata  # type: ignore[attr-defined]
+        trace.truncated = reader.truncated  # type: ignore[attr-defined]
+        trace.damaged = reader.damaged  # type: ignore[attr-defined]
+    return trace

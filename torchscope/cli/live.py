@@ -1,0 +1,220 @@
+"""The commands that reach a running job: ``ls``, ``record``, ``watch``, ``attach``."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from torchscope.cli.common import fail
+
+if TYPE_CHECKING:
+    from torchscope.protocol.endpoints import SessionRecord
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    """Live sessions on this machine, the ranks of a torchrun job grouped under it; each is
+    asked for its step (briefly)."""
+    from torchscope.protocol import endpoints as ep
+    from torchscope.protocol.runtime import EndpointError
+
+    try:
+        records = ep.list_sessions()
+    except EndpointError as exc:
+        return fail(str(exc))
+    if not records:
+        print("no running torchscope sessions (start one with `torchscope run SCRIPT`)")
+        return 0
+    print(
+        f"{'PID':>7} {'RANK':>4} {'STEP':>6} {'TRACING':<8} {'STARTED':<19} {'SCRIPT':<28} "
+        "ENDPOINTS"
+    )
+    for ranks in ep.group_by_job(records):
+        if len(ranks) > 1 or ranks[0].job is not None:
+            first = ranks[0]
+            world = first.world_size or len(ranks)
+            script = os.path.basename(first.script or "") or "?"
+            print(
+                f"job {first.job} · {len(ranks)} of {world} ranks here · {script} "
+                f"(`torchscope tui {first.pid}` opens every rank)"
+            )
+        for rec in ranks:
+            _ls_row(rec, args.timeout)
+    return 0
+
+
+def _ls_row(rec: SessionRecord, timeout: float) -> None:
+    import datetime
+
+    from torchscope.protocol.client import SessionClient, SessionRefused, SessionUnreachable
+    from torchscope.protocol.runtime import EndpointError
+
+    step = tracing = "?"
+    try:
+        with SessionClient() as client:
+            hello = client.connect(rec, timeout=timeout)
+            step = str(hello.get("step"))
+            tracing = hello.get("tracing") or "traced"  # a trace(live=True) block
+    except (SessionUnreachable, SessionRefused, EndpointError):
+        pass
+    started = datetime.datetime.fromtimestamp(rec.started).strftime("%Y-%m-%d %H:%M:%S")
+    rank = "-" if rec.rank is None else str(rec.rank)
+    script = os.path.basename(rec.script or "") or "?"
+    print(
+        f"{rec.pid:>7} {rank:>4} {step:>6} {tracing:<8} {started:<19} {script:<28} "
+        f"events {rec.events}  control {rec.control}"
+    )
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    """Capture a live session into a trace file, headless, with a progress line.
+
+    A dormant job is armed for the recording: for its next N steps (``--next N``), or until
+    Ctrl-C / SIGTERM / the job's end; either way the file is complete.
+    """
+    import signal
+    import time
+
+    from torchscope.protocol import endpoints as ep
+    from torchscope.protocol.client import SessionClient, SessionRefused, SessionUnreachable
+    from torchscope.protocol.events import SESSION, STEP, TRACING
+    from torchscope.protocol.runtime import EndpointError
+    from torchscope.protocol.tracefile import TraceFileError, TraceWriter
+
+    if args.next is not None and args.next < 1:
+        return fail("--next takes a number of steps, at least 1")
+    client = SessionClient()
+    holder = None
+    try:
+        client.connect(ep.resolve(args.target), timeout=args.timeout)
+        # --next records from the arming on; otherwise the recent events the job still holds
+        # come first (a job traced from its start).
+        snap = {"session": client.session} if args.next else client.snapshot(args.snapshot)
+        try:
+            armed = client.request("arm", timeout=args.timeout, next=args.next, by="record")
+            holder = armed["holder"]
+        except SessionRefused as exc:  # a torchscope.trace(live=True) block: always traced
+            if args.next:
+                raise SessionRefused(f"this job cannot be armed for --next ({exc})") from None
+    except (SessionUnreachable, SessionRefused, EndpointError) as exc:
+        client.close()
+        return fail(str(exc))
+    session = snap.get("session") or {}
+    try:
+        writer = TraceWriter(args.output, metadata={"session": session, "recorded_live": True})
+    except TraceFileError as exc:
+        client.close()
+        return fail(str(exc))
+    progress = _Progress(enabled=not args.quiet)
+    steps = set()
+    written = 0
+    done = False  # the job let go of this recording's hold (its N steps are recorded)
+    last_ping = time.monotonic()
+    old_term = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        events = snap.get("events") or []
+        if session and not any(e.get("kind") == SESSION for e in events):
+            writer.write([session])  # a file opens with who the job is, as --record's do
+            written += 1
+        while True:
+            if events:
+                writer.write(events)
+                written += len(events)
+                for e in events:
+                    if e.get("kind") == STEP:
+                        steps.add(e["step"])
+                    elif e.get("kind") == TRACING and holder in (e.get("released") or ()):
+                        done = True
+                progress.show(
+                    f"recording pid {session.get('pid', '?')}: {written} events, "
+                    f"{len(steps)} traced steps, step {client.step}, {client.dropped} dropped"
+                )
+            if done or client.ended or not client.alive:
+                break
+            if holder is not None and time.monotonic() - last_ping >= 1.0:
+                last_ping = time.monotonic()
+                client.request("ping", timeout=args.timeout)  # holds the job armed (lease)
+            events = client.recv_events(200)
+    except (KeyboardInterrupt, SessionUnreachable):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        if holder is not None and not done and not client.ended:
+            with contextlib.suppress(Exception):
+                client.request("disarm", timeout=1.0)  # the job goes dormant again
+        writer.close()
+        client.close()
+    ended = "" if client.ended or done else " (stopped before the job ended)"
+    lost = getattr(client, "events_lost", 0) or 0
+    missed = f"; {lost} events missed (this recorder read too slowly)" if lost else ""
+    progress.done(
+        f"torchscope: {written} events, {len(steps)} traced steps written to {args.output}"
+        f"{ended}{missed}"
+    )
+    return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+class _Progress:
+    """One status line on stderr, rewritten in place at most ~10 times a second."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        import time
+
+        self._clock = time.monotonic
+        self.enabled = enabled and sys.stderr.isatty()
+        self._last = 0.0
+        self._shown = False
+
+    def show(self, text: str) -> None:
+        if self.enabled and self._clock() - self._last >= 0.1:
+            self._last = self._clock()
+            sys.stderr.write("\r\033[K" + text)
+            sys.stderr.flush()
+            self._shown = True
+
+    def done(self, text: str) -> None:
+        if self._shown:
+            sys.stderr.write("\r\033[K")
+        print(text, file=sys.stderr)
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    """Switch the NaN watch of a running job on or off (from its next backward)."""
+    from torchscope.protocol import endpoints as ep
+    from torchscope.protocol.client import SessionClient, SessionRefused, SessionUnreachable
+    from torchscope.protocol.runtime import EndpointError
+
+    spec = None if args.off else args.spec
+    try:
+        with SessionClient() as client:
+            client.connect(ep.resolve(args.target), timeout=args.timeout)
+            client.request("watch", timeout=args.timeout, spec=spec, on_nan=args.on_nan)
+            pid = (client.session or {}).get("pid", args.target)
+    except (SessionUnreachable, SessionRefused, EndpointError) as exc:
+        return fail(str(exc))
+    if spec is None:
+        print(f"torchscope: {pid} stops watching for NaN at its next backward()")
+    else:
+        print(
+            f"torchscope: {pid} watches every step from its next backward() ({spec}, then "
+            f"{args.on_nan}); its reports go to its stderr, its trace file and attached UIs"
+        )
+    return 0
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    """Start the dormant agent inside a job that never imported torchscope."""
+    from torchscope.cli.attach import AttachError, attach
+
+    try:
+        control = attach(args.pid, timeout=args.timeout)
+    except AttachError as exc:
+        return fail(str(exc))
+    print(f"torchscope: attached to {args.pid} ({control}); look: torchscope tui {args.pid}")
+    return 0
