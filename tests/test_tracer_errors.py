@@ -156,3 +156,15 @@ def test_warnings_raised_in_traced_calls_point_at_the_callers_line():
     where = {str(w.message)[:20]: (w.filename, w.lineno) for w in caught}
     assert where["Converting a tensor "] == (__file__, here + 1), where
     assert where["Implicit dimension c"] == (__file__, here + 2), where
+
+
+def test_trace_takes_its_documented_options_and_refuses_others():
+    """trace() forwards its options to the Tracer it builds; an internal knob (sinks=) or a
+    typo is a TypeError naming it, as for any Python function."""
+    with torchscope.trace(keep=3, steps="1", values=4, optimizer_steps=False) as tr:
+        pass
+    assert tr.steps.text == "1" and tr.summarizer.value_limit == 4
+    assert tr.clock is not None and tr.clock.optimizer_steps is False
+    for bad in ({"sinks": []}, {"step": 1}):
+        with pytest.raises(TypeError, match=repr(next(iter(bad)))):
+            torchscope.trace(**bad)

@@ -7,26 +7,30 @@ and the file readers run on machines without torch.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from torchscope.analysis.trace import Trace
     from torchscope.tracer.agent import Agent
     from torchscope.tracer.armed.session import Tracer
 
 
-def trace(
-    record: str | os.PathLike | None = None,
-    *,
-    steps: str | int | None = None,
-    values: int = 16,
-    keep: bool | int = True,
-    optimizer_steps: bool = True,
-    optimizer_ops: bool = False,
-    live: bool | None = None,
-) -> Tracer:
+class TraceOptions(TypedDict, total=False):
+    """What ``trace()`` takes besides ``record``; its docstring says what each does."""
+
+    steps: str | int | None
+    values: int
+    keep: bool | int
+    optimizer_steps: bool
+    optimizer_ops: bool
+    live: bool | None
+
+
+def trace(record: str | os.PathLike | None = None, **options: Unpack[TraceOptions]) -> Tracer:
     """Trace the code in a ``with`` block on this thread.
 
     record: write a trace file there (nothing touches the disk without it).
@@ -43,17 +47,12 @@ def trace(
         ``TORCHSCOPE_LIVE=1`` environment variable). To make a whole job attachable instead,
         see ``serve()``.
     """
+    unknown = sorted(options.keys() - TraceOptions.__annotations__.keys())
+    if unknown:
+        raise TypeError(f"trace() got an unexpected keyword argument {unknown[0]!r}")
     from torchscope.tracer.armed.session import Tracer
 
-    return Tracer(
-        record,
-        steps=steps,
-        values=values,
-        keep=keep,
-        optimizer_steps=optimizer_steps,
-        optimizer_ops=optimizer_ops,
-        live=live,
-    )
+    return Tracer(record, **options)
 
 
 def step(n: int | None = None) -> None:
