@@ -457,6 +457,10 @@ class Agent:
         if tracer is not None:
             tracer.stop()  # the armed period's last events are delivered first
             self._announce(released, DORMANT)
+            if self.publisher is not None:
+                # A dormant job keeps none of it: the UIs reading now get it all, one that
+                # joins later starts from the next armed period.
+                self.publisher.forget()
             if self.started:
                 self._say_holders(f"dormant again at step {self.clock.step}", hold)
         elif released:

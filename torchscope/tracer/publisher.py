@@ -75,6 +75,8 @@ REQUESTS_PER_TURN = 100  # control messages handled before publishing again
 EVENTS_PER_TURN = 20_000  # events framed before looking at control again
 # How often the thread takes the queue while a UI reads (a frame's latency, at most).
 READER_TURN = 0.02
+# Queued by forget(): the ring drops what came before it. An empty batch, known by identity.
+_FORGET: list[Any] = []
 
 
 class EventPublisher:
@@ -205,10 +207,14 @@ class EventPublisher:
                 self._pending.append(events)
                 self._pending_count += n
                 # Bounded: a publisher that cannot keep up loses the oldest events, counted.
+                forget = False
                 while self._pending_count > self.max_pending:
                     old = self._pending.popleft()
+                    forget = forget or old is _FORGET
                     self._pending_count -= len(old)
                     self._dropped_queue += len(old)
+                if forget:  # still owed: everything before it is gone, the ring's old part too
+                    self._pending.appendleft(_FORGET)
                 # The thread takes the queue on its own turn: every READER_TURN seconds while a
                 # UI reads, at most 0.25 s on (or when a snapshot is asked for) while none
                 # does. Waking it per batch would make it fight the training thread for the
@@ -221,6 +227,15 @@ class EventPublisher:
                 self._wake_w.send(b"\0")
         except Exception:
             pass  # never into the job
+
+    def forget(self) -> None:
+        """Snapshots leave out every event queued so far: they still go out to the UIs
+        subscribed now, and then the ring lets go of them (a dormant agent keeps none of its
+        last armed period; a UI that joins later starts from the next one)."""
+        if not self._accepting:
+            return
+        with self._lock:
+            self._pending.append(_FORGET)
 
     def note_step(self, step: int) -> None:
         """The job's current step, reported by hello, snapshots and heartbeats."""
@@ -446,6 +461,11 @@ class EventPublisher:
                     break
                 batch = self._pending.popleft()
                 self._pending_count -= len(batch)
+            if batch is _FORGET:
+                # Events of ``buf`` are in the ring already: a snapshot's frame number covers
+                # them once sent, and a UI that joins from now on never sees them.
+                self._ring.clear()
+                continue
             taken += len(batch)
             if self.ring_size:
                 self._ring.extend(batch)
