@@ -19,7 +19,7 @@ from torchscope.protocol.breakpoints import AFTER, BEFORE
 from torchscope.protocol.events import GRAD, GRAPH, OP, Event
 from torchscope.tracer.armed.modules import is_fsdp2
 from torchscope.tracer.armed.recorder import Recorder
-from torchscope.tracer.armed.recording import thread_name
+from torchscope.tracer.armed.recording import THIS_THREAD, is_grad_enabled
 from torchscope.tracer.armed.source import user_frame
 from torchscope.tracer.armed.summary import tensor_meta
 
@@ -261,7 +261,7 @@ class BackwardRecorder(Recorder):
                         grad_fn=None,
                         nodes=[],
                         duration_us=0.0,
-                        thread=thread_name(),
+                        thread=THIS_THREAD.name,
                         group_size=_ddp_world(ddp),
                         backward=self.backward_index,
                     )
@@ -271,8 +271,9 @@ class BackwardRecorder(Recorder):
         """Post-hook of one node: runs on the thread that executes the node."""
         info["executed"] = True
         try:
-            # Backward hooks run with grad mode off, unless create_graph=True.
-            with self.recording:
+            # Backward hooks run with grad mode off, unless create_graph=True: the lock is
+            # then all the summaries need (and costs no Python call).
+            with self.recording if is_grad_enabled() else self.pipeline.lock:
                 # Loops, not comprehensions: a comprehension costs a frame, and this runs
                 # for every node.
                 summary_of = self.summaries.summary_of
@@ -339,7 +340,7 @@ class BackwardRecorder(Recorder):
             param=info["param"],
             grad_inputs=gi,
             grad_outputs=go,
-            thread=thread_name(),
+            thread=THIS_THREAD.name,
         )
 
 

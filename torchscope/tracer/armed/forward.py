@@ -37,7 +37,7 @@ from torchscope.tracer.armed.calls import (
 )
 from torchscope.tracer.armed.collectives import COLLECTIVES, group_size, is_async, written_tensors
 from torchscope.tracer.armed.recorder import Recorder
-from torchscope.tracer.armed.recording import thread_name
+from torchscope.tracer.armed.recording import THIS_THREAD
 from torchscope.tracer.armed.source import user_frame, user_site
 
 # Looked up once: __torch_function__ runs for every torch call of the job (dynamo recognises
@@ -160,7 +160,7 @@ class ForwardRecorder(Recorder):
             grad_fn=node_name(gf0) if gf0 is not None else None,
             nodes=nodes,
             duration_us=(t1 - t0) / 1000,
-            thread=thread_name(),
+            thread=THIS_THREAD.name,
         )
         if _has_inf_scalar(args, kwargs):
             event["inf_arg"] = True  # an Inf it makes is on purpose (masked_fill(m, -inf))
@@ -195,7 +195,7 @@ class ForwardRecorder(Recorder):
             grad_fn=None,
             nodes=[],
             duration_us=(t1 - pending.t0) / 1000,
-            thread=thread_name(),
+            thread=THIS_THREAD.name,
             group_size=group_size(name, args, kwargs),
         )
         if pending_data:

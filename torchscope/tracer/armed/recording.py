@@ -26,7 +26,7 @@ class ArmedState(Protocol):
     def meet_ranks(self, what: str) -> None: ...
 
 
-_is_grad_enabled = torch._C.is_grad_enabled
+is_grad_enabled = torch._C.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 
 
@@ -48,7 +48,7 @@ class GradOffLocked:
 
     def __enter__(self) -> None:
         self._lock.acquire()
-        was = _is_grad_enabled()
+        was = is_grad_enabled()
         if was:
             _set_grad_enabled(False)
         self._was.append(was)
@@ -59,13 +59,13 @@ class GradOffLocked:
         self._lock.release()
 
 
-_thread_local = threading.local()
+class _ThisThread(threading.local):
+    """``THIS_THREAD.name``: the calling thread's name, read as a plain attribute (no call per
+    event). Set once per thread, at its first read (a new thread may reuse a dead one's ident:
+    the name is the thread's own, not its ident's)."""
+
+    def __init__(self) -> None:
+        self.name = threading.current_thread().name
 
 
-def thread_name() -> str:
-    # Per-thread cache (not by ident: a new thread may reuse a dead one's ident).
-    try:
-        return _thread_local.name
-    except AttributeError:
-        _thread_local.name = threading.current_thread().name
-        return _thread_local.name
+THIS_THREAD = _ThisThread()

@@ -34,7 +34,7 @@ from torchscope.tracer.armed.forward import ForwardMode, ForwardRecorder
 from torchscope.tracer.armed.modules import ModuleTracker
 from torchscope.tracer.armed.pausing import Pauser
 from torchscope.tracer.armed.pipeline import EventPipeline, Sink
-from torchscope.tracer.armed.recording import thread_name
+from torchscope.tracer.armed.recording import THIS_THREAD
 from torchscope.tracer.armed.summary import Summarizer
 from torchscope.tracer.armed.tensors import TensorSummaries
 from torchscope.tracer.clock import StepClock
@@ -144,7 +144,7 @@ class Tracer:
         self._report_once = ReportOnce("", "tracing continues")
         self._on_alert = on_alert
         self._owner = threading.get_ident()
-        self._owner_name = thread_name()
+        self._owner_name = THIS_THREAD.name
         self.mode: ForwardMode | None = None  # built at start(), with the recorders
         self.backward: BackwardRecorder | None = None
         self._mode_pushed = False
@@ -189,7 +189,7 @@ class Tracer:
         if self._on_alert is not None:
             pipeline.alerts.on_alert = self._on_alert
         self._owner = self.modules.owner = threading.get_ident()
-        self._owner_name = thread_name()
+        self._owner_name = THIS_THREAD.name
         self._build_recorders(pipeline)
         caller_warnings.install()
         _current = self
@@ -229,7 +229,7 @@ class Tracer:
         self.started = True
         if threading.get_ident() != outer._owner:
             print(
-                f"torchscope: trace() on thread {thread_name()!r} is not traced: "
+                f"torchscope: trace() on thread {THIS_THREAD.name!r} is not traced: "
                 f"{outer._owner_name!r} is (one traced thread per process)",
                 file=sys.stderr,
             )
