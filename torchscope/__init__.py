@@ -104,7 +104,7 @@ def serve(
     ``watch="nan"`` (or ``"gradnorm:X"``) checks every step before the update for NaN/Inf
     gradients and loss, for about one fused reduction and one host sync per step, and
     replays a bad step traced to name its origin; ``on_nan`` is then ``"continue"``,
-    ``"pause"`` or ``"stop"`` (raises ``torchscope.tracer.watch.nan_watch.WatchStop`` from
+    ``"pause"`` or ``"stop"`` (raises ``torchscope.tracer.watch.WatchStop`` from
     ``optimizer.step()``, before the update).
     """
     import atexit

@@ -1,3 +1,11 @@
 """What the NaN watch owns: the always-on check of every step (``nan_watch``), what it captures
 of the step to replay it (``capture``), and the traced replay of a bad step that names the
-origin (``replay``)."""
+origin (``replay``).
+
+``WatchStop`` (raised from ``optimizer.step()`` under ``on_nan="stop"``) is importable from here,
+the path ``serve()`` documents.
+"""
+
+from torchscope.tracer.watch.nan_watch import WatchStop
+
+__all__ = ["WatchStop"]
