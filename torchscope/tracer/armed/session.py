@@ -110,10 +110,12 @@ class Tracer:
         self.optimizer_ops = optimizer_ops
         self.live = os.environ.get("TORCHSCOPE_LIVE") == "1" if live is None else live
         self.metadata = dict(metadata or {})
-        self.outputs = Outputs(sinks)
+        self._sinks = list(sinks)  # the caller's; each start adds the file and the stream
+        self.outputs = Outputs()
         # Driven by the process-long agent (torchscope.tracer.agent), the tracer lives while
         # armed: the agent owns the step clock, the stepper, the live stream and the numbering.
         self.driven = driven
+        self.clock: StepClock | None = None
         if driven is None:
             driven = DrivenBy(None, 0, itertools.count().__next__)
             if self.live or breakpoints or wait or stepping:
@@ -124,11 +126,7 @@ class Tracer:
             if optimizer_steps or not optimizer_ops:
                 # Standalone, the tracer counts steps itself; driven, the agent's clock calls
                 # the same three methods (update_begins, update_ends, boundary).
-                self.clock: StepClock | None = StepClock(self, optimizer_steps=optimizer_steps)
-            else:
-                self.clock = None
-        else:
-            self.clock = None
+                self.clock = StepClock(self, optimizer_steps=optimizer_steps)
         self.stepper = driven.stepper
         self.step_index = driven.step
         self.next_seq = driven.next_seq
@@ -173,6 +171,7 @@ class Tracer:
             return self._start_nested(_current)
         outputs = self.outputs
         session = self._session_event() if self.driven is None else None
+        outputs.sinks = list(self._sinks)
         if self._keep:
             outputs.sinks.insert(0, self.trace.events.extend)
         if self.record is not None:
