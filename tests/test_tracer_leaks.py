@@ -82,3 +82,25 @@ def test_tracer_objects_are_freed_after_stop():
     assert ref() is None, "the stopped tracer is still referenced (hooks, globals, threads)"
     assert session.current_tracer() is None
     assert len(events) > 0
+
+
+def test_listening_to_backward_calls_again_and_again_leaves_nothing():
+    """The watch switched on and off from a UI listens and stops listening each time: the
+    wrapper of torch.autograd.backward it installs goes with the last listener."""
+    from torchscope.tracer import backward_calls
+    from torchscope.tracer.armed.calls import BACKWARD_CALLS
+
+    class Listener:
+        def backward_begins(self, kwargs):
+            return None
+
+        def backward_ends(self, ok):
+            pass
+
+    original, known = torch.autograd.backward, len(BACKWARD_CALLS)
+    for _ in range(50):
+        handle = backward_calls.listen(Listener())
+        assert torch.autograd.backward is not original
+        handle.remove()
+    assert torch.autograd.backward is original
+    assert len(BACKWARD_CALLS) == known

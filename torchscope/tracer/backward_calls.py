@@ -110,6 +110,9 @@ class Listening:
             if not _listeners and _original is not None:
                 if torch.autograd.backward is _wrapper:
                     torch.autograd.backward = _original
+                from torchscope.tracer.armed.calls import BACKWARD_CALLS
+
+                BACKWARD_CALLS.pop(_wrapper, None)  # each listen() makes a new one
                 _original = _wrapper = None
 
 
