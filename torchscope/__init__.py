@@ -28,6 +28,7 @@ class TraceOptions(TypedDict, total=False):
     optimizer_steps: bool
     optimizer_ops: bool
     live: bool | None
+    aten: bool | str
 
 
 def trace(record: str | os.PathLike | None = None, **options: Unpack[TraceOptions]) -> Tracer:
@@ -46,6 +47,8 @@ def trace(record: str | os.PathLike | None = None, **options: Unpack[TraceOption
         pause, step and breakpoint commands while the block runs (default: the
         ``TORCHSCOPE_LIVE=1`` environment variable). To make a whole job attachable instead,
         see ``serve()``.
+    aten: also record every aten call under the ops and backward nodes (``True``), or only
+        those inside modules whose path matches this regular expression; off by default.
     """
     unknown = sorted(options.keys() - TraceOptions.__annotations__.keys())
     if unknown:
@@ -88,6 +91,7 @@ def serve(
     lease: float = 10.0,
     values: int = 16,
     optimizer_ops: bool = False,
+    aten: bool | str | None = None,
     quiet: bool = False,
     watch: str | None = None,
     on_nan: str = "continue",
@@ -112,12 +116,14 @@ def serve(
     from torchscope.protocol.breakpoints import parse_break_spec
     from torchscope.tracer.agent import ServeOptions, current_agent
     from torchscope.tracer.agent import serve as start_agent
+    from torchscope.tracer.armed.aten import aten_scope
     from torchscope.tracer.steps import WATCH_POLICIES, parse_steps, parse_watch
 
     running = current_agent()
     if running is not None:
         return running
     parse_steps(steps)  # a bad spec fails here, with its one line
+    aten_scope(aten)
     if watch is not None:
         parse_watch(watch)
     if on_nan not in WATCH_POLICIES:
@@ -132,6 +138,7 @@ def serve(
         hold=hold,
         lease=lease,
         optimizer_ops=optimizer_ops,
+        aten=aten,
         quiet=quiet,
         watch=watch,
         on_nan=on_nan,

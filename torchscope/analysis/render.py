@@ -13,6 +13,7 @@ from typing import Any
 
 from torchscope.protocol.events import (
     ALERT,
+    ATEN,
     ERROR,
     GRAD,
     GRAPH,
@@ -82,6 +83,18 @@ def text_line(ev: Event) -> str:
         return (
             f"{head}grad  {ev.get('node', ''):<34} {param:<22} "
             f"in: ({go})  out: ({gi})  {short_source(ev.get('source'))}"
+        )
+    if kind == ATEN:
+        outs = ev.get("outputs") or []
+        shapes = " ".join(shape_text(s) for s in outs)
+        stat = " ".join(compact_stat(s) for s in outs)
+        if ev.get("node"):
+            parent = f"{'sum into' if ev.get('accumulate') else 'in'} {ev['node']}"
+        else:
+            parent = f"in op {ev['op_seq']}" if ev.get("op_seq") is not None else ""
+        return (
+            f"{head}aten    {ev.get('name', ''):<32} {parent:<22} {shapes:<16} {stat:<22} "
+            f"{ev.get('module') or '-'}"
         )
     if kind == ALERT:
         return f"{head}ALERT {ev.get('message', '')}"

@@ -17,6 +17,7 @@ from torchscope.cli.common import UsageError
 
 RUN_USAGE = r"""usage: torchscope run [--record FILE] [--steps SPEC] [--values N] [--no-live]
                       [--break-on COND] [--wait] [--hold] [--lease SECONDS] [--optimizer-ops]
+                      [--aten[=MODULE_REGEX]]
                       [--watch nan|gradnorm:X] [--on-nan continue|pause|stop]
                       [--quiet] (SCRIPT | -m MODULE) [ARGS ...]
 
@@ -49,6 +50,9 @@ torchscope.step() call; in a job with neither, one per backward()).
   --lease SECONDS a UI that stops answering for this long lets go: a pause it held
                   resumes, its breakpoints go, and the job goes dormant (default 10)
   --optimizer-ops also trace the ops inside optimizer.step()
+  --aten[=REGEX]  traced steps also record every aten call under each op and backward node
+                  (a TorchDispatchMode), or with =REGEX only inside the modules whose path
+                  matches it; off by default (dormant and untraced steps pay nothing)
   --watch SPEC    check every step, before the update, that the gradients and the loss are
                   finite (one fused check, one host sync per step; nothing per op):
                   nan, or gradnorm:X (also a total gradient norm above X). A bad step is
@@ -68,6 +72,7 @@ class RunOptions:
     quiet: bool = False
     live: bool = True
     optimizer_ops: bool = False
+    aten: bool | str | None = None
     breakpoints: list[dict] = field(default_factory=list)
     wait: bool = False
     hold: bool = False
@@ -130,6 +135,8 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
                 opts.module = value
                 opts.args = list(it)
                 return _checked(opts)
+        elif name == "--aten":
+            opts.aten = _aten_spec(inline) if eq else True
         elif tok == "--quiet":
             opts.quiet = True
         elif tok == "--no-live":
@@ -167,6 +174,16 @@ def _checked(opts: RunOptions) -> RunOptions:
     if opts.on_nan != "continue" and not opts.watch:
         raise UsageError(f"--on-nan {opts.on_nan} acts on what --watch finds: add --watch nan")
     return opts
+
+
+def _aten_spec(text: str) -> str:
+    from torchscope.tracer.armed.aten import aten_scope
+
+    try:
+        aten_scope(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return text
 
 
 def _break_spec(text: str) -> dict:
@@ -247,6 +264,7 @@ def cmd_run(opts: RunOptions) -> int:
             hold=opts.hold,
             lease=opts.lease,
             optimizer_ops=opts.optimizer_ops,
+            aten=opts.aten,
             quiet=opts.quiet,
             watch=opts.watch,
             on_nan=opts.on_nan,

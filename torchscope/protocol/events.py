@@ -19,7 +19,8 @@ ERROR = "error"
 PAUSE = "pause"  # the job stopped at an op or node (step-through)
 RESUME = "resume"  # ... and went on: "by" says what let it go (continue, step, lease, ...)
 TRACING = "tracing"  # an attached job armed or went dormant: "state", who holds it
-KINDS = (SESSION, STEP, OP, GRAD, GRAPH, ALERT, ERROR, PAUSE, RESUME, TRACING)
+ATEN = "aten"  # one aten call under an op or a backward node (the aten level, when asked)
+KINDS = (SESSION, STEP, OP, GRAD, GRAPH, ALERT, ERROR, PAUSE, RESUME, TRACING, ATEN)
 
 # What an attached job is doing (session events, hello, heartbeats, ``ls``).
 DORMANT = "dormant"  # counting steps only: no mode, no hooks
@@ -170,6 +171,21 @@ _kind(
     node_id=_INT_OR_NONE,
     param=_STR_OR_NONE,
     message=_STR,
+)
+_kind(
+    ATEN,
+    name=_STR,
+    module=_STR_OR_NONE,
+    source=_STR_OR_NONE,
+    function=_STR_OR_NONE,
+    op_seq=_INT_OR_NONE,
+    node_id=_INT_OR_NONE,
+    node=_STR_OR_NONE,
+    accumulate=_BOOL_OR_NONE,
+    inputs=_SUMMARIES,
+    outputs=_SUMMARIES,
+    duration_us=_NUM_OR_NONE,
+    thread=_STR_OR_NONE,
 )
 _kind(ERROR, where=_STR_OR_NONE, message=_STR_OR_NONE)
 _kind(PAUSE)

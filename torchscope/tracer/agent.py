@@ -77,6 +77,7 @@ class ServeOptions:
     hold: bool = False
     lease: float = 10.0
     optimizer_ops: bool = False
+    aten: bool | str | None = None  # the aten level in traced steps (tracer/armed/aten.py)
     quiet: bool = False
     watch: str | None = None  # "nan", "gradnorm:X": the always-on NaN watch (tracer/watch/)
     on_nan: str = "continue"  # what the watch does after a detection: continue, pause, stop
@@ -441,6 +442,7 @@ class Agent:
             values=opts.values,
             keep=False,
             optimizer_ops=opts.optimizer_ops,
+            aten=opts.aten,
             sinks=self.sinks,
             driven=DrivenBy(self.stepper, step, self.next_seq),
             on_alert=self._on_alert(),

@@ -173,6 +173,9 @@ class BackwardRecorder(Recorder):
         super().__init__(*args, **kwargs)
         self.param_name = self.modules.param_name
         self.backward_index = 0  # backward calls in this step, numbered from 1
+        # Ids of the nodes whose post-hook ran in the backward call in progress (kept only
+        # with the aten level on: what runs under such a node is the engine's own summing).
+        self.done_nodes: set[int] | None = None
 
     def begin_step(self) -> None:
         self.backward_index = 0
@@ -192,6 +195,8 @@ class BackwardRecorder(Recorder):
             batched = bool(kwargs.get("is_grads_batched"))
             hooks = NodeHooks(self, call, root_tensors(call, args, kwargs), batched=batched)
             self.backward_index += 1
+            if self.done_nodes is not None:
+                self.done_nodes.clear()
             frame = user_frame(1)
         except Exception as exc:
             self.report_error("installing backward hooks", exc)
@@ -270,6 +275,8 @@ class BackwardRecorder(Recorder):
     def on_grad(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> None:
         """Post-hook of one node: runs on the thread that executes the node."""
         info["executed"] = True
+        if self.done_nodes is not None:
+            self.done_nodes.add(info["id"])
         try:
             # Backward hooks run with grad mode off, unless create_graph=True: the lock is
             # then all the summaries need (and costs no Python call).

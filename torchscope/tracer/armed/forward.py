@@ -59,6 +59,15 @@ class PendingOp(NamedTuple):
 _pending = tuple.__new__  # PendingOp without a Python-level __new__ frame: once per op
 
 
+class AtenCalls(Protocol):
+    """The aten level as an op sees it (tracer/armed/aten.py): the calls made while the op
+    runs are its own, delivered just before it."""
+
+    def begin_op(self) -> None: ...
+
+    def end_op(self, op: Event | None) -> None: ...
+
+
 class BackwardCalls(Protocol):
     """Where the mode sends ``backward()``/``autograd.grad()`` (the backward recorder)."""
 
@@ -82,6 +91,10 @@ UNINITIALIZED_OPS = frozenset(
 
 class ForwardRecorder(Recorder):
     """One op event per traced call, with the autograd nodes the call created tagged."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.aten: AtenCalls | None = None  # the aten level, when it is on
 
     def before_op(self, name: str, args: tuple, kwargs: dict) -> PendingOp:
         state = self.state
@@ -107,6 +120,8 @@ class ForwardRecorder(Recorder):
                             if t is overwritten
                             else summaries.external(t, deferrable)
                         )
+        if self.aten is not None:
+            self.aten.begin_op()
         return _pending(
             PendingOp, (name, tensors, inputs, _get_sequence_nr(), time.perf_counter_ns())
         )
@@ -134,6 +149,8 @@ class ForwardRecorder(Recorder):
             if result is None and args and isinstance(args[0], torch.Tensor):
                 outs = [args[0]]
             else:
+                if self.aten is not None:
+                    self.aten.end_op(None)
                 return None
         seq_hi = _get_sequence_nr()
         seq = self.next_seq()
@@ -179,6 +196,8 @@ class ForwardRecorder(Recorder):
                     outputs.append(summary_of(t, in_tensors))
                 if not all_finite(outputs):
                     summaries.judge_external(in_tensors, inputs)
+            if self.aten is not None:
+                self.aten.end_op(event)  # the op's aten calls go just before it
             self.pipeline.add(event)
         return event, outs
 
@@ -202,6 +221,8 @@ class ForwardRecorder(Recorder):
             event["async_op"] = True
         with self.recording:
             event["outputs"] = [self.summaries.written(t, pending_data) for t in outs]
+            if self.aten is not None:
+                self.aten.end_op(event)
             self.pipeline.add(event)
         return event, outs
 

@@ -29,6 +29,7 @@ from torchscope.protocol.codec import PROTOCOL_VERSION
 from torchscope.protocol.events import ERROR, SESSION, STEP, Event
 from torchscope.protocol.tracefile import per_rank_path
 from torchscope.tracer.armed import caller_warnings
+from torchscope.tracer.armed.aten import AtenMode, AtenRecorder, aten_scope
 from torchscope.tracer.armed.backward import BackwardRecorder
 from torchscope.tracer.armed.forward import ForwardMode, ForwardRecorder
 from torchscope.tracer.armed.modules import ModuleTracker
@@ -103,8 +104,10 @@ class Tracer:
         sinks: list[Sink] = (),  # type: ignore[assignment]
         driven: DrivenBy | None = None,
         on_alert: Callable[[Event], None] | None = None,
+        aten: bool | str | None = None,
     ) -> None:
         self.steps = parse_steps(steps)
+        self.aten_scope = aten_scope(aten)  # None: the aten level is off
         self.record = per_rank_path(os.fspath(record)) if record is not None else None
         self.optimizer_steps = optimizer_steps
         self.optimizer_ops = optimizer_ops
@@ -145,6 +148,7 @@ class Tracer:
         self._owner_name = THIS_THREAD.name
         self.mode: ForwardMode | None = None  # built at start(), with the recorders
         self.backward: BackwardRecorder | None = None
+        self.aten_mode: AtenMode | None = None
         self._mode_pushed = False
         self.step_traced = False
         # Meet the other ranks before collectives (set by the agent while the command line
@@ -215,7 +219,14 @@ class Tracer:
         parts = (self, pipeline, self.summaries, self.modules, self.next_seq, self.report_error)
         ids = {"run_id": self.run_id, "new_node_id": _new_node_id, "pauser": pauser}
         self.backward = BackwardRecorder(*parts, **ids)
-        self.mode = ForwardMode(ForwardRecorder(*parts, **ids), self.backward)
+        forward = ForwardRecorder(*parts, **ids)
+        self.mode = ForwardMode(forward, self.backward)
+        if self.aten_scope is not None:
+            done = self.backward.done_nodes = set()
+            forward.aten = aten = AtenRecorder(
+                *parts, **ids, scope=self.aten_scope, done_nodes=done
+            )
+            self.aten_mode = AtenMode(aten)
 
     def _start_nested(self, outer: Tracer) -> Tracer:
         """``trace()`` inside a traced run (``torchscope run`` of a script that calls it):
@@ -267,9 +278,9 @@ class Tracer:
         file write, no lock (another parent thread may have held one at the fork)."""
         self.started = False
         if self.mode is not None:
-            self.mode.enabled = False
-            if self._mode_pushed and self._mode_on_top():
-                self.mode.__exit__(None, None, None)
+            self._enable_modes(False)
+            if self._mode_pushed:
+                self._pop_modes()
         self._mode_pushed = False
         if self.clock is not None:
             self.clock.remove()
@@ -342,12 +353,11 @@ class Tracer:
         # The update's own ops (one or more per parameter) are not the model's ops; skipping
         # them halves a small model's cost. A NaN the update writes into a weight is still
         # caught: it shows up as a non-finite parameter at its first use (an input alert).
-        self.mode.enabled = False
+        self._enable_modes(False)
         # Off the mode stack, the update's calls (p.grad reads, add_, several per parameter)
         # do not even reach the mode: they run exactly as they would untraced.
-        if self._mode_pushed and self._mode_on_top():
-            self.mode.__exit__(None, None, None)
-            self._mode_pushed = False
+        if self._mode_pushed:
+            self._pop_modes()
         return True
 
     def update_ends(self) -> None:
@@ -392,20 +402,33 @@ class Tracer:
             self.modules.install()
         else:
             self.modules.remove()
-        mode = self.mode
-        assert mode is not None
-        mode.enabled = active
+        self._enable_modes(active)
         on_owner = threading.get_ident() == self._owner
         if active and not self._mode_pushed and on_owner:
-            mode.__enter__()
+            self.mode.__enter__()  # type: ignore[union-attr]
+            if self.aten_mode is not None:
+                self.aten_mode.__enter__()
             self._mode_pushed = True
-        elif not active and self._mode_pushed and on_owner and self._mode_on_top():
-            mode.__exit__(None, None, None)
-            self._mode_pushed = False
+        elif not active and self._mode_pushed and on_owner:
+            self._pop_modes()
 
-    def _mode_on_top(self) -> bool:
+    def _enable_modes(self, enabled: bool) -> None:
+        self.mode.enabled = enabled  # type: ignore[union-attr]
+        if self.aten_mode is not None:
+            self.aten_mode.enabled = enabled
+
+    def _pop_modes(self) -> None:
+        """Our modes off their stacks, each only if it is on top (a mode the job pushed since
+        stays, and ours under it: leaving it disabled is all that can be done)."""
+        aten = self.aten_mode
+        if aten is not None:
+            n = torch._C._len_torch_dispatch_stack()
+            if n > 0 and torch._C._get_dispatch_stack_at(n - 1) is aten:
+                aten.__exit__(None, None, None)
         n = torch._C._len_torch_function_stack()
-        return n > 0 and torch._C._get_function_stack_at(n - 1) is self.mode
+        if n > 0 and torch._C._get_function_stack_at(n - 1) is self.mode:
+            self.mode.__exit__(None, None, None)  # type: ignore[union-attr]
+            self._mode_pushed = False
 
     def gate(self, gated: bool, scope: str) -> None:
         """Whether this step's collectives meet the other ranks first, in which agreed period

@@ -1,0 +1,162 @@
+"""The aten level: every aten call under the ops and backward nodes, linked to its parent."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchscope
+from torchscope.protocol.events import ATEN
+
+
+def aten_events(tr) -> list:
+    return [e for e in tr.events if e.kind == ATEN]
+
+
+def seed_example(**trace_args):
+    x = torch.tensor(2.0, requires_grad=True)
+    y = torch.tensor(2.0, requires_grad=True)
+    with torchscope.trace(**trace_args) as tr:
+        out = x * y + x / y
+        (gx,) = torch.autograd.grad(out, x)
+    return tr, gx
+
+
+def test_the_seed_example_at_the_aten_level_forward_and_backward():
+    tr, gx = seed_example(aten=True)
+    assert tr.errors == []
+    ops = {e.name: e for e in tr.ops}
+    calls = aten_events(tr)
+    forward = [e for e in calls if e.node is None and e.op_seq is not None]
+    # forward: each op's aten call, linked to it, delivered just before it
+    assert [(e.name, e.op_seq) for e in forward] == [
+        ("aten.mul.Tensor", ops["Tensor.mul"].seq),
+        ("aten.div.Tensor", ops["Tensor.div"].seq),
+        ("aten.add.Tensor", ops["Tensor.add"].seq),
+    ]
+    for e in forward:
+        op = ops[f"Tensor.{e.name.split('.')[1]}"]
+        assert e.seq < op.seq and e.source == op.source and e.source.startswith(__file__)
+    # backward: div under DivBackward0; mul, then the engine's add of x's two gradients,
+    # under MulBackward0
+    backward = [(e.name, e.node, bool(e.get("accumulate"))) for e in calls if e.node]
+    assert backward == [
+        ("aten.div.Tensor", "DivBackward0", False),
+        ("aten.mul.Tensor", "MulBackward0", False),
+        ("aten.add.Tensor", "MulBackward0", True),
+    ]
+    grads = {g.node: g for g in tr.grads}
+    by_name = {(e.name, e.node): e for e in calls if e.node}
+    assert by_name[("aten.div.Tensor", "DivBackward0")].node_id == grads["DivBackward0"].node_id
+    # the numbers are autograd's: d/dx (x/y) = 0.5, d/dx (x*y) = 2, summed by the engine 2.5
+    assert by_name[("aten.div.Tensor", "DivBackward0")].outputs[0]["values"] == [0.5]
+    assert by_name[("aten.mul.Tensor", "MulBackward0")].outputs[0]["values"] == [2.0]
+    (acc,) = [e for e in calls if e.get("accumulate")]
+    assert acc.outputs[0]["values"] == [gx.item()] == [2.5]
+
+
+def test_the_aten_level_is_off_unless_asked_and_leaves_no_mode_behind():
+    tr, _ = seed_example()
+    assert aten_events(tr) == []
+    tr, _ = seed_example(aten=True)
+    assert aten_events(tr)
+    assert torch._C._len_torch_dispatch_stack() == 0
+    assert torch._C._len_torch_function_stack() == 0
+
+
+def test_the_tracers_own_reductions_are_never_recorded():
+    x = torch.randn(64, 32, requires_grad=True)
+    w = torch.randn(32, 16, requires_grad=True)
+    with torchscope.trace(aten=True) as tr:
+        (x @ w).relu().sum().backward()
+    names = {e.name for e in aten_events(tr)}
+    assert "aten.mm.default" in names and "aten.threshold_backward.default" in names
+    # summaries reduce every tensor with aminmax, sum and dot: none of them is the job's
+    assert not names & {"aten.aminmax.default", "aten.dot.default"}, names
+
+
+def test_a_nan_made_inside_cross_entropy_is_seen_in_its_log_softmax_call():
+    logits = torch.zeros(2, 5, requires_grad=True)
+    target = torch.tensor([1, 3])
+    bad = logits.detach().clone()
+    bad[0] = float("-inf")  # a row of -inf logits: log_softmax makes NaN there
+    with torchscope.trace(aten=True) as tr:
+        F.cross_entropy(bad.requires_grad_(), target)
+    (ce,) = [e for e in tr.ops if e.name == "torch.nn.functional.cross_entropy"]
+    under = [e for e in aten_events(tr) if e.op_seq == ce.seq and e.name != "aten.detach.default"]
+    assert [e.name for e in under] == ["aten._log_softmax.default", "aten.nll_loss_forward.default"]
+    log_softmax = under[0]
+    assert log_softmax.outputs[0]["stats"]["nan"] == 5
+    assert log_softmax.inputs[0]["stats"] is None or log_softmax.inputs[0]["stats"]["nan"] == 0
+
+
+def test_a_module_regex_keeps_the_calls_inside_that_module_only():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x = torch.randn(4, 8)
+    with torchscope.trace(aten=r"^2$") as tr:
+        model(x).sum().backward()
+    calls = aten_events(tr)
+    assert calls and {e.module for e in calls} == {"2"}
+    assert {e.node for e in calls if e.node} <= {"AddmmBackward0", "TBackward0", "AccumulateGrad"}
+    with torchscope.trace(aten=True) as everything:
+        model(x).sum().backward()
+    assert {"0", "1", "2"} <= {e.module for e in aten_events(everything)}
+
+
+def test_losses_are_bit_identical_with_the_aten_level_on():
+    def train(ctx) -> list[float]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4)
+        )
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        losses = []
+        with ctx:
+            for _ in range(5):
+                loss = F.mse_loss(model(torch.randn(8, 8)), torch.zeros(8, 4))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        return losses
+
+    import contextlib
+
+    plain = train(contextlib.nullcontext())
+    traced = train(torchscope.trace(aten=True, keep=False))
+    assert traced == plain
+
+
+def test_a_bad_module_regex_is_one_line():
+    with pytest.raises(ValueError, match="not a regular expression"):
+        torchscope.trace(aten="(")
+
+
+def test_run_records_aten_calls_into_the_file(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import torch\nx = torch.tensor(2.0, requires_grad=True)\n(x * x).backward()\n"
+    )
+    out = tmp_path / "t.tsc"
+    run = [sys.executable, "-m", "torchscope", "run", "--quiet", "--no-live"]
+    proc = subprocess.run(
+        [*run, "--aten", "--record", str(out), str(script)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    calls = [e for e in torchscope.load(out).events if e.kind == ATEN]
+    assert ("aten.mul.Tensor", None) in {(e.name, e.node) for e in calls}
+    assert ("aten.mul.Tensor", "MulBackward0") in {(e.name, e.node) for e in calls}
+    dump = subprocess.run(
+        [sys.executable, "-m", "torchscope", "dump", str(out)], capture_output=True, text=True
+    )
+    assert dump.returncode == 0
+    lines = [line for line in dump.stdout.splitlines() if " aten " in line]
+    assert any("aten.mul.Tensor" in line and "in MulBackward0" in line for line in lines)
+    bad = subprocess.run([*run, "--aten=(", str(script)], capture_output=True, text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert "not a regular expression" in bad.stderr

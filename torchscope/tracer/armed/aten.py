@@ -1,0 +1,161 @@
+"""The aten level: every aten call under the forward ops and backward nodes (a
+TorchDispatchMode), off until asked (``trace(aten=True)``, ``run --aten[=MODULE_REGEX]``).
+
+Each call is an ``aten`` event linked to its parent: in forward, the op event that issued it
+(``op_seq``; the op's calls are delivered just before the op, which is numbered once it has
+run); in backward, the node it ran for (``node_id``, from ``torch._C._current_autograd_node()``),
+or, once that node's post-hook has fired, the autograd engine summing the gradients that reach
+a tensor by two paths (``accumulate``). Module path and source line are the parent's.
+
+The tracer's own reductions run under the pipeline's lock: a call made while this thread holds
+it is torchscope's, never recorded.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from torchscope.protocol.events import ATEN, Event
+from torchscope.tracer.armed.backward import NODE_ID, NODE_MOD, NODE_SRC, node_name
+from torchscope.tracer.armed.calls import iter_tensors, result_tensors
+from torchscope.tracer.armed.recorder import Recorder
+from torchscope.tracer.armed.recording import THIS_THREAD
+
+_current_node = torch._C._current_autograd_node
+_names: dict[Any, str] = {}
+
+
+def aten_name(func: Any) -> str:
+    """``aten.mm.default``: the overload as PyTorch prints it."""
+    name = _names.get(func)
+    if name is None:
+        name = _names[func] = str(func)
+    return name
+
+
+def aten_scope(aten: bool | str | None) -> re.Pattern | None:
+    """What ``aten=`` asks for: None (off), or the module paths whose calls are recorded
+    (every one for ``True`` or ``""``). A bad pattern is a ValueError in one line."""
+    if aten is None or aten is False:
+        return None
+    if aten is True:
+        return re.compile("")
+    try:
+        return re.compile(aten)
+    except re.error as exc:
+        raise ValueError(f"--aten: {aten!r} is not a regular expression: {exc}") from None
+
+
+class AtenRecorder(Recorder):
+    def __init__(self, *args: Any, scope: re.Pattern, done_nodes: set[int], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.scope = scope
+        self._everywhere = not scope.pattern
+        self.done_nodes = done_nodes  # nodes whose post-hook ran, in this backward call
+        self.children: list[Event] | None = None  # calls of the forward op in progress
+
+    def begin_op(self) -> None:
+        self.children = []
+
+    def end_op(self, op: Event | None) -> None:
+        """The op has run and has its number: its calls go out first, linked to it (None:
+        the call made no op event, its aten calls go out unlinked)."""
+        children, self.children = self.children, None
+        if not children:
+            return
+        if op is not None:
+            seq, source, function = op["seq"], op.get("source"), op.get("function")
+            for ev in children:
+                ev["op_seq"] = seq
+                ev["source"] = source
+                ev["function"] = function
+        add = self.pipeline.add
+        with self.pipeline.lock:
+            for ev in children:
+                add(ev)
+
+    def record(self, func: Any, args: tuple, kwargs: dict, out: Any, t0: int) -> None:
+        t1 = time.perf_counter_ns()
+        outs = result_tensors(out)
+        if not outs:
+            return  # sizes, scalars read out (item): nothing a summary could show
+        node = _current_node()
+        name = aten_name(func)
+        event = Event(
+            kind=ATEN,
+            seq=None,
+            step=self.state.step_index,
+            name=name,
+            module="",
+            source=None,
+            op_seq=None,
+            node_id=None,
+            node=None,
+            inputs=None,
+            outputs=None,
+            duration_us=(t1 - t0) / 1000,
+            thread=THIS_THREAD.name,
+        )
+        if node is None:
+            event["module"] = module = self.modules.current()
+        else:
+            md = node.metadata
+            nid = md.get(NODE_ID)
+            event["module"] = module = md.get(NODE_MOD, "")
+            event["source"] = md.get(NODE_SRC)
+            event["node_id"] = nid
+            event["node"] = node_name(node)
+            if nid in self.done_nodes:
+                event["accumulate"] = True  # the engine summing a tensor's incoming gradients
+        if not self._everywhere and not self.scope.search(module):
+            return
+        ins = iter_tensors(args, kwargs)
+        summaries = self.summaries
+        with self.recording:
+            if name.startswith(("aten.empty", "aten.new_empty")):
+                event["outputs"] = [summaries.uninitialized(t) for t in outs]
+            else:
+                summary_of = summaries.summary_of
+                event["outputs"] = [summary_of(t, ins) for t in outs]
+            # What went in, as far as this step's calls made it (the parent's own inputs
+            # carry the rest: data, weights): metadata otherwise, never old bytes read again.
+            memo_get = summaries.memo.get
+            event["inputs"] = [memo_get(t) or summaries.overwritten(t) for t in ins]
+            event["seq"] = self.next_seq()
+            if node is None and self.children is not None:
+                self.children.append(event)
+            else:
+                self.pipeline.add(event)
+
+
+class AtenMode(TorchDispatchMode):
+    """Hands every aten call to the recorder after it ran; never alters args or results."""
+
+    def __init__(self, recorder: AtenRecorder) -> None:
+        # The first call through a Python dispatch mode imports torch._dynamo (a second on
+        # this CPU): done here, where no op's duration counts it.
+        import torch._dynamo  # noqa: F401
+
+        super().__init__()
+        self.enabled = True
+        self._record = recorder.record
+        self._ours = recorder.pipeline.lock._is_owned  # the tracer's own reductions
+        self._report_error = recorder.report_error
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        if kwargs is None:
+            kwargs = {}
+        if not self.enabled or self._ours():
+            return func(*args, **kwargs)
+        t0 = time.perf_counter_ns()
+        out = func(*args, **kwargs)
+        try:
+            self._record(func, args, kwargs, out, t0)
+        except Exception as exc:
+            self._report_error("aten call", exc)
+        return out
