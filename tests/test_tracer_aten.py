@@ -160,3 +160,45 @@ def test_run_records_aten_calls_into_the_file(tmp_path):
     bad = subprocess.run([*run, "--aten=(", str(script)], capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     assert "not a regular expression" in bad.stderr
+
+
+def test_a_nan_origin_is_named_down_to_the_aten_call_that_made_it():
+    """Forward: a fully masked row of logits (an Inf made on purpose) turns into NaN in
+    cross_entropy's log_softmax, not in its nll_loss. Without the aten level the same origin
+    is named at the op."""
+    logits = torch.zeros(2, 5, requires_grad=True)
+    mask = torch.tensor([[True] * 5, [False] * 5])
+    target = torch.tensor([1, 3])
+
+    def run(**trace_args):
+        with torchscope.trace(**trace_args) as tr:
+            F.cross_entropy(logits.masked_fill(mask, float("-inf")), target)
+        return tr
+
+    tr = run(aten=True)
+    (alert,) = tr.alerts
+    assert alert.message.startswith(
+        "NaN first appears in aten._log_softmax.default inside "
+        "torch.nn.functional.cross_entropy (forward) at "
+    )
+    (made,) = [e for e in aten_events(tr) if e.seq == alert.aten_seq]
+    assert made.name == "aten._log_softmax.default" and made.outputs[0]["stats"]["nan"] == 5
+    (plain,) = run().alerts
+    assert plain.message.startswith(
+        "NaN first appears in torch.nn.functional.cross_entropy (forward)"
+    )
+    assert "aten_seq" not in plain
+
+
+def test_a_nan_made_inside_a_backward_kernel_is_named_with_its_node():
+    x = torch.tensor([0.0, 1.0], requires_grad=True)
+    with torchscope.trace(aten=True) as tr:
+        x.sqrt().sum().backward()
+    (alert,) = tr.alerts
+    (node,) = [g for g in tr.grads if g.node == "SqrtBackward0"]
+    assert alert.message.startswith(
+        f"Inf first appears in aten.div.Tensor inside SqrtBackward0 (node {node.node_id}, "
+        "created by Tensor.sqrt) (backward)"
+    )
+    (made,) = [e for e in aten_events(tr) if e.seq == alert.aten_seq]
+    assert made.node_id == node.node_id and made.outputs[0]["stats"]["inf"] == 1

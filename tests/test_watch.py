@@ -186,6 +186,16 @@ def watch(**kw) -> tuple[NanWatch, list[str]]:
 
 
 # -- tests -----------------------------------------------------------------------------------
+def test_the_replay_runs_at_the_aten_level_and_names_the_kernel():
+    w, _ = watch()
+    train(SqrtNet, sqrt_loop, 4, ctx=w)
+    (det,) = w.detections
+    assert det["origin"] == "torch.sqrt" and det["aten"] == "aten.sqrt.default"
+    assert det["alert"]["message"].startswith(
+        "NaN first appears in aten.sqrt.default inside torch.sqrt (forward) at "
+    )
+
+
 def test_forward_origin_found_by_replay_as_full_tracing_finds_it():
     _, _ = train(SqrtNet, sqrt_loop, 4, ctx=(tr := torchscope.trace()))
     full = first_alert(tr, 3, "forward")

@@ -51,6 +51,7 @@ from torchscope.tracer.ranks import (
 )
 from torchscope.tracer.stepper import Stepper
 from torchscope.tracer.steps import ALL_STEPS, StepSelection, parse_steps
+from torchscope.tracer.watch.capture import REPLAY_ATEN
 
 _agent: Agent | None = None
 WATCH_TRACE_STEPS = 3  # steps traced in full after a NaN the replay could not reproduce
@@ -299,6 +300,7 @@ class Agent:
             values=self.options.values,
             keep=False,
             optimizer_ops=True,
+            aten=REPLAY_ATEN,
             sinks=self.sinks,
             driven=DrivenBy(self.stepper, step, self.next_seq),
             on_alert=self._on_alert(),

@@ -8,6 +8,8 @@
   added to the scores): a fully masked row turning into NaN in ``softmax`` is reported there.
 - A non-finite tensor that enters from outside the traced ops (input data, a parameter the
   optimizer wrote) is reported at its first use.
+- With the aten level on, an origin op or node is named down to the aten call in it that made
+  the value: the first of its calls whose outputs are not finite while the inputs it knows are.
 
 Every op downstream of an origin also has non-finite outputs, but its inputs are not finite
 either, so it is not reported.
@@ -18,7 +20,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from torchscope.protocol.events import ALERT, GRAD, OP, STEP, Event, all_finite
+from torchscope.protocol.events import ALERT, ATEN, GRAD, OP, STEP, Event, all_finite
 from torchscope.tracer.armed.calls import overwrites_first_input
 
 INF_INTENDED = "inf_intended"  # summary flag: its Infs come from an infinite scalar argument
@@ -98,6 +100,10 @@ class AlertDetector:
         self.origins: dict[int, str] = {}
         # Told of every alert made (a multi-rank job shares its origins with the other ranks).
         self.on_alert: Callable[[Event], None] | None = None
+        # The aten level: this step's aten calls with non-finite outputs (they come just
+        # before their op, or before their node's grad event), and the names of its ops.
+        self._bad_calls: list[Event] = []
+        self._op_names: dict[int, str] | None = None
 
     def check(self, event: Event) -> list[Event]:
         kind = event["kind"]
@@ -105,8 +111,18 @@ class AlertDetector:
             self._tainted.clear()
             self._reported_inputs.clear()
             self.origins.clear()
+            self._bad_calls.clear()
+            self._op_names = None
+            return []
+        if kind == ATEN:
+            if self._op_names is None:
+                self._op_names = {}
+            if not all_finite(event.get("outputs")) and len(self._bad_calls) < 10_000:
+                self._bad_calls.append(event)
             return []
         if kind == OP:
+            if self._op_names is not None:
+                self._op_names[event["seq"]] = event["name"]
             if all_finite(event.get("outputs")) and all_finite(event.get("inputs")):
                 return []  # nearly every op: nothing bad on either side
             inputs = event.get("inputs") or []
@@ -132,15 +148,35 @@ class AlertDetector:
                 self._tainted.add(event["seq"])
             what = origin_kind(event)
             if what is not None:
-                alerts.append(self._alert(event, what, "forward", event["name"]))
+                call = self._aten_call(event)
+                alerts.append(self._alert(event, what, "forward", event["name"], call))
             return alerts
         if kind == GRAD:
             if all_finite(event.get("grad_inputs")) or event.get("op_seq") in self._tainted:
                 return []
             what = origin_kind(event)
             if what is not None:
-                return [self._alert(event, what, "backward", event["node"])]
+                call = self._aten_call(event)
+                return [self._alert(event, what, "backward", event["node"], call)]
         return []
+
+    def _aten_call(self, event: Event) -> Event | None:
+        """With the aten level on, the aten call of an origin op or node that made the value:
+        the first of its calls with non-finite outputs whose known inputs are finite."""
+        if not self._bad_calls:
+            return None
+        if event["kind"] == OP:
+            seq = event["seq"]
+            calls = [c for c in self._bad_calls if c.get("op_seq") == seq]
+        else:
+            nid = event.get("node_id")
+            calls = [
+                c for c in self._bad_calls if c.get("node_id") == nid and not c.get("accumulate")
+            ]
+        for call in calls:
+            if _worst(call.get("inputs") or []) is None:
+                return call
+        return None
 
     def _external_inputs(self, event: Event) -> list[Event]:
         out = []
@@ -164,7 +200,9 @@ class AlertDetector:
             out.append(self._alert(event, what, "input", label))
         return out
 
-    def _alert(self, event: Event, what: str, where: str, label: str) -> Event:
+    def _alert(
+        self, event: Event, what: str, where: str, label: str, call: Event | None = None
+    ) -> Event:
         self.origins.setdefault(event["seq"], what)
         source = event.get("source")
         at = f" at {source}" if source else ""
@@ -174,6 +212,13 @@ class AlertDetector:
         if arrived:
             # Finite here, not after the collective: it came from another rank.
             verb, label = "arrives through", f"{label} from another rank"
+        named = label
+        if call is not None:  # "aten.mm.default inside AddmmBackward0 (node 57, created by ...)"
+            named = f"{call['name']} inside {label}"
+            if event["kind"] == GRAD:
+                made_by = (self._op_names or {}).get(event.get("op_seq"))  # type: ignore[arg-type]
+                by = f", created by {made_by}" if made_by else ""
+                named += f" (node {event.get('node_id')}{by})"
         alert = Event(
             kind=ALERT,
             seq=self.next_seq(),
@@ -186,8 +231,10 @@ class AlertDetector:
             source=source,
             node_id=event.get("node_id"),
             param=event.get("param"),
-            message=f"{noun} {verb} {label} ({where}){at}",
+            message=f"{noun} {verb} {named} ({where}){at}",
         )
+        if call is not None:
+            alert["aten"], alert["aten_seq"] = call["name"], call["seq"]
         if arrived:
             alert["arrived"] = True
         if self.on_alert is not None:

@@ -85,13 +85,21 @@ class AtenRecorder(Recorder):
         if not outs:
             return  # sizes, scalars read out (item): nothing a summary could show
         node = _current_node()
+        if node is None:
+            md = None
+            module = self.modules.current()
+        else:
+            md = node.metadata
+            module = md.get(NODE_MOD, "")
+        if not self._everywhere and not self.scope.search(module):
+            return
         name = aten_name(func)
         event = Event(
             kind=ATEN,
             seq=None,
             step=self.state.step_index,
             name=name,
-            module="",
+            module=module,
             source=None,
             op_seq=None,
             node_id=None,
@@ -101,19 +109,13 @@ class AtenRecorder(Recorder):
             duration_us=(t1 - t0) / 1000,
             thread=THIS_THREAD.name,
         )
-        if node is None:
-            event["module"] = module = self.modules.current()
-        else:
-            md = node.metadata
+        if md is not None:
             nid = md.get(NODE_ID)
-            event["module"] = module = md.get(NODE_MOD, "")
             event["source"] = md.get(NODE_SRC)
             event["node_id"] = nid
             event["node"] = node_name(node)
             if nid in self.done_nodes:
                 event["accumulate"] = True  # the engine summing a tensor's incoming gradients
-        if not self._everywhere and not self.scope.search(module):
-            return
         ins = iter_tensors(args, kwargs)
         summaries = self.summaries
         with self.recording:
@@ -127,7 +129,7 @@ class AtenRecorder(Recorder):
             memo_get = summaries.memo.get
             event["inputs"] = [memo_get(t) or summaries.overwritten(t) for t in ins]
             event["seq"] = self.next_seq()
-            if node is None and self.children is not None:
+            if md is None and self.children is not None:
                 self.children.append(event)
             else:
                 self.pipeline.add(event)

@@ -280,7 +280,7 @@ class BackwardRecorder(Recorder):
         try:
             # Backward hooks run with grad mode off, unless create_graph=True: the lock is
             # then all the summaries need (and costs no Python call).
-            with self.recording if is_grad_enabled() else self.pipeline.lock:
+            with self.recording if is_grad_enabled() else self.locked:
                 # Loops, not comprehensions: a comprehension costs a frame, and this runs
                 # for every node.
                 summary_of = self.summaries.summary_of

@@ -25,6 +25,7 @@ class Recorder:
         run_id: int,
         new_node_id: Callable[[], int],
         pauser: Pauser | None,
+        no_dispatch: bool = False,
     ) -> None:
         self.state = state  # read per event: the step, whether ranks meet first
         self.pipeline = pipeline
@@ -36,4 +37,7 @@ class Recorder:
         self.new_node_id = new_node_id  # ids unique in the process (node metadata outlives us)
         self.pauser = pauser  # None: nobody can pause this job
         self.stepper = pauser.stepper if pauser is not None else None
-        self.recording = GradOffLocked(pipeline.lock)  # ``with`` it around summaries
+        # ``with`` it around summaries; with the aten level on, they bypass dispatch modes
+        self.recording = GradOffLocked(pipeline.lock, no_dispatch)
+        # what a summary needs where grad mode is already off (backward hooks)
+        self.locked = self.recording if no_dispatch else pipeline.lock

@@ -28,6 +28,7 @@ class ArmedState(Protocol):
 
 is_grad_enabled = torch._C.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
+_DisableTorchDispatch = torch._C._DisableTorchDispatch
 
 
 class GradOffLocked:
@@ -37,14 +38,17 @@ class GradOffLocked:
     One per recorder, reused: the grad state it restores is kept on a stack that only the
     lock's holder touches, so it nests (a sink adding an event) and serves the autograd
     threads too. Cheaper than ``torch.no_grad()`` plus the lock, on a path that runs for
-    every op and node.
+    every op and node. ``no_dispatch`` (the aten level is on): the reductions also bypass
+    Python dispatch modes, ours and the job's, which would otherwise see every one of them.
     """
 
-    __slots__ = ("_lock", "_was")
+    __slots__ = ("_guards", "_lock", "_no_dispatch", "_was")
 
-    def __init__(self, lock: Any) -> None:  # the pipeline's RLock
+    def __init__(self, lock: Any, no_dispatch: bool = False) -> None:  # the pipeline's RLock
         self._lock = lock
         self._was: list[bool] = []
+        self._no_dispatch = no_dispatch
+        self._guards: list[Any] = []
 
     def __enter__(self) -> None:
         self._lock.acquire()
@@ -52,8 +56,14 @@ class GradOffLocked:
         if was:
             _set_grad_enabled(False)
         self._was.append(was)
+        if self._no_dispatch:
+            guard = _DisableTorchDispatch()
+            guard.__enter__()
+            self._guards.append(guard)
 
     def __exit__(self, *exc: object) -> None:
+        if self._no_dispatch:
+            self._guards.pop().__exit__(None, None, None)
         if self._was.pop():
             _set_grad_enabled(True)
         self._lock.release()

@@ -217,7 +217,12 @@ class Tracer:
                 self._owner,
             )
         parts = (self, pipeline, self.summaries, self.modules, self.next_seq, self.report_error)
-        ids = {"run_id": self.run_id, "new_node_id": _new_node_id, "pauser": pauser}
+        ids = {
+            "run_id": self.run_id,
+            "new_node_id": _new_node_id,
+            "pauser": pauser,
+            "no_dispatch": self.aten_scope is not None,
+        }
         self.backward = BackwardRecorder(*parts, **ids)
         forward = ForwardRecorder(*parts, **ids)
         self.mode = ForwardMode(forward, self.backward)

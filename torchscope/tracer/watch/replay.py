@@ -38,6 +38,7 @@ from torch.optim import optimizer as optimizer_mod
 from torchscope.protocol.events import ALERT
 from torchscope.tracer.armed.backward import NODE_ID, NODE_MOD, NODE_OP, NODE_SRC, node_name
 from torchscope.tracer.watch.capture import (
+    REPLAY_ATEN,
     Backward,
     Call,
     rng_state,
@@ -71,6 +72,7 @@ def default_tracer(step: int) -> Tracer:
         keep=True,
         optimizer_steps=False,
         optimizer_ops=True,
+        aten=REPLAY_ATEN,
         metadata={"replay_of_step": step},
     )
     tracer.step_index = step
@@ -423,6 +425,7 @@ class Replay:
         det["reproduced"] = True
         det["where"] = alert.get("where")
         det["origin"] = alert.get("name")
+        det["aten"] = alert.get("aten")  # the kernel, when the replay saw the aten level
         det["source"] = det.get("source") or alert.get("source")
         det["module"] = det.get("module") or alert.get("module") or None
         det["origin_what"] = alert.get("what")
