@@ -202,3 +202,33 @@ def test_a_nan_made_inside_a_backward_kernel_is_named_with_its_node():
     )
     (made,) = [e for e in aten_events(tr) if e.seq == alert.aten_seq]
     assert made.node_id == node.node_id and made.outputs[0]["stats"]["inf"] == 1
+
+
+def test_a_recorder_asks_for_the_aten_level_in_the_steps_it_arms_only():
+    """`record PID --next 1 --aten` on a dormant job: that step at the aten level; a later
+    `record --next 1` without it arms the function level only; a bad pattern is refused."""
+    from torchscope.tracer.agent import Agent, ServeOptions
+
+    events: list = []
+    agent = Agent(ServeOptions(live=False)).start()
+    agent.sinks.append(events.extend)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        for i in range(8):
+            if i == 2:
+                agent._cmd_arm({"next": 1, "by": "record", "aten": r"^2$"}, b"rec-1")
+            if i == 5:
+                agent._cmd_arm({"next": 1, "by": "record"}, b"rec-2")
+            loss = model(torch.randn(3, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with pytest.raises(ValueError, match="not a regular expression"):
+            agent._cmd_arm({"next": 1, "by": "record", "aten": "("}, b"rec-3")
+    finally:
+        agent.stop()
+    assert {e["step"] for e in events if e["kind"] == "op"} == {3, 6}
+    calls = [e for e in events if e["kind"] == ATEN]
+    assert calls and {e["step"] for e in calls} == {3} and {e["module"] for e in calls} == {"2"}

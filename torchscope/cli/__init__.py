@@ -106,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="arm the job for its next N steps, record them, and let it go dormant again",
     )
+    record.add_argument(
+        "--aten",
+        nargs="?",
+        const="",
+        metavar="MODULE_REGEX",
+        help="also record every aten call in the steps it arms (only inside matching modules)",
+    )
     record.add_argument("--snapshot", type=int, default=10_000, help="recent events to start with")
     record.add_argument("--timeout", type=seconds, default=2.0, help="seconds to wait for the job")
     record.add_argument("--quiet", action="store_true", help="no progress line")

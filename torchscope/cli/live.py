@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -85,6 +86,11 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     if args.next is not None and args.next < 1:
         return fail("--next takes a number of steps, at least 1")
+    if args.aten:
+        try:
+            re.compile(args.aten)
+        except re.error as exc:
+            return fail(f"--aten: {args.aten!r} is not a regular expression: {exc}")
     client = SessionClient()
     holder = None
     try:
@@ -93,7 +99,9 @@ def cmd_record(args: argparse.Namespace) -> int:
         # come first (a job traced from its start).
         snap = {"session": client.session} if args.next else client.snapshot(args.snapshot)
         try:
-            armed = client.request("arm", timeout=args.timeout, next=args.next, by="record")
+            armed = client.request(
+                "arm", timeout=args.timeout, next=args.next, by="record", aten=args.aten
+            )
             holder = armed["holder"]
         except SessionRefused as exc:  # a torchscope.trace(live=True) block: always traced
             if args.next:

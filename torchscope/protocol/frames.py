@@ -301,6 +301,8 @@ register_command(
             # A recorder only records: its contact does not count as a UI's (no --wait
             # release, no say over pauses).
             "by": Str(16, re.compile(r"ui|record"), default="ui"),
+            # The aten level in the steps it holds: "" every aten call, else a module regex.
+            "aten": Str(1000, default=None, nullable=True),
         }
     ),
     _ARMED,

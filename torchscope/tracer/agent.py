@@ -35,6 +35,7 @@ from typing import Any
 
 from torchscope.protocol.events import ARMING, DORMANT, TRACED, TRACING, Event
 from torchscope.tracer import backward_calls
+from torchscope.tracer.armed.aten import aten_scope
 from torchscope.tracer.armed.modules import is_fsdp2
 from torchscope.tracer.armed.session import DrivenBy, Tracer, current_tracer, session_event
 from torchscope.tracer.clock import StepClock
@@ -398,6 +399,9 @@ class Agent:
                 hold.traced = hold.gated = True
             if self.publisher is not None:
                 self.publisher.note_step(step)
+            if hold.traced and self.tracer is not None and self.tracer.aten != self._aten_for(hold):
+                self.tracer.stop()  # the aten level asked for changed: armed anew
+                self.tracer = None
             if hold.traced and self.tracer is None:
                 self._arm(step, hold)
             elif hold.traced:
@@ -429,6 +433,18 @@ class Agent:
             self._periods, self._no_periods = None, True
             return None
 
+    def _aten_for(self, hold: StepHold) -> str | None:
+        """The aten scope of the armed period: the command line's and the holders' together
+        (None: off; "": every call)."""
+        opts = self.options.aten
+        asked = [*([] if opts is None or opts is False else ["" if opts is True else opts])]
+        asked += hold.aten
+        if not asked:
+            return None
+        if "" in asked:
+            return ""
+        return "|".join(f"(?:{a})" for a in dict.fromkeys(asked))
+
     def _arm(self, step: int, hold: StepHold) -> None:
         outer = current_tracer()
         if outer is not None:
@@ -444,7 +460,7 @@ class Agent:
             values=opts.values,
             keep=False,
             optimizer_ops=opts.optimizer_ops,
-            aten=opts.aten,
+            aten=self._aten_for(hold),
             sinks=self.sinks,
             driven=DrivenBy(self.stepper, step, self.next_seq),
             on_alert=self._on_alert(),
@@ -515,7 +531,9 @@ class Agent:
 
     def _cmd_arm(self, args: dict[str, Any], client: bytes) -> dict[str, Any]:
         by = args.get("by") or UI
-        holder = self.holders.add(by, client=client, remaining=args.get("next"))
+        aten = args.get("aten")
+        aten_scope(aten)  # a bad pattern is refused in one line (ValueError)
+        holder = self.holders.add(by, client=client, remaining=args.get("next"), aten=aten)
         if by == UI and self.stepper is not None:
             self.stepper.contact(client)
         if self._periods is not None:

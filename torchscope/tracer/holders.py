@@ -36,6 +36,7 @@ class Holder:
     client: bytes | None = None  # the UI's connection; None: the command line
     steps: StepSelection | None = None  # absolute steps (command line)
     remaining: int | None = None  # the next N steps (record --next N)
+    aten: str | None = None  # the aten level it asks for: "" everywhere, else a module regex
     last_contact: float = field(default_factory=time.monotonic)
 
     @property
@@ -74,6 +75,7 @@ class StepHold:
     by_ui: bool  # a UI holds it (a recorder never pauses: it needs no meeting of the ranks)
     released: list[int] = field(default_factory=list)  # holders gone since the last boundary
     client_left: bool = False  # one of them was a UI or a recorder (said on stderr)
+    aten: list[str] = field(default_factory=list)  # the aten scopes its holders ask for
 
 
 class Holders:
@@ -95,6 +97,7 @@ class Holders:
         client: bytes | None = None,
         steps: StepSelection | None = None,
         remaining: int | None = None,
+        aten: str | None = None,
     ) -> Holder:
         """A new holder; a client's new request replaces its old one."""
         with self._lock:
@@ -102,7 +105,9 @@ class Holders:
                 old = self._client_holder(client)
                 if old is not None:
                     del self._holders[old.id]
-            holder = Holder(next(self._ids), label, client=client, steps=steps, remaining=remaining)
+            holder = Holder(
+                next(self._ids), label, client=client, steps=steps, remaining=remaining, aten=aten
+            )
             self._holders[holder.id] = holder
         return holder
 
@@ -110,6 +115,7 @@ class Holders:
         """Each holder says whether it takes ``step``; those done with their steps go."""
         with self._lock:
             traced = gated = by_ui = False
+            aten = []
             for holder in list(self._holders.values()):
                 takes = holder.takes(step)
                 if takes is None:
@@ -118,9 +124,11 @@ class Holders:
                     traced = traced or takes
                     gated = gated or bool(takes and holder.client is None and holder.steps)
                     by_ui = by_ui or (takes and holder.is_ui)
+                    if takes and holder.aten is not None:
+                        aten.append(holder.aten)
             gone, self._released = self._released, []
         client_left = any(h.client is not None for h in gone)
-        return StepHold(traced, gated, by_ui, [h.id for h in gone], client_left)
+        return StepHold(traced, gated, by_ui, [h.id for h in gone], client_left, aten)
 
     def release(self, client: bytes) -> int:
         """This client lets go: its hold, its breakpoints, and (the last UI) its pauses.

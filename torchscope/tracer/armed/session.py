@@ -107,6 +107,7 @@ class Tracer:
         aten: bool | str | None = None,
     ) -> None:
         self.steps = parse_steps(steps)
+        self.aten = aten if aten is not False else None  # as asked (the agent compares it)
         self.aten_scope = aten_scope(aten)  # None: the aten level is off
         self.record = per_rank_path(os.fspath(record)) if record is not None else None
         self.optimizer_steps = optimizer_steps
