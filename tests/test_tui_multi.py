@@ -424,10 +424,10 @@ async def test_one_ui_over_both_ranks_of_a_real_torchrun_job(tmp_path: Path):
             await until(pilot, lambda: app.lanes[1].paused is not None, 60, "rank 1's NaN")
             assert "1 rank 0" in bar(app) and "2 rank 1" in bar(app)
             assert app.lanes[1].paused["reason"] == "breakpoint 1"
-            await until(pilot, lambda: ("pause", {}) in app.lanes[0].sent, 10, "rank 0 paused")
-            await until(pilot, lambda: "paused" in bar(app), 10, "the bar says so")
+            await until(pilot, lambda: ("pause", {}) in app.lanes[0].sent, 60, "rank 0 paused")
+            await until(pilot, lambda: "paused" in bar(app), 60, "the bar says so")
             # ... against the process group's timeout (5 s), as the ranks' steppers report it
-            await until(pilot, lambda: "of 0:05 pg timeout" in bar(app), 10, "the pg timeout")
+            await until(pilot, lambda: "of 0:05 pg timeout" in bar(app), 60, "the pg timeout")
             await pilot.press("c")
             await until(pilot, lambda: all(("continue", {}) in lane.sent for lane in app.lanes))
             await until(pilot, lambda: app.lanes[1].paused is None, 30, "rank 1 goes on")
