@@ -232,3 +232,36 @@ def test_a_recorder_asks_for_the_aten_level_in_the_steps_it_arms_only():
     assert {e["step"] for e in events if e["kind"] == "op"} == {3, 6}
     calls = [e for e in events if e["kind"] == ATEN]
     assert calls and {e["step"] for e in calls} == {3} and {e["module"] for e in calls} == {"2"}
+
+
+def test_perfetto_nests_aten_calls_in_their_op_and_node_and_pandas_tables_them(tmp_path):
+    import json
+
+    from torchscope.export.perfetto import write
+
+    tr, _ = seed_example(aten=True)
+    out = tmp_path / "t.json"
+    with open(out, "w") as f:
+        write(tr.events, f)
+    slices = [e for e in json.loads(out.read_text())["traceEvents"] if e.get("ph") == "X"]
+    by_name = {}
+    for e in slices:
+        by_name.setdefault((e["name"], e["cat"]), []).append(e)
+
+    def inside(child, parent):
+        return (
+            child["tid"] == parent["tid"]
+            and parent["ts"] <= child["ts"]
+            and child["ts"] + child["dur"] <= parent["ts"] + parent["dur"] + 1e-6
+        )
+
+    (div_op,) = by_name[("Tensor.div", "forward")]
+    (div_node,) = by_name[("DivBackward0", "backward")]
+    divs = by_name[("aten.div.Tensor", "aten")]
+    assert any(inside(c, div_op) for c in divs) and any(inside(c, div_node) for c in divs)
+    (engine_sum,) = [c for c in by_name[("aten.add.Tensor", "aten")] if c["args"]["accumulate"]]
+    (mul_node,) = by_name[("MulBackward0", "backward")]
+    assert engine_sum["ts"] >= mul_node["ts"] + mul_node["dur"]  # after the node, on its own
+    table = tr.trace.to_pandas(kind="aten")
+    assert list(table["name"]).count("aten.div.Tensor") == 2
+    assert table["accumulate"].fillna(False).astype(bool).sum() == 1

@@ -31,6 +31,7 @@ from typing import IO, Any
 
 from torchscope.protocol.events import (
     ALERT,
+    ATEN,
     ERROR,
     GRAD,
     OP,
@@ -104,6 +105,8 @@ class _Layout:
         self.threads_named = False
         self.pause: tuple[int, Event] | None = None  # (ts ns, the pause event) until resumed
         self.paused_any = False
+        # Aten calls come before their op or node's event: they wait for it, then nest in it.
+        self.calls: list[Event] = []
 
     def _x(self, name: str, cat: str, ts: int, dur: int, tid: int, args: dict) -> dict:
         return {
@@ -196,7 +199,9 @@ class _Layout:
             _tensors(ev, "inputs", args)
             _tensors(ev, "outputs", args)
             self.where[ev["seq"]] = (self.cursor, TRAIN_TID)
+            calls = self._calls_of("op_seq", ev.get("seq"))
             yield self._x(str(ev.get("name")), "forward", self.cursor, dur, TRAIN_TID, args)
+            yield from self._nested(calls, self.cursor, dur, TRAIN_TID)
             self.cursor += dur
             self.step_ops += 1
             return
@@ -220,9 +225,23 @@ class _Layout:
             _tensors(ev, "grad_outputs", args)
             _tensors(ev, "grad_inputs", args)
             self.where[ev["seq"]] = (self.cursor, tid)
-            yield self._x(str(ev.get("node")), "backward", self.cursor, NODE_NS, tid, args)
-            self.cursor += NODE_NS
+            calls = self._calls_of("node_id", ev.get("node_id"))
+            dur = max(NODE_NS, sum(_call_ns(c) for c in calls))  # its kernels fit inside
+            yield self._x(str(ev.get("node")), "backward", self.cursor, dur, tid, args)
+            yield from self._nested(calls, self.cursor, dur, tid)
+            self.cursor += dur
             self.bw_nodes += 1
+            return
+        if kind == ATEN:
+            yield from self._enter_step(step, None)
+            if ev.get("accumulate") or (ev.get("op_seq") is None and ev.get("node") is None):
+                # The engine's own sum after a node, or a call of no traced op: on its own.
+                tid = self._grad_tid(ev.get("thread")) if ev.get("node") else TRAIN_TID
+                dur = _call_ns(ev)
+                yield self._x(str(ev.get("name")), "aten", self.cursor, dur, tid, _call_args(ev))
+                self.cursor += dur
+            else:
+                self.calls.append(ev)
             return
         if kind == PAUSE:
             yield from self._close_pause(None)
@@ -248,6 +267,23 @@ class _Layout:
                 "tid": tid,
                 "args": args,
             }
+
+    def _calls_of(self, key: str, value: Any) -> list[Event]:
+        """The waiting aten calls of this op or node (the others wait on)."""
+        if not self.calls or value is None:
+            return []
+        mine = [c for c in self.calls if c.get(key) == value]
+        if mine:
+            self.calls = [c for c in self.calls if c.get(key) != value]
+        return mine
+
+    def _nested(self, calls: list[Event], start: int, dur: int, tid: int) -> Iterator[dict]:
+        """Aten calls as child slices of their op or node, one after the other within it."""
+        at, end = start, start + dur
+        for call in calls:
+            length = max(min(_call_ns(call), end - at), 1)
+            yield self._x(str(call.get("name")), "aten", at, length, tid, _call_args(call))
+            at = min(at + length, end - 1)
 
     def _close_pause(self, resume: Event | None) -> Iterator[dict]:
         """The slice of the pause still open; ``resume`` None: the recording ends (or pauses
@@ -307,6 +343,21 @@ class _Layout:
                 "tid": tid,
                 "args": {"name": f"autograd ({thread})"},
             }
+
+
+def _call_ns(ev: Event) -> int:
+    dur_us = ev.get("duration_us")
+    if isinstance(dur_us, (int, float)) and math.isfinite(dur_us):
+        return max(round(dur_us * 1000), 1)
+    return 1
+
+
+def _call_args(ev: Event) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        k: ev.get(k) for k in ("seq", "step", "op_seq", "node_id", "node", "module", "accumulate")
+    }
+    _tensors(ev, "outputs", args)
+    return args
 
 
 def trace_events(events: Iterable[Event]) -> Iterator[dict]:
