@@ -265,3 +265,51 @@ def test_perfetto_nests_aten_calls_in_their_op_and_node_and_pandas_tables_them(t
     table = tr.trace.to_pandas(kind="aten")
     assert list(table["name"]).count("aten.div.Tensor") == 2
     assert table["accumulate"].fillna(False).astype(bool).sum() == 1
+
+
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+@pytest.mark.parametrize("mode", ["autocast", "checkpoint", "reentrant", "function"])
+def test_autocast_checkpoint_and_custom_functions_at_the_aten_level(mode):
+    """Results bit-identical with the level on, no internal error, and the calls of each
+    recorded (autocast's casts among them)."""
+    import contextlib
+
+    from torch.utils.checkpoint import checkpoint
+
+    def run(ctx):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(8, 8)
+        x = torch.randn(4, 8, requires_grad=True)
+        with ctx:
+            if mode == "autocast":
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    y = lin(x)
+                loss = y.float().pow(2).mean()
+            elif mode in ("checkpoint", "reentrant"):
+                reentrant = mode == "reentrant"
+                loss = checkpoint(lambda t: lin(t).relu(), x, use_reentrant=reentrant).sum()
+            else:
+                loss = _Square.apply(lin(x)).sum()
+            loss.backward()
+        return loss.item(), x.grad
+
+    plain = run(contextlib.nullcontext())
+    tr = torchscope.trace(aten=True)
+    traced = run(tr)
+    assert traced[0] == plain[0] and torch.equal(traced[1], plain[1])
+    assert tr.errors == []
+    names = {e.name for e in aten_events(tr)}
+    assert "aten.addmm.default" in names and "aten.mm.default" in names
+    if mode == "autocast":
+        assert "aten._to_copy.default" in names
