@@ -479,3 +479,46 @@ def test_breakpoint_list_enable_disable_delete_change_what_stops():
     assert st.state()["breakpoints"] == [{"op": "relu", "enabled": True, "id": 1, "hits": 1}]
     st.request_continue()
     job.finish()
+
+
+def test_an_aten_breakpoint_stops_before_the_call_and_a_step_shows_its_outputs():
+    """With the aten level on, ``aten:REGEX`` stops before the call inside its op (forward)
+    or node (backward); `s` from there runs it; op breakpoints and pauses keep to ops."""
+    x, w = make_inputs()
+    job = Job(
+        lambda: two_layer(x, w),
+        breakpoints=[parse_break_spec(r"aten:^aten\.(relu|threshold_backward)")],
+        aten=True,
+    )
+    job.start()
+    before = job.wait_paused()
+    event = before["event"]
+    assert (before["phase"], event["kind"], event["name"], before["reason"]) == (
+        "before",
+        "aten",
+        "aten.relu.default",
+        "breakpoint 1",
+    )
+    job.stepper.request_step()  # the call runs: its outputs
+    job.wait_running(before)
+    after = job.wait_paused()
+    assert (after["phase"], after["event"]["name"], after["reason"]) == (
+        "after",
+        "aten.relu.default",
+        "step",
+    )
+    assert after["event"]["outputs"][0]["shape"] == [3, 5]
+    out = job.stepper.inspect("outputs", 0, count=100)
+    assert min(out["values"]) >= 0.0
+    job.stepper.request_continue()
+    job.wait_running(after)
+    backward = job.wait_paused()
+    assert (backward["phase"], backward["event"]["name"], backward["event"]["node"]) == (
+        "before",
+        "aten.threshold_backward.default",
+        "ReluBackward0",
+    )
+    job.stepper.request_continue()
+    result = job.finish()
+    assert torch.equal(result, (torch.relu(x @ w) / 2).sum().detach())
+    assert parse_break_spec("aten:mm") == {"aten": "mm"}

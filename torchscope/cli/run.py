@@ -40,7 +40,8 @@ torchscope.step() call; in a job with neither, one per backward()).
   --no-live       no control endpoint: no UI can attach (`torchscope tui` finds live jobs)
   --break-on COND pause where COND holds (repeatable); conditions joined by ',' all
                   must hold: nan, inf (where it first appears), anynan, op:REGEX,
-                  module:REGEX, line:FILE:LINE, gradnorm:X, step:N, from:N
+                  aten:REGEX (with --aten), module:REGEX, line:FILE:LINE, gradnorm:X,
+                  step:N, from:N
                   e.g. --break-on nan --break-on 'op:^Tensor.div$'
                        --break-on 'module:^blocks\.3\.,nan'
   --wait          wait before the first op until a UI connects, then run (like

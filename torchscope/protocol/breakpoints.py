@@ -50,6 +50,7 @@ class Breakpoint:
 
     id: int
     op: str | None = None  # regex over the op or node name
+    aten: str | None = None  # regex over an aten call's name (the aten level: only its calls)
     module: str | None = None  # regex over the module path
     source: str | None = None  # "file:line" (file may be a path suffix)
     nan: str | None = None  # "nan" / "inf": where it first appears; "anynan": anywhere
@@ -59,9 +60,10 @@ class Breakpoint:
     enabled: bool = True
     hits: int = 0
     _op: SafePattern | None = field(default=None, repr=False)
+    _aten: SafePattern | None = field(default=None, repr=False)
     _module: SafePattern | None = field(default=None, repr=False)
 
-    KEYS = ("op", "module", "source", "nan", "grad_norm", "step", "from_step", "enabled")
+    KEYS = ("op", "aten", "module", "source", "nan", "grad_norm", "step", "from_step", "enabled")
 
     @classmethod
     def from_spec(cls, bp_id: int, spec: dict[str, Any]) -> Breakpoint:
@@ -71,7 +73,7 @@ class Breakpoint:
         bp = cls(bp_id, **{k: spec[k] for k in cls.KEYS if spec.get(k) is not None})
         if not any(getattr(bp, k) is not None for k in cls.KEYS[:-1]):
             raise BreakpointError("a breakpoint needs at least one condition")
-        for name in ("op", "module"):
+        for name in ("op", "aten", "module"):
             pattern = getattr(bp, name)
             if pattern is not None:
                 if not isinstance(pattern, str):
@@ -112,6 +114,11 @@ class Breakpoint:
         if self.step is not None and step != self.step:
             return False
         if self.from_step is not None and step < self.from_step:
+            return False
+        # An aten: breakpoint stops at aten calls only, and only it stops there.
+        if (self._aten is not None) != (event.get("kind") == "aten"):
+            return False
+        if self._aten is not None and not self._aten.search(str(event.get("name") or "")):
             return False
         if self._op is not None:
             name = event.get("name") or event.get("node") or ""
@@ -158,6 +165,7 @@ _BREAK_KEYS = (
     "inf",
     "anynan",
     "op:",
+    "aten:",
     "module:",
     "line:",
     "source:",
@@ -171,7 +179,8 @@ _BREAK_SPLIT = re.compile(r",(?=(?:" + "|".join(re.escape(k) for k in _BREAK_KEY
 def parse_break_spec(text: str) -> dict[str, Any]:
     """``--break-on`` text to a breakpoint spec; conditions joined by "," all must hold.
 
-    ``nan`` / ``inf`` (where it first appears), ``anynan``, ``op:REGEX``, ``module:REGEX``,
+    ``nan`` / ``inf`` (where it first appears), ``anynan``, ``op:REGEX``, ``aten:REGEX`` (an
+    aten call's name, with the aten level on), ``module:REGEX``,
     ``line:FILE:LINE``, ``gradnorm:X``, ``step:N``, ``from:N``. A regex may contain commas;
     only a comma followed by a condition name splits.
     """
@@ -181,7 +190,7 @@ def parse_break_spec(text: str) -> dict[str, Any]:
         try:
             if part in NAN_CONDITIONS:
                 spec["nan"] = part
-            elif sep and key in ("op", "module"):
+            elif sep and key in ("op", "aten", "module"):
                 spec[key] = value
             elif sep and key in ("line", "source"):
                 spec["source"] = value
@@ -194,7 +203,8 @@ def parse_break_spec(text: str) -> dict[str, Any]:
         except ValueError:
             raise BreakpointError(
                 f"bad breakpoint condition {part!r}: use nan, inf, anynan, op:REGEX, "
-                "module:REGEX, line:FILE:LINE, gradnorm:X, step:N or from:N, joined by ','"
+                "aten:REGEX, module:REGEX, line:FILE:LINE, gradnorm:X, step:N or from:N, "
+                "joined by ','"
             ) from None
     Breakpoint.from_spec(0, spec)  # validate now, with the same rules the UI's get
     return spec

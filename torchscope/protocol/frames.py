@@ -328,6 +328,7 @@ register_command(
     fields(
         {
             "op": Str(1000, default=None, nullable=True),
+            "aten": Str(1000, default=None, nullable=True),
             "module": Str(1000, default=None, nullable=True),
             "source": Str(4096, default=None, nullable=True),
             "nan": Str(16, re.compile(r"nan|inf|anynan"), default=None, nullable=True),

@@ -24,6 +24,7 @@ from torchscope.protocol.breakpoints import (
     BreakpointError,
     first_hit,
 )
+from torchscope.protocol.events import ATEN
 from torchscope.tracer.ranks import say
 
 # What the training thread does next when it is not paused.
@@ -111,6 +112,7 @@ class Stepper:
         # Who set each breakpoint (a UI's client id; None: the command line): it goes with them.
         self.owners: dict[int, Any] = {}
         self.paused: PausePoint | None = None
+        self._in_aten = False  # the last pause was at an aten call: a step goes to the next
         self.auto_resumed = 0
         # Read on every op by the training thread: a plain attribute, kept current under _cv.
         self.active = self._mode != RUN
@@ -135,6 +137,10 @@ class Stepper:
         """The reason to pause at this point, or None. ``origin(event)`` gives the alert
         verdict ("nan"/"inf"/None) once the event's numbers are resolved."""
         mode = self._mode
+        if event.get("kind") == ATEN and not (mode == STEP and self._in_aten):
+            # Inside an op or node only an aten: breakpoint stops, and a step from where one
+            # stopped; a pause or a step from an op or node stops at the next op or node.
+            mode = RUN
         if mode == PAUSE:
             return "waiting for a UI" if self._waiting_for_ui else "paused"
         if mode == STEP and phase == AFTER:
@@ -155,6 +161,7 @@ class Stepper:
         """
         told = False
         with self._cv:
+            self._in_aten = point.event.get("kind") == ATEN
             point.owner = self._owner_of(point.reason)
             self.paused = point
             self._paused_since = time.monotonic()

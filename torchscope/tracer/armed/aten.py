@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from torchscope.protocol.breakpoints import AFTER, BEFORE
 from torchscope.protocol.events import ATEN, Event
 from torchscope.tracer.armed.backward import NODE_ID, NODE_MOD, NODE_SRC, node_name
 from torchscope.tracer.armed.calls import iter_tensors, result_tensors
@@ -79,11 +80,12 @@ class AtenRecorder(Recorder):
             for ev in children:
                 add(ev)
 
-    def record(self, func: Any, args: tuple, kwargs: dict, out: Any, t0: int) -> None:
+    def record(self, func: Any, args: tuple, kwargs: dict, out: Any, t0: int) -> Event | None:
+        """The call's event, sent on (or kept for its op); None when it is not recorded."""
         t1 = time.perf_counter_ns()
         outs = result_tensors(out)
         if not outs:
-            return  # sizes, scalars read out (item): nothing a summary could show
+            return None  # sizes, scalars read out (item): nothing a summary could show
         node = _current_node()
         if node is None:
             md = None
@@ -92,7 +94,7 @@ class AtenRecorder(Recorder):
             md = node.metadata
             module = md.get(NODE_MOD, "")
         if not self._everywhere and not self.scope.search(module):
-            return
+            return None
         name = aten_name(func)
         event = Event(
             kind=ATEN,
@@ -133,6 +135,20 @@ class AtenRecorder(Recorder):
                 self.children.append(event)
             else:
                 self.pipeline.add(event)
+        return event
+
+    def stub(self, func: Any) -> Event:
+        """A call's identity before it runs (where an aten: breakpoint stops before it)."""
+        node = _current_node()
+        module = self.modules.current() if node is None else node.metadata.get(NODE_MOD, "")
+        return Event(
+            kind=ATEN,
+            seq=None,
+            step=self.state.step_index,
+            name=aten_name(func),
+            module=module,
+            node=None if node is None else node_name(node),
+        )
 
 
 class AtenMode(TorchDispatchMode):
@@ -148,16 +164,42 @@ class AtenMode(TorchDispatchMode):
         self._record = recorder.record
         self._ours = recorder.pipeline.lock._is_owned  # the tracer's own reductions
         self._report_error = recorder.report_error
+        self._recorder = recorder
+        self._stepper = recorder.stepper
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         if kwargs is None:
             kwargs = {}
         if not self.enabled or self._ours():
             return func(*args, **kwargs)
+        stepper = self._stepper
+        if stepper is not None and stepper.active:
+            return self._stepped(func, args, kwargs)
         t0 = time.perf_counter_ns()
         out = func(*args, **kwargs)
         try:
             self._record(func, args, kwargs, out, t0)
+        except Exception as exc:
+            self._report_error("aten call", exc)
+        return out
+
+    def _stepped(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A call while someone may pause: ``aten:`` breakpoints stop before and after it."""
+        recorder = self._recorder
+        pauser = recorder.pauser
+        assert pauser is not None
+        ins = iter_tensors(args, kwargs)
+        try:
+            pauser.pause_point(BEFORE, recorder.stub(func), {"inputs": ins})
+        except Exception as exc:
+            self._report_error("pausing before an aten call", exc)
+        t0 = time.perf_counter_ns()
+        out = func(*args, **kwargs)
+        try:
+            event = self._record(func, args, kwargs, out, t0)
+            if event is not None:
+                outs = result_tensors(out)
+                pauser.pause_point(AFTER, event, {"inputs": ins, "outputs": outs})
         except Exception as exc:
             self._report_error("aten call", exc)
         return out
