@@ -157,6 +157,16 @@ def test_run_records_aten_calls_into_the_file(tmp_path):
     assert dump.returncode == 0
     lines = [line for line in dump.stdout.splitlines() if " aten " in line]
     assert any("aten.mul.Tensor" in line and "in MulBackward0" in line for line in lines)
+    nested = subprocess.run(
+        [sys.executable, "-m", "torchscope", "dump", "--aten", str(out)],
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
+    op = next(i for i, line in enumerate(nested) if line.startswith("  Tensor.mul -> "))
+    assert nested[op + 1].startswith("    aten.mul.Tensor -> [] float32 4")
+    node = next(i for i, line in enumerate(nested) if line.startswith("  MulBackward0 (node "))
+    assert nested[node + 1].startswith("    aten.mul.Tensor -> [] float32 2")  # grad * x
+    assert "    + engine sum aten.add.Tensor -> [] float32 4" in nested  # x's two grads
     bad = subprocess.run([*run, "--aten=(", str(script)], capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     assert "not a regular expression" in bad.stderr

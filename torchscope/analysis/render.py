@@ -142,3 +142,58 @@ def render(events: Iterable[Event], fmt: str) -> Iterator[str]:
     else:
         for ev in events:
             yield to_jsonl(ev)
+
+
+def _outputs_text(summaries: list | None) -> str:
+    return ", ".join(
+        f"{shape_text(s)} {s.get('dtype', '?') if s else ''} {compact_stat(s)}".strip()
+        for s in summaries or []
+    )
+
+
+def aten_log(events: Iterable[Event]) -> Iterator[str]:
+    """``dump --aten``: a nested log in the spirit of PyTorch's DebugMode. Module markers,
+    each op with its aten calls under it, each backward node with its kernels and the
+    engine's sums, each call with its output shape, dtype and stats."""
+    waiting: list[Event] = []  # an op's or node's calls come just before it
+    module: str | None = None
+    for ev in events:
+        kind = ev.get("kind")
+        if kind == ATEN:
+            if ev.get("accumulate"):
+                yield f"    + engine sum {ev.get('name')} -> {_outputs_text(ev.get('outputs'))}"
+            elif ev.get("op_seq") is None and ev.get("node") is None:
+                yield f"  {ev.get('name')} -> {_outputs_text(ev.get('outputs'))}"
+            else:
+                waiting.append(ev)
+            continue
+        if kind == STEP:
+            yield f"---- step {ev.get('step')} ----"
+            module = None
+            continue
+        if kind == OP:
+            if ev.get("module") != module:
+                module = ev.get("module")
+                yield f"  [module {module or '(top level)'}]"
+            yield (
+                f"  {ev.get('name')} -> {_outputs_text(ev.get('outputs'))}"
+                f"  {short_source(ev.get('source'))}"
+            )
+            key, value = "op_seq", ev.get("seq")
+        elif kind == GRAD:
+            made_by = f", op {ev['op_seq']}" if ev.get("op_seq") is not None else ""
+            yield f"  {ev.get('node')} (node {ev.get('node_id')}{made_by})"
+            key, value = "node_id", ev.get("node_id")
+        elif kind == GRAPH:
+            yield f"  -- {ev.get('call')} --"
+            continue
+        elif kind == ALERT:
+            yield f"  !! {ev.get('message')}"
+            continue
+        else:
+            continue
+        mine = [c for c in waiting if c.get(key) == value]
+        if mine:
+            waiting = [c for c in waiting if c.get(key) != value]
+            for call in mine:
+                yield f"    {call.get('name')} -> {_outputs_text(call.get('outputs'))}"

@@ -41,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--kind", action="append", choices=KINDS, help="only events of this kind (repeatable)"
     )
     dump.add_argument("--step", type=int, help="only events of this step")
+    dump.add_argument(
+        "--aten",
+        action="store_true",
+        help="a nested log: each op and backward node with its aten calls (run --aten)",
+    )
     for name, target_help in (
         (
             "tui",

@@ -15,7 +15,7 @@ from torchscope.cli.common import fail
 
 # -- dump ------------------------------------------------------------------------------------
 def cmd_dump(args: argparse.Namespace) -> int:
-    from torchscope.analysis.render import render
+    from torchscope.analysis.render import aten_log, render
     from torchscope.protocol.output import drop_stdout
     from torchscope.protocol.tracefile import TraceFileError, TraceReader
 
@@ -30,7 +30,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
             events = (e for e in events if e["kind"] in wanted)
         out = sys.stdout
         try:
-            for line in render(events, args.format):
+            lines = aten_log(events) if args.aten else render(events, args.format)
+            for line in lines:
                 out.write(line + "\n")
             out.flush()
         except TraceFileError as exc:
