@@ -1,8 +1,8 @@
 """``e``: what the UI shows, written to a JSON-lines file (one event a line, as
 ``torchscope dump --format jsonl`` writes them: :func:`torchscope.analysis.render.render`).
 
-- the current step: all of its events in memory (ops, backward nodes, graphs, alerts, step
-  markers), in seq order;
+- the current step: all of its events in memory (ops, backward nodes, their aten calls,
+  graphs, alerts, step markers), in seq order;
 - the filtered view (``|`` filter on): only the timeline's rows that the filter keeps.
 
 No textual here: :func:`snapshot` takes what to write on the UI thread (records' bytes, cheap),
@@ -43,6 +43,7 @@ def snapshot(data: StepData, view: list[int] | None) -> list[Any]:
     if view is not None:
         return [data.rows[i][RAW] for i in view]
     items: list[tuple[int, Any]] = [(t[SEQ], t[RAW]) for t in data.rows]
+    items.extend((t[SEQ], t[RAW]) for t in data.aten.values())
     for ev in (*data.graphs, *data.alerts, *data.others):
         seq = ev.get("seq")
         items.append((seq if type(seq) is int else -1, ev))

@@ -7,10 +7,11 @@ Memory: op and grad events, by far the most numerous, are kept as records (plain
 hold the few fields the lists need (name, module, source, node ids, NaN/Inf flags) plus the
 event's msgpack bytes; the full event is decoded again on demand (the detail panel, visible rows).
 That is about 5x smaller than the decoded dicts, and invisible to the garbage collector. UI code
-reads records through :class:`Row` views. Whole steps are evicted, least recently used
-first, when more than ``max_events`` rows are resident; the newest step and pinned (viewed) steps
-are never evicted. An evicted step keeps its counts and can be loaded again when the source can
-reload it (a trace file, or a live session that records).
+reads records through :class:`Row` views. Aten calls (the tracer's aten level) are records too,
+kept per step under their op or node (not timeline rows), counted like rows. Whole steps are
+evicted, least recently used first, when more than ``max_events`` rows are resident; the newest
+step and pinned (viewed) steps are never evicted. An evicted step keeps its counts and can be
+loaded again when the source can reload it (a trace file, or a live session that records).
 """
 
 from __future__ import annotations
@@ -28,14 +29,27 @@ from operator import itemgetter
 from typing import Any
 
 from torchscope.protocol import codec
-from torchscope.protocol.events import ALERT, ERROR, GRAD, GRAPH, OP, PAUSE, RESUME, SESSION, Event
+from torchscope.protocol.events import (
+    ALERT,
+    ATEN,
+    ERROR,
+    GRAD,
+    GRAPH,
+    OP,
+    PAUSE,
+    RESUME,
+    SESSION,
+    Event,
+)
 from torchscope.tui.stepping import StepperView
 
 __all__ = [
+    "FLAG_ACCUMULATE",
     "FLAG_INF_IN",
     "FLAG_INF_OUT",
     "FLAG_NAN_IN",
     "FLAG_NAN_OUT",
+    "AtenRow",
     "Changes",
     "EventStore",
     "Inbox",
@@ -53,6 +67,8 @@ FLAG_NAN_IN = 1
 FLAG_INF_IN = 2
 FLAG_NAN_OUT = 4
 FLAG_INF_OUT = 8
+# An aten call the autograd engine made to sum a tensor's incoming gradients after a node.
+FLAG_ACCUMULATE = 16
 
 NO_STEP = -1
 
@@ -136,8 +152,27 @@ class Row:
     def __hash__(self) -> int:
         return hash((self.t[KIND], self.t[SEQ]))
 
+    @property
+    def is_aten(self) -> bool:
+        return self.t[KIND] == ATEN
+
     def __repr__(self) -> str:
         return f"Row({self.kind} #{self.seq} step {self.step} {self.name})"
+
+
+class AtenRow(Row):
+    """A view of one aten call, shown under its ``parent`` (the op's or the node's row)."""
+
+    __slots__ = ("parent",)
+
+    def __init__(self, t: Rec, parent: Row) -> None:
+        super().__init__(t, t[MODULE] or parent.module)
+        self.parent = parent
+
+    @property
+    def accumulate(self) -> bool:
+        """The engine summing a tensor's incoming gradients after the parent node."""
+        return bool(self.t[FLAGS] & FLAG_ACCUMULATE)
 
 
 class PendingRow:
@@ -243,6 +278,33 @@ def make_item(ev: dict) -> Rec | Event:
             _intern(param) if type(param) is str and param else None,
             (),
         )
+    if kind == ATEN:
+        flags = _side_flags(ev.get("inputs"), FLAG_NAN_IN, FLAG_INF_IN) | _side_flags(
+            ev.get("outputs"), FLAG_NAN_OUT, FLAG_INF_OUT
+        )
+        if ev.get("accumulate"):
+            flags |= FLAG_ACCUMULATE
+        name, module, source, step = (
+            ev.get("name"),
+            ev.get("module"),
+            ev.get("source"),
+            ev.get("step"),
+        )
+        node_id, op_seq = ev.get("node_id"), ev.get("op_seq")
+        return (
+            ATEN,
+            ev["seq"],
+            step if type(step) is int else NO_STEP,
+            _intern(name) if type(name) is str else "",
+            _intern(module) if type(module) is str else "",
+            _intern(source) if type(source) is str else "",
+            flags,
+            codec.pack(ev),
+            node_id if type(node_id) is int else None,
+            op_seq if type(op_seq) is int else None,
+            None,
+            (),
+        )
     return ev if isinstance(ev, Event) else Event(ev)
 
 
@@ -309,6 +371,11 @@ class StepData:
         self.node_grads: dict[int, tuple[Rec, ...]] = {}
         self.op_nodes: dict[int, tuple[int, ...]] = {}
         self.graph_nodes: dict[int, dict] = {}  # node id -> node map from the graph event
+        # The aten level: calls (records, kind ATEN) under their op (op seq) or node (node
+        # id); not timeline rows. They count as resident events like the rows.
+        self.aten: dict[int, Rec] = {}  # seq -> record
+        self.aten_by_op: dict[int, tuple[Rec, ...]] = {}
+        self.aten_by_node: dict[int, tuple[Rec, ...]] = {}
         self.alert_seqs: set[int] = set()
         self.version = 0  # bumped on every change
         self.reorders = 0  # bumped when a row was inserted before the end of ``rows``
@@ -316,7 +383,9 @@ class StepData:
         self._hay_reorders = 0
 
     def __len__(self) -> int:
-        return len(self.rows) + len(self.graphs) + len(self.alerts) + len(self.others)
+        return (
+            len(self.rows) + len(self.aten) + len(self.graphs) + len(self.alerts) + len(self.others)
+        )
 
     # -- views -----------------------------------------------------------------------------
     def module_of(self, t: Rec) -> str:
@@ -374,8 +443,79 @@ class StepData:
     def graph_of_node(self, node_id: int) -> dict | None:
         return self.graph_nodes.get(node_id)
 
+    # -- the aten level ----------------------------------------------------------------------
+    def aten_of(self, row: Row | Rec | Any) -> tuple[Rec, ...]:
+        """The aten calls of an op or node row, in seq order: an op's (those that ran inside
+        it), a node's (those that ran for this run of it, then the engine's sums after it,
+        marked ``FLAG_ACCUMULATE``). Empty for anything else (a pending row, an aten call)."""
+        if getattr(row, "pending", False):
+            return ()
+        t = row.t if isinstance(row, Row) else row
+        if type(t) is not tuple or not self.aten:
+            return ()
+        if t[KIND] == OP:
+            return self.aten_by_op.get(t[SEQ], ())
+        if t[KIND] != GRAD or t[NODE_ID] is None:
+            return ()
+        calls = self.aten_by_node.get(t[NODE_ID])
+        if not calls:
+            return ()
+        runs = self.node_grads.get(t[NODE_ID], (t,))
+        if len(runs) == 1:
+            return calls
+        # The node ran more than once in this step (retain_graph): this run's calls are those
+        # after the previous run's event, and its sums those before the next run's.
+        seq = t[SEQ]
+        before = max((g[SEQ] for g in runs if g[SEQ] < seq), default=-1)
+        after = min((g[SEQ] for g in runs if g[SEQ] > seq), default=None)
+        out = []
+        for a in calls:
+            if a[FLAGS] & FLAG_ACCUMULATE:
+                if a[SEQ] > seq and (after is None or a[SEQ] < after):
+                    out.append(a)
+            elif before < a[SEQ] < seq:
+                out.append(a)
+        return tuple(out)
+
+    def aten_parent(self, t: Rec) -> Rec | None:
+        """The op or node row record an aten call is shown under, if it is in this step."""
+        if t[OP_SEQ] is not None:
+            return self.op_by_seq.get(t[OP_SEQ])
+        nid = t[NODE_ID]
+        runs = self.node_grads.get(nid, ()) if nid is not None else ()
+        if not runs:
+            return None
+        seq = t[SEQ]
+        if t[FLAGS] & FLAG_ACCUMULATE:  # after its node: the last run before it
+            prior = [g for g in runs if g[SEQ] < seq]
+            return max(prior, key=_seq_key) if prior else None
+        later = [g for g in runs if g[SEQ] > seq]  # before its node: the first run after it
+        return min(later, key=_seq_key) if later else None
+
+    def _add_aten(self, t: Rec) -> None:
+        seq = t[SEQ]
+        if seq in self.aten:
+            return  # duplicate (snapshot overlapping the stream)
+        self.aten[seq] = t
+        if t[OP_SEQ] is not None:
+            index, key = self.aten_by_op, t[OP_SEQ]
+        elif t[NODE_ID] is not None:
+            index, key = self.aten_by_node, t[NODE_ID]
+        else:
+            return  # no parent: kept (and counted) but shown under nothing
+        have = index.get(key)
+        if have is None:
+            index[key] = (t,)
+        elif have[-1][SEQ] < seq:
+            index[key] = (*have, t)
+        else:
+            index[key] = tuple(sorted((*have, t), key=_seq_key))
+
     # -- mutation (UI thread) ----------------------------------------------------------------
     def _add_row(self, t: Rec) -> None:
+        if t[KIND] == ATEN:
+            self._add_aten(t)
+            return
         rows = self.rows
         seq = t[SEQ]
         if rows and rows[-1][SEQ] >= seq:
@@ -498,6 +638,7 @@ class EventStore:
         self.errors: list[Event] = []
         self.session: Event | None = None
         self.ended = False  # a live job said it ended
+        self.has_aten = False  # aten calls came (a recording or job at the aten level)
         self.complete = True  # a replay's file says it is complete (status "complete")
         self.pinned: set[int] = set()
         self.resident_events = 0
@@ -708,8 +849,10 @@ class EventStore:
                     info.last_seq = seq
                 if item[KIND] == OP:
                     info.n_ops += 1
-                else:
+                elif item[KIND] == GRAD:
                     info.n_grads += 1
+                else:
+                    self.has_aten = True
                 if data is not None:
                     data._add_row(item)
                     data.version += 1
@@ -737,8 +880,10 @@ class EventStore:
         if type(item) is tuple:
             if item[KIND] == OP:
                 info.n_ops += 1
-            else:
+            elif item[KIND] == GRAD:
                 info.n_grads += 1
+            else:
+                self.has_aten = True
             return
         kind = item.get("kind")
         if kind == GRAPH:

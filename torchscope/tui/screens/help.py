@@ -73,6 +73,24 @@ KEYS: list[tuple[str, str]] = [
     ("q", "quit the UI (the job goes on: a pause this UI held resumes)"),
 ]
 
+# Shown when the trace has aten calls (the tracer's aten level), after the graph's → ←.
+ATEN_KEYS: list[tuple[str, str]] = [
+    (
+        "→ ← l h",
+        "timeline, aten level: unfold / fold the aten calls of an op or node marked + "
+        "(on a call, ←: back to its op or node; Σ: the engine summing gradients)",
+    ),
+]
+
+
+def keys_for(store: object) -> list[tuple[str, str]]:
+    """The help's keys: ``KEYS``, with ``ATEN_KEYS`` when ``store`` has aten calls."""
+    if not getattr(store, "has_aten", False):
+        return KEYS
+    at = next((i + 1 for i, (k, _) in enumerate(KEYS) if k == "→ ←"), len(KEYS))
+    return [*KEYS[:at], *ATEN_KEYS, *KEYS[at:]]
+
+
 ABOUT = """\
 [b]Timeline[/]  the step's events in the order they ran: forward ops (▸), then the
   backward nodes (◂). For a node, [i]stat[/] is the gradient that arrived (grad_outputs).
@@ -123,13 +141,14 @@ class HelpScreen(ModalScreen[None]):
     ]
 
     def compose(self) -> ComposeResult:
-        width = max(len(k) for k, _ in KEYS)
+        keys = keys_for(getattr(self.app, "store", None))
+        width = max(len(k) for k, _ in keys)
         # hanging indent: a long description goes on under itself, not under the keys
         room = max(30, min(96, self.app.size.width - 4) - 6 - width - 2)
         rows = "\n".join(
             f"[b $accent]{escape(k.ljust(width))}[/]  "
             + ("\n" + " " * (width + 2)).join(escape(t) for t in textwrap.wrap(v, room))
-            for k, v in KEYS
+            for k, v in keys
         )
         app = self.app
         store = getattr(app, "store", None)

@@ -41,6 +41,7 @@ from torchscope.tui.store import (
     EVICTED,
     LOADING,
     ON_DISK,
+    AtenRow,
     Changes,
     EventStore,
     PendingRow,
@@ -758,6 +759,8 @@ class MainScreen(Screen[None]):
                     )
             else:
                 self.notify(f"{row.name} created no autograd node", timeout=4)
+        elif isinstance(row, AtenRow):  # an aten call: to the op or node it ran in
+            self._go(Location("timeline", self.current_step, row.parent.kind, row.parent.seq))
         else:
             op_seq = row.op_seq
             if op_seq is not None and data.op(op_seq) is not None:

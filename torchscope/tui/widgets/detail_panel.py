@@ -7,6 +7,9 @@ dtype, device, min/max/mean/std/norm, NaN/Inf), a bar of where mean±std lies in
 its values when small, and a sparkline of them. Then the source line with three lines of
 context, read from the file when it is on this machine.
 
+At the aten level, an aten call gets the same (its inputs and outputs) under the op or node
+it ran in (a link back to it), and a node lists its calls, each with a compact stat.
+
 The event a live job is paused at gets more: what the pause is (before or after it ran, and
 why), the training thread's call stack (innermost first, with each line's text when the file
 is here), and a values section: a slice of one tensor fetched from the job on demand
@@ -24,7 +27,7 @@ from textual.markup import escape
 from textual.message import Message
 from textual.widgets import Static
 
-from torchscope.protocol.events import OP, Event
+from torchscope.protocol.events import ATEN, OP, Event
 from torchscope.tui.format import (
     compact_stat,
     first_bad,
@@ -41,7 +44,17 @@ from torchscope.tui.format import (
     value_rows,
 )
 from torchscope.tui.stepping import ValuesView, pause_key
-from torchscope.tui.store import EventStore, PendingRow, Row, StepData
+from torchscope.tui.store import (
+    FLAG_ACCUMULATE,
+    FLAGS,
+    NAME,
+    SEQ,
+    AtenRow,
+    EventStore,
+    PendingRow,
+    Row,
+    StepData,
+)
 
 _MAX_VALUES = 64  # small values shown in rows; more: the first ones and "…"
 _MAX_TENSORS = 64
@@ -134,7 +147,12 @@ class DetailPanel(VerticalScroll, can_focus=True):
         self.subject = subject
         ev = row.event if row.pending else store.event(row)
         self.event = ev
-        text = self._op(store, data, ev) if row.kind == OP else self._grad(store, data, row, ev)
+        if row.kind == OP:
+            text = self._op(store, data, ev)
+        elif row.kind == ATEN:
+            text = self._aten(store, data, row, ev)
+        else:
+            text = self._grad(store, data, row, ev)
         if pause is not None:
             text = self._pause_head(pause, ev) + "\n\n" + text
         self._set(text)
@@ -528,6 +546,10 @@ class DetailPanel(VerticalScroll, can_focus=True):
             lines.append("[b]outputs[/] [dim]not computed yet: paused before the op runs[/]")
         else:
             lines.extend(self._tensors("outputs", ev.get("outputs")))
+        if data is not None and type(seq) is int and data.aten:
+            op = data.op_by_seq.get(seq)
+            if op is not None:
+                lines.extend(self._calls_lines(store, data, op))
         return "\n".join(lines)
 
     def _nodes_lines(
@@ -629,6 +651,63 @@ class DetailPanel(VerticalScroll, can_focus=True):
             notes.append(f"→ {label} node id {target}")
             links.append(Link("node", target, data.step if data else None))
         lines.extend(self._tensors("grad_inputs — what it sends on", gi, notes, links))
+        if data is not None and not row.pending:
+            lines.extend(self._calls_lines(store, data, row))
+        return "\n".join(lines)
+
+    def _calls_lines(self, store: EventStore, data: StepData, row: Row | tuple) -> list[str]:
+        """An op's or node's aten calls (the aten level), one line each: name, output stat."""
+        calls = data.aten_of(row)
+        if not calls:
+            return []
+        n = len(calls)
+        lines = ["", f"[b]aten calls[/] {n}  [dim](→ in the timeline: unfold)[/]"]
+        for t in calls[:_MAX_LINKS]:
+            outs = store.event(t).get("outputs") or []
+            stat = compact_stat(outs[0]) if outs and isinstance(outs[0], dict) else "-"
+            mark = "Σ " if t[FLAGS] & FLAG_ACCUMULATE else ""
+            lines.append(f"  {mark}{_e(t[NAME])} #{t[SEQ]} [dim]{_e(stat)}[/]")
+        if n > _MAX_LINKS:
+            lines.append(f"  [dim]… {n - _MAX_LINKS} more[/]")
+        return lines
+
+    def _aten(
+        self, store: EventStore, data: StepData | None, row: Row | PendingRow, ev: Event
+    ) -> str:
+        """One aten call: what ran it (op or node, a link), then like an op."""
+        lines = [f"[b $accent]{_e(ev.get('name', '?'))}[/]"]
+        seq = ev.get("seq")
+        meta = [f"aten call · event #{seq}", f"step {ev.get('step')}"]
+        module = row.module if isinstance(row, Row) else ev.get("module")
+        if module:
+            meta.append(f"module [b]{_e(module)}[/]")
+        if isinstance(ev.get("duration_us"), (int, float)):
+            meta.append(f"{ev['duration_us']:.0f} µs")
+        if ev.get("thread"):
+            meta.append(_e(ev["thread"]))
+        lines.append(" · ".join(meta))
+        step = data.step if data is not None else None
+        parent = row.parent if isinstance(row, AtenRow) else None
+        op_seq, nid = ev.get("op_seq"), ev.get("node_id")
+        if type(op_seq) is int:
+            name = short_name(parent.name) if parent is not None else f"op event #{op_seq}"
+            text = f"[b]in[/] {_e(name)} (op, event #{op_seq})"
+            lines.append(self._link(Link("op", op_seq, step), text))
+        elif type(nid) is int:
+            name = ev.get("node") or (parent.name if parent is not None else "node")
+            if ev.get("accumulate"):
+                text = (
+                    f"[b]sum after[/] {_e(name)} node id {nid} "
+                    "[dim](the engine adding up a tensor's incoming gradients)[/]"
+                )
+            else:
+                text = f"[b]in[/] {_e(name)} node id {nid} (backward)"
+            lines.append(self._link(Link("node", nid, step), text))
+        lines.append("")
+        lines.extend(self._source(ev.get("source"), ev.get("function")))
+        lines.append("")
+        lines.extend(self._tensors("inputs", ev.get("inputs")))
+        lines.extend(self._tensors("outputs", ev.get("outputs")))
         return "\n".join(lines)
 
     def _node(self, store: EventStore, data: StepData, node: dict, call: Event | None) -> str:

@@ -9,6 +9,12 @@ the source line.
 While a live job is paused, the event it is paused at is marked (⏸, highlighted). When the
 job stopped *before* an op or node, that event does not exist yet: it is shown as a pending
 row at the end, from what the pause says about it.
+
+A recording made at the aten level has the aten calls of each op and node: such a row is
+marked (``▸+``, ``◂+``); ``→``/``l`` unfolds it into its calls, indented rows under it in the
+same columns (``Σ``: the engine summing a tensor's incoming gradients after the node), and
+``←``/``h`` folds it again (on a call: back to its row). Rows with no aten call look and
+behave as without the aten level.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ from collections import OrderedDict
 from typing import ClassVar
 
 from rich.style import Style
+from textual.binding import Binding, BindingType
 from textual.events import MouseScrollUp
 from textual.message import Message
 
-from torchscope.protocol.events import OP
+from torchscope.protocol.events import ATEN, GRAD, OP
 from torchscope.tui.format import (
     fit_numbers,
     shapes_text,
@@ -37,8 +44,10 @@ from torchscope.tui.store import (
     FLAG_NAN_OUT,
     KIND,
     SEQ,
+    AtenRow,
     EventStore,
     PendingRow,
+    Rec,
     Row,
     StepData,
 )
@@ -109,6 +118,11 @@ class OpTimeline(VirtualList):
 
     HEADER_LINES = 1
 
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("right,l", "unfold", "Aten calls", show=False),
+        Binding("left,h", "fold", "Fold", show=False),
+    ]
+
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "op-timeline--bwd",
         "op-timeline--module",
@@ -144,6 +158,15 @@ class OpTimeline(VirtualList):
         self._natural_key = 0
         self._measured = 0
         self._columns: tuple[tuple[int, int], Columns] | None = None
+        # The aten level: rows unfolded into their aten calls, by (kind, seq), and where the
+        # calls are shown: for each unfolded row in view (ascending), its base index (its
+        # place without calls), its display index, the calls shown before it, and its calls.
+        self.unfolded: set[tuple[str, int]] = set()
+        self._fold_base: list[int] = []
+        self._fold_disp: list[int] = []
+        self._fold_before: list[int] = []
+        self._fold_calls: list[tuple[Rec, ...]] = []
+        self._calls_shown = 0
 
     # -- model -------------------------------------------------------------------------------
     def set_step(
@@ -156,6 +179,8 @@ class OpTimeline(VirtualList):
         """Show ``data`` (or ``message`` when the step has no resident events)."""
         self.store = store
         changed = step != self.step or data is not self.data
+        if step != self.step:
+            self.unfolded.clear()
         self.step = step
         self.data = data
         self.message = message or ("no events in this step" if data is not None else "")
@@ -199,8 +224,12 @@ class OpTimeline(VirtualList):
         hay = data.haystacks()
         search = pattern.search
         if self._view is None:
-            return [i for i, h in enumerate(hay) if search(h)]
-        return [j for j, i in enumerate(self._view) if search(hay[i])]
+            found = [i for i, h in enumerate(hay) if search(h)]
+        else:
+            found = [j for j, i in enumerate(self._view) if search(hay[i])]
+        if self._fold_base:
+            found = [self._disp_of_base(b) for b in found]
+        return found
 
     def data_changed(self) -> None:
         """The shown step got events (live) or was reloaded."""
@@ -263,6 +292,10 @@ class OpTimeline(VirtualList):
         self._update_views()
 
     def _update_views(self) -> None:
+        self._update_filter()
+        self._relayout()
+
+    def _update_filter(self) -> None:
         data = self.data
         if data is None or self.pattern is None:
             self._view = None
@@ -285,19 +318,134 @@ class OpTimeline(VirtualList):
         return len(self._view) if self._view is not None else len(self.data.rows)
 
     def row_count(self) -> int:
-        return self._base_count() + (self.pending is not None)
+        return self._base_count() + self._calls_shown + (self.pending is not None)
 
     def row(self, index: int) -> Row | PendingRow | None:
         data = self.data
         if index < 0:
             return None
-        if self.pending is not None and index == self._base_count():
+        if self.pending is not None and index == self._base_count() + self._calls_shown:
             return self.pending
         if data is None:
             return None
+        if not self._fold_disp:
+            return self._base_row(index)
+        base, call, k = self._locate(index)
+        parent = self._base_row(base)
+        if parent is None or call < 0:
+            return parent
+        return AtenRow(self._fold_calls[k][call], parent)
+
+    def _base_row(self, base: int) -> Row | None:
+        """The op or node row at ``base``: its index among the rows shown, calls left out."""
+        data = self.data
+        if data is None or base < 0:
+            return None
         if self._view is not None:
-            return data.row(self._view[index]) if index < len(self._view) else None
-        return data.row(index) if index < len(data.rows) else None
+            return data.row(self._view[base]) if base < len(self._view) else None
+        return data.row(base) if base < len(data.rows) else None
+
+    # -- the aten level: rows unfolded into their calls --------------------------------------
+    def _relayout(self) -> None:
+        """Place the calls of the unfolded rows (after any change to the rows shown)."""
+        data = self.data
+        placed: list[tuple[int, tuple[Rec, ...]]] = []
+        if data is not None and self.unfolded and data.aten:
+            for kind, seq in self.unfolded:
+                base = self._base_index_of(kind, seq)
+                if base is None:
+                    continue
+                calls = data.aten_of(data.rows[base if self._view is None else self._view[base]])
+                if calls:
+                    placed.append((base, calls))
+            placed.sort(key=lambda p: p[0])
+        shown = 0
+        self._fold_base, self._fold_disp, self._fold_before = [], [], []
+        self._fold_calls = []
+        for base, calls in placed:
+            self._fold_base.append(base)
+            self._fold_disp.append(base + shown)
+            self._fold_before.append(shown)
+            self._fold_calls.append(calls)
+            shown += len(calls)
+        self._calls_shown = shown
+
+    def _locate(self, index: int) -> tuple[int, int, int]:
+        """Display ``index`` -> (base index of its row, which call of it or -1, which
+        unfolded row it is at or after, -1: before all)."""
+        k = bisect.bisect_right(self._fold_disp, index) - 1
+        if k < 0:
+            return index, -1, k
+        at, n = self._fold_disp[k], len(self._fold_calls[k])
+        if index == at:
+            return self._fold_base[k], -1, k
+        if index <= at + n:
+            return self._fold_base[k], index - at - 1, k
+        return index - self._fold_before[k] - n, -1, k
+
+    def _disp_of_base(self, base: int) -> int:
+        k = bisect.bisect_left(self._fold_base, base)  # unfolded rows before it
+        if k == 0:
+            return base
+        return base + self._fold_before[k - 1] + len(self._fold_calls[k - 1])
+
+    def has_calls(self, row: Row | PendingRow | None) -> bool:
+        """Whether ``row`` is an op or node with aten calls (it can unfold)."""
+        data = self.data
+        if row is None or data is None or not data.aten or row.pending or row.kind == ATEN:
+            return False
+        return bool(data.aten_of(row))
+
+    def is_unfolded(self, row: Row | PendingRow | None) -> bool:
+        return row is not None and (row.kind, row.seq) in self.unfolded
+
+    def set_unfolded(self, row: Row, on: bool) -> None:
+        """Unfold ``row`` into its aten calls (on) or fold them away; the cursor stays on it."""
+        key = (row.kind, row.seq)
+        if on == (key in self.unfolded):
+            return
+        if on:
+            self.unfolded.add(key)
+        else:
+            self.unfolded.discard(key)
+        self._relayout()
+        self._remeasure(force=True)
+        self.refresh_rows()
+        index = self._index_of_row(row)
+        if index is not None:
+            self.move_cursor(index)
+            if on:  # show its calls, as far as they fit under it
+                last = index + len(self.data.aten_of(row)) if self.data is not None else index
+                top = round(self.scroll_y)
+                if last >= top + self.page_height:
+                    self.scroll_to(
+                        y=min(index, last - self.page_height + 1), animate=False, immediate=True
+                    )
+
+    def action_unfold(self) -> None:
+        """``→``/``l``: unfold the row into its aten calls (unfolded: to its first call)."""
+        row = self.current_row()
+        if not self.has_calls(row):
+            return
+        self._user_moved()
+        if self.is_unfolded(row):
+            self.move_cursor(self.cursor + 1, user=True)
+        else:
+            self.set_unfolded(row, True)
+
+    def action_fold(self) -> None:
+        """``←``/``h``: fold the row's aten calls; on a call, back to its row."""
+        row = self.current_row()
+        if row is None:
+            return
+        if isinstance(row, AtenRow):
+            self._user_moved()
+            index = self._index_of_row(row.parent)
+            if index is not None:
+                self.move_cursor(index, user=True)
+        elif self.is_unfolded(row):
+            self._user_moved()
+            self.set_unfolded(row, False)
 
     def current_row(self) -> Row | None:
         return self.row(self.cursor) if self.cursor >= 0 else None
@@ -310,7 +458,35 @@ class OpTimeline(VirtualList):
         return self.index_of(row.kind, row.seq)
 
     def index_of(self, kind: str | None, seq: int) -> int | None:
-        """Row index of the event ``seq`` (of ``kind``, when given), or None if not shown."""
+        """Row index of the event ``seq`` (of ``kind``, when given), or None if not shown
+        (an aten call: shown when its row is unfolded)."""
+        data = self.data
+        if data is None:
+            return None
+        if kind == ATEN or (kind is None and seq in data.aten):
+            return self._call_index(seq)
+        base = self._base_index_of(kind, seq)
+        if base is None or not self._fold_base:
+            return base
+        return self._disp_of_base(base)
+
+    def _call_index(self, seq: int) -> int | None:
+        data = self.data
+        t = data.aten.get(seq) if data is not None else None
+        parent = data.aten_parent(t) if t is not None else None
+        if parent is None:
+            return None
+        base = self._base_index_of(parent[KIND], parent[SEQ])
+        k = bisect.bisect_left(self._fold_base, base) if base is not None else 0
+        if base is None or k >= len(self._fold_base) or self._fold_base[k] != base:
+            return None
+        for j, call in enumerate(self._fold_calls[k]):
+            if call[SEQ] == seq:
+                return self._fold_disp[k] + 1 + j
+        return None
+
+    def _base_index_of(self, kind: str | None, seq: int) -> int | None:
+        """Index of the op or node row ``seq`` among the rows shown, calls left out."""
         data = self.data
         if data is None:
             return None
@@ -324,6 +500,12 @@ class OpTimeline(VirtualList):
 
     def select(self, kind: str | None, seq: int, *, center: bool = True) -> bool:
         index = self.index_of(kind, seq)
+        data = self.data
+        if index is None and data is not None and kind in (ATEN, None) and seq in data.aten:
+            parent = data.aten_parent(data.aten[seq])  # an aten call: unfold its row
+            if parent is not None and self._base_index_of(parent[KIND], parent[SEQ]) is not None:
+                self.set_unfolded(data.view(parent), True)
+                index = self.index_of(ATEN, seq)
         if index is None:
             return False
         self.move_cursor(index, center=center)
@@ -412,12 +594,18 @@ class OpTimeline(VirtualList):
         picks.update(range(0, count, stride))
         nat = {"name": 4, "module": 6, "shapes": 6, "stat": 4, "flags": 0, "source": 6}
         last_seq = 0
+        rows: list[Row | PendingRow] = []
         for index in picks:
-            row = self.row(index)
-            if row is None:
-                continue
+            row = self._base_row(index) if index < self._base_count() else self.row(index)
+            if row is not None:
+                rows.append(row)
+        for k, calls in enumerate(self._fold_calls[:50]):  # the calls shown (some of them)
+            parent = self._base_row(self._fold_base[k])
+            if parent is not None:
+                rows.extend(AtenRow(t, parent) for t in calls[:50])
+        for row in rows:
             shapes, stat = self._row_cells(row)
-            name = short_name(row.name) if row.kind == OP else row.name
+            name = self._name_text(row)
             flags, _ = self._flags(row)
             last_seq = max(last_seq, row.seq)
             for col, text in (
@@ -439,6 +627,14 @@ class OpTimeline(VirtualList):
             self._columns = None
             self._cache.clear()
 
+    @staticmethod
+    def _name_text(row: Row | PendingRow) -> str:
+        if row.kind == OP:
+            return short_name(row.name)
+        if isinstance(row, AtenRow):  # indented under its op or node
+            return ("  Σ " if row.accumulate else "  ") + row.name
+        return row.name
+
     def _row_cells(self, row: Row | PendingRow) -> tuple[str, str]:
         if row.pending:
             ev = row.event
@@ -452,7 +648,7 @@ class OpTimeline(VirtualList):
         if cells is not None:
             return cells
         ev = self.store.event(row) if self.store is not None else {}
-        sums = ev.get("outputs") if row.kind == OP else ev.get("grad_outputs")
+        sums = ev.get("grad_outputs") if row.kind == GRAD else ev.get("outputs")
         shapes = shapes_text(sums)
         if isinstance(sums, list) and sums:
             stat = " ".join(stat_text(s, self.stat_mode) for s in sums[:2])
@@ -472,15 +668,21 @@ class OpTimeline(VirtualList):
             return []
         c = self.columns(width)
         shapes, stat = self._row_cells(row)
-        is_op = row.kind == OP
-        name = short_name(row.name) if is_op else row.name
+        call = isinstance(row, AtenRow)
+        is_op = (row.parent if call else row).kind == OP
+        name = self._name_text(row)
         module = row.param or row.module or "-"
         flags, flag_style = self._flags(row)
         name_style = None if is_op else self.cstyle("bwd")
         paused = row.pending or (
             self.paused_key is not None and self.paused_key == (row.kind, row.seq)
         )
-        glyph = "⏸" if paused else ("▸" if is_op else "◂")
+        if call:
+            glyph = "⏸" if paused else ""
+        else:
+            glyph = "⏸" if paused else ("▸" if is_op else "◂")
+            if self.has_calls(row):  # aten calls: "+" folded, "-" unfolded
+                glyph += "-" if self.is_unfolded(row) else "+"
         seq = "next" if row.pending and row.seq < 0 else str(row.seq)
         cells: list[Cell] = [
             (rfit(seq, c.seq) + " ", self.cstyle("seq")),
