@@ -217,8 +217,45 @@ def _step_of(ev: dict) -> int:
     return NO_STEP if step is None else step
 
 
+def _flags(ev: dict, ins: str, outs: str) -> int:
+    """NaN/Inf flags of what went in and what came out."""
+    return _side_flags(ev.get(ins), FLAG_NAN_IN, FLAG_INF_IN) | _side_flags(
+        ev.get(outs), FLAG_NAN_OUT, FLAG_INF_OUT
+    )
+
+
+def _record(
+    kind: str,
+    ev: dict,
+    name: Any,
+    module: Any,
+    flags: int,
+    node_id: Any = None,
+    op_seq: Any = None,
+    param: Any = None,
+    ids: tuple = (),
+) -> Rec:
+    """The compact record of an op, node or aten call (see Rec)."""
+    step, source = ev.get("step"), ev.get("source")
+    return (
+        kind,
+        ev["seq"],
+        step if type(step) is int else NO_STEP,
+        _intern(name) if type(name) is str else "",
+        _intern(module) if type(module) is str else "",
+        _intern(source) if type(source) is str else "",
+        flags,
+        codec.pack(ev),
+        node_id if type(node_id) is int else None,
+        op_seq if type(op_seq) is int else None,
+        _intern(param) if type(param) is str and param else None,
+        ids,
+    )
+
+
 def make_item(ev: dict) -> Rec | Event:
-    """Turn one event into what the store keeps: a record for op/grad, the Event otherwise.
+    """Turn one event into what the store keeps: a record for an op, node or aten call, the
+    Event otherwise.
 
     Called on the source's worker thread, so the UI thread only appends.
     """
@@ -230,80 +267,26 @@ def make_item(ev: dict) -> Rec | Event:
             if nodes
             else ()
         )
-        flags = _side_flags(ev.get("inputs"), FLAG_NAN_IN, FLAG_INF_IN) | _side_flags(
-            ev.get("outputs"), FLAG_NAN_OUT, FLAG_INF_OUT
-        )
-        name, module, source, step = (
-            ev.get("name"),
-            ev.get("module"),
-            ev.get("source"),
-            ev.get("step"),
-        )
-        return (
-            OP,
-            ev["seq"],
-            step if type(step) is int else NO_STEP,
-            _intern(name) if type(name) is str else "",
-            _intern(module) if type(module) is str else "",
-            _intern(source) if type(source) is str else "",
-            flags,
-            codec.pack(ev),
-            None,
-            None,
-            None,
-            ids,
-        )
+        flags = _flags(ev, "inputs", "outputs")
+        return _record(OP, ev, ev.get("name"), ev.get("module"), flags, ids=ids)
     if kind == GRAD:
-        flags = _side_flags(ev.get("grad_outputs"), FLAG_NAN_IN, FLAG_INF_IN) | _side_flags(
-            ev.get("grad_inputs"), FLAG_NAN_OUT, FLAG_INF_OUT
-        )
-        name, param, source, step = (
-            ev.get("node"),
-            ev.get("param"),
-            ev.get("source"),
-            ev.get("step"),
-        )
-        node_id, op_seq = ev.get("node_id"), ev.get("op_seq")
-        return (
+        flags = _flags(ev, "grad_outputs", "grad_inputs")
+        return _record(
             GRAD,
-            ev["seq"],
-            step if type(step) is int else NO_STEP,
-            _intern(name) if type(name) is str else "",
+            ev,
+            ev.get("node"),
             "",
-            _intern(source) if type(source) is str else "",
             flags,
-            codec.pack(ev),
-            node_id if type(node_id) is int else None,
-            op_seq if type(op_seq) is int else None,
-            _intern(param) if type(param) is str and param else None,
-            (),
+            ev.get("node_id"),
+            ev.get("op_seq"),
+            ev.get("param"),
         )
     if kind == ATEN:
-        flags = _side_flags(ev.get("inputs"), FLAG_NAN_IN, FLAG_INF_IN) | _side_flags(
-            ev.get("outputs"), FLAG_NAN_OUT, FLAG_INF_OUT
-        )
+        flags = _flags(ev, "inputs", "outputs")
         if ev.get("accumulate"):
             flags |= FLAG_ACCUMULATE
-        name, module, source, step = (
-            ev.get("name"),
-            ev.get("module"),
-            ev.get("source"),
-            ev.get("step"),
-        )
-        node_id, op_seq = ev.get("node_id"), ev.get("op_seq")
-        return (
-            ATEN,
-            ev["seq"],
-            step if type(step) is int else NO_STEP,
-            _intern(name) if type(name) is str else "",
-            _intern(module) if type(module) is str else "",
-            _intern(source) if type(source) is str else "",
-            flags,
-            codec.pack(ev),
-            node_id if type(node_id) is int else None,
-            op_seq if type(op_seq) is int else None,
-            None,
-            (),
+        return _record(
+            ATEN, ev, ev.get("name"), ev.get("module"), flags, ev.get("node_id"), ev.get("op_seq")
         )
     return ev if isinstance(ev, Event) else Event(ev)
 
