@@ -516,17 +516,8 @@ class DetailPanel(VerticalScroll, can_focus=True):
         lines = [f"[b $accent]{_e(ev.get('name', '?'))}[/]"]
         seq = ev.get("seq")
         step = ev.get("step")
-        meta = [
-            f"op · event #{seq}" if seq is not None else "op (not run yet)",
-            f"step {step}",
-        ]
-        if ev.get("module"):
-            meta.append(f"module [b]{_e(ev['module'])}[/]")
-        if isinstance(ev.get("duration_us"), (int, float)):
-            meta.append(f"{ev['duration_us']:.0f} µs")
-        if ev.get("thread"):
-            meta.append(_e(ev["thread"]))
-        lines.append(" · ".join(meta))
+        what = f"op · event #{seq}" if seq is not None else "op (not run yet)"
+        lines.append(_meta_line(what, step, ev.get("module"), ev))
         if data is not None and type(seq) is int:
             node_ids = data.nodes_of_op(seq)
             if node_ids:
@@ -677,15 +668,8 @@ class DetailPanel(VerticalScroll, can_focus=True):
         """One aten call: what ran it (op or node, a link), then like an op."""
         lines = [f"[b $accent]{_e(ev.get('name', '?'))}[/]"]
         seq = ev.get("seq")
-        meta = [f"aten call · event #{seq}", f"step {ev.get('step')}"]
         module = row.module if isinstance(row, Row) else ev.get("module")
-        if module:
-            meta.append(f"module [b]{_e(module)}[/]")
-        if isinstance(ev.get("duration_us"), (int, float)):
-            meta.append(f"{ev['duration_us']:.0f} µs")
-        if ev.get("thread"):
-            meta.append(_e(ev["thread"]))
-        lines.append(" · ".join(meta))
+        lines.append(_meta_line(f"aten call · event #{seq}", ev.get("step"), module, ev))
         step = data.step if data is not None else None
         parent = row.parent if isinstance(row, AtenRow) else None
         op_seq, nid = ev.get("op_seq"), ev.get("node_id")
@@ -781,3 +765,15 @@ def _value_grid(
                 cells.append(text)
         lines.append(f"[dim]{_e(label).rjust(label_width)}[/] " + " ".join(cells))
     return lines
+
+
+def _meta_line(what: str, step: Any, module: str | None, ev: Event) -> str:
+    """``op · event #8 · step 0 · module [b]blocks.0[/] · 12 µs · MainThread``."""
+    meta = [what, f"step {step}"]
+    if module:
+        meta.append(f"module [b]{_e(module)}[/]")
+    if isinstance(ev.get("duration_us"), (int, float)):
+        meta.append(f"{ev['duration_us']:.0f} µs")
+    if ev.get("thread"):
+        meta.append(_e(ev["thread"]))
+    return " · ".join(meta)
