@@ -99,7 +99,10 @@ def test_a_module_regex_keeps_the_calls_inside_that_module_only():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     x = torch.randn(4, 8)
     with torchscope.trace(aten=r"^2$") as tr:
+        # scoped: the mode is on the stack only inside module 2 and its nodes' kernels
+        assert torch._C._len_torch_dispatch_stack() == 0
         model(x).sum().backward()
+        assert torch._C._len_torch_dispatch_stack() == 0
     calls = aten_events(tr)
     assert calls and {e.module for e in calls} == {"2"}
     assert {e.node for e in calls if e.node} <= {"AddmmBackward0", "TBackward0", "AccumulateGrad"}

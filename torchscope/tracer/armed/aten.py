@@ -14,10 +14,12 @@ it is torchscope's, never recorded.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from typing import Any
 
 import torch
+from torch.nn.modules import module as module_mod
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchscope.protocol.breakpoints import AFTER, BEFORE
@@ -28,6 +30,7 @@ from torchscope.tracer.armed.recorder import Recorder
 from torchscope.tracer.armed.recording import THIS_THREAD
 
 _current_node = torch._C._current_autograd_node
+_is_compiling = torch.compiler.is_compiling
 _names: dict[Any, str] = {}
 
 
@@ -203,3 +206,81 @@ class AtenMode(TorchDispatchMode):
         except Exception as exc:
             self._report_error("aten call", exc)
         return out
+
+
+class AtenScope:
+    """The aten level scoped to some modules, at a cost in proportion to the scope: the mode
+    is on the stack only inside the outermost call of a matching module (forward) and while
+    the kernels of a node made there run (backward); every other aten call never reaches
+    Python. (The engine's sums after such a node run with the mode off.)"""
+
+    def __init__(self, mode: AtenMode, scope: re.Pattern, modules: Any) -> None:
+        self._mode = mode
+        self._scope = scope
+        self._modules = modules  # ModuleTracker: its hooks run first and name the module
+        self._local = threading.local()
+        self._handles: list[Any] = []
+
+    def covers(self, module: str) -> bool:
+        return self._scope.search(module) is not None
+
+    def install(self) -> None:
+        if not self._handles:
+            self._handles = [
+                module_mod.register_module_forward_pre_hook(self._enter),
+                module_mod.register_module_forward_hook(self._exit, always_call=True),
+            ]
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _stack(self) -> list[int]:
+        try:
+            return self._local.stack
+        except AttributeError:
+            self._local.stack = []
+            return self._local.stack
+
+    # A module call: 0 outside the scope, 1 inside (an outer call pushed), 2 pushed here.
+    def _enter(self, module: Any, args: Any) -> None:
+        if _is_compiling() or (
+            self._modules.owner is not None and threading.get_ident() != self._modules.owner
+        ):
+            return
+        stack = self._stack()
+        if stack and stack[-1]:
+            stack.append(1)
+        elif self._scope.search(self._modules.current()):
+            self._mode.__enter__()
+            stack.append(2)
+        else:
+            stack.append(0)
+
+    def _exit(self, module: Any, *args: Any, **kwargs: Any) -> None:
+        if _is_compiling():
+            return
+        stack = getattr(self._local, "stack", None)
+        if stack and stack.pop() == 2:
+            self._pop()
+
+    def node_enter(self, grad_outputs: Any) -> None:
+        self._mode.__enter__()
+        self._local.open_nodes = getattr(self._local, "open_nodes", 0) + 1
+
+    def node_exit(self, grad_inputs: Any, grad_outputs: Any) -> None:
+        if self._pop():
+            self._local.open_nodes -= 1
+
+    def unwind(self) -> None:
+        """After a backward call: a node that raised never ran its post-hook."""
+        while getattr(self._local, "open_nodes", 0) > 0 and self._pop():
+            self._local.open_nodes -= 1
+
+    def _pop(self) -> bool:
+        n = torch._C._len_torch_dispatch_stack()
+        if n > 0 and torch._C._get_dispatch_stack_at(n - 1) is self._mode:
+            self._mode.__exit__(None, None, None)
+            return True
+        return False

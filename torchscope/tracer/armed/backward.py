@@ -95,6 +95,7 @@ class NodeHooks:
         run_id = recorder.run_id
         on_grad = recorder.on_batched_grad if batched else recorder.on_grad
         param_name = recorder.param_name
+        scoped = recorder.aten_scope
         infos = self.nodes
         handles = self._handles
         seen: set[int] = set()
@@ -150,6 +151,10 @@ class NodeHooks:
             # A partial, not a closure: called without a Python frame of its own, and it
             # holds the node's info and a bound method only (see the module docstring).
             handles.append(node.register_hook(partial(on_grad, info)))
+            if scoped is not None and scoped.covers(info["module"]):
+                # A scoped aten level: its mode on the stack while this node's kernels run.
+                handles.append(node.register_prehook(scoped.node_enter))
+                handles.append(node.register_hook(scoped.node_exit))
             if stepping:
                 handles.append(node.register_prehook(partial(recorder.on_grad_pre, info)))
 
@@ -176,6 +181,7 @@ class BackwardRecorder(Recorder):
         # Ids of the nodes whose post-hook ran in the backward call in progress (kept only
         # with the aten level on: what runs under such a node is the engine's own summing).
         self.done_nodes: set[int] | None = None
+        self.aten_scope: Any = None  # AtenScope: a scoped aten level's hooks on its nodes
 
     def begin_step(self) -> None:
         self.backward_index = 0
@@ -206,6 +212,8 @@ class BackwardRecorder(Recorder):
         try:
             return func(*args, **kwargs)
         finally:
+            if self.aten_scope is not None:
+                self.aten_scope.unwind()
             if hooks is not None:
                 try:
                     hooks.remove()

@@ -29,7 +29,7 @@ from torchscope.protocol.codec import PROTOCOL_VERSION
 from torchscope.protocol.events import ERROR, SESSION, STEP, Event
 from torchscope.protocol.tracefile import per_rank_path
 from torchscope.tracer.armed import caller_warnings
-from torchscope.tracer.armed.aten import AtenMode, AtenRecorder, aten_scope
+from torchscope.tracer.armed.aten import AtenMode, AtenRecorder, AtenScope, aten_scope
 from torchscope.tracer.armed.backward import BackwardRecorder
 from torchscope.tracer.armed.forward import ForwardMode, ForwardRecorder
 from torchscope.tracer.armed.modules import ModuleTracker
@@ -149,7 +149,8 @@ class Tracer:
         self._owner_name = THIS_THREAD.name
         self.mode: ForwardMode | None = None  # built at start(), with the recorders
         self.backward: BackwardRecorder | None = None
-        self.aten_mode: AtenMode | None = None
+        self.aten_mode: AtenMode | None = None  # pushed with the function mode (everywhere)
+        self.aten_scoped: AtenScope | None = None  # or pushed inside its modules only
         self._mode_pushed = False
         self.step_traced = False
         # Meet the other ranks before collectives (set by the agent while the command line
@@ -232,7 +233,13 @@ class Tracer:
             forward.aten = aten = AtenRecorder(
                 *parts, **ids, scope=self.aten_scope, done_nodes=done
             )
-            self.aten_mode = AtenMode(aten)
+            mode = AtenMode(aten)
+            if self.aten_scope.pattern:
+                self.aten_scoped = self.backward.aten_scope = AtenScope(
+                    mode, self.aten_scope, self.modules
+                )
+            else:
+                self.aten_mode = mode
 
     def _start_nested(self, outer: Tracer) -> Tracer:
         """``trace()`` inside a traced run (``torchscope run`` of a script that calls it):
@@ -291,6 +298,8 @@ class Tracer:
         if self.clock is not None:
             self.clock.remove()
         self.modules.remove()
+        if self.aten_scoped is not None:
+            self.aten_scoped.remove()
         self.outputs.writer = self.outputs.publisher = None
         if self.pipeline is not None:
             self.pipeline.sinks = []
@@ -406,8 +415,12 @@ class Tracer:
         self.step_traced = active
         if active:
             self.modules.install()
+            if self.aten_scoped is not None:
+                self.aten_scoped.install()  # after the module tracker's: it names the module
         else:
             self.modules.remove()
+            if self.aten_scoped is not None:
+                self.aten_scoped.remove()
         self._enable_modes(active)
         on_owner = threading.get_ident() == self._owner
         if active and not self._mode_pushed and on_owner:
