@@ -19,13 +19,13 @@ import time
 from typing import Any
 
 import torch
-from torch.nn.modules import module as module_mod
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchscope.protocol.breakpoints import AFTER, BEFORE
 from torchscope.protocol.events import ATEN, Event
 from torchscope.tracer.armed.backward import NODE_ID, NODE_MOD, NODE_SRC, node_name
 from torchscope.tracer.armed.calls import iter_tensors, result_tensors
+from torchscope.tracer.armed.modules import ModuleCallHooks, ModuleTracker
 from torchscope.tracer.armed.recorder import Recorder
 from torchscope.tracer.armed.recording import THIS_THREAD
 
@@ -208,40 +208,21 @@ class AtenMode(TorchDispatchMode):
         return out
 
 
-class AtenScope:
+class AtenScope(ModuleCallHooks):
     """The aten level scoped to some modules, at a cost in proportion to the scope: the mode
     is on the stack only inside the outermost call of a matching module (forward) and while
     the kernels of a node made there run (backward); every other aten call never reaches
-    Python. (The engine's sums after such a node run with the mode off.)"""
+    Python. (The engine's sums after such a node run with the mode off.) Its module hooks go
+    in after the module tracker's, which names the module."""
 
-    def __init__(self, mode: AtenMode, scope: re.Pattern, modules: Any) -> None:
+    def __init__(self, mode: AtenMode, scope: re.Pattern, modules: ModuleTracker) -> None:
+        super().__init__()
         self._mode = mode
         self._scope = scope
-        self._modules = modules  # ModuleTracker: its hooks run first and name the module
-        self._local = threading.local()
-        self._handles: list[Any] = []
+        self._modules = modules
 
     def covers(self, module: str) -> bool:
         return self._scope.search(module) is not None
-
-    def install(self) -> None:
-        if not self._handles:
-            self._handles = [
-                module_mod.register_module_forward_pre_hook(self._enter),
-                module_mod.register_module_forward_hook(self._exit, always_call=True),
-            ]
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
-    def _stack(self) -> list[int]:
-        try:
-            return self._local.stack
-        except AttributeError:
-            self._local.stack = []
-            return self._local.stack
 
     # A module call: 0 outside the scope, 1 inside (an outer call pushed), 2 pushed here.
     def _enter(self, module: Any, args: Any) -> None:
@@ -252,16 +233,16 @@ class AtenScope:
         stack = self._stack()
         if stack and stack[-1]:
             stack.append(1)
-        elif self._scope.search(self._modules.current()):
+        elif self.covers(self._modules.current()):
             self._mode.__enter__()
             stack.append(2)
         else:
             stack.append(0)
 
-    def _exit(self, module: Any, *args: Any, **kwargs: Any) -> None:
+    def _exit(self, module: Any, args: Any, output: Any) -> None:
         if _is_compiling():
             return
-        stack = getattr(self._local, "stack", None)
+        stack = self._stack()
         if stack and stack.pop() == 2:
             self._pop()
 

@@ -20,22 +20,14 @@ _is_compiling = torch.compiler.is_compiling
 _get_ident = threading.get_ident
 
 
-class ModuleTracker:
+class ModuleCallHooks:
+    """A pair of global hooks around every module's forward, with a stack per thread: what
+    to do on entering and on leaving a call is the subclass's (``_enter``, ``_exit``)."""
+
     def __init__(self) -> None:
-        self._names: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
-        self._indexed_roots: weakref.WeakSet[nn.Module] = weakref.WeakSet()
-        # id(param) -> (weakref to param, qualified name); ids are checked against the weakref.
-        self._params: dict[int, tuple[weakref.ref, str]] = {}
         self._local = threading.local()
         self._handles: list = []
-        self.owner: int | None = None  # the traced thread (None: every thread)
-        self._param_roots: list[str] = []  # class names of the roots that own parameters
-        # Roots whose gradients are synchronised across ranks: DDP-wrapped, or FSDP2
-        # (fully_shard) roots, whose gradients end up reduce-scattered, one shard per rank.
-        self._ddp: weakref.WeakSet[nn.Module] = weakref.WeakSet()
-        self._searched: set[int] = set()  # ids of parameters looked for among live modules
 
-    # -- hooks ---------------------------------------------------------------------------
     def install(self) -> None:
         if self._handles:
             return
@@ -50,12 +42,34 @@ class ModuleTracker:
         self._handles = []
         self._local = threading.local()
 
-    def _stack(self) -> list[str]:
+    def _stack(self) -> list:
         stack = getattr(self._local, "stack", None)
         if stack is None:
             stack = self._local.stack = []
         return stack
 
+    def _enter(self, module: nn.Module, args: object) -> None:
+        raise NotImplementedError
+
+    def _exit(self, module: nn.Module, args: object, output: object) -> None:
+        raise NotImplementedError
+
+
+class ModuleTracker(ModuleCallHooks):
+    def __init__(self) -> None:
+        super().__init__()
+        self._names: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+        self._indexed_roots: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+        # id(param) -> (weakref to param, qualified name); ids are checked against the weakref.
+        self._params: dict[int, tuple[weakref.ref, str]] = {}
+        self.owner: int | None = None  # the traced thread (None: every thread)
+        self._param_roots: list[str] = []  # class names of the roots that own parameters
+        # Roots whose gradients are synchronised across ranks: DDP-wrapped, or FSDP2
+        # (fully_shard) roots, whose gradients end up reduce-scattered, one shard per rank.
+        self._ddp: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+        self._searched: set[int] = set()  # ids of parameters looked for among live modules
+
+    # -- hooks ---------------------------------------------------------------------------
     def _enter(self, module: nn.Module, args: object) -> None:
         if _is_compiling():
             return  # inside a torch.compile graph: no Python state of ours may be traced
