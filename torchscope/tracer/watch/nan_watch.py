@@ -811,6 +811,8 @@ def describe(det: dict[str, Any], rank: int | None = None) -> str:
             text = f"{who}: {noun} enters at step {step} as {det['origin']}{at}"
         else:
             origin, where = det["origin"], det["where"]
+            if det.get("aten"):  # the replay ran at the aten level: the kernel, then its op
+                origin = f"{det['aten']} inside {origin}"
             text = f"{who}: {noun} first appears at step {step} in {origin} ({where}){at}"
         if det.get("outside_modules"):
             site = _short(det.get("backward_source"))
