@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
@@ -323,7 +325,83 @@ def test_autocast_checkpoint_and_custom_functions_at_the_aten_level(mode):
     traced = run(tr)
     assert traced[0] == plain[0] and torch.equal(traced[1], plain[1])
     assert tr.errors == []
-    names = {e.name for e in aten_events(tr)}
+    calls = aten_events(tr)
+    names = {e.name for e in calls}
     assert "aten.addmm.default" in names and "aten.mm.default" in names
+    labelled = {(e.name, e.get("node"), e.get("label")) for e in calls if e.get("label")}
+    ops = {e.seq: e.name for e in tr.events if e.kind == "op"}
     if mode == "autocast":
-        assert "aten._to_copy.default" in names
+        # the casts autocast put before F.linear, not the user's own y.float() after it
+        casts = [e for e in calls if e.name == "aten._to_copy.default" and e.node is None]
+        assert [(ops[e.op_seq], e.get("label")) for e in casts] == [
+            ("torch.nn.functional.linear", "autocast")
+        ] * 3 + [("Tensor.float", None)]
+        assert {lbl for _, _, lbl in labelled} == {"autocast"}
+    elif mode == "checkpoint":
+        # the forward re-run inside the first node whose saved tensors it unpacks
+        assert ("aten.addmm.default", "ReluBackward0", "recompute") in labelled
+        assert not any(e.get("label") for e in calls if e.node is None)
+        assert ("aten.threshold_backward.default", "ReluBackward0", None) in {
+            (e.name, e.node, e.get("label")) for e in calls
+        }
+    elif mode == "reentrant":
+        assert ("aten.addmm.default", "CheckpointFunctionBackward", "recompute") in labelled
+        assert not any(e.get("label") for e in calls if e.node == "AddmmBackward0")
+    else:
+        assert labelled == set()
+
+
+def test_calls_under_vmap_are_labelled_with_the_transform():
+    w = torch.randn(4)
+    x = torch.randn(3, 4)
+    plain = torch.vmap(lambda r: (r * w).sum())(x)
+    with torchscope.trace(aten=True) as tr:
+        traced = torch.vmap(lambda r: (r * w).sum())(x)
+        y = (x * w).sum()
+    assert torch.equal(plain, traced) and tr.errors == []
+    labels = [(e.name, e.get("label")) for e in aten_events(tr)]
+    # the batched kernels vmap chose (a sum over dim 1 for each row's sum), then the plain ones
+    assert labels == [
+        ("aten.mul.Tensor", "vmap"),
+        ("aten.sum.dim_IntList", "vmap"),
+        ("aten.mul.Tensor", None),
+        ("aten.sum.default", None),
+    ]
+    assert y.item() == pytest.approx(plain.sum().item(), rel=1e-5)
+
+
+def test_a_dtensor_records_its_local_shard_and_placement(tmp_path):
+    """DTensor on one gloo rank: its aten calls and ops carry the global shape, the local
+    shard's stats and the placement; results as without tracing."""
+    code = """
+import json, os, torch, torchscope, torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://" + os.environ["STORE"],
+                        rank=0, world_size=1)
+from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+mesh = init_device_mesh("cpu", (1,))
+torch.manual_seed(0)
+w = distribute_tensor(torch.randn(4, 6), mesh, [Shard(0)]).requires_grad_()
+def run():
+    y = (w * 3).relu().sum()
+    y.backward()
+    return y.full_tensor().item()
+plain = run()
+with torchscope.trace(aten=True) as tr:
+    traced = run()
+mul = [e for e in tr.events if e.kind == "aten" and e.name == "aten.mul.Tensor"][0]
+print(json.dumps({"same": plain == traced, "errors": len(tr.errors), "mul": mul.outputs[0],
+                  "norm": (w.to_local() * 3).norm().item()}))
+dist.destroy_process_group()
+"""
+    env = {**os.environ, "STORE": str(tmp_path / "store")}
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["same"] and got["errors"] == 0
+    out = got["mul"]
+    assert out["type"] == "torch.distributed.tensor.DTensor"
+    assert (out["shape"], out["local_shape"]) == ([4, 6], [4, 6])
+    assert out["placement"] == "Shard(dim=0)" and out["stats_of"] == "local"
+    assert out["stats"]["norm"] == pytest.approx(got["norm"], rel=1e-6)

@@ -7,6 +7,11 @@ run); in backward, the node it ran for (``node_id``, from ``torch._C._current_au
 or, once that node's post-hook has fired, the autograd engine summing the gradients that reach
 a tensor by two paths (``accumulate``). Module path and source line are the parent's.
 
+A call made by something other than its parent's own work says so in ``label``: ``autocast``
+(a cast autocast inserted before the op), ``recompute`` (activation checkpointing re-running
+the forward inside a backward node), or the torch.func transform the op ran under (``vmap``,
+``grad``, ``jvp``: the calls are the batched kernels the transform chose).
+
 The tracer's own reductions run under the pipeline's lock: a call made while this thread holds
 it is torchscope's, never recorded.
 """
@@ -31,6 +36,16 @@ from torchscope.tracer.armed.recording import THIS_THREAD
 
 _current_node = torch._C._current_autograd_node
 _is_compiling = torch.compiler.is_compiling
+_functorch_level = torch._C._functorch.maybe_current_level
+_top_saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+# Read above the dispatcher: inside autocast's kernels (and so in a dispatch mode) it is off.
+_is_autocasting = getattr(torch._C, "_is_any_autocast_enabled", lambda: False)
+AUTOCAST, RECOMPUTE = "autocast", "recompute"
+# Python ops that are casts themselves: their _to_copy is theirs, not autocast's.
+_CAST_OPS = frozenset(
+    "Tensor.to Tensor.type Tensor.type_as Tensor.float Tensor.double Tensor.half "
+    "Tensor.bfloat16 Tensor.int Tensor.long Tensor.bool torch._to_copy".split()
+)
 _names: dict[Any, str] = {}
 
 
@@ -40,6 +55,23 @@ def aten_name(func: Any) -> str:
     if name is None:
         name = _names[func] = str(func)
     return name
+
+
+def transform_now() -> str | None:
+    """The torch.func transform the caller runs under (``vmap``, ``grad``, ``jvp``), or None.
+    Only visible above the dispatcher: a dispatch mode runs below the transforms."""
+    if _functorch_level() is None:
+        return None
+    key = torch._C._functorch.peek_interpreter_stack().key()
+    return str(key).rsplit(".", 1)[-1].lower()
+
+
+def _recomputing(node_label: str) -> bool:
+    """Whether activation checkpointing is re-running a forward inside this backward node."""
+    if node_label == "CheckpointFunctionBackward":  # use_reentrant=True: its whole backward
+        return True
+    hooks = _top_saved_tensors_hooks(False)  # use_reentrant=False: its recomputation hooks
+    return hooks is not None and hooks[1].__qualname__.startswith("_recomputation_hook.")
 
 
 def aten_scope(aten: bool | str | None) -> re.Pattern | None:
@@ -62,9 +94,13 @@ class AtenRecorder(Recorder):
         self._everywhere = not scope.pattern
         self.done_nodes = done_nodes  # nodes whose post-hook ran, in this backward call
         self.children: list[Event] | None = None  # calls of the forward op in progress
+        self.transform: str | None = None  # the torch.func transform that op runs under
+        self.autocasting = False  # ... and whether autocast was on for it
 
     def begin_op(self) -> None:
         self.children = []
+        self.transform = transform_now()
+        self.autocasting = _is_autocasting()
 
     def end_op(self, op: Event | None) -> None:
         """The op has run and has its number: its calls go out first, linked to it (None:
@@ -78,6 +114,13 @@ class AtenRecorder(Recorder):
                 ev["op_seq"] = seq
                 ev["source"] = source
                 ev["function"] = function
+            if self.autocasting and op["name"] not in _CAST_OPS:  # not the user's own cast
+                for ev in children:
+                    if ev["name"] == "aten._to_copy.default":
+                        ev["label"] = AUTOCAST
+        if self.transform is not None:
+            for ev in children:
+                ev["label"] = self.transform
         add = self.pipeline.add
         with self.pipeline.lock:
             for ev in children:
@@ -118,9 +161,11 @@ class AtenRecorder(Recorder):
             nid = md.get(NODE_ID)
             event["source"] = md.get(NODE_SRC)
             event["node_id"] = nid
-            event["node"] = node_name(node)
+            event["node"] = label = node_name(node)
             if nid in self.done_nodes:
                 event["accumulate"] = True  # the engine summing a tensor's incoming gradients
+            elif _recomputing(label):
+                event["label"] = RECOMPUTE
         ins = iter_tensors(args, kwargs)
         summaries = self.summaries
         with self.recording:

@@ -9,6 +9,7 @@ non-blocking copy per batch instead of one sync per tensor; on the CPU the copy 
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import weakref
 from typing import Any
@@ -64,6 +65,14 @@ def tensor_meta(t: torch.Tensor) -> dict[str, Any]:
     if cls is not torch.Tensor and cls is not torch.nn.Parameter:
         meta["type"] = f"{cls.__module__}.{cls.__qualname__}"
     return meta
+
+
+def _local_shard(t: torch.Tensor) -> tuple[torch.Tensor, str] | None:
+    """A DTensor's local tensor and its placements (``Shard(dim=0)``), or None for others."""
+    dtensor = sys.modules.get("torch.distributed.tensor")  # never imported here: no DTensor
+    if dtensor is None or not isinstance(t, dtensor.DTensor):
+        return None
+    return t._local_tensor, ", ".join(map(repr, t.placements))
 
 
 def _stat_view(t: torch.Tensor, keep_half: bool) -> tuple[torch.Tensor | None, str | None]:
@@ -204,6 +213,13 @@ class Summarizer:
                     self._queue(summary, t, t, numel)
                 return summary
         summary = tensor_meta(t)
+        local = _local_shard(t)
+        if local is not None:
+            # A DTensor: the global shape above, the numbers of this rank's shard (reading
+            # the whole would run a collective).
+            t, summary["placement"] = local
+            summary["local_shape"] = list(t.shape)
+            summary["stats_of"] = "local"
         x, note = _stat_view(t, keep_half=not self.reads_now(t))
         if x is None:
             summary["stats"] = None
