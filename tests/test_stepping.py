@@ -522,3 +522,56 @@ def test_an_aten_breakpoint_stops_before_the_call_and_a_step_shows_its_outputs()
     result = job.finish()
     assert torch.equal(result, (torch.relu(x @ w) / 2).sum().detach())
     assert parse_break_spec("aten:mm") == {"aten": "mm"}
+
+
+def run_to_end(job: Job) -> list[dict]:
+    """Let the job run on, continuing every pause; the pauses it made on the way."""
+    pauses = []
+    while True:
+        point = job.stepper.paused
+        if point is not None:
+            pauses.append(point.describe())
+            job.stepper.request_continue()
+            job.wait_running(pauses[-1])
+        elif not job.is_alive():
+            return pauses
+        time.sleep(0.005)
+
+
+def test_a_nan_breakpoint_stops_once_at_the_aten_call_that_made_the_value():
+    """With the aten level on, ``nan``/``inf`` stop after the aten call where the value first
+    appears (log_softmax inside cross_entropy; div inside SqrtBackward0), and not again at the
+    op or node it ran for."""
+    import torch.nn.functional as F
+
+    logits = torch.zeros(2, 5, requires_grad=True)
+    mask = torch.tensor([[True] * 5, [False] * 5])
+    target = torch.tensor([1, 3])
+    x = torch.tensor([0.0, 1.0], requires_grad=True)
+
+    def body():
+        F.cross_entropy(logits.masked_fill(mask, float("-inf")), target)  # NaN, forward
+        x.sqrt().sum().backward()  # Inf, backward: 1 / (2 * sqrt(0))
+        return x.grad
+
+    job = Job(body, breakpoints=[parse_break_spec("nan"), parse_break_spec("inf")], aten=True)
+    job.start()
+    forward = job.wait_paused()
+    ev = forward["event"]
+    assert (forward["phase"], ev["kind"], ev["name"], ev["op"], forward["reason"]) == (
+        "after",
+        "aten",
+        "aten._log_softmax.default",
+        "torch.nn.functional.cross_entropy",
+        "breakpoint 1",
+    )
+    assert ev["outputs"][0]["stats"]["nan"] == 5
+    job.stepper.request_continue()
+    job.wait_running(forward)
+    rest = run_to_end(job)
+    assert [(p["event"]["name"], p["event"].get("node"), p["reason"]) for p in rest] == [
+        ("aten.div.Tensor", "SqrtBackward0", "breakpoint 2")
+    ]
+    assert torch.isinf(job.finish()).any()
+    hits = [bp["hits"] for bp in job.stepper.state()["breakpoints"]]
+    assert hits == [1, 1]

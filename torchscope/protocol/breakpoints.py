@@ -26,6 +26,7 @@ from typing import Any
 from torchscope.protocol.events import all_finite
 
 NAN_CONDITIONS = ("nan", "inf", "anynan")
+_ORIGIN_CONDITIONS = ("nan", "inf")  # where the value first appears
 MAX_PATTERN_CHARS = 256  # longer op/module patterns are refused
 MAX_PATTERN_STATES = 2000  # the matcher's size once repeats are expanded (a{1000}{1000}: refused)
 MAX_CACHED_VERDICTS = 16_384  # per breakpoint and condition; then the cache starts over
@@ -115,10 +116,12 @@ class Breakpoint:
             return False
         if self.from_step is not None and step < self.from_step:
             return False
-        # An aten: breakpoint stops at aten calls only, and only it stops there.
-        if (self._aten is not None) != (event.get("kind") == "aten"):
-            return False
-        if self._aten is not None and not self._aten.search(str(event.get("name") or "")):
+        # An aten: breakpoint stops at aten calls only; at aten calls only it and a nan/inf
+        # breakpoint stop (at the call where the value first appears).
+        if self._aten is not None:
+            if event.get("kind") != "aten" or not self._aten.search(str(event.get("name") or "")):
+                return False
+        elif event.get("kind") == "aten" and self.nan not in _ORIGIN_CONDITIONS:
             return False
         if self._op is not None:
             name = event.get("name") or event.get("node") or ""
@@ -157,7 +160,7 @@ class Breakpoint:
 
 
 def _any_bad(event: dict[str, Any]) -> bool:
-    return not all_finite(event.get("outputs" if event.get("kind") == "op" else "grad_inputs"))
+    return not all_finite(event.get("grad_inputs" if event.get("kind") == "grad" else "outputs"))
 
 
 _BREAK_KEYS = (

@@ -64,8 +64,14 @@ class PausePoint:
     def where(self) -> str:
         ev = self.event
         name = ev.get("name") or ev.get("node") or "?"
+        if ev.get("kind") == ATEN and (ev.get("node") or ev.get("op")):
+            name += f" inside {ev.get('node') or ev.get('op')}"  # the node, or the op it runs for
         source = ev.get("source")
         return f"{name} ({self.phase}){f' at {source}' if source else ''}"
+
+
+def _no_origin(event: dict[str, Any]) -> None:
+    return None
 
 
 # What ended a pause a UI held, as the job says it on stderr (the lease says its own).
@@ -113,6 +119,9 @@ class Stepper:
         self.owners: dict[int, Any] = {}
         self.paused: PausePoint | None = None
         self._in_aten = False  # the last pause was at an aten call: a step goes to the next
+        # A nan/inf breakpoint stopped at the aten call that made the value: the op or node
+        # it ran for (the next one to finish) is not stopped at again for the same value.
+        self._origin_stopped_inside = False
         self.auto_resumed = 0
         # Read on every op by the training thread: a plain attribute, kept current under _cv.
         self.active = self._mode != RUN
@@ -151,7 +160,14 @@ class Stepper:
         if self._quiet_until:
             now = time.monotonic()
             bps = [bp for bp in bps if self._quiet_until.get(bp.id, 0.0) <= now]
+        if phase == AFTER and self._origin_stopped_inside and event.get("kind") != ATEN:
+            self._origin_stopped_inside = False
+            origin = _no_origin
         return first_hit(bps, phase, event, origin)
+
+    def origin_stopped_inside(self) -> None:
+        """The pause just ended was at the aten call where a NaN/Inf first appears."""
+        self._origin_stopped_inside = True
 
     def at_point(self, point: PausePoint) -> str:
         """Block the calling (training) thread until the UI lets it go or the lease ends.

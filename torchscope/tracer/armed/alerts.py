@@ -75,11 +75,16 @@ def origin_kind(event: dict) -> str | None:
     sides = _sides(event)
     if sides is None:
         return None
-    ins, outs = sides
+    return made_here(*sides, inf_arg=bool(event.get("inf_arg")))
+
+
+def made_here(ins: list, outs: list, *, inf_arg: bool = False) -> str | None:
+    """'nan' or 'inf' when a call with these input and output summaries made that value: its
+    outputs hold it, its inputs hold none (an Inf from an infinite argument is meant)."""
     out_bad = _worst(outs)
     if out_bad is None or _worst(ins) is not None:
         return None
-    if out_bad == "inf" and event.get("inf_arg"):
+    if out_bad == "inf" and inf_arg:
         return None
     return out_bad
 

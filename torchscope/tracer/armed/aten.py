@@ -27,9 +27,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchscope.protocol.breakpoints import AFTER, BEFORE
-from torchscope.protocol.events import ATEN, Event
+from torchscope.protocol.events import ATEN, Event, all_finite
+from torchscope.tracer.armed.alerts import made_here
 from torchscope.tracer.armed.backward import NODE_ID, NODE_MOD, NODE_SRC, node_name
-from torchscope.tracer.armed.calls import iter_tensors, result_tensors
+from torchscope.tracer.armed.calls import has_inf_scalar, iter_tensors, result_tensors
 from torchscope.tracer.armed.modules import ModuleCallHooks, ModuleTracker
 from torchscope.tracer.armed.recorder import Recorder
 from torchscope.tracer.armed.recording import THIS_THREAD
@@ -47,6 +48,13 @@ _CAST_OPS = frozenset(
     "Tensor.bfloat16 Tensor.int Tensor.long Tensor.bool torch._to_copy".split()
 )
 _names: dict[Any, str] = {}
+
+
+def _readable(t: torch.Tensor) -> bool:
+    """A plain floating tensor (subclasses, DTensor among them, are not read here)."""
+    return type(t) in (torch.Tensor, torch.nn.Parameter) and (
+        t.is_floating_point() or t.is_complex()
+    )
 
 
 def aten_name(func: Any) -> str:
@@ -96,9 +104,11 @@ class AtenRecorder(Recorder):
         self.children: list[Event] | None = None  # calls of the forward op in progress
         self.transform: str | None = None  # the torch.func transform that op runs under
         self.autocasting = False  # ... and whether autocast was on for it
+        self.op_name: str | None = None
 
-    def begin_op(self) -> None:
+    def begin_op(self, name: str) -> None:
         self.children = []
+        self.op_name = name
         self.transform = transform_now()
         self.autocasting = _is_autocasting()
 
@@ -189,7 +199,7 @@ class AtenRecorder(Recorder):
         """A call's identity before it runs (where an aten: breakpoint stops before it)."""
         node = _current_node()
         module = self.modules.current() if node is None else node.metadata.get(NODE_MOD, "")
-        return Event(
+        stub = Event(
             kind=ATEN,
             seq=None,
             step=self.state.step_index,
@@ -197,6 +207,25 @@ class AtenRecorder(Recorder):
             module=module,
             node=None if node is None else node_name(node),
         )
+        if node is None:
+            stub["op"] = self.op_name
+        return stub
+
+    def made_here(self, event: Event, ins: list, inf_arg: bool) -> str | None:
+        """ "nan"/"inf" when this call made the value its outputs hold. Inputs this step's
+        calls did not summarise (data, weights) are read now: paid only for a call with a bad
+        output, while a nan breakpoint is set."""
+        outs = event["outputs"]
+        if all_finite(outs):
+            return None
+        known = []
+        with self.recording:
+            for s, t in zip(event["inputs"], ins, strict=True):
+                if s and s.get("stats"):
+                    known.append(s)
+                elif _readable(t) and not bool(torch.isfinite(t).all()):
+                    return None
+        return made_here(known, outs, inf_arg=inf_arg)
 
 
 class AtenMode(TorchDispatchMode):
@@ -232,7 +261,8 @@ class AtenMode(TorchDispatchMode):
         return out
 
     def _stepped(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """A call while someone may pause: ``aten:`` breakpoints stop before and after it."""
+        """A call while someone may pause: ``aten:`` breakpoints stop before and after it,
+        ``nan``/``inf`` ones after the call that made the value."""
         recorder = self._recorder
         pauser = recorder.pauser
         assert pauser is not None
@@ -246,8 +276,18 @@ class AtenMode(TorchDispatchMode):
         try:
             event = self._record(func, args, kwargs, out, t0)
             if event is not None:
+                if event["node"] is None:
+                    event["op"] = recorder.op_name  # its op has no event yet: named for the UI
+                verdicts: list[str | None] = []
+
+                def origin(ev: dict) -> str | None:
+                    verdicts.append(recorder.made_here(ev, ins, has_inf_scalar(args, kwargs)))
+                    return verdicts[-1]
+
                 outs = result_tensors(out)
-                pauser.pause_point(AFTER, event, {"inputs": ins, "outputs": outs})
+                paused = pauser.pause_point(AFTER, event, {"inputs": ins, "outputs": outs}, origin)
+                if paused and any(verdicts) and not event.get("accumulate"):
+                    self._stepper.origin_stopped_inside()
         except Exception as exc:
             self._report_error("aten call", exc)
         return out

@@ -5,6 +5,7 @@ and the backward-call listener; imports nothing of torchscope.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -117,3 +118,15 @@ def result_tensors(result: Any) -> list[torch.Tensor]:
     if isinstance(result, (list, tuple)):
         return [r for r in result if isinstance(r, torch.Tensor)]
     return []
+
+
+def has_inf_scalar(args: tuple, kwargs: dict) -> bool:
+    """The call was given an infinite float (``masked_fill(mask, -inf)``): its Infs are meant."""
+    for a in args:
+        if type(a) is float and (a == math.inf or a == -math.inf):
+            return True
+    if kwargs:
+        for a in kwargs.values():
+            if type(a) is float and (a == math.inf or a == -math.inf):
+                return True
+    return False

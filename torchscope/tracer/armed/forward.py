@@ -8,7 +8,6 @@ what an op event needs and nothing of the session but :class:`ArmedState`.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, NamedTuple, Protocol
 
@@ -28,6 +27,7 @@ from torchscope.tracer.armed.backward import (
 )
 from torchscope.tracer.armed.calls import (
     BACKWARD_CALLS,
+    has_inf_scalar,
     iter_tensors,
     op_name,
     op_names,
@@ -63,7 +63,7 @@ class AtenCalls(Protocol):
     """The aten level as an op sees it (tracer/armed/aten.py): the calls made while the op
     runs are its own, delivered just before it."""
 
-    def begin_op(self) -> None: ...
+    def begin_op(self, name: str) -> None: ...
 
     def end_op(self, op: Event | None) -> None: ...
 
@@ -121,7 +121,7 @@ class ForwardRecorder(Recorder):
                             else summaries.external(t, deferrable)
                         )
         if self.aten is not None:
-            self.aten.begin_op()
+            self.aten.begin_op(name)
         return _pending(
             PendingOp, (name, tensors, inputs, _get_sequence_nr(), time.perf_counter_ns())
         )
@@ -179,7 +179,7 @@ class ForwardRecorder(Recorder):
             duration_us=(t1 - t0) / 1000,
             thread=THIS_THREAD.name,
         )
-        if _has_inf_scalar(args, kwargs):
+        if has_inf_scalar(args, kwargs):
             event["inf_arg"] = True  # an Inf it makes is on purpose (masked_fill(m, -inf))
         with self.recording:
             # A view's output shares its input's stats when the input is unchanged (the
@@ -350,14 +350,3 @@ def _grad_fn(t: torch.Tensor) -> Any:
         return t.grad_fn
     except RuntimeError:
         return None
-
-
-def _has_inf_scalar(args: tuple, kwargs: dict) -> bool:
-    for a in args:
-        if type(a) is float and (a == math.inf or a == -math.inf):
-            return True
-    if kwargs:
-        for a in kwargs.values():
-            if type(a) is float and (a == math.inf or a == -math.inf):
-                return True
-    return False

@@ -42,9 +42,16 @@ class Pauser:
         seq = event.get("seq")
         return self._pipeline.alerts.origins.get(seq) if seq is not None else None
 
-    def pause_point(self, phase: str, event: Event, tensors: dict[str, list[Any]]) -> bool:
+    def pause_point(
+        self,
+        phase: str,
+        event: Event,
+        tensors: dict[str, list[Any]],
+        origin: Callable[[dict], str | None] | None = None,
+    ) -> bool:
         """Ask the stepper whether to stop here; if so, block this thread until told to go.
-        Returns whether it paused.
+        Returns whether it paused. ``origin(event)``: whether NaN/Inf first appears here
+        ("nan"/"inf"); by default, the alert detector's verdict.
 
         Never raises into the job: a failure here is reported and the job runs on.
         """
@@ -55,7 +62,7 @@ class Pauser:
             # only while such a breakpoint could match here.
             if phase == AFTER and stepper.needs_stats(event):
                 pipeline.flush(wait=True)
-            reason = stepper.should_pause(phase, event, self._origin_of)
+            reason = stepper.should_pause(phase, event, origin or self._origin_of)
             if reason is None:
                 return False
             pipeline.flush(wait=True)  # everything up to here reaches the UI and the file
