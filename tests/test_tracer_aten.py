@@ -405,3 +405,47 @@ dist.destroy_process_group()
     assert (out["shape"], out["local_shape"]) == ([4, 6], [4, 6])
     assert out["placement"] == "Shard(dim=0)" and out["stats_of"] == "local"
     assert out["stats"]["norm"] == pytest.approx(got["norm"], rel=1e-6)
+
+
+def test_gpt2_from_a_config_trains_bit_identically_at_the_aten_level():
+    """Hugging Face GPT-2 (2 layers, built from a config): losses and weights bit-identical
+    with every aten call traced, and the attention's kernels found under its modules."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    def train(ctx):
+        torch.manual_seed(0)
+        config = GPT2Config(
+            vocab_size=64,
+            n_positions=16,
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+        model = GPT2LMHeadModel(config)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ids = torch.randint(0, 64, (2, 16))
+        losses = []
+        with ctx:
+            for _ in range(3):
+                loss = model(input_ids=ids, labels=ids).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.item())
+        return losses, model.lm_head.weight.detach().clone()
+
+    import contextlib
+
+    plain = train(contextlib.nullcontext())
+    traced = train(tr := torchscope.trace(aten=True))
+    assert traced[0] == plain[0] and torch.equal(traced[1], plain[1])
+    assert tr.errors == []
+    calls = aten_events(tr)
+    attention = {e.name for e in calls if e.module.endswith("attn") and e.node is None}
+    assert attention & {
+        "aten.bmm.default",
+        "aten._scaled_dot_product_flash_attention_for_cpu.default",
+    }
+    assert any(e.node == "AddmmBackward0" and e.name == "aten.mm.default" for e in calls)
