@@ -294,6 +294,93 @@ def test_future_major_version_refused(tmp_path: Path) -> None:
         TraceReader(p)
 
 
+def aten_call(seq: int, op_seq: int) -> dict:
+    """An aten event as the tracer writes one at the aten level (format 1.2 on)."""
+    out = {"shape": [], "dtype": "float32", "device": "cpu", "values": [4.0]}
+    out["stats"] = {"min": 4.0, "max": 4.0, "mean": 4.0, "std": 0.0, "norm": 4.0, "nan": 0}
+    return {
+        "kind": "aten",
+        "seq": seq,
+        "step": 0,
+        "name": "aten.mul.Tensor",
+        "module": "",
+        "op_seq": op_seq,
+        "node_id": None,
+        "node": None,
+        "inputs": [out],
+        "outputs": [out],
+    }
+
+
+def set_minor(path: Path, minor: int) -> None:
+    """Rewrite the header's minor version (the header's crc covers only its metadata)."""
+    data = bytearray(path.read_bytes())
+    major, _ = struct.unpack_from("<HH", data, 8)
+    struct.pack_into("<HH", data, 8, major, minor)
+    path.write_bytes(bytes(data))
+
+
+def test_files_written_now_are_format_1_2_and_hold_aten_events(tmp_path: Path) -> None:
+    p = tmp_path / "t.tsc"
+    with TraceWriter(p, chunk_events=2) as w:
+        w.write([aten_call(0, op_seq=1), ev(1, name="Tensor.mul"), aten_call(2, op_seq=3)])
+    assert struct.unpack_from("<HH", p.read_bytes(), 8) == (1, 2)  # major, minor on disk
+    trace = load_trace(p)
+    assert tracefile.FILE_VERSION == (1, 2) and codec.PROTOCOL_VERSION[0] == 1
+    assert [(e.kind, e.seq) for e in trace] == [("aten", 0), ("op", 1), ("aten", 2)]
+    assert trace.events[0].outputs[0]["values"] == [4.0] and trace.events[2].op_seq == 3
+    with TraceReader(p) as r:
+        assert r.version == (1, 2) and r.complete
+
+
+@pytest.mark.parametrize("minor", [3, 99])
+def test_a_newer_minor_with_an_unknown_kind_reads_with_that_kind_left_out(
+    tmp_path: Path, minor: int
+) -> None:
+    """A file from a newer torchscope of the same major: read whole, without error; the kind
+    this reader does not know is in the events but in no view by kind, nor in a diff."""
+    from torchscope.analysis.diff import Options, compare
+
+    p = tmp_path / "newer.tsc"
+    future = {"kind": "hologram", "seq": 1, "step": 0, "frames": [[1, 2], {"a": None}]}
+    with TraceWriter(p, chunk_events=2) as w:
+        w.write([ev(0, name="Tensor.add"), future, ev(2, name="Tensor.mul")])
+    set_minor(p, minor)
+    trace = load_trace(p)
+    assert trace.truncated is False and trace.damaged is None
+    with TraceReader(p) as r:
+        assert r.version == (1, minor) and r.complete
+    assert [e.seq for e in trace] == [0, 1, 2]
+    assert [e.seq for e in trace.ops] == [0, 2] and trace.grads == trace.alerts == []
+    res = compare(trace, load_trace(p), Options(exact=True))
+    assert res.same and res.matched == 2 and res.only_a == res.only_b == 0
+    for cmd in (["dump", str(p)], ["diff", str(p), str(p)]):
+        run = subprocess.run(
+            [sys.executable, "-m", "torchscope", *cmd],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=60,
+        )
+        assert run.returncode == 0 and run.stderr == "", (cmd, run.stderr)
+
+
+def test_a_1_1_reader_reads_the_aten_events_of_a_1_2_file_as_an_unknown_kind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader from before the aten level: its schema has no "aten" kind. The events still
+    pass its check (as a kind it does not know) and the file reads whole."""
+    from torchscope.protocol import events
+
+    p = tmp_path / "t.tsc"
+    with TraceWriter(p) as w:
+        w.write([aten_call(0, op_seq=1), ev(1, name="Tensor.mul")])
+    monkeypatch.delitem(events._SCHEMA, "aten")
+    trace = load_trace(p)
+    assert [(e.kind, e.seq) for e in trace] == [("aten", 0), ("op", 1)]
+    assert [e.seq for e in trace.ops] == [1]
+
+
 def test_unstorable_events_are_rejected_whole_batch(tmp_path: Path) -> None:
     p = tmp_path / "t.tsc"
     with TraceWriter(p, chunk_events=1) as w:

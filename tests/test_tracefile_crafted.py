@@ -430,7 +430,7 @@ def test_writer_numbers_its_chunks_and_old_files_still_read(tmp_path: Path) -> N
         w.write([op(i) for i in range(5)])
     data = path.read_bytes()
     with TraceReader(path) as r:
-        assert r.version == tracefile.FILE_VERSION == (1, 1)
+        assert r.version == tracefile.FILE_VERSION == (1, 2)
         numbers = [struct.unpack_from("<Q", data, c.offset + 40)[0] for c in r.chunks]
     assert numbers == [0, 1, 2]
     # Format 1.0: no number in the chunk header; read as before, without the check.

@@ -84,7 +84,10 @@ def test_watch_names_the_same_origin_as_full_tracing_and_records_the_replay(tmp_
         == ("torch.sqrt", f"{script}:13", 3)
     )
     assert {e["step"] for e in replay if e["kind"] == "op"} == {3}  # only the bad step traced
-    line = f"NaN first appears at step 3 in aten.sqrt.default inside torch.sqrt (forward) at {script}:13 — replayed"
+    line = (
+        "NaN first appears at step 3 in aten.sqrt.default inside torch.sqrt (forward) "
+        f"at {script}:13 — replayed"
+    )
     assert line in watched.stderr.replace("train.py:13", f"{script}:13")
     # The watch changes nothing: the same losses as untraced, NaN steps included.
     plain = subprocess.run(
@@ -120,7 +123,9 @@ def test_serve_watch_in_a_plain_python_job(tmp_path):
         [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=120
     )
     assert res.returncode == 0, res.stderr
-    assert "NaN first appears at step 3 in aten.sqrt.default inside torch.sqrt (forward)" in res.stderr
+    assert (
+        "NaN first appears at step 3 in aten.sqrt.default inside torch.sqrt (forward)" in res.stderr
+    )
 
 
 def test_bad_watch_options_are_one_line(tmp_path):
@@ -146,7 +151,8 @@ def test_ddp_two_ranks_each_rank_reports_what_its_own_replay_found(tmp_path):
     err = res.stderr
     (line,) = [x for x in err.splitlines() if x.startswith("torchscope[rank 1]: NaN first")]
     assert line.startswith(
-        "torchscope[rank 1]: NaN first appears at step 3 in aten.sqrt.default inside torch.sqrt (forward)"
+        "torchscope[rank 1]: NaN first appears at step 3 in aten.sqrt.default inside "
+        "torch.sqrt (forward)"
     )
     assert line.endswith(f"ddp_nan.py:{NAN_LINE} — replayed")
     assert (

@@ -22,6 +22,12 @@ with A), with both sides' stats and source lines, then how far the runs drift ap
 module and step: the largest relative difference of output (forward) and gradient
 (backward) norms, ``|a - b| / max(|a|, |b|)``.
 
+When both recordings hold aten calls (recorded with ``--aten``), the aten level is compared
+the same way, each call aligned under its op's or node's key (``align.aten_keyed``), and the
+report also names the first divergent aten call (in run A's order), with its op or node:
+which kernel inside an op the runs part at. When only one recording holds them, one line
+says the level was not compared.
+
 Imports neither torch nor numpy.
 """
 
@@ -34,11 +40,16 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchscope.analysis.align import group_by_step
-from torchscope.protocol.events import GRAD, OP, Event, number_text
+from torchscope.analysis.align import group_aten_by_step, group_by_step, has_aten
+from torchscope.analysis.render import short_source
+from torchscope.protocol.events import ATEN, GRAD, OP, Event, number_text
 
 STAT_KEYS = ("min", "max", "mean", "std", "norm")
-_TENSOR_FIELDS = {OP: ("inputs", "outputs"), GRAD: ("grad_outputs", "grad_inputs")}
+_TENSOR_FIELDS = {
+    OP: ("inputs", "outputs"),
+    GRAD: ("grad_outputs", "grad_inputs"),
+    ATEN: ("inputs", "outputs"),
+}
 # What the drift summary measures: a forward op's outputs, a backward node's gradients.
 _DRIFT_FIELD = {OP: "outputs", GRAD: "grad_inputs"}
 _FLOAT_DTYPES = frozenset(
@@ -62,7 +73,9 @@ class Options:
 @dataclass
 class Divergence:
     """One difference between the runs. ``a``/``b`` are the two events (one is None when the
-    event is in one run only); ``what`` says what differs, in one line."""
+    event is in one run only); ``what`` says which event and what differs, in one line;
+    ``key`` is the events' alignment key (None for a step in one run only) and ``detail``
+    what differs alone."""
 
     structural: bool
     what: str
@@ -70,27 +83,41 @@ class Divergence:
     a: Event | None = None
     b: Event | None = None
     order: tuple = ()
+    key: tuple | None = None
+    detail: str = ""
 
 
 @dataclass
-class Result:
+class Tally:
+    """What one level of the comparison found: its divergences and how its events paired."""
+
     divergences: list[Divergence] = field(default_factory=list)
     matched: int = 0
     only_a: int = 0
     only_b: int = 0
+
+    @property
+    def first(self) -> Divergence | None:
+        return min(self.divergences, key=lambda d: d.order) if self.divergences else None
+
+
+@dataclass
+class Result(Tally):
+    """The whole comparison: the ops and backward nodes' tally (the fields of Tally), their
+    precision changes and drift, and the aten level's tally in ``aten`` when both runs
+    recorded it (``aten_note`` says, in one line, why it was not compared when one did)."""
+
     dtype_changes: int = 0
     steps_a: list = field(default_factory=list)
     steps_b: list = field(default_factory=list)
     # (module, step) -> largest relative norm difference seen there
     drift: dict[tuple[str, Any], float] = field(default_factory=dict)
+    aten: Tally | None = None
+    aten_note: str | None = None
 
     @property
     def same(self) -> bool:
-        return not self.divergences
-
-    @property
-    def first(self) -> Divergence | None:
-        return min(self.divergences, key=lambda d: d.order) if self.divergences else None
+        return not self.divergences and not (self.aten and self.aten.divergences)
 
 
 # -- alignment (shared with the UI's compare view: torchscope.analysis.align) ----------------
@@ -226,77 +253,126 @@ def compare(
 ) -> Result:
     """Compare two runs' events (any iterables of events, e.g. ``torchscope.load(f)``)."""
     opts = opts or Options()
+    events_a, events_b = list(events_a), list(events_b)  # read twice when at the aten level
     ga, gb = group_by_step(events_a), group_by_step(events_b)
     res = Result(steps_a=sorted(ga, key=_step_sort), steps_b=sorted(gb, key=_step_sort))
+    _compare_steps(ga, gb, opts, res, res)
+    aten_a, aten_b = has_aten(events_a), has_aten(events_b)
+    if aten_a and aten_b:
+        res.aten = Tally()
+        _compare_steps(group_aten_by_step(events_a), group_aten_by_step(events_b), opts, res.aten)
+    elif aten_a or aten_b:
+        res.aten_note = (
+            f"only {'A' if aten_a else 'B'} has aten calls: the aten level is compared only "
+            "when both recordings have it (record with --aten); comparing ops and nodes"
+        )
+    return res
+
+
+def _compare_steps(
+    ga: dict, gb: dict, opts: Options, tally: Tally, measure: Result | None = None
+) -> None:
+    """Pair the keyed events of each step (``group_by_step``'s, or the aten level's) into
+    ``tally``; with ``measure``, also count precision changes and measure drift there (the
+    ops and nodes' level)."""
     steps = sorted(set(ga) | set(gb), key=_step_sort)
     if opts.steps is not None:
         steps = [s for s in steps if s in opts.steps]
     for si, step in enumerate(steps):
         ea, eb = ga.get(step), gb.get(step)
         if ea is None or eb is None:
-            side = "A" if eb is None else "B"
-            evs = ea or eb or {}
-            first = next(iter(evs.values()), None)
-            n = len(evs)
-            if side == "A":
-                res.only_a += n
-            else:
-                res.only_b += n
-            res.divergences.append(
-                Divergence(
-                    True,
-                    f"step {step} only in {side} ({n} events)",
-                    step,
-                    a=first if side == "A" else None,
-                    b=first if side == "B" else None,
-                    order=(si, 0, 0),
-                )
-            )
+            _one_sided_step(step, si, ea, eb, tally)
             continue
         last_pos = -1
         pos_in_a = {k: i for i, k in enumerate(ea)}
         for k, b in eb.items():
             i = pos_in_a.get(k)
             if i is None:
-                res.only_b += 1
-                res.divergences.append(
-                    Divergence(
-                        True, f"{_describe_key(k)} only in B", step, b=b, order=(si, last_pos, 1)
-                    )
-                )
+                tally.only_b += 1
+                tally.divergences.append(_only_in("B", k, step, b, (si, last_pos, 1)))
             else:
                 last_pos = i
         for i, (k, a) in enumerate(ea.items()):
             b = eb.get(k)
             if b is None:
-                res.only_a += 1
-                res.divergences.append(
-                    Divergence(True, f"{_describe_key(k)} only in A", step, a=a, order=(si, i, 0))
-                )
+                tally.only_a += 1
+                tally.divergences.append(_only_in("A", k, step, a, (si, i, 0)))
                 continue
-            res.matched += 1
+            tally.matched += 1
             found = compare_events(a, b, opts)
             if found is not None:
-                what = f"{_describe_key(k)}: {found[1]}"
-                res.divergences.append(Divergence(found[0], what, step, a, b, (si, i, 0)))
-            if dtype_changed(a, b):
-                res.dtype_changes += 1
-            na, nb = _norm(a), _norm(b)
-            if na is not None and nb is not None:
-                big = max(abs(na), abs(nb))
-                rel = abs(na - nb) / big if big > 0 else 0.0
-                key = (_drift_module(a), step)
-                if rel > res.drift.get(key, -1.0):
-                    res.drift[key] = rel
-    return res
+                structural, detail = found
+                what = f"{_describe_key(k)}: {detail}"
+                tally.divergences.append(
+                    Divergence(structural, what, step, a, b, (si, i, 0), key=k, detail=detail)
+                )
+            if measure is not None:
+                _measure(measure, step, a, b)
+
+
+def _only_in(side: str, k: tuple, step: Any, ev: Event, order: tuple) -> Divergence:
+    """An event of one run that the other does not have."""
+    a, b = (ev, None) if side == "A" else (None, ev)
+    detail = f"only in {side}"
+    return Divergence(True, f"{_describe_key(k)} {detail}", step, a, b, order, k, detail)
+
+
+def _one_sided_step(step: Any, si: int, ea: dict | None, eb: dict | None, tally: Tally) -> None:
+    side = "A" if eb is None else "B"
+    evs = ea or eb or {}
+    first = next(iter(evs.values()), None)
+    n = len(evs)
+    if side == "A":
+        tally.only_a += n
+    else:
+        tally.only_b += n
+    what = f"step {step} only in {side} ({n} events)"
+    tally.divergences.append(
+        Divergence(
+            True,
+            what,
+            step,
+            a=first if side == "A" else None,
+            b=first if side == "B" else None,
+            order=(si, 0, 0),
+            detail=what,
+        )
+    )
+
+
+def _measure(res: Result, step: Any, a: Event, b: Event) -> None:
+    """Count a precision change and record the drift of one aligned pair."""
+    if dtype_changed(a, b):
+        res.dtype_changes += 1
+    na, nb = _norm(a), _norm(b)
+    if na is not None and nb is not None:
+        big = max(abs(na), abs(nb))
+        rel = abs(na - nb) / big if big > 0 else 0.0
+        key = (_drift_module(a), step)
+        if rel > res.drift.get(key, -1.0):
+            res.drift[key] = rel
 
 
 def _describe_key(k: tuple) -> str:
     if k[0] == OP:
         _, name, module, n = k
         return f"op {name} in {_mod(module)} (#{n + 1})"
+    if k[0] == ATEN:
+        _, parent, engine_sum, name, n = k
+        under = "the engine's sum after" if engine_sum else "inside"
+        return f"aten call {name} (#{n + 1}) {under} {_describe_parent(parent)}"
     _, node, where, backward, n = k
     return f"node {node} of {_mod(where)}, backward {backward} (#{n + 1})"
+
+
+def _describe_parent(parent: tuple) -> str:
+    """An aten call's parent key: an op's or a node's, or what an unlinked call says."""
+    if parent[0] is not None:
+        return _describe_key(parent)
+    _, node, module = parent
+    if node:
+        return f"node {node} of {_mod(module)} (not recorded)"
+    return f"no recorded op, in {_mod(module)}"
 
 
 def _mod(module: Any) -> str:
@@ -341,6 +417,8 @@ def _event_lines(label: str, ev: Event | None, cwd: Any) -> Iterator[str]:
         return
     if ev.get("kind") == OP:
         what = f"op {ev.get('name')} in {_mod(ev.get('module'))}"
+    elif ev.get("kind") == ATEN:
+        what = f"aten call {ev.get('name')} in {_mod(ev.get('module'))} ({_aten_link(ev)})"
     else:
         what = f"node {ev.get('node')} in {_mod(ev.get('module'))}"
         if ev.get("param"):
@@ -369,6 +447,13 @@ def render(
         f"{res.matched} events aligned, {res.only_a} only in A, {res.only_b} only in B; "
         f"steps A {_steps_text(res.steps_a)}, B {_steps_text(res.steps_b)}"
     )
+    if res.aten is not None:
+        yield (
+            f"{res.aten.matched} aten calls aligned, {res.aten.only_a} only in A, "
+            f"{res.aten.only_b} only in B"
+        )
+    if res.aten_note:
+        yield res.aten_note
     if res.dtype_changes:
         yield (
             f"{res.dtype_changes} aligned events changed float dtype (precision): "
@@ -395,7 +480,71 @@ def render(
                 yield f"  step {d.step}: {d.what}"
             if len(rest) > max_list:
                 yield f"  ... {len(rest) - max_list} more"
+    if res.aten is not None:
+        yield from _aten_lines(res.aten, cwd_a, cwd_b)
     yield from _drift_lines(res, max_steps, max_modules)
+
+
+# -- the aten level's part of the report -----------------------------------------------------
+def _aten_lines(aten: Tally, cwd_a: Any, cwd_b: Any) -> Iterator[str]:
+    """The first divergent aten call, with both sides, or that there is none."""
+    first = aten.first
+    yield ""
+    if first is None:
+        yield "aten level: no divergent aten call"
+        return
+    kind = "structural" if first.structural else "numeric"
+    yield f"first divergent aten call ({kind}): {_aten_divergence_text(first, cwd_a)}"
+    yield from _event_lines("A", first.a, cwd_a)
+    yield from _event_lines("B", first.b, cwd_b)
+    if len(aten.divergences) > 1:
+        n_struct = sum(d.structural for d in aten.divergences)
+        yield (
+            f"{len(aten.divergences)} divergent aten calls in all ({n_struct} structural, "
+            f"{len(aten.divergences) - n_struct} numeric)"
+        )
+
+
+def _aten_divergence_text(d: Divergence, cwd: Any) -> str:
+    """``aten._log_softmax.default inside torch.nn.functional.cross_entropy in module 'head'
+    at train.py:40, step 2: outputs[0] nan count 0 vs 5``."""
+    ev = d.a if d.a is not None else d.b
+    if d.key is None or ev is None:  # a step of one run only
+        return d.detail
+    _, parent, engine_sum, name, n = d.key
+    under = "the engine's sum after" if engine_sum else "inside"
+    text = f"{name}{_nth(n)} {under} {_parent_text(parent, ev)}"
+    source = short_source(ev.get("source"), cwd if isinstance(cwd, str) else None)
+    if source:
+        text += f" at {source}"
+    return f"{text}, step {d.step}: {d.detail}"
+
+
+def _parent_text(parent: tuple, call: Event) -> str:
+    """An aten call's op or node as people name it: ``torch.nn.functional.linear in module
+    '0'``, ``AddmmBackward0 (node 7) of module '0', backward 1``."""
+    if parent[0] == OP:
+        _, name, module, n = parent
+        return f"{name}{_nth(n)} in {_mod(module)}"
+    if parent[0] == GRAD:
+        _, node, where, backward, n = parent
+        return f"{node}{_nth(n)} (node {call.get('node_id')}) of {_mod(where)}, backward {backward}"
+    return _describe_parent(parent)
+
+
+def _aten_link(call: Event) -> str:
+    """What an aten call's event links it to: its op's seq or its node's id."""
+    if call.get("node") is not None or call.get("node_id") is not None:
+        under = "engine sum after" if call.get("accumulate") else "in"
+        return f"{under} node {call.get('node_id')} {call.get('node')}"
+    if call.get("op_seq") is not None:
+        return f"in op seq {call.get('op_seq')}"
+    return "outside any op"
+
+
+def _nth(n: int) -> str:
+    """An occurrence after the first: `` (#2)``."""
+    return f" (#{n + 1})" if n else ""
 
 
 def _steps_text(steps: list) -> str:

@@ -14,6 +14,8 @@ first_step/last_step are the min/max integer ``step`` of its events, -1 when non
 ``number`` counts the file's chunks from 0, so a reader refuses chunks that were reordered or
 duplicated. Files of format 1.0 have no ``number`` (their chunk header ends at last_step) and
 are read without that check.
+Format 1.2 changes no layout: its files may hold ``aten`` events, which readers of 1.1 read
+as a kind they do not know.
 
 Each chunk reaches the OS in one write(), so a writer killed at any moment leaves whole chunks
 followed by at most one partial record. Readers treat such a tail as truncation, not
@@ -77,8 +79,11 @@ INDEX_MAGIC = b"INDX"
 TRAILER_MAGIC = b"TSCINDEX"
 
 # The file format: its major is the protocol's (codec.check_version refuses another); minor 1
-# added chunk numbers. Readers read every minor of their major.
-FILE_VERSION = (codec.PROTOCOL_VERSION[0], 1)
+# added chunk numbers, minor 2 aten events (kind "aten", the aten level). Readers read every
+# minor of their major: an event of a kind a reader does not know passes the schema check
+# (only its step and nesting are checked) and is left out wherever events are taken by kind
+# (``Trace.ops``, diff, tables), so a reader of 1.1 reads a 1.2 file without error.
+FILE_VERSION = (codec.PROTOCOL_VERSION[0], 2)
 _NUMBERED_SINCE_MINOR = 1
 
 _VERSION = struct.Struct("<HHI")  # major, minor, header_len

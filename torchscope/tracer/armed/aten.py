@@ -31,7 +31,7 @@ from torchscope.protocol.events import ATEN, Event, all_finite
 from torchscope.tracer.armed.alerts import made_here
 from torchscope.tracer.armed.backward import NODE_ID, NODE_MOD, NODE_SRC, node_name
 from torchscope.tracer.armed.calls import has_inf_scalar, iter_tensors, result_tensors
-from torchscope.tracer.armed.modules import ModuleCallHooks, ModuleTracker
+from torchscope.tracer.armed.modules import ModuleTracker
 from torchscope.tracer.armed.recorder import Recorder
 from torchscope.tracer.armed.recording import THIS_THREAD
 
@@ -293,15 +293,15 @@ class AtenMode(TorchDispatchMode):
         return out
 
 
-class AtenScope(ModuleCallHooks):
+class AtenScope:
     """The aten level scoped to some modules, at a cost in proportion to the scope: the mode
     is on the stack only inside the outermost call of a matching module (forward) and while
     the kernels of a node made there run (backward); every other aten call never reaches
-    Python. (The engine's sums after such a node run with the mode off.) Its module hooks go
-    in after the module tracker's, which names the module."""
+    Python. (The engine's sums after such a node run with the mode off.) It listens to the
+    module tracker's hooks, which name the module first."""
 
     def __init__(self, mode: AtenMode, scope: re.Pattern, modules: ModuleTracker) -> None:
-        super().__init__()
+        self._local = threading.local()
         self._mode = mode
         self._scope = scope
         self._modules = modules
@@ -309,8 +309,18 @@ class AtenScope(ModuleCallHooks):
     def covers(self, module: str) -> bool:
         return self._scope.search(module) is not None
 
+    def forget(self) -> None:
+        """Tracing stopped: no module call is open any more."""
+        self._local = threading.local()
+
+    def _stack(self) -> list:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
     # A module call: 0 outside the scope, 1 inside (an outer call pushed), 2 pushed here.
-    def _enter(self, module: Any, args: Any) -> None:
+    def module_enter(self) -> None:
         if _is_compiling() or (
             self._modules.owner is not None and threading.get_ident() != self._modules.owner
         ):
@@ -324,7 +334,7 @@ class AtenScope(ModuleCallHooks):
         else:
             stack.append(0)
 
-    def _exit(self, module: Any, args: Any, output: Any) -> None:
+    def module_exit(self) -> None:
         if _is_compiling():
             return
         stack = self._stack()

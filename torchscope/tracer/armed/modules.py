@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import threading
 import weakref
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -20,20 +21,54 @@ _is_compiling = torch.compiler.is_compiling
 _get_ident = threading.get_ident
 
 
-class ModuleCallHooks:
-    """A pair of global hooks around every module's forward, with a stack per thread: what
-    to do on entering and on leaving a call is the subclass's (``_enter``, ``_exit``)."""
+class ModuleCallListener(Protocol):
+    """Told of each module call of the traced thread once the tracker has named it."""
+
+    def module_enter(self) -> None: ...
+
+    def module_exit(self) -> None: ...
+
+
+class ModuleTracker:
+    """A pair of global hooks around every module's forward, with a stack of module paths
+    per thread. A ``listener`` (the scoped aten level) rides on the same two hooks: a second
+    pair would cost two more Python calls at every module call."""
 
     def __init__(self) -> None:
         self._local = threading.local()
         self._handles: list = []
+        self.listener: ModuleCallListener | None = None
+        self._names: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+        self._indexed_roots: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+        # id(param) -> (weakref to param, qualified name); ids are checked against the weakref.
+        self._params: dict[int, tuple[weakref.ref, str]] = {}
+        self.owner: int | None = None  # the traced thread (None: every thread)
+        self._param_roots: list[str] = []  # class names of the roots that own parameters
+        # Roots whose gradients are synchronised across ranks: DDP-wrapped, or FSDP2
+        # (fully_shard) roots, whose gradients end up reduce-scattered, one shard per rank.
+        self._ddp: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+        self._searched: set[int] = set()  # ids of parameters looked for among live modules
 
+    # -- hooks ---------------------------------------------------------------------------
     def install(self) -> None:
         if self._handles:
             return
+        enter, exit_ = self._enter, self._exit
+        listener = self.listener
+        if listener is not None:
+            tell_enter, tell_exit = listener.module_enter, listener.module_exit
+
+            def enter(module: nn.Module, args: object) -> None:
+                self._enter(module, args)
+                tell_enter()
+
+            def exit_(module: nn.Module, args: object, output: object) -> None:
+                tell_exit()
+                self._exit(module, args, output)
+
         self._handles = [
-            module_mod.register_module_forward_pre_hook(self._enter),
-            module_mod.register_module_forward_hook(self._exit, always_call=True),
+            module_mod.register_module_forward_pre_hook(enter),
+            module_mod.register_module_forward_hook(exit_, always_call=True),
         ]
 
     def remove(self) -> None:
@@ -48,28 +83,6 @@ class ModuleCallHooks:
             stack = self._local.stack = []
         return stack
 
-    def _enter(self, module: nn.Module, args: object) -> None:
-        raise NotImplementedError
-
-    def _exit(self, module: nn.Module, args: object, output: object) -> None:
-        raise NotImplementedError
-
-
-class ModuleTracker(ModuleCallHooks):
-    def __init__(self) -> None:
-        super().__init__()
-        self._names: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
-        self._indexed_roots: weakref.WeakSet[nn.Module] = weakref.WeakSet()
-        # id(param) -> (weakref to param, qualified name); ids are checked against the weakref.
-        self._params: dict[int, tuple[weakref.ref, str]] = {}
-        self.owner: int | None = None  # the traced thread (None: every thread)
-        self._param_roots: list[str] = []  # class names of the roots that own parameters
-        # Roots whose gradients are synchronised across ranks: DDP-wrapped, or FSDP2
-        # (fully_shard) roots, whose gradients end up reduce-scattered, one shard per rank.
-        self._ddp: weakref.WeakSet[nn.Module] = weakref.WeakSet()
-        self._searched: set[int] = set()  # ids of parameters looked for among live modules
-
-    # -- hooks ---------------------------------------------------------------------------
     def _enter(self, module: nn.Module, args: object) -> None:
         if _is_compiling():
             return  # inside a torch.compile graph: no Python state of ours may be traced

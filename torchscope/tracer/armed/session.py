@@ -240,6 +240,7 @@ class Tracer:
                 )
             else:
                 self.aten_mode = mode
+        self.modules.listener = self.aten_scoped  # rides on the tracker's module hooks
 
     def _start_nested(self, outer: Tracer) -> Tracer:
         """``trace()`` inside a traced run (``torchscope run`` of a script that calls it):
@@ -299,7 +300,7 @@ class Tracer:
             self.clock.remove()
         self.modules.remove()
         if self.aten_scoped is not None:
-            self.aten_scoped.remove()
+            self.aten_scoped.forget()
         self.outputs.writer = self.outputs.publisher = None
         if self.pipeline is not None:
             self.pipeline.sinks = []
@@ -415,12 +416,10 @@ class Tracer:
         self.step_traced = active
         if active:
             self.modules.install()
-            if self.aten_scoped is not None:
-                self.aten_scoped.install()  # after the module tracker's: it names the module
         else:
             self.modules.remove()
             if self.aten_scoped is not None:
-                self.aten_scoped.remove()
+                self.aten_scoped.forget()
         self._enable_modes(active)
         on_owner = threading.get_ident() == self._owner
         if active and not self._mode_pushed and on_owner:
