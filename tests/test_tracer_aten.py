@@ -370,13 +370,27 @@ def test_calls_under_vmap_are_labelled_with_the_transform():
     assert y.item() == pytest.approx(plain.sum().item(), rel=1e-5)
 
 
+def on_one_gloo_rank(tmp_path, body: str) -> dict:
+    """Run ``body`` in a fresh process inside a 1-rank gloo group; the JSON it prints last."""
+    code = (
+        "import json, os, torch, torchscope, torch.distributed as dist\n"
+        'dist.init_process_group("gloo", init_method="file://" + os.environ["STORE"],'
+        " rank=0, world_size=1)\n" + body + "\ndist.destroy_process_group()\n"
+    )
+    env = {**os.environ, "STORE": str(tmp_path / "store")}
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 def test_a_dtensor_records_its_local_shard_and_placement(tmp_path):
     """DTensor on one gloo rank: its aten calls and ops carry the global shape, the local
     shard's stats and the placement; results as without tracing."""
-    code = """
-import json, os, torch, torchscope, torch.distributed as dist
-dist.init_process_group("gloo", init_method="file://" + os.environ["STORE"],
-                        rank=0, world_size=1)
+    got = on_one_gloo_rank(
+        tmp_path,
+        """
 from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 mesh = init_device_mesh("cpu", (1,))
 torch.manual_seed(0)
@@ -391,20 +405,47 @@ with torchscope.trace(aten=True) as tr:
 mul = [e for e in tr.events if e.kind == "aten" and e.name == "aten.mul.Tensor"][0]
 print(json.dumps({"same": plain == traced, "errors": len(tr.errors), "mul": mul.outputs[0],
                   "norm": (w.to_local() * 3).norm().item()}))
-dist.destroy_process_group()
-"""
-    env = {**os.environ, "STORE": str(tmp_path / "store")}
-    res = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+""",
     )
-    assert res.returncode == 0, res.stderr
-    got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["same"] and got["errors"] == 0
     out = got["mul"]
     assert out["type"] == "torch.distributed.tensor.DTensor"
     assert (out["shape"], out["local_shape"]) == ([4, 6], [4, 6])
     assert out["placement"] == "Shard(dim=0)" and out["stats_of"] == "local"
     assert out["stats"]["norm"] == pytest.approx(got["norm"], rel=1e-6)
+
+
+def test_collective_kernels_carry_their_group_size_and_no_numbers_before_they_complete(
+    tmp_path,
+):
+    """A functional all_reduce (what compiled code and FSDP2 issue) and c10d's all-gather
+    kernel: the group size, and outputs read only once the collective is done (by its op)."""
+    got = on_one_gloo_rank(
+        tmp_path,
+        """
+import torch.distributed._functional_collectives as fc
+def run():
+    y = fc.all_reduce(torch.ones(3) * 2, "sum", dist.group.WORLD) + 1
+    out = torch.empty(4)
+    dist.all_gather_into_tensor(out, torch.arange(4.0))
+    return y.tolist() + out.tolist()
+plain = run()
+with torchscope.trace(aten=True) as tr:
+    traced = run()
+calls = {e.name: e for e in tr.events if e.kind == "aten"}
+ops = {e.name: e for e in tr.events if e.kind == "op"}
+print(json.dumps({"same": plain == traced, "errors": len(tr.errors),
+                  "functional": calls["_c10d_functional.all_reduce.default"],
+                  "gather": calls["c10d._allgather_base_.default"],
+                  "gather_op": [e for n, e in ops.items() if "all_gather" in n][0]}))
+""",
+    )
+    assert got["same"] and got["errors"] == 0
+    for call in (got["functional"], got["gather"]):
+        assert call["group_size"] == 1
+        assert call["outputs"][0]["pending"] is True and call["outputs"][0]["stats"] is None
+    op = got["gather_op"]
+    assert op["group_size"] == 1 and op["outputs"][0]["stats"]["max"] == 3.0
 
 
 def test_gpt2_from_a_config_trains_bit_identically_at_the_aten_level():

@@ -183,6 +183,7 @@ _kind(
     node=_STR_OR_NONE,
     accumulate=_BOOL_OR_NONE,
     label=_STR_OR_NONE,
+    group_size=_INT_OR_NONE,
     inputs=_SUMMARIES,
     outputs=_SUMMARIES,
     duration_us=_NUM_OR_NONE,

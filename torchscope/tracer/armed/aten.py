@@ -31,6 +31,7 @@ from torchscope.protocol.events import ATEN, Event, all_finite
 from torchscope.tracer.armed.alerts import made_here
 from torchscope.tracer.armed.backward import NODE_ID, NODE_MOD, NODE_SRC, node_name
 from torchscope.tracer.armed.calls import has_inf_scalar, iter_tensors, result_tensors
+from torchscope.tracer.armed.collectives import KERNEL_PREFIXES, WAIT_KERNEL, kernel_group_size
 from torchscope.tracer.armed.modules import ModuleTracker
 from torchscope.tracer.armed.recorder import Recorder
 from torchscope.tracer.armed.recording import THIS_THREAD
@@ -178,9 +179,15 @@ class AtenRecorder(Recorder):
                 event["label"] = RECOMPUTE
         ins = iter_tensors(args, kwargs)
         summaries = self.summaries
+        collective = name.startswith(KERNEL_PREFIXES)
+        if collective:
+            event["group_size"] = kernel_group_size(args, kwargs)
         with self.recording:
             if name.startswith(("aten.empty", "aten.new_empty")):
                 event["outputs"] = [summaries.uninitialized(t) for t in outs]
+            elif collective and name != WAIT_KERNEL:
+                # Not there yet: read at its wait_tensor (functional) or by its op (c10d).
+                event["outputs"] = [summaries.written(t, True) for t in outs]
             else:
                 summary_of = summaries.summary_of
                 event["outputs"] = [summary_of(t, ins) for t in outs]

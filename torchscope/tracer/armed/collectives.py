@@ -28,8 +28,10 @@ _WRITES = {
     "irecv": "first",
     "all_gather": "first",
     "all_gather_into_tensor": "first",
+    "all_gather_single": "first",  # torch 2.13's name for all_gather_into_tensor
     "reduce_scatter": "first",
     "reduce_scatter_tensor": "first",
+    "reduce_scatter_single": "first",  # ... and for reduce_scatter_tensor
     "all_to_all": "first",
     "all_to_all_single": "first",
     "scatter": "first",
@@ -102,3 +104,36 @@ def _signature(name: str) -> inspect.Signature | None:
         except (AttributeError, TypeError, ValueError):
             _signatures[short] = None
     return _signatures[short]
+
+
+# The collectives' kernels, as a dispatch mode sees them (the aten level): c10d's in-place
+# ops under ``torch.distributed.*`` and the functional ones (``_c10d_functional.*``, what
+# compiled code and FSDP2 issue). Their outputs hold the result only once the collective
+# completes: at ``wait_tensor`` for the functional ones, by the time their op returns for the
+# others.
+KERNEL_PREFIXES = ("c10d.", "_c10d_functional.")
+WAIT_KERNEL = "_c10d_functional.wait_tensor.default"
+
+
+def kernel_group_size(args: tuple, kwargs: dict) -> int | None:
+    """The group size of a collective kernel: from its ProcessGroup argument, or its group
+    name (the functional ones); None if neither says."""
+    import torch.distributed as dist
+
+    values = (*args, *kwargs.values())
+    for value in values:
+        if isinstance(value, dist.ProcessGroup):
+            return value.size()
+        if isinstance(value, torch.ScriptObject):  # c10d ops pass the group boxed
+            try:
+                return dist.ProcessGroup.unbox(value).size()
+            except Exception:
+                continue
+    for value in reversed(values):  # the group name comes after the reduce op's name
+        if isinstance(value, str):
+            try:
+                return dist.distributed_c10d._resolve_process_group(value).size()
+            except Exception:
+                continue
+    return None
+
