@@ -187,3 +187,194 @@ async def test_help_names_the_aten_keys_only_when_the_trace_has_aten_calls():
     keys = keys_for(store)
     assert len(keys) == len(KEYS) + 1 and ATEN_KEYS[0] in keys
     assert keys.index(ATEN_KEYS[0]) == [k for k, _ in KEYS].index("→ ←") + 1
+
+
+# -- search, filter, go to ----------------------------------------------------------------------
+@sync
+async def test_search_finds_an_aten_call_unfolding_its_row_and_ctrl_n_goes_to_the_next():
+    app = TorchscopeApp(ScriptedSource(aten_trace(), mode="replay"))
+    async with app.run_test(size=SIZE) as pilot:
+        main, tl = app.main, app.main.timeline
+        await _shown(pilot, app)
+        await pilot.press("slash", *"aten.mm")
+        # the first call, under F.linear (folded until now): its row unfolds, the cursor on it
+        await until(pilot, lambda: tl.row_count() == 6, what="linear unfolded by the search")
+        row = tl.current_row()
+        assert isinstance(row, AtenRow) and (row.seq, row.parent.seq) == (2, 4)
+        await pilot.press("enter")  # closes the prompt, the cursor stays
+        assert "search /aten.mm/ 1/2" in tl.border_subtitle
+        await pilot.press("ctrl+n")  # the second: under AddmmBackward0, unfolded in its turn
+        await until(pilot, lambda: (tl.current_row() or tl).seq == 7, what="the node's call")
+        assert isinstance(tl.current_row(), AtenRow) and tl.row_count() == 8
+        assert "search /aten.mm/ 2/2" in tl.border_subtitle
+        await until(pilot, lambda: (main.detail.event or {}).get("seq") == 7)
+        await pilot.press("ctrl+n")  # wraps to the first
+        assert tl.current_row().seq == 2
+        # a search for a module finds the row, not each of its calls again (they have its module)
+        await pilot.press("escape", "slash", *"fc")
+        await until(pilot, lambda: main.search is not None and main.search.pattern == "fc")
+        assert main._matches() == [(0, -1), (3, -1)]  # F.linear, AddmmBackward0 (its op's)
+
+
+@sync
+async def test_the_filter_keeps_matching_aten_calls_under_their_rows():
+    app = TorchscopeApp(ScriptedSource(aten_trace(), mode="replay"))
+    async with app.run_test(size=SIZE) as pilot:
+        tl = app.main.timeline
+        await _shown(pilot, app)
+        await pilot.press("vertical_line", *r"add\.Tensor", "enter")
+        await until(pilot, lambda: tl.pattern is not None, what="the filter")
+        # F.linear and AddmmBackward0 stay for their aten.add calls; relu and its node go
+        shown = [(tl.row(i).name, isinstance(tl.row(i), AtenRow)) for i in range(tl.row_count())]
+        assert shown == [
+            ("torch.nn.functional.linear", False),
+            ("aten.add.Tensor", True),
+            ("AddmmBackward0", False),
+            ("aten.add.Tensor", True),
+        ]
+        assert "Σ aten.add.Tensor" in _line(tl, 3)
+        assert tl._kept_for_calls(tl.row(0)) and "4 shown" in tl.border_subtitle
+        # a row that matches itself is not dimmed; unfolding one shows all its calls
+        await pilot.press("vertical_line", "ctrl+u", *"linear|aten.add", "enter")
+        await until(pilot, lambda: tl.pattern.pattern == "linear|aten.add")
+        assert not tl._kept_for_calls(tl.row(0)) and tl.row_count() == 4
+        await pilot.press("home", "right")
+        await until(pilot, lambda: tl.row_count() == 5, what="linear unfolded under the filter")
+        assert [tl.row(i).name for i in (1, 2)] == ["aten.mm.default", "aten.add.Tensor"]
+        await pilot.press("vertical_line", "ctrl+u", *"nothing such", "enter")
+        assert tl.row_count() == 0
+
+
+@sync
+async def test_go_to_an_aten_calls_seq_unfolds_its_row():
+    app = TorchscopeApp(ScriptedSource(aten_trace(), mode="replay"))
+    async with app.run_test(size=SIZE) as pilot:
+        tl = app.main.timeline
+        await _shown(pilot, app)
+        await pilot.press("colon", *"#9", "enter")
+        await until(pilot, lambda: (tl.current_row() or tl).seq == 9, what="the engine's sum")
+        assert tl.current_row().accumulate and tl.row_count() == 6
+
+
+# -- the step list ------------------------------------------------------------------------------
+@sync
+async def test_the_step_list_and_the_title_count_aten_calls():
+    trace = aten_trace(steps=2)
+    app = TorchscopeApp(ScriptedSource(trace, mode="replay"))
+    async with app.run_test(size=SIZE) as pilot:
+        main = app.main
+        await _shown(pilot, app)
+        assert main.has_class("-aten") and "4 aten calls" in main.timeline.border_title
+        steps = main.steps
+        width = steps.content_region.width
+        head = "".join(t for t, _ in steps.render_header(width))
+        assert head.split() == ["step", "ops", "nodes", "aten"]
+        row = "".join(t for t, _ in steps.render_row(0, width))
+        assert row.split()[:4] == ["0", "2", "2", "4"]
+    async with TorchscopeApp(ScriptedSource(make_trace(1, 1), mode="replay")).run_test(
+        size=SIZE
+    ) as pilot:  # no aten level: no column, the usual width
+        main = pilot.app.main
+        await until(pilot, lambda: main.current_step == 0)
+        assert not main.has_class("-aten")
+        assert "aten" not in "".join(t for t, _ in main.steps.render_header(40))
+
+
+# -- paused at an aten call ---------------------------------------------------------------------
+def _pause(seq: int, event: dict, phase: str) -> dict:
+    return {"kind": "pause", "seq": seq, "step": 0, "phase": phase, "event": event}
+
+
+@sync
+async def test_paused_after_an_aten_call_unfolds_its_row_and_marks_the_call():
+    trace = aten_trace()
+    call = next(e for e in trace if e.get("seq") == 7)  # aten.mm under AddmmBackward0
+    pause = _pause(30, call, "after") | {"reason": "step", "since": 1.0, "stack": []}
+    app = TorchscopeApp(ScriptedSource([*trace, pause]))
+    async with app.run_test(size=SIZE) as pilot:
+        main, tl = app.main, app.main.timeline
+        await until(pilot, lambda: tl.paused_key == (ATEN, 7), what="the paused call marked")
+        await until(pilot, lambda: (tl.current_row() or tl).seq == 7, what="cursor on it")
+        assert isinstance(tl.current_row(), AtenRow) and tl.row_count() == 6
+        assert "⏸" in _line(tl, tl.cursor)
+        await until(pilot, lambda: "after this aten call ran" in str(main.detail.body.render()))
+        assert "⏸ PAUSED (step, after) aten.mm.default" in app.screen_text()
+
+
+@sync
+async def test_paused_before_an_aten_call_shows_it_pending_where_its_op_will_come():
+    trace = aten_trace()
+    stub = {"kind": ATEN, "seq": None, "step": 0, "name": "aten.relu.default", "module": "act"}
+    pause = _pause(30, stub | {"inputs": [_t(4.0)]}, "before")
+    app = TorchscopeApp(ScriptedSource([*trace, pause | {"reason": "breakpoint 1", "since": 1.0}]))
+    async with app.run_test(size=SIZE) as pilot:
+        main, tl = app.main, app.main.timeline
+        await until(pilot, lambda: tl.pending is not None, what="the pending call")
+        assert tl.pending.kind == ATEN and tl.cursor == tl.row_count() - 1
+        line = _line(tl, tl.cursor)
+        assert "⏸" in line and "  aten.relu.default" in line and "not run yet" in line
+        await until(pilot, lambda: "before this aten call runs" in str(main.detail.body.render()))
+        text = str(main.detail.body.render())
+        assert "aten call (not run yet)" in text and "the op running now" in text
+        assert "not computed yet: paused before the call runs" in text
+
+
+# -- copy and compare -----------------------------------------------------------------------------
+def test_copy_and_break_here_of_an_aten_call_name_the_call():
+    from torchscope.tui.screens.copy import copy_choices
+    from torchscope.tui.stepping import spec_from_event, spec_text
+
+    call = next(e for e in aten_trace() if e.get("seq") == 2)
+    choices = {key: text for key, _, text in copy_choices(call, module="fc")}
+    assert choices["n"] == "aten.mm.default" and choices["b"] == r"aten:^aten\.mm\.default$"
+    assert choices["s"] == SRC and '"kind":"aten"' in choices["j"].replace(" ", "")
+    assert spec_text(spec_from_event(call, "op", nan=True)) == r"nan,aten:^aten\.mm\.default$"
+
+
+@sync
+async def test_y_on_an_aten_row_copies_the_call():
+    app = TorchscopeApp(ScriptedSource(aten_trace(), mode="replay"))
+    async with app.run_test(size=SIZE) as pilot:
+        await _shown(pilot, app)
+        await pilot.press("right", "l", "y")
+        await until(pilot, lambda: app.screen is not app.main, what="the copy menu")
+        assert "Copy · aten.mm.default" in app.screen_text()
+        copied = []
+        app.copy_to_clipboard = copied.append
+        await pilot.press("n")
+        await until(pilot, lambda: copied == ["aten.mm.default"], what="copied")
+
+
+@sync
+async def test_x_compares_an_aten_call_across_sources_or_says_why_not():
+    from torchscope.tui.screens.compare import CompareScreen
+
+    other = aten_trace()
+    bad = _t(float("nan"))
+    bad["stats"]["nan"] = 2
+    next(e for e in other if e.get("seq") == 7)["outputs"] = [bad]
+    sources = [ScriptedSource(aten_trace(), mode="replay"), ScriptedSource(other, mode="replay")]
+    app = TorchscopeApp(sources)
+    async with app.run_test(size=SIZE) as pilot:
+        tl = app.main.timeline
+        await _shown(pilot, app)
+        await pilot.press("end", "right", "l")  # AddmmBackward0's aten.mm
+        assert tl.current_row().seq == 7
+        await pilot.press("x")
+        await until(pilot, lambda: isinstance(app.screen, CompareScreen), what="compare")
+        screen = app.screen
+        await until(pilot, lambda: screen.table is not None and screen.table.aligned)
+        assert [c.event["seq"] for c in screen.table.columns] == [7, 7]
+        assert screen.table.outlier == 1 and "has NaN/Inf" in screen.table.why
+        assert screen.table.title.startswith("aten.mm.default in ")
+        await pilot.press("escape")
+    plain = [e for e in aten_trace() if e.get("kind") != ATEN]
+    app = TorchscopeApp([ScriptedSource(aten_trace(), mode="replay"), ScriptedSource(plain)])
+    async with app.run_test(size=SIZE) as pilot:
+        await _shown(pilot, app)
+        await pilot.press("right", "l", "x")
+        await until(pilot, lambda: isinstance(app.screen, CompareScreen), what="compare")
+        screen = app.screen
+        await until(pilot, lambda: screen.table is not None and len(screen.table.columns) == 2)
+        await until(pilot, lambda: screen.table.columns[1].missing is not None)
+        assert screen.table.columns[1].missing == "no aten calls recorded (record with --aten)"

@@ -117,7 +117,7 @@ async def test_colon_goes_to_a_step_an_event_seq_or_a_node_and_says_what_is_wron
         # bad commands: one line in the box, which stays open; nothing moves
         for text, said in (
             ("99", "no step 99 (steps 0-2)"),
-            ("#999999", "no op or node with event seq #999999"),
+            ("#999999", "no op, node or aten call with event seq #999999"),
             ("node 999999", "no backward node id 999999"),
             ("frobnicate", "unknown command 'frobnicate'"),
         ):

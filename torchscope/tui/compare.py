@@ -22,12 +22,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchscope.analysis.diff import STAT_KEYS, Options, compare_events
-from torchscope.protocol.events import GRAD, OP, number_text
+from torchscope.protocol.events import ATEN, GRAD, OP, number_text
+from torchscope.tui.stepping import event_name
 
 __all__ = ["Cell", "Column", "CompareTable", "build_table"]
 
 # Which tensors an event shows first: what an op makes, what a node sends on.
-GROUPS = {OP: ("outputs", "inputs"), GRAD: ("grad_inputs", "grad_outputs")}
+GROUPS = {
+    OP: ("outputs", "inputs"),
+    ATEN: ("outputs", "inputs"),
+    GRAD: ("grad_inputs", "grad_outputs"),
+}
 _JUDGED = ("norm", "mean")  # the stats an outlier is judged on
 
 
@@ -113,10 +118,6 @@ def _kind(columns: list[Column]) -> str | None:
     return None
 
 
-def _name(ev: dict) -> str:
-    return str(ev.get("name") if ev.get("kind") == OP else ev.get("node"))
-
-
 def build_table(columns: list[Column], opts: Options | None = None) -> CompareTable:
     """The rows of the compare view for ``columns`` (aligned events, or why one is missing)."""
     opts = opts or Options()
@@ -130,7 +131,7 @@ def build_table(columns: list[Column], opts: Options | None = None) -> CompareTa
         )
         return table
     where = first.get("param") or first.get("module") or "top level"
-    table.title = f"{_name(first)} in {where}"
+    table.title = f"{event_name(first)} in {where}"
     rows = table.rows
 
     def ident(label: str, get: Any) -> None:

@@ -9,14 +9,15 @@ done here, in its own process, it also runs on another core.
 
 writes length-prefixed msgpack records to stdout::
 
-    {"counts": {step: [ops, grads, graph_nodes, alerts, events, grad_sq, grad_norms]},
+    {"counts": {step: [ops, grads, graph_nodes, alerts, events, grad_sq, grad_norms, aten]},
      "loss": {step: [value, rank]}, "alerts": [alert events],
      "final": [steps whose counts are complete], "done": chunks_done, "total": chunks}
     {"error": "one line"}
 
 Counts are what the chunks decoded since the previous record added (the reader sums them);
 ``grad_sq`` is the sum of the squared norms of the gradients AccumulateGrad nodes received
-(``grad_norms`` of them): the step's global gradient norm is its square root. ``loss`` is the
+(``grad_norms`` of them): the step's global gradient norm is its square root; ``aten`` counts
+its aten calls (the aten level). ``loss`` is the
 step's loss as known so far (it replaces the previous one): a ``loss`` field an event carries
 (rank 3), else the one-value output of the op whose backward node ran first in the step, the
 root of its backward (rank 2), else the one-value output of the step's last op before any
@@ -34,7 +35,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 
 from torchscope.protocol import codec
-from torchscope.protocol.events import ALERT, GRAD, GRAPH, OP, SESSION
+from torchscope.protocol.events import ALERT, ATEN, GRAD, GRAPH, OP, SESSION
 from torchscope.protocol.tracefile import TraceFileError, TraceReader
 
 _LEN = struct.Struct("<I")
@@ -95,7 +96,7 @@ class _Loss:
 
 
 class Counter:
-    """Counts by step: ``[ops, grads, graph_nodes, alerts, events, grad_sq, grad_norms]``, the
+    """Counts by step: ``[ops, grads, graph_nodes, alerts, events, grad_sq, grad_norms, aten]``, the
     alert events and the steps' losses (see the module doc)."""
 
     def __init__(self) -> None:
@@ -121,7 +122,7 @@ class Counter:
             step = _step_of(ev)
             c = self.counts.get(step)
             if c is None:
-                c = self.counts[step] = [0, 0, 0, 0, 0, 0.0, 0]
+                c = self.counts[step] = [0, 0, 0, 0, 0, 0.0, 0, 0]
             c[4] += 1
             hint = ev.get("loss")
             if hint is not None and _is_num(hint):
@@ -156,6 +157,8 @@ class Counter:
                     if root is not None:
                         self._loss(step, root, 2)
                     state.scalars = {}
+            elif kind == ATEN:
+                c[7] += 1
             elif kind == GRAPH:
                 nodes = ev.get("nodes")
                 c[2] += len(nodes) if isinstance(nodes, list) else 0

@@ -3,7 +3,8 @@
 
 - the current step: all of its events in memory (ops, backward nodes, their aten calls,
   graphs, alerts, step markers), in seq order;
-- the filtered view (``|`` filter on): only the timeline's rows that the filter keeps.
+- the filtered view (``|`` filter on): only the timeline's rows that the filter keeps, and
+  the aten calls it matches.
 
 No textual here: :func:`snapshot` takes what to write on the UI thread (records' bytes, cheap),
 :func:`write_jsonl` decodes and writes them on a worker thread.
@@ -13,13 +14,14 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from torchscope.analysis.render import render
 from torchscope.protocol import codec
 from torchscope.protocol.events import Event
 from torchscope.protocol.output import replacing
-from torchscope.tui.store import RAW, SEQ, StepData
+from torchscope.tui.store import RAW, SEQ, Rec, StepData
 
 __all__ = ["default_path", "snapshot", "write_jsonl"]
 
@@ -37,11 +39,13 @@ def default_path(step: int, filtered: bool, directory: str | None = None) -> str
     return path
 
 
-def snapshot(data: StepData, view: list[int] | None) -> list[Any]:
+def snapshot(data: StepData, view: list[int] | None, calls: Iterable[Rec] = ()) -> list[Any]:
     """What to write, in seq order: the rows at ``view`` (indices into ``data.rows``, the
-    filtered view), else every event of the step. Records stay as their msgpack bytes."""
+    filtered view) and the aten ``calls`` the filter keeps, else every event of the step.
+    Records stay as their msgpack bytes."""
     if view is not None:
-        return [data.rows[i][RAW] for i in view]
+        kept = sorted([data.rows[i] for i in view] + list(calls), key=lambda t: t[SEQ])
+        return [t[RAW] for t in kept]
     items: list[tuple[int, Any]] = [(t[SEQ], t[RAW]) for t in data.rows]
     items.extend((t[SEQ], t[RAW]) for t in data.aten.values())
     for ev in (*data.graphs, *data.alerts, *data.others):

@@ -419,7 +419,7 @@ def _post_counts(inbox: Inbox, record: dict[str, Any]) -> None:
             by_step.setdefault(_step_of(alert), []).append(Event(alert))
     counts = {}
     for step, c in (record.get("counts") or {}).items():
-        if type(step) is int and isinstance(c, (list, tuple)) and len(c) in (5, 7):
+        if type(step) is int and isinstance(c, (list, tuple)) and len(c) in (5, 7, 8):
             counts[step] = (*c[:5], by_step.get(step, []), *(c[5:] or (0.0, 0)))
     losses = {}
     for step, loss in (record.get("loss") or {}).items():

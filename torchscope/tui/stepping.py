@@ -18,13 +18,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchscope.protocol.events import GRAD, OP
+from torchscope.protocol.events import ATEN, GRAD
 
 __all__ = [
     "INSPECT_COUNT",
     "REPLAY_REFUSAL",
     "StepperView",
     "ValuesView",
+    "event_name",
     "pause_key",
     "pause_title",
     "spec_from_event",
@@ -42,8 +43,9 @@ REPLAY_REFUSAL = "replay: the job is not running"
 _STALE_REPLY_SECONDS = 2.0
 
 
-def _name(ev: dict) -> str:
-    name = ev.get("name") if ev.get("kind") == OP else ev.get("node")
+def event_name(ev: dict) -> str:
+    """What an event is called: an op's or aten call's name, a backward node's; ``?``."""
+    name = ev.get("node") if ev.get("kind") == GRAD else ev.get("name")
     return str(name) if name else "?"
 
 
@@ -189,6 +191,8 @@ def spec_text(spec: dict[str, Any]) -> str:
         parts.append(str(spec["nan"]))
     if spec.get("op") is not None:
         parts.append(f"op:{spec['op']}")
+    if spec.get("aten") is not None:
+        parts.append(f"aten:{spec['aten']}")
     if spec.get("module") is not None:
         parts.append(f"module:{spec['module']}")
     if spec.get("source") is not None:
@@ -208,15 +212,15 @@ def exact(text: str) -> str:
 
 
 def spec_from_event(ev: dict, choice: str, nan: bool = False) -> dict[str, Any] | None:
-    """The breakpoint "same op/node name" (``choice="op"``), "same module" (``"module"``) or
-    "same source line" (``"source"``) as ``ev``, AND ``nan`` when asked; None when ``ev`` has
-    no such field."""
+    """The breakpoint "same op/node name" (``choice="op"``; an aten call's: ``aten:``, which
+    stops at its calls), "same module" (``"module"``) or "same source line" (``"source"``)
+    as ``ev``, AND ``nan`` when asked; None when ``ev`` has no such field."""
     spec: dict[str, Any] = {}
     if choice == "op":
-        name = _name(ev)
+        name = event_name(ev)
         if name == "?":
             return None
-        spec["op"] = exact(name)
+        spec["aten" if ev.get("kind") == ATEN else "op"] = exact(name)
     elif choice == "module":
         module = ev.get("module")
         if not isinstance(module, str) or not module:

@@ -25,6 +25,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import islice
 from operator import itemgetter
 from typing import Any
 
@@ -50,9 +51,11 @@ __all__ = [
     "FLAG_NAN_IN",
     "FLAG_NAN_OUT",
     "AtenRow",
+    "CallHits",
     "Changes",
     "EventStore",
     "Inbox",
+    "NameMatch",
     "PendingRow",
     "Row",
     "StepData",
@@ -176,15 +179,17 @@ class AtenRow(Row):
 
 
 class PendingRow:
-    """The event a job is paused at when the timeline has no record of it: the op or node a
-    job stopped *before* (its event does not exist yet), or one whose event was lost. Quacks
-    like a :class:`Row`; ``event`` is the event (or the stub the pause carries)."""
+    """The event a job is paused at when the timeline has no record of it: the op, node or
+    aten call a job stopped *before* (its event does not exist yet), an aten call whose op
+    has not come (an op's calls come with it, after it ran), or an event that was lost.
+    Quacks like a :class:`Row`; ``event`` is the event (or the stub the pause carries)."""
 
     pending = True
 
     def __init__(self, ev: dict) -> None:
         self.event = ev
-        self.kind = GRAD if ev.get("kind") == GRAD else OP
+        kind = ev.get("kind")
+        self.kind = kind if kind in (GRAD, ATEN) else OP
         seq = ev.get("seq")
         self.seq = seq if type(seq) is int else -1
         self.step = _step_of(ev)
@@ -200,9 +205,7 @@ class PendingRow:
         self.op_seq = _int(ev.get("op_seq"))
         self.nodes = ()
         ins, outs = ("grad_outputs", "grad_inputs") if self.kind == GRAD else ("inputs", "outputs")
-        self.flags = _side_flags(ev.get(ins), FLAG_NAN_IN, FLAG_INF_IN) | _side_flags(
-            ev.get(outs), FLAG_NAN_OUT, FLAG_INF_OUT
-        )
+        self.flags = _flags(ev, ins, outs)
 
     @property
     def is_op(self) -> bool:
@@ -310,6 +313,7 @@ class StepInfo:
     step: int
     n_ops: int = 0
     n_grads: int = 0
+    n_aten: int = 0  # aten calls (the aten level)
     n_graph_nodes: int = 0  # nodes in this step's backward graphs
     n_alerts: int = 0
     n_events: int = 0
@@ -404,6 +408,15 @@ class StepData:
     def row_index(self, seq: int) -> int | None:
         i = bisect.bisect_left(self.rows, seq, key=_seq_key)
         return i if i < len(self.rows) and self.rows[i][SEQ] == seq else None
+
+    def has_row(self, kind: str | None, seq: int) -> bool:
+        """Whether the timeline can show event ``seq`` (of ``kind`` when given): an op or
+        node row, or an aten call under one."""
+        if kind == ATEN or (kind is None and seq in self.aten):
+            t = self.aten.get(seq)
+            return t is not None and self.aten_parent(t) is not None
+        i = self.row_index(seq)
+        return i is not None and (kind is None or self.rows[i][KIND] == kind)
 
     def op(self, seq: int | None) -> Row | None:
         t = None if seq is None else self.op_by_seq.get(seq)
@@ -835,6 +848,7 @@ class EventStore:
                 elif item[KIND] == GRAD:
                     info.n_grads += 1
                 else:
+                    info.n_aten += 1
                     self.has_aten = True
                 if data is not None:
                     data._add_row(item)
@@ -866,6 +880,7 @@ class EventStore:
             elif item[KIND] == GRAD:
                 info.n_grads += 1
             else:
+                info.n_aten += 1
                 self.has_aten = True
             return
         kind = item.get("kind")
@@ -955,7 +970,7 @@ class EventStore:
         del self._partial[step]
         self.loading.pop(step, None)
         # Loaded counts are exact.
-        for name in ("n_ops", "n_grads", "n_graph_nodes", "n_alerts", "n_events"):
+        for name in ("n_ops", "n_grads", "n_aten", "n_graph_nodes", "n_alerts", "n_events"):
             setattr(info, name, getattr(fresh, name))
         info.first_seq, info.last_seq = fresh.first_seq, fresh.last_seq
         info.state = RESIDENT
@@ -994,9 +1009,10 @@ class EventStore:
         losses: dict[int, tuple] | None = None,
     ) -> None:
         """Counts from a replay's background pass: ``{step: (ops, grads, graph_nodes, alerts,
-        events, alert_events[, grad_sq, grad_norms])}``; ``final`` lists steps whose counts
-        are now complete; ``losses``: ``{step: (value, rank)}`` (see countpass)."""
+        events, alert_events[, grad_sq, grad_norms[, aten]])}``; ``final`` lists steps whose
+        counts are now complete; ``losses``: ``{step: (value, rank)}`` (see countpass)."""
         for step, (n_ops, n_grads, n_gnodes, n_alerts, n_events, alerts, *grad) in counts.items():
+            n_aten = grad[2] if len(grad) > 2 else 0
             info = self.steps.get(step)
             if info is None:
                 info = self._info(step, ch)
@@ -1013,6 +1029,8 @@ class EventStore:
                 continue  # exact already (loaded, or a previous pass finished it)
             info.n_ops += n_ops
             info.n_grads += n_grads
+            info.n_aten += n_aten
+            self.has_aten |= n_aten > 0
             info.n_graph_nodes += n_gnodes
             info.n_alerts += n_alerts
             info.n_events += n_events
@@ -1210,3 +1228,61 @@ def compile_filter(text: str) -> re.Pattern[str] | None:
     if not text:
         return None
     return re.compile(text, re.IGNORECASE)
+
+
+# -- search and filter over aten calls ---------------------------------------------------------
+# An aten call is matched on its name alone: its module and source line are those of its op or
+# node (the tracer gives it theirs), so a search for a module or a line finds that row once,
+# not again in each of its calls.
+class NameMatch:
+    """``pattern`` over aten call names, each distinct name searched once (a step has many
+    calls and few names)."""
+
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        self.pattern = pattern
+        self._seen: dict[str, bool] = {}
+
+    def __call__(self, name: str) -> bool:
+        hit = self._seen.get(name)
+        if hit is None:
+            hit = self._seen[name] = self.pattern.search(name) is not None
+        return hit
+
+
+class CallHits:
+    """The aten calls of one step that a pattern matches, by the seq of the op or node row
+    they are shown under (the timeline's filter keeps those rows, for context). Incremental:
+    each ``update`` reads the calls that came since, and again the matching calls whose row
+    had not come yet (an op's calls come before the op, a node's before its event)."""
+
+    def __init__(self, data: StepData, pattern: re.Pattern[str]) -> None:
+        self.data = data
+        self.match = NameMatch(pattern)
+        self.by_row: dict[int, tuple[Rec, ...]] = {}
+        self._read = 0  # calls of data.aten read (a dict only grows, in arrival order)
+        self._waiting: list[Rec] = []
+
+    def update(self) -> list[int]:
+        """Read what came; the seqs of the rows that got their first matching call."""
+        data, match = self.data, self.match
+        fresh = [t for t in islice(data.aten.values(), self._read, None) if match(t[NAME])]
+        self._read = len(data.aten)
+        todo, self._waiting = self._waiting + fresh, []
+        first: list[int] = []
+        for t in todo:
+            parent = data.aten_parent(t)
+            if parent is None:
+                if t[OP_SEQ] is not None or t[NODE_ID] is not None:  # its row may yet come
+                    self._waiting.append(t)
+                continue
+            have = self.by_row.get(parent[SEQ])
+            if have is None:
+                self.by_row[parent[SEQ]] = (t,)
+                first.append(parent[SEQ])
+            else:
+                self.by_row[parent[SEQ]] = tuple(sorted((*have, t), key=_seq_key))
+        return first
+
+    def calls(self) -> list[Rec]:
+        """Every matching call shown under a row, in seq order."""
+        return sorted((t for calls in self.by_row.values() for t in calls), key=_seq_key)

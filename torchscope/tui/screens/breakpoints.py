@@ -18,9 +18,8 @@ from textual.widgets import Button, Checkbox, DataTable, Input, OptionList, Stat
 from textual.widgets.option_list import Option
 
 from torchscope.protocol.breakpoints import BreakpointError, parse_break_spec
-from torchscope.protocol.events import GRAD
 from torchscope.tui.format import short_name, short_source
-from torchscope.tui.stepping import spec_from_event, spec_text
+from torchscope.tui.stepping import event_name, spec_from_event, spec_text
 
 if TYPE_CHECKING:
     from torchscope.tui.app import TorchscopeApp
@@ -48,7 +47,7 @@ class BreakHereScreen(ModalScreen[dict | None]):
 
     def compose(self) -> ComposeResult:
         ev = self.event
-        name = ev.get("node") if ev.get("kind") == GRAD else ev.get("name")
+        name = event_name(ev)
         options = []
         for choice, label in CHOICES:
             spec = spec_from_event(ev, choice)

@@ -19,6 +19,7 @@ from textual.containers import ScrollableContainer, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from torchscope.protocol.events import ATEN
 from torchscope.tui.compare import Column, CompareTable, build_table
 from torchscope.tui.multi import describe_key, find_key
 from torchscope.tui.store import EVICTED, LOADING, ON_DISK
@@ -123,6 +124,9 @@ class CompareScreen(ModalScreen[None]):
                 col.missing = f"step {step} is no longer in memory"
             return col
         row = find_key(store, data, key)
+        if row is None and key is not None and key[0] == ATEN and not store.has_aten:
+            col.missing = "no aten calls recorded (record with --aten)"
+            return col
         if row is None:
             col.missing = f"not in step {step}"
             return col

@@ -22,7 +22,7 @@ from textual.widgets.option_list import Option
 from torchscope.protocol.events import GRAD, Event
 from torchscope.protocol.jsontext import to_jsonl
 from torchscope.tui.format import unravel
-from torchscope.tui.stepping import spec_from_event, spec_text
+from torchscope.tui.stepping import event_name, spec_from_event, spec_text
 
 #: (key, what, text): what the menu offers; ``what`` is also the notification's wording.
 Choice = tuple[str, str, str]
@@ -131,8 +131,8 @@ def copy_choices(
         spec = spec_from_event(ev, "source")
         if spec is not None:
             out.append(("l", "a --break-on spec (same line)", spec_text(spec)))
-        name = ev.get("node") if ev.get("kind") == GRAD else ev.get("name")
-        if isinstance(name, str) and name:
+        name = event_name(ev)
+        if name != "?":
             out.append(("n", "the name", name))
         if fetched is None:
             found = _first_values(ev)

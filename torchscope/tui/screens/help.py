@@ -78,7 +78,10 @@ ATEN_KEYS: list[tuple[str, str]] = [
     (
         "→ ← l h",
         "timeline, aten level: unfold / fold the aten calls of an op or node marked + "
-        "(on a call, ←: back to its op or node; Σ: the engine summing gradients)",
+        "(on a call, ←: back to its op or node; Σ: the engine summing gradients). / and | "
+        "match calls by name: a search unfolds the row of the call it goes to; the filter "
+        "keeps matching calls under their row (dimmed when only its calls match); :#N, y, x, "
+        "e work on calls too",
     ),
 ]
 

@@ -26,12 +26,13 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Input, Label, OptionList, ProgressBar, Tree
 
-from torchscope.protocol.events import GRAD, OP, Event
+from torchscope.protocol.events import ATEN, GRAD, OP, Event
 from torchscope.tui.format import short_name
 from torchscope.tui.screens.breakpoints import BreakHereScreen, BreakpointsScreen
 from torchscope.tui.stepping import (
     ValuesView,
     default_choice,
+    event_name,
     pause_event,
     pause_key,
     spec_text,
@@ -205,6 +206,7 @@ class MainScreen(Screen[None]):
         self.follow = self.live
         self.timeline.follow = self.follow
         self.steps.bind_store(self.store)
+        self.set_class(self.store.has_aten, "-aten")
         self.steps.refresh_rows()
         self.alerts.set_alerts(self.store.alerts)  # the old run's alerts went with its store
         if self.center == "graph":
@@ -316,6 +318,8 @@ class MainScreen(Screen[None]):
             title += f" · loading… {loading[2]:,} events so far"
         elif info is not None:
             title += f" · {info.n_ops:,} ops · {info.nodes:,} nodes"
+            if info.n_aten:
+                title += f" · {info.n_aten:,} aten calls"
         self.timeline.border_title = title
         sub = []
         if self.search is not None:
@@ -335,6 +339,7 @@ class MainScreen(Screen[None]):
                 for w in (self.timeline, self.graph, self.detail, self.alerts):
                     w.cwd = cwd
         if ch.steps_added or ch.steps_changed or ch.evicted or ch.removed:
+            self.set_class(store.has_aten, "-aten")  # room for the steps' aten call counts
             self.steps.refresh_rows()
             self._steps_sparkline()
         if self.current_step in ch.removed:  # an empty trailing step, dropped
@@ -992,18 +997,21 @@ class MainScreen(Screen[None]):
         if origin is not None:
             self.timeline.select(*origin)
 
-    def _matches(self) -> list[int]:
-        """Timeline rows (indices as shown) that the search matches; cached per step view."""
+    def _matches(self) -> list[tuple[int, int]]:
+        """Where the search matches in the timeline: rows and aten calls, folded or not (see
+        ``OpTimeline.match_positions``); cached per step view."""
         if self.search is None:
             return []
         tl = self.timeline
         data = tl.data
         if data is None:
             return []
-        key = (id(data), len(data.rows), data.reorders, self.search, tl.pattern, tl.row_count())
+        shown = tl.row_count() - tl.calls_shown()  # the rows the filter keeps, and the pending
+        key = (id(data), len(data.rows), len(data.aten), data.reorders, self.search, shown)
+        key += (tl.pattern,)
         if self._match_cache is not None and self._match_cache[0] == key:
             return self._match_cache[1]
-        found = tl.match_indices(self.search)
+        found = tl.match_positions(self.search)
         self._match_cache = (key, found)
         return found
 
@@ -1015,12 +1023,13 @@ class MainScreen(Screen[None]):
         if not found:
             return False
         tl = self.timeline
-        cur = tl.cursor
+        cur = tl.position(tl.cursor)
         if origin and self._search_origin is not None:
             index = tl.index_of(*self._search_origin)
-            cur = index if index is not None else 0
+            cur = tl.position(index if index is not None else 0)
         if direction > 0:
-            i = bisect.bisect_left(found, cur if include_current else cur + 1)
+            after = bisect.bisect_left if include_current else bisect.bisect_right
+            i = after(found, cur)
             wrapped = i >= len(found)
             target = found[0] if wrapped else found[i]
         else:
@@ -1032,7 +1041,7 @@ class MainScreen(Screen[None]):
                 "search wrapped" + (" to the top" if direction > 0 else " to the bottom"), timeout=2
             )
         self._set_follow(False)
-        tl.move_cursor(target)
+        tl.go_to_position(target)
         self._show_detail()
         self._title()
         return True
@@ -1064,7 +1073,7 @@ class MainScreen(Screen[None]):
         if self.search is None:
             return ""
         found = self._matches()
-        cur = self.timeline.cursor
+        cur = self.timeline.position(self.timeline.cursor)
         i = bisect.bisect_left(found, cur)
         at = (
             f"{i + 1}/{len(found)}"
@@ -1106,11 +1115,13 @@ class MainScreen(Screen[None]):
             info = self.store.steps[step]
             if info.first_seq is not None and info.first_seq <= seq <= (info.last_seq or seq):
                 data = self.store.data(step)
-                if data is not None and data.row_index(seq) is None:
-                    return f"event #{seq} is not an op or a backward node (step {step})"
+                if data is not None and not data.has_row(None, seq):
+                    return (
+                        f"event #{seq} is not an op, a backward node or an aten call (step {step})"
+                    )
                 self._go(Location("timeline", step, None, seq))
                 return None
-        return f"no op or node with event seq #{seq} in the steps known so far"
+        return f"no op, node or aten call with event seq #{seq} in the steps known so far"
 
     def _goto_node(self, node: int) -> str | None:
         here = self.current_step
@@ -1160,11 +1171,10 @@ class MainScreen(Screen[None]):
         if not (type(step) is not int or here is None or step == here or step not in self.store):
             self.timeline.set_paused(None, None)  # paused in another step than the one shown
             return
-        kind = GRAD if ev.get("kind") == GRAD else OP
+        kind = ev.get("kind") if ev.get("kind") in (GRAD, ATEN) else OP
         seq = ev.get("seq")
         data = self.store.data(here)
-        index = data.row_index(seq) if data is not None and type(seq) is int else None
-        if index is not None and data.rows[index][0] == kind:
+        if data is not None and type(seq) is int and data.has_row(kind, seq):
             self.timeline.set_paused((kind, seq), None)
         else:
             self.timeline.set_paused(None, self._pending_row(pause))
@@ -1199,13 +1209,17 @@ class MainScreen(Screen[None]):
         self.refresh_status()
 
     def _select_paused(self) -> bool:
-        index = self.timeline.paused_index()
-        if index is None and self.timeline.paused_key is not None and self.timeline.pattern:
-            self._apply_filter(None)  # hidden by the filter
-            index = self.timeline.paused_index()
+        tl = self.timeline
+        key = tl.paused_key
+        # not shown: an aten call under a folded row (select unfolds it), or hidden by the
+        # filter (then the filter goes)
+        if key is not None and tl.paused_index() is None and not tl.select(*key) and tl.pattern:
+            self._apply_filter(None)
+            tl.select(*key)
+        index = tl.paused_index()
         if index is None:
             return False
-        self.timeline.move_cursor(index, center=True)
+        tl.move_cursor(index, center=True)
         return True
 
     def _values_for(self, pause: dict) -> ValuesView:
@@ -1535,7 +1549,7 @@ class MainScreen(Screen[None]):
             prompt.error(f"{os.path.basename(path)} exists: enter again to overwrite")
             return
         view = self.timeline.view_indices()
-        items = snapshot(data, view)
+        items = snapshot(data, view, self.timeline.filtered_calls())
         what = f"{'filtered rows' if view is not None else 'events'} of step {step}"
         prompt.ok()
         prompt.display = False
@@ -1606,8 +1620,8 @@ class MainScreen(Screen[None]):
         if not choices:
             self.notify("nothing to copy here: select an op, a node or an alert", timeout=3)
             return
-        name = "alert" if alert is not None else (ev or {}).get("node") or (ev or {}).get("name")
-        self.app.push_screen(CopyScreen(short_name(str(name or "?")), choices), self._copied)
+        name = "alert" if alert is not None else event_name(ev or {})
+        self.app.push_screen(CopyScreen(short_name(name), choices), self._copied)
 
     def _copied(self, choice: tuple[str, str, str] | None) -> None:
         if not choice:

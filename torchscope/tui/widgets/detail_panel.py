@@ -298,7 +298,7 @@ class DetailPanel(VerticalScroll, can_focus=True):
 
     # -- a pause -----------------------------------------------------------------------------
     def _pause_head(self, pause: dict, ev: dict) -> str:
-        what = "op" if ev.get("kind") == OP else "node"
+        what = {OP: "op", ATEN: "aten call"}.get(ev.get("kind"), "node")
         if pause.get("phase") == "before":
             where = f"[b]before[/] this {what} runs"
         else:
@@ -669,7 +669,8 @@ class DetailPanel(VerticalScroll, can_focus=True):
         lines = [f"[b $accent]{_e(ev.get('name', '?'))}[/]"]
         seq = ev.get("seq")
         module = row.module if isinstance(row, Row) else ev.get("module")
-        lines.append(_meta_line(f"aten call · event #{seq}", ev.get("step"), module, ev))
+        what = f"aten call · event #{seq}" if seq is not None else "aten call (not run yet)"
+        lines.append(_meta_line(what, ev.get("step"), module, ev))
         step = data.step if data is not None else None
         parent = row.parent if isinstance(row, AtenRow) else None
         op_seq, nid = ev.get("op_seq"), ev.get("node_id")
@@ -687,11 +688,18 @@ class DetailPanel(VerticalScroll, can_focus=True):
             else:
                 text = f"[b]in[/] {_e(name)} node id {nid} (backward)"
             lines.append(self._link(Link("node", nid, step), text))
+        elif ev.get("node"):  # paused before a node's kernel: the pause names the node only
+            lines.append(f"[b]in[/] {_e(ev['node'])} (backward)")
+        else:  # paused at a forward call: its op's event comes once the op returns
+            lines.append("[b]in[/] the op running now [dim](its row comes once it returns)[/]")
         lines.append("")
         lines.extend(self._source(ev.get("source"), ev.get("function")))
         lines.append("")
         lines.extend(self._tensors("inputs", ev.get("inputs")))
-        lines.extend(self._tensors("outputs", ev.get("outputs")))
+        if seq is None and ev.get("outputs") is None:
+            lines.append("[b]outputs[/] [dim]not computed yet: paused before the call runs[/]")
+        else:
+            lines.extend(self._tensors("outputs", ev.get("outputs")))
         return "\n".join(lines)
 
     def _node(self, store: EventStore, data: StepData, node: dict, call: Event | None) -> str:

@@ -43,9 +43,12 @@ from torchscope.tui.store import (
     FLAG_NAN_IN,
     FLAG_NAN_OUT,
     KIND,
+    NAME,
     SEQ,
     AtenRow,
+    CallHits,
     EventStore,
+    NameMatch,
     PendingRow,
     Rec,
     Row,
@@ -150,6 +153,7 @@ class OpTimeline(VirtualList):
         self.stat_mode = "norm"
         self.cwd: str | None = None
         self._view: list[int] | None = None  # indices into data.rows matching the filter
+        self._hits: CallHits | None = None  # the aten calls the filter matches, by row
         self._seen = (0, 0)  # rows, reorders covered by the view
         self.paused_key: tuple[str, int] | None = None  # (kind, seq) of the paused event
         self.pending: PendingRow | None = None  # the paused event when it has no row
@@ -197,7 +201,9 @@ class OpTimeline(VirtualList):
             self.move_cursor(0)
 
     def set_filter(self, pattern: re.Pattern[str] | None) -> None:
-        """Keep only rows whose name, module/param or source match ``pattern``."""
+        """Keep only rows whose name, module/param or source match ``pattern``, and the aten
+        calls whose name it matches, each under its row (kept for context if it does not
+        match itself)."""
         keep = self.current_row()
         self.pattern = pattern
         self._rebuild_views()
@@ -216,20 +222,64 @@ class OpTimeline(VirtualList):
         """Indices into ``data.rows`` of the rows the filter keeps (None: no filter)."""
         return None if self._view is None else list(self._view)
 
-    def match_indices(self, pattern: re.Pattern[str]) -> list[int]:
-        """Indices (as shown, the filter applied) of the rows ``pattern`` matches, in order."""
+    def match_positions(self, pattern: re.Pattern[str]) -> list[tuple[int, int]]:
+        """Where ``pattern`` matches, in order, among the rows shown (the filter applied):
+        ``(base, -1)`` for a row (``base``: its index, aten calls left out) and ``(base, j)``
+        for the j-th aten call of that row, shown or folded (see ``position``)."""
         data = self.data
         if data is None:
             return []
         hay = data.haystacks()
         search = pattern.search
         if self._view is None:
-            found = [i for i, h in enumerate(hay) if search(h)]
+            found = [(i, -1) for i, h in enumerate(hay) if search(h)]
         else:
-            found = [j for j, i in enumerate(self._view) if search(hay[i])]
-        if self._fold_base:
-            found = [self._disp_of_base(b) for b in found]
+            found = [(j, -1) for j, i in enumerate(self._view) if search(hay[i])]
+        if data.aten:
+            found.extend(self._call_positions(NameMatch(pattern)))
+            found.sort()
         return found
+
+    def _call_positions(self, match: NameMatch) -> list[tuple[int, int]]:
+        data = self.data
+        assert data is not None
+        out = []
+        for t in data.aten.values():
+            if not match(t[NAME]):
+                continue
+            parent = data.aten_parent(t)
+            base = None if parent is None else self._base_index_of(parent[KIND], parent[SEQ])
+            if base is not None:
+                out.append((base, data.aten_of(parent).index(t)))
+        return out
+
+    def position(self, index: int) -> tuple[int, int]:
+        """``index`` (as shown) as a position in ``match_positions``' terms (the pending
+        row: after every row)."""
+        row = self.row(index)
+        if row is None or row.pending:
+            return (self._base_count(), -1)
+        if isinstance(row, AtenRow):
+            base, _, _ = self._locate(index)
+            assert self.data is not None
+            return (base, self.data.aten_of(row.parent).index(row.t))
+        return (self._locate(index)[0], -1)
+
+    def go_to_position(self, pos: tuple[int, int]) -> bool:
+        """Put the cursor at ``pos``; an aten call's row unfolds to show it."""
+        base, j = pos
+        if j < 0:
+            if not 0 <= base < self._base_count():
+                return False
+            self.move_cursor(self._disp_of_base(base), center=True)
+            return True
+        parent = self._base_row(base)
+        calls = self.data.aten_of(parent) if self.data is not None else ()
+        return j < len(calls) and self.select(ATEN, calls[j][SEQ])
+
+    def filtered_calls(self) -> list[Rec]:
+        """The aten calls the filter keeps (none without a filter), in seq order."""
+        return self._hits.calls() if self._hits is not None else []
 
     def data_changed(self) -> None:
         """The shown step got events (live) or was reloaded."""
@@ -253,8 +303,11 @@ class OpTimeline(VirtualList):
         ``pending`` row shown after the others. None, None: not paused."""
         if key == self.paused_key and pending is self.pending:
             return
+        remeasure = pending is not self.pending
         self.paused_key = key
         self.pending = pending
+        if remeasure:
+            self._remeasure(force=True)
         self.refresh_rows()
 
     def paused_index(self) -> int | None:
@@ -299,16 +352,26 @@ class OpTimeline(VirtualList):
         data = self.data
         if data is None or self.pattern is None:
             self._view = None
+            self._hits = None
             if data is not None:
                 self._seen = (len(data.rows), data.reorders)
             return
         search = self.pattern.search
         seen, reorders = self._seen
-        if self._view is None or reorders != data.reorders:
+        if self._view is None or self._hits is None or reorders != data.reorders:
             self._view = []
+            self._hits = CallHits(data, self.pattern)
             seen = 0
+        view = self._view
+        for seq in self._hits.update():  # a row judged before now has a matching call
+            i = data.row_index(seq)
+            if i is not None and i < seen:
+                j = bisect.bisect_left(view, i)
+                if j == len(view) or view[j] != i:
+                    view.insert(j, i)
         hay = data.haystacks()
-        self._view.extend(i for i in range(seen, len(hay)) if search(hay[i]))
+        rows, by_row = data.rows, self._hits.by_row
+        view.extend(i for i in range(seen, len(hay)) if search(hay[i]) or rows[i][SEQ] in by_row)
         self._seen = (len(hay), data.reorders)
 
     # -- rows --------------------------------------------------------------------------------
@@ -319,6 +382,10 @@ class OpTimeline(VirtualList):
 
     def row_count(self) -> int:
         return self._base_count() + self._calls_shown + (self.pending is not None)
+
+    def calls_shown(self) -> int:
+        """Aten call rows shown (unfolded, or kept by the filter)."""
+        return self._calls_shown
 
     def row(self, index: int) -> Row | PendingRow | None:
         data = self.data
@@ -347,9 +414,15 @@ class OpTimeline(VirtualList):
 
     # -- the aten level: rows unfolded into their calls --------------------------------------
     def _relayout(self) -> None:
-        """Place the calls of the unfolded rows (after any change to the rows shown)."""
+        """Place the calls shown (after any change to the rows shown): all of an unfolded
+        row's, the ones the filter matches of the others."""
         data = self.data
-        placed: list[tuple[int, tuple[Rec, ...]]] = []
+        shown_calls: dict[int, tuple[Rec, ...]] = {}  # base index -> the calls shown under it
+        if data is not None and self._hits is not None:  # the filter's: the matching ones
+            for seq, calls in self._hits.by_row.items():
+                base = self._base_index_of(None, seq)
+                if base is not None:
+                    shown_calls[base] = calls
         if data is not None and self.unfolded and data.aten:
             for kind, seq in self.unfolded:
                 base = self._base_index_of(kind, seq)
@@ -357,8 +430,8 @@ class OpTimeline(VirtualList):
                     continue
                 calls = data.aten_of(data.rows[base if self._view is None else self._view[base]])
                 if calls:
-                    placed.append((base, calls))
-            placed.sort(key=lambda p: p[0])
+                    shown_calls[base] = calls
+        placed = sorted(shown_calls.items(), key=lambda p: p[0])
         shown = 0
         self._fold_base, self._fold_disp, self._fold_before = [], [], []
         self._fold_calls = []
@@ -599,6 +672,8 @@ class OpTimeline(VirtualList):
             row = self._base_row(index) if index < self._base_count() else self.row(index)
             if row is not None:
                 rows.append(row)
+        if self.pending is not None:  # the paused event: its name in full
+            rows.append(self.pending)
         for k, calls in enumerate(self._fold_calls[:50]):  # the calls shown (some of them)
             parent = self._base_row(self._fold_base[k])
             if parent is not None:
@@ -633,14 +708,16 @@ class OpTimeline(VirtualList):
             return short_name(row.name)
         if isinstance(row, AtenRow):  # indented under its op or node
             return ("  Σ " if row.accumulate else "  ") + row.name
+        if row.kind == ATEN:  # a paused call whose op or node has no row yet: indented too
+            return "  " + row.name
         return row.name
 
     def _row_cells(self, row: Row | PendingRow) -> tuple[str, str]:
         if row.pending:
             ev = row.event
-            sums = ev.get("outputs") if row.kind == OP else ev.get("grad_inputs")
+            sums = ev.get("grad_inputs") if row.kind == GRAD else ev.get("outputs")
             if sums is None:  # paused before it runs: what it gets, and that it has not run
-                sums = ev.get("inputs") if row.kind == OP else ev.get("grad_outputs")
+                sums = ev.get("grad_outputs") if row.kind == GRAD else ev.get("inputs")
                 return shapes_text(sums), "not run yet"
             return shapes_text(sums), " ".join(stat_text(s, self.stat_mode) for s in sums[:2])
         key = (row.seq, self.stat_mode)
@@ -669,11 +746,17 @@ class OpTimeline(VirtualList):
         c = self.columns(width)
         shapes, stat = self._row_cells(row)
         call = isinstance(row, AtenRow)
-        is_op = (row.parent if call else row).kind == OP
+        # an aten call is styled as its op's or node's row (a pending one: by its node, if any)
+        if call:
+            is_op = row.parent.kind == OP
+        else:
+            is_op = row.kind == OP or (row.kind == ATEN and not row.event.get("node"))
         name = self._name_text(row)
         module = row.param or row.module or "-"
         flags, flag_style = self._flags(row)
         name_style = None if is_op else self.cstyle("bwd")
+        if not call and self._kept_for_calls(row):
+            name_style = self.cstyle("dim")
         paused = row.pending or (
             self.paused_key is not None and self.paused_key == (row.kind, row.seq)
         )
@@ -703,6 +786,13 @@ class OpTimeline(VirtualList):
             mark = self.cstyle("paused")
             cells = [(text, mark if style is None else style + mark) for text, style in cells]
         return cells
+
+    def _kept_for_calls(self, row: Row | PendingRow) -> bool:
+        """A row the filter keeps only for the aten calls under it that it matches."""
+        data, pattern = self.data, self.pattern
+        if pattern is None or data is None or row.pending or self._hits is None:
+            return False
+        return row.seq in self._hits.by_row and not pattern.search(data.haystack(row.t))
 
     def _flags(self, row: Row) -> tuple[str, Style | None]:
         f = row.flags

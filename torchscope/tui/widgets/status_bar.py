@@ -11,7 +11,7 @@ from textual.markup import escape
 from textual.widgets import Static
 
 from torchscope.tui.format import short_name
-from torchscope.tui.stepping import StepperView, pause_event, pause_title
+from torchscope.tui.stepping import StepperView, event_name, pause_event, pause_title
 
 
 def _rate(x: float) -> str:
@@ -110,8 +110,8 @@ class StatusBar(Static):
         pause = stepper.paused if stepper is not None else None
         if pause is not None:
             ev = pause_event(pause)
-            name = ev.get("name") if ev.get("kind") == "op" else ev.get("node")
-            at = f" {escape(short_name(str(name)))}" if name else ""
+            name = event_name(ev)
+            at = f" {escape(short_name(name))}" if name != "?" else ""
             add(0, f"[b $warning]⏸ PAUSED[/] ({escape(pause_title(pause))}){at}")
         elif status.get("paused"):
             add(0, "[b $warning]⏸ PAUSED[/]")

@@ -1,6 +1,7 @@
 """The steps of the trace: all of them in a replay, a growing list when live.
 
-Each line: step, number of forward ops, number of backward nodes, and a mark for alerts and for
+Each line: step, number of forward ops, number of backward nodes (and of aten calls, at the
+aten level, where the panel has room: the screen widens it), and a mark for alerts and for
 steps that are not in memory. Once known, the step's loss and global gradient norm come first,
 with a bar scaling that norm against every step's (a spike stands out), and the panel's
 subtitle is a sparkline of the norms across all steps: a replay's count pass finds them (see
@@ -18,6 +19,8 @@ from torchscope.tui.widgets.virtual_list import Cell, VirtualList, fit, rfit
 
 #: Below this width the overview columns push out the op and node counts.
 WIDE = 40
+#: What the aten call count needs after the step, op and node counts.
+ATEN_WIDTH = 7
 
 
 def short_num(x: float | None, width: int = 7) -> str:
@@ -140,12 +143,20 @@ class StepList(VirtualList):
     def empty_text(self) -> str:
         return "no steps yet"
 
+    def _shows_aten(self, width: int) -> bool:
+        """The aten call count: at the aten level, after the op and node counts if it fits."""
+        if self.store is None or not self.store.has_aten:
+            return False
+        counts = 21 if not self.has_overview else WIDE
+        return width >= counts + ATEN_WIDTH
+
     def render_header(self, width: int) -> list[Cell]:
+        aten = f" {rfit('aten', 6)}" if self._shows_aten(width) else ""
         if not self.has_overview:
-            return [(f"{rfit('step', 5)} {rfit('ops', 6)} {rfit('nodes', 6)}", None)]
+            return [(f"{rfit('step', 5)} {rfit('ops', 6)} {rfit('nodes', 6)}{aten}", None)]
         text = f"{rfit('step', 5)} {rfit('loss', 6)} {rfit('|g|', 6)}"
         if width >= WIDE:
-            text += f"   {rfit('ops', 6)} {rfit('nodes', 6)}"
+            text += f"   {rfit('ops', 6)} {rfit('nodes', 6)}{aten}"
         return [(text, None)]
 
     def render_row(self, index: int, width: int) -> list[Cell]:
@@ -187,6 +198,9 @@ class StepList(VirtualList):
                 (rfit(_count(info.n_ops, info.counted), 6) + " ", None),
                 (rfit(_count(info.nodes, info.counted), 6) + " ", None),
             ]
+            if self._shows_aten(width):
+                aten = _count(info.n_aten, info.counted) if info.n_aten else "-"
+                cells.append((rfit(aten, 6) + " ", self.cstyle("dim")))
         cells.append((fit(mark, 1), mark_style))
         if info.n_alerts:
             cells.append((f"⚠{info.n_alerts}", self.cstyle("error")))
