@@ -337,6 +337,11 @@ def test_autocast_checkpoint_and_custom_functions_at_the_aten_level(mode):
             ("torch.nn.functional.linear", "autocast")
         ] * 3 + [("Tensor.float", None)]
         assert {lbl for _, _, lbl in labelled} == {"autocast"}
+        from torchscope.analysis.render import aten_log
+
+        log = list(aten_log(tr.events))
+        linear = log.index(next(x for x in log if x.startswith("  torch.nn.functional.linear")))
+        assert log[linear + 1].startswith("    aten._to_copy.default [autocast] -> [8] bfloat16")
     elif mode == "checkpoint":
         # the forward re-run inside the first node whose saved tensors it unpacks
         assert ("aten.addmm.default", "ReluBackward0", "recompute") in labelled

@@ -93,7 +93,7 @@ def text_line(ev: Event) -> str:
         else:
             parent = f"in op {ev['op_seq']}" if ev.get("op_seq") is not None else ""
         return (
-            f"{head}aten    {ev.get('name', ''):<32} {parent:<22} {shapes:<16} {stat:<22} "
+            f"{head}aten    {aten_call_text(ev):<32} {parent:<22} {shapes:<16} {stat:<22} "
             f"{ev.get('module') or '-'}"
         )
     if kind == ALERT:
@@ -151,6 +151,15 @@ def _outputs_text(summaries: list | None) -> str:
     )
 
 
+def aten_call_text(ev: Event) -> str:
+    """An aten call's name with what else it says of itself: ``aten._to_copy.default
+    [autocast]``, ``_c10d_functional.all_reduce.default [group 8]``."""
+    tags = [t for t in (ev.get("label"), ev.get("group_size")) if t is not None]
+    if ev.get("group_size") is not None:
+        tags[-1] = f"group {ev['group_size']}"
+    return f"{ev.get('name', '')} [{', '.join(map(str, tags))}]" if tags else ev.get("name", "")
+
+
 def aten_log(events: Iterable[Event]) -> Iterator[str]:
     """``dump --aten``: a nested log in the spirit of PyTorch's DebugMode. Module markers,
     each op with its aten calls under it, each backward node with its kernels and the
@@ -161,9 +170,9 @@ def aten_log(events: Iterable[Event]) -> Iterator[str]:
         kind = ev.get("kind")
         if kind == ATEN:
             if ev.get("accumulate"):
-                yield f"    + engine sum {ev.get('name')} -> {_outputs_text(ev.get('outputs'))}"
+                yield f"    + engine sum {aten_call_text(ev)} -> {_outputs_text(ev.get('outputs'))}"
             elif ev.get("op_seq") is None and ev.get("node") is None:
-                yield f"  {ev.get('name')} -> {_outputs_text(ev.get('outputs'))}"
+                yield f"  {aten_call_text(ev)} -> {_outputs_text(ev.get('outputs'))}"
             else:
                 waiting.append(ev)
             continue
@@ -196,4 +205,4 @@ def aten_log(events: Iterable[Event]) -> Iterator[str]:
         if mine:
             waiting = [c for c in waiting if c.get(key) != value]
             for call in mine:
-                yield f"    {call.get('name')} -> {_outputs_text(call.get('outputs'))}"
+                yield f"    {aten_call_text(call)} -> {_outputs_text(call.get('outputs'))}"
