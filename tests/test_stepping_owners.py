@@ -38,7 +38,7 @@ def test_a_command_line_breakpoint_with_no_ui_says_where_at_once_and_is_rate_lim
     # One 0.3 s stall, then the breakpoint is quiet while nobody is attached: the two next
     # NaN steps run through.
     assert job.stepper.auto_resumed == 1
-    assert "breakpoint 1 keeps firing with no UI attached" in err
+    assert "with no UI attached, breakpoint 1 pauses again at most once every 60 s" in err
     assert point["by"] == "command line"
 
 

@@ -349,7 +349,7 @@ class Agent:
             self._watch_listening.remove()
             self._watch_listening = None
         try:
-            self._disarm()
+            self._disarm(ended=True)
             self.clock.remove()
         finally:
             self.outputs.close()
@@ -470,13 +470,13 @@ class Agent:
         self.armed_periods += 1
         self._say_holders(f"tracing from step {step}")
 
-    def _disarm(self, hold: StepHold | None = None) -> None:
+    def _disarm(self, hold: StepHold | None = None, ended: bool = False) -> None:
         released = hold.released if hold is not None else []
         tracer, self.tracer = self.tracer, None
         self.ranks.forget_parameters()
         if tracer is not None:
             tracer.stop()  # the armed period's last events are delivered first
-            self._announce(released, DORMANT)
+            self._announce(released, DORMANT, ended=ended)
             if self.publisher is not None:
                 # A dormant job keeps none of it: the UIs reading now get it all, one that
                 # joins later starts from the next armed period.
@@ -486,21 +486,23 @@ class Agent:
         elif released:
             self._announce(released)
 
-    def _announce(self, released: list[int], state: str | None = None) -> None:
-        """A ``tracing`` event: armed / dormant, who holds it, whose hold just ended."""
+    def _announce(self, released: list[int], state: str | None = None, ended: bool = False) -> None:
+        """A ``tracing`` event: armed / dormant, who holds it, whose hold just ended (``ended``:
+        the job itself did)."""
         if state is None:
             state = TRACED if self.tracer is not None else DORMANT
-        self.emit(
-            Event(
-                kind=TRACING,
-                seq=self.next_seq(),
-                step=self.clock.step,
-                state=state,
-                holders=self.holders.describe(),
-                released=list(released),
-                t=time.time(),
-            )
+        event = Event(
+            kind=TRACING,
+            seq=self.next_seq(),
+            step=self.clock.step,
+            state=state,
+            holders=self.holders.describe(),
+            released=list(released),
+            t=time.time(),
         )
+        if ended:
+            event["ended"] = True
+        self.emit(event)
 
     def emit(self, event: Event) -> None:
         """Everything the agent says: through the armed tracer while there is one (in order

@@ -253,8 +253,8 @@ class Stepper:
             if not self._quiet_said:
                 self._quiet_said = True
                 self._note(
-                    f"breakpoint {bp_id} keeps firing with no UI attached: it pauses at most "
-                    f"once every {UNATTENDED_QUIET_SECONDS:g} s until a UI attaches"
+                    f"with no UI attached, breakpoint {bp_id} pauses again at most once "
+                    f"every {UNATTENDED_QUIET_SECONDS:g} s until a UI attaches"
                 )
         self._attached = False
         self._resume_reason = "lease"

@@ -335,6 +335,8 @@ class AtenScope:
         stack = self._stack()
         if stack and stack[-1]:
             stack.append(1)
+        elif self._modules.in_compiled_call():
+            stack.append(0)  # compiled code runs with no mode of ours (tracer/armed/compiled)
         elif self.covers(self._modules.current()):
             self._mode.__enter__()
             stack.append(2)

@@ -39,6 +39,15 @@ def _resolve(func: Any) -> str | None:
     if getattr(func, "__module__", "").startswith("torch.distributed"):
         return "torch.distributed." + getattr(func, "__name__", repr(func))  # all_reduce, ...
     name = resolve_name(func) or getattr(func, "__qualname__", None) or repr(func)
+    short = getattr(func, "__name__", None)
+    if (
+        short
+        and name.startswith("torch.")
+        and name.count(".") == 1
+        and name != "torch." + short
+        and getattr(torch, short, None) is func
+    ):
+        name = "torch." + short  # the name called, not an alias torch.overrides prefers (spmm)
     if name.startswith("torch.Tensor."):
         name = name[6:]
     if name.startswith(("profiler.", "torch.ops.profiler.")):

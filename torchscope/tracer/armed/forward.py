@@ -136,9 +136,15 @@ class ForwardRecorder(Recorder):
                 inputs[i] = self.summaries.overwritten(t)
 
     def after_op(
-        self, pending: PendingOp, args: tuple, kwargs: dict, result: Any
+        self,
+        pending: PendingOp,
+        args: tuple,
+        kwargs: dict,
+        result: Any,
+        extra: dict | None = None,
     ) -> tuple[Event, list[torch.Tensor]] | None:
-        """Record the op; returns its event and output tensors (for the pauser)."""
+        """Record the op; returns its event and output tensors (for the pauser). ``extra``:
+        fields the caller adds (a compiled call's ``compiled``)."""
         name, in_tensors, inputs, seq_lo, t0 = pending
         t1 = time.perf_counter_ns()
         if name in COLLECTIVES:
@@ -181,6 +187,8 @@ class ForwardRecorder(Recorder):
         )
         if has_inf_scalar(args, kwargs):
             event["inf_arg"] = True  # an Inf it makes is on purpose (masked_fill(m, -inf))
+        if extra:
+            event.update(extra)
         with self.recording:
             # A view's output shares its input's stats when the input is unchanged (the
             # memo checks its version); an in-place op's output is summarised afresh.

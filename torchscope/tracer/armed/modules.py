@@ -9,12 +9,18 @@ from __future__ import annotations
 import gc
 import threading
 import weakref
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.nn.modules import module as module_mod
 
+_GLOBAL_HOOK_DICTS = (
+    module_mod._global_forward_pre_hooks,
+    module_mod._global_forward_hooks,
+    module_mod._global_forward_hooks_always_called,
+)
 # Looked up once: the hooks run at every module call (dynamo recognises the function object
 # itself, however it is reached).
 _is_compiling = torch.compiler.is_compiling
@@ -29,15 +35,31 @@ class ModuleCallListener(Protocol):
     def module_exit(self) -> None: ...
 
 
+class CompiledCallHooks(Protocol):
+    """What runs around a call of a ``torch.compile``'d module (tracer/armed/compiled.py)."""
+
+    def enter(self, module: nn.Module, args: tuple) -> None: ...
+
+    def exit(self, module: nn.Module, args: tuple, output: object) -> None: ...
+
+    def active(self) -> bool: ...
+
+
 class ModuleTracker:
     """A pair of global hooks around every module's forward, with a stack of module paths
     per thread. A ``listener`` (the scoped aten level) rides on the same two hooks: a second
-    pair would cost two more Python calls at every module call."""
+    pair would cost two more Python calls at every module call. Compiled modules are named
+    as the module they wrap (no ``_orig_mod.``), and their calls go to ``compiled_calls``."""
 
     def __init__(self) -> None:
         self._local = threading.local()
         self._handles: list = []
         self.listener: ModuleCallListener | None = None
+        self.compiled_calls: CompiledCallHooks | None = None
+        self._compiled: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # OptimizedModules
+        self._exit_hook: Callable | None = None  # the global forward hook installed
+        self._hidden: list[tuple[dict, int, Callable]] = []  # ours, out while compiled runs
+        self._end_of_compiled: Any = None  # the hook on the compiled module that ends it
         self._names: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
         self._indexed_roots: weakref.WeakSet[nn.Module] = weakref.WeakSet()
         # id(param) -> (weakref to param, qualified name); ids are checked against the weakref.
@@ -70,8 +92,10 @@ class ModuleTracker:
             module_mod.register_module_forward_pre_hook(enter),
             module_mod.register_module_forward_hook(exit_, always_call=True),
         ]
+        self._exit_hook = exit_
 
     def remove(self) -> None:
+        self._show_hooks()
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -93,13 +117,44 @@ class ModuleTracker:
         if name is None:
             name = self._name_unknown(module, stack)
         stack.append(name)
+        if self._compiled and module in self._compiled and self.compiled_calls is not None:
+            self.compiled_calls.enter(module, args)  # type: ignore[arg-type]
+            self._hide_hooks_during(module)
 
     def _exit(self, module: nn.Module, args: object, output: object) -> None:
         if _is_compiling():
             return
         stack = self._stack()
         if stack:
+            if self._compiled and module in self._compiled and self.compiled_calls is not None:
+                self._show_hooks()
+                self.compiled_calls.exit(module, args, output)  # type: ignore[arg-type]
             stack.pop()
+
+    def _hide_hooks_during(self, module: nn.Module) -> None:
+        """Dynamo guards a compiled frame on the global module hooks it saw when compiling
+        (``len(_global_forward_hooks)``): ours leave the global dicts while a compiled module
+        runs, so a frame compiled while the job was traced still matches once it is not (and
+        the other way round). The call's end comes through a hook on that module alone."""
+        ids = [h.id for h in self._handles]
+        hidden = []
+        for hooks in _GLOBAL_HOOK_DICTS:
+            for i in ids:
+                if i in hooks:
+                    hidden.append((hooks, i, hooks.pop(i)))
+        self._hidden = hidden
+        self._end_of_compiled = module.register_forward_hook(self._exit_hook, always_call=True)
+
+    def _show_hooks(self) -> None:
+        for hooks, i, hook in self._hidden:
+            hooks[i] = hook
+        self._hidden = []
+        if self._end_of_compiled is not None:
+            self._end_of_compiled.remove()
+            self._end_of_compiled = None
+
+    def in_compiled_call(self) -> bool:
+        return self.compiled_calls is not None and self.compiled_calls.active()
 
     def _name_unknown(self, module: nn.Module, stack: list[str]) -> str:
         if not stack:
@@ -139,12 +194,15 @@ class ModuleTracker:
         for name, mod in root.named_modules(remove_duplicate=False):
             if id(mod) not in seen:
                 seen.add(id(mod))
+                if type(mod).__name__ == "OptimizedModule":
+                    self._compiled.add(mod)
+                name = _unwrapped(name)
                 # The root itself is "" (the model) or its label ("Discriminator").
                 self._names[mod] = prefix + name if name else prefix.removesuffix(":")
         for name, p in root.named_parameters(remove_duplicate=False):
             if id(p) not in seen:
                 seen.add(id(p))
-                self._params[id(p)] = (weakref.ref(p), prefix + name)
+                self._params[id(p)] = (weakref.ref(p), prefix + _unwrapped(name))
 
     def _root_label(self, root: nn.Module) -> str:
         cls = type(root).__name__
@@ -197,6 +255,13 @@ class ModuleTracker:
             if entry is not None and entry[0]() is t:
                 return entry[1]
         return None
+
+
+def _unwrapped(path: str) -> str:
+    """``_orig_mod.blocks.0`` -> ``blocks.0``: a compiled module is named as the one it wraps."""
+    if "_orig_mod" not in path:
+        return path
+    return ".".join(part for part in path.split(".") if part != "_orig_mod")
 
 
 def is_fsdp2(module: nn.Module) -> bool:

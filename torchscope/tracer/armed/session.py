@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from torchscope.analysis.trace import Trace
 from torchscope.protocol.codec import PROTOCOL_VERSION
@@ -31,6 +32,7 @@ from torchscope.protocol.tracefile import per_rank_path
 from torchscope.tracer.armed import caller_warnings
 from torchscope.tracer.armed.aten import AtenMode, AtenRecorder, AtenScope, aten_scope
 from torchscope.tracer.armed.backward import BackwardRecorder
+from torchscope.tracer.armed.compiled import CompiledCalls
 from torchscope.tracer.armed.forward import ForwardMode, ForwardRecorder
 from torchscope.tracer.armed.modules import ModuleTracker
 from torchscope.tracer.armed.pausing import Pauser
@@ -151,6 +153,7 @@ class Tracer:
         self.backward: BackwardRecorder | None = None
         self.aten_mode: AtenMode | None = None  # pushed with the function mode (everywhere)
         self.aten_scoped: AtenScope | None = None  # or pushed inside its modules only
+        self._closure_hook: Any = None  # traces optimizer.step(closure)'s closure
         self._mode_pushed = False
         self.step_traced = False
         # Meet the other ranks before collectives (set by the agent while the command line
@@ -203,6 +206,8 @@ class Tracer:
             self.emit(session)
         if self.clock is not None:
             self.clock.install()
+        # After the clock's hook, which takes the update as it is.
+        self._closure_hook = register_optimizer_step_pre_hook(self._trace_closure)
         self._begin_step()
         return self
 
@@ -241,6 +246,7 @@ class Tracer:
             else:
                 self.aten_mode = mode
         self.modules.listener = self.aten_scoped  # rides on the tracker's module hooks
+        self.modules.compiled_calls = CompiledCalls(forward, self._is_our_mode, self.report_error)
 
     def _start_nested(self, outer: Tracer) -> Tracer:
         """``trace()`` inside a traced run (``torchscope run`` of a script that calls it):
@@ -298,6 +304,7 @@ class Tracer:
         self._mode_pushed = False
         if self.clock is not None:
             self.clock.remove()
+        self._remove_closure_hook()
         self.modules.remove()
         if self.aten_scoped is not None:
             self.aten_scoped.forget()
@@ -317,6 +324,7 @@ class Tracer:
             self._set_active(False)
             if self.clock is not None:
                 self.clock.remove()
+            self._remove_closure_hook()
             self.modules.remove()
             assert self.pipeline is not None
             self.pipeline.close()
@@ -362,10 +370,10 @@ class Tracer:
 
     # -- steps (called by the step clock, on the training thread) ---------------------------
     def update_begins(self, args: tuple, kwargs: dict) -> bool:
-        """``optimizer.step()`` begins; True when the mode was left (to re-enter if it raises)."""
-        closure = args[1] if len(args) > 1 else kwargs.get("closure")
-        if self.optimizer_ops or closure is not None or self.mode is None:
-            return False  # a closure (LBFGS) runs the model's own forward and backward in step()
+        """``optimizer.step()`` begins; True when the mode was left (to re-enter if it raises).
+        A closure given to it is traced while it runs (``_trace_closure``)."""
+        if self.optimizer_ops or self.mode is None:
+            return False
         # The update's own ops (one or more per parameter) are not the model's ops; skipping
         # them halves a small model's cost. A NaN the update writes into a weight is still
         # caught: it shows up as a non-finite parameter at its first use (an input alert).
@@ -375,6 +383,36 @@ class Tracer:
         if self._mode_pushed:
             self._pop_modes()
         return True
+
+    def _trace_closure(self, optimizer: Any, args: tuple, kwargs: dict) -> Any:
+        """``optimizer.step(closure)`` (Lightning's automatic optimization, LBFGS): the closure
+        runs the model's forward and backward inside ``step()``; it is traced while it runs,
+        and the update around it is not, as without a closure."""
+        if self.optimizer_ops or not self.started or threading.get_ident() != self._owner:
+            return None
+        in_args = len(args) > 1
+        closure = args[1] if in_args else kwargs.get("closure")
+        if closure is None:
+            return None
+
+        def traced_closure(*a: Any, **k: Any) -> Any:
+            leave = self.step_traced and self.mode is not None and not self._mode_pushed
+            if leave:
+                self._set_active(True)
+            try:
+                return closure(*a, **k)
+            finally:
+                if leave and self.started:
+                    self.update_begins((), {})  # the rest of step() is the update
+
+        if in_args:
+            return (args[0], traced_closure, *args[2:]), kwargs
+        return args, {**kwargs, "closure": traced_closure}
+
+    def _remove_closure_hook(self) -> None:
+        if self._closure_hook is not None:
+            self._closure_hook.remove()
+            self._closure_hook = None
 
     def update_ends(self) -> None:
         """``optimizer.step()`` returned (or raised) without ending the step."""
@@ -434,6 +472,9 @@ class Tracer:
         self.mode.enabled = enabled  # type: ignore[union-attr]
         if self.aten_mode is not None:
             self.aten_mode.enabled = enabled
+
+    def _is_our_mode(self, mode: Any) -> bool:
+        return mode is self.mode or isinstance(mode, AtenMode)
 
     def _pop_modes(self) -> None:
         """Our modes off their stacks, each only if it is on top (a mode the job pushed since

@@ -1,4 +1,5 @@
-"""Which line of the user's code made a call: the first frame outside torch and torchscope."""
+"""Which line of the user's code made a call: the first frame outside torch and torchscope
+(and outside the code torch generates)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,30 @@ _LIBRARY_DIRS = tuple(
 _internal: dict[str, bool] = {}
 
 
+# Code torch generates is never the user's line: FX graph modules (the eager backend, and
+# graph-break code) run from "<eval_with_key>.N", inductor's wrappers from its cache directory
+# (torchinductor_<user> under the temp dir, or TORCHINDUCTOR_CACHE_DIR).
+_GENERATED_PREFIXES = ("<frozen ", "<eval_with_key>")
+_GENERATED_DIR_MARK = os.sep + "torchinductor_"
+
+
 def _is_internal(code: CodeType) -> bool:
     filename = code.co_filename
     verdict = _internal.get(filename)
     if verdict is None:
-        verdict = filename.startswith(_LIBRARY_DIRS) or filename.startswith("<frozen ")
+        verdict = (
+            filename.startswith(_LIBRARY_DIRS)
+            or filename.startswith(_GENERATED_PREFIXES)
+            or _GENERATED_DIR_MARK in filename
+            or _in_inductor_cache(filename)
+        )
         _internal[filename] = verdict
     return verdict
+
+
+def _in_inductor_cache(filename: str) -> bool:
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return bool(cache) and filename.startswith(os.path.abspath(cache) + os.sep)
 
 
 def user_frame(depth: int = 2) -> tuple[str, int, str] | None:
