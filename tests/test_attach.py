@@ -155,7 +155,7 @@ def test_dormant_run_is_listed_and_record_next_3_arms_it_at_step_20(tmp_path: Pa
         err = finish(job, lines)
     finally:
         job.kill()
-    assert "61 step(s) seen, 3 traced" in err
+    assert "60 step(s) seen, 3 traced" in err  # one per optimizer step, none after the loop
     assert losses(lines) == plain_losses(script, tmp_path)  # bit-identical, armed or not
 
 

@@ -392,3 +392,21 @@ def test_a_recorder_is_not_a_ui_for_wait_or_for_pauses():
     a._cmd_detach({}, b"rec")  # the command line's breakpoint goes: the job runs out
     job.join(20)
     assert not job.is_alive()
+
+
+def test_numbering_a_step_with_its_own_number_changes_nothing():
+    """A framework callback that numbers each step by its global step (equal to the count
+    already) makes no second boundary: `record --next 2` still records two whole steps."""
+    model = models.mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    a, events = agent()
+    try:
+        a._cmd_arm({"next": 2, "by": "record"}, b"rec")
+        for _ in range(5):
+            torchscope.step(a.clock.step)
+            model(torch.randn(2, 8)).sum().backward()
+            opt.step()
+    finally:
+        a.stop()
+    assert a.clock.step == 5
+    assert traced_steps(events) == [1, 2]

@@ -321,3 +321,105 @@ def test_a_destination_the_memo_knows_as_garbage_is_still_only_written():
     (split,) = [e for e in tr.ops if e["name"] == "torch.split_with_sizes_copy"]
     assert [s["stats"] is None for s in split["inputs"]] == [False, True, True]
     assert tr.alerts == []
+
+
+def clipped_training(record: str | None, *, set_to_none: bool, micro_batches: int):
+    """Five traced steps of a small model with gradient clipping and SGD; one NaN in the
+    data of step 1. ``set_to_none=False`` (and several micro-batches) makes AccumulateGrad
+    sum into the ``.grad`` it already holds instead of storing the gradient it received."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [[torch.randn(3, 4) for _ in range(micro_batches)] for _ in range(5)]
+    batches[1][0][0, 0] = float("nan")
+    with torchscope.trace(record=record, live=False) as tr:
+        for micro in batches:
+            opt.zero_grad(set_to_none=set_to_none)
+            for x in micro:
+                model(x).pow(2).mean().backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+    assert all(torch.isnan(p).all() for p in model.parameters())
+    return tr
+
+
+@pytest.mark.parametrize(
+    ("set_to_none", "micro_batches"), [(True, 1), (False, 2)], ids=["stored", "summed"]
+)
+def test_one_nan_is_one_origin_and_its_consequences_are_counted_under_it(
+    tmp_path, capsys, set_to_none, micro_batches
+):
+    """One NaN in the data gave an alert per gradient at every step (``clip_grad_norm_``
+    reading them "from outside the traced ops") and one per parameter after the update. The
+    gradients are the traced backward's own (reading them is downstream of the origin), and
+    the NaN parameters of the next step are the origin's consequences: one alert, with their
+    count, in the trace, the file and ``dump --kind alert``."""
+    from torchscope.cli import main
+
+    path = tmp_path / "t.tsc"
+    tr = clipped_training(str(path), set_to_none=set_to_none, micro_batches=micro_batches)
+    assert tr.errors == []
+    recorded = tr.trace.of_kind("alert")
+    assert not [a for a in recorded if "_foreach_norm" in a["message"]], recorded
+    n_params = 4
+    for alerts in (tr.alerts, torchscope.load(path).alerts):
+        (origin,) = alerts
+        assert (origin.what, origin.where, origin.step) == ("nan", "input", 1)
+        assert origin.name == "input 0 of torch.nn.functional.linear (from outside the traced ops)"
+        assert origin.origin == f"0:{origin.seq}"
+        assert origin.consequences == n_params and origin.consequence_steps == [2, 2]
+        first = origin.first_consequences
+        assert len(first) == n_params and all(c["origin"] == origin.origin for c in first)
+        assert first[0]["message"] == (
+            "NaN enters as parameter 0.weight \u2014 written by the optimizer from the NaN "
+            "gradient of step 1 (consequence of the origin at step 1)"
+        )
+    # The file holds the origin and one update of its count (it cannot rewrite the origin).
+    assert [a["where"] for a in recorded] == ["input", "consequences"]
+
+    assert main(["dump", str(path), "--kind", "alert"]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    heads = [line for line in lines if " ALERT " in line]
+    assert len(heads) == 1 and heads[0].endswith(f"[+{n_params} consequences, step 2]"), lines
+    assert len(lines) == 1 + n_params  # the origin, then its consequences in words
+
+
+def test_a_nan_breakpoint_stops_once_per_origin_not_at_its_consequences():
+    """Gradient clipping and the NaN parameters of the next steps do not stop a ``nan``
+    breakpoint again: it stops once, where the NaN enters."""
+    import threading
+
+    from torchscope.protocol.breakpoints import parse_break_spec
+    from torchscope.tracer.armed.session import Tracer
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [torch.randn(3, 4) for _ in range(4)]
+    batches[1][0, 0] = float("nan")
+    tracer = Tracer(live=False, breakpoints=[parse_break_spec("nan")])
+    stops: list[str] = []
+
+    def ui() -> None:  # continues each pause, noting where it was
+        while job.is_alive():
+            point = tracer.stepper.paused
+            if point is not None:
+                stops.append(point.describe()["event"]["name"])
+                tracer.stepper.request_continue()
+                while tracer.stepper.paused is point:
+                    pass
+            job.join(0.005)
+
+    def train() -> None:
+        with tracer:
+            for x in batches:
+                opt.zero_grad()
+                model(x).pow(2).mean().backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+
+    job = threading.Thread(target=train, daemon=True)
+    job.start()
+    ui()
+    job.join(30)
+    assert stops == ["torch.nn.functional.linear"]

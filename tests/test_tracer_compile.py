@@ -4,8 +4,10 @@ the compiled region is traced."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
+import pytest
 import torch
 
 import torchscope
@@ -188,3 +190,127 @@ def test_code_torch_generates_is_never_the_users_line():
 def line_of(needle: str) -> int:
     with open(__file__) as f:
         return next(i for i, s in enumerate(f, 1) if needle in s and "line_of" not in s)
+
+
+class NormNet(torch.nn.Module):
+    """BatchNorm (buffers the eager run must not advance) and dropout (RNG it must repeat)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.bn = torch.nn.BatchNorm1d(8)
+        self.b = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        h = torch.nn.functional.dropout(self.bn(torch.nn.functional.gelu(self.a(x))), 0.2)
+        return self.b(h)
+
+
+def train_compiled(backend, steps: int, ctx_for=lambda i: contextlib.nullcontext(), net=NormNet):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    compiled = torch.compile(model, backend=backend)
+    losses = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for i in range(steps):
+            with ctx_for(i):
+                loss = compiled(torch.randn(4, 8)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            losses.append(loss.item())
+    return losses, model
+
+
+class CompiledDiffers(NormNet):
+    """Computes 1% more when compiled: the graph Dynamo captures takes the other branch."""
+
+    def forward(self, x):
+        out = super().forward(x)
+        return out * 1.01 if torch.compiler.is_compiling() else out
+
+
+def test_an_eager_check_finds_nothing_where_compiled_agrees_and_changes_nothing():
+    """aot_eager computes as eager: both reports agree within tolerance; with the check on
+    at step 1 the job's losses, weights and BatchNorm statistics are bit-identical."""
+    plain, plain_model = train_compiled("aot_eager", 3)
+    tracers = {}
+
+    def ctx_for(i):
+        if i != 1:
+            return contextlib.nullcontext()
+        tracers[i] = torchscope.trace(eager_check=True)
+        return tracers[i]
+
+    checked, model = train_compiled("aot_eager", 3, ctx_for)
+    assert checked == plain
+    assert torch.equal(model.bn.running_mean, plain_model.bn.running_mean)
+    assert torch.equal(model.a.weight, plain_model.a.weight)
+    tr = tracers[1]
+    assert tr.errors == []
+    forward, backward = [a for a in tr.alerts if a.what == "eager_check"]
+    assert "outputs: eager agrees within tolerance" in forward.message
+    assert "gradients: eager agrees within tolerance" in backward.message
+    assert {d["of"] for d in backward.differences} == {
+        "a.weight",
+        "a.bias",
+        "bn.weight",
+        "bn.bias",
+        "b.weight",
+        "b.bias",
+    }
+    call = next(o for o in tr.ops if o.get("compiled"))
+    eager = [o.name for o in tr.ops if o.get("eager_check") == call.seq]
+    assert "torch.nn.functional.batch_norm" in eager and "torch.nn.functional.dropout" in eager
+
+
+def test_an_eager_check_names_the_outputs_and_gradients_a_compiled_graph_got_wrong():
+    tracers = []
+
+    def ctx_for(i):
+        tracers.append(torchscope.trace(eager_check=True))
+        return tracers[-1]
+
+    train_compiled("aot_eager", 1, ctx_for, net=CompiledDiffers)
+    (tr,) = tracers
+    forward, backward = [a for a in tr.alerts if a.what == "eager_check"]
+    assert forward.message.startswith(
+        "torch.compile:CompiledDiffers against its eager run: outputs: 1 of 1 differ beyond "
+        "tolerance (rtol 1.3e-06, atol 1e-05); worst output 0: max |Δ| "
+    )
+    (out,) = forward.differences
+    assert out["within"] is False and out["max_rel"] == pytest.approx(0.01, rel=1e-3)
+    assert "gradients: 6 of 6 differ beyond tolerance" in backward.message
+    for d in backward.differences:  # every gradient 1% larger, where it is not ~0
+        assert d["within"] is False and d["max_rel"] <= 0.0101
+
+
+def test_a_ui_asks_one_eager_checked_step_beside_its_own_hold():
+    """A UI holding a dormant compiled job traced asks one step eager-checked (``also``):
+    that step reports, the next does not, and the UI's own hold stays (the job stays traced);
+    `record --eager-check` on the command line is the same request."""
+    from torchscope.tracer.agent import Agent, ServeOptions
+
+    events: list = []
+    agent = Agent(ServeOptions(live=False)).start()
+    agent.sinks.append(events.extend)
+    job = CompiledJob("aot_eager")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            for i in range(6):
+                if i == 1:
+                    agent._cmd_arm({"by": "ui"}, b"ui-1")
+                if i == 2:
+                    agent._cmd_arm(
+                        {"by": "ui", "next": 1, "also": True, "eager_check": True}, b"ui-1"
+                    )
+                job.step()
+    finally:
+        agent.stop()
+    checks = [e for e in events if e["kind"] == "alert" and e.get("what") == "eager_check"]
+    assert {e["step"] for e in checks} == {3} and len(checks) == 2
+    assert {e["step"] for e in events if e["kind"] == "op"} == {2, 3, 4, 5}  # still held

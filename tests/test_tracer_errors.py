@@ -72,7 +72,7 @@ def test_internal_error_is_reported_once_and_harmless(monkeypatch, capfd, target
         for w in where
     ]
     # the tracer kept going around the broken piece
-    assert tr.trace.steps and len(tr.trace.steps) == 4
+    assert tr.trace.steps and len(tr.trace.steps) == 3  # none after the last update
 
 
 def test_failed_hook_install_leaves_no_hooks_behind(monkeypatch):

@@ -113,7 +113,7 @@ def test_mlp_module_paths_param_names_and_grads():
     assert loss_op.module == ""
     # the op's own summary is the real value
     assert loss_op.outputs[0]["shape"] == []
-    assert [s.step for s in tr.trace.steps] == [0, 1, 2, 3]
+    assert [s.step for s in tr.trace.steps] == [0, 1, 2]  # none for the code after the last update
     assert [g.backward for g in tr.graphs] == [1, 1, 1]
 
 

@@ -48,10 +48,11 @@ def event_steps(tr) -> dict[str, set[int]]:
 
 def test_step_advances_at_optimizer_step():
     tr, states, idle = train(3)
-    assert [e.step for e in tr.trace.steps] == [0, 1, 2, 3]
+    # step 3 began after the last update, and nothing ran in it: it left no event
+    assert [e.step for e in tr.trace.steps] == [0, 1, 2]
     assert tr.step_index == 3
     assert event_steps(tr) == {
-        "step": {0, 1, 2, 3},
+        "step": {0, 1, 2},
         "op": {0, 1, 2},
         "grad": {0, 1, 2},
         "graph": {0, 1, 2},
@@ -296,3 +297,24 @@ def test_a_step_closure_is_traced():
     assert {o.step for o in tr.ops if o.name == "Tensor.matmul"} == {0, 1}
     assert {g.step for g in tr.grads if g.node == "MmBackward0"} == {0, 1}
     assert tr.step_index == 2
+
+
+def test_a_step_in_which_nothing_is_traced_leaves_no_step_event():
+    """The code after the loop's last update is no step: a recording ends with the last step
+    that traced something; code there that does run ops is a step of its own."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train(after_loop):
+        with torchscope.trace() as tr:
+            for _ in range(3):
+                loss = model(torch.ones(1, 2)).sum()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            after_loop()
+        return sorted(e.step for e in tr.events if e.kind == "step")
+
+    assert train(lambda: None) == [0, 1, 2]
+    assert train(lambda: model(torch.ones(1, 2))) == [0, 1, 2, 3]  # an evaluation after it

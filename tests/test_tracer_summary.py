@@ -451,3 +451,70 @@ def test_small_integer_and_bool_tensors_read_their_values_without_a_reduction():
     s = summarizer.summarize(torch.tensor([[3, -1], [4, 1]]))
     assert s["values"] == [3, -1, 4, 1] and s["stats"]["mean"] == 1.75
     assert (s["stats"]["min"], s["stats"]["max"]) == (-1.0, 4.0)
+
+
+def _summaries(tensors: list[torch.Tensor], host_now: bool) -> list[dict]:
+    """Summaries of ``tensors`` on one path, resolved (the batched path waits for its batch)."""
+    from torchscope.tracer.armed.summary import SealedBatch, Summarizer
+
+    summarizer = Summarizer(host_now=host_now)
+    out = [summarizer.summarize(t) for t in tensors]
+    batch = summarizer.take_batch()
+    if len(batch):
+        SealedBatch(batch).resolve()
+    return out
+
+
+def _reference(t: torch.Tensor) -> tuple[float, float, float]:
+    """Mean, std and norm in float64 of ``t / max|t|``, scaled back: exact where float64 has
+    a number for them (a float64 norm past its largest value is inf)."""
+    ref = t.double()
+    scale = ref.abs().max().item()
+    unit = ref / scale
+    std = unit.std().item() if t.numel() > 1 else 0.0
+    return unit.mean().item() * scale, std * scale, unit.norm().item() * scale
+
+
+@pytest.mark.parametrize("host_now", [True, False], ids=["read-at-once", "batched"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_finite_tensors_at_their_dtypes_max_have_finite_stats(dtype, host_now):
+    """bfloat16 near 1e38 overflowed the float32 sum of squares: mean/std/norm came out NaN
+    with a NaN count of 0. Finite values give finite stats, near each floating dtype's max,
+    on both paths and for small tensors (read as values) too."""
+    big = torch.finfo(dtype).max
+    spread = (torch.linspace(-1.0, 1.0, 64, dtype=torch.float64) * big).to(dtype)
+    tensors = [
+        spread,  # both signs, the whole range
+        torch.full((64,), big, dtype=dtype),  # all at the max
+        (torch.linspace(0.5, 1.0, 100, dtype=torch.float64) * big).to(dtype).view(10, 10).t(),
+        spread[:8],  # within the value limit
+        spread[-1:],
+    ]
+    for t, s in zip(tensors, _summaries(tensors, host_now), strict=True):
+        st = s["stats"]
+        assert (st["nan"], st["inf"]) == (0, 0)
+        assert (st["min"], st["max"]) == (t.min().item(), t.max().item())
+        for name, want in zip(("mean", "std", "norm"), _reference(t), strict=True):
+            got = st[name]
+            if math.isinf(want):  # float64's norm of 64 values at its max: no float64 number
+                assert dtype is torch.float64 and got == want, (name, got)
+                continue
+            assert math.isfinite(got), (name, got, t.numel())
+            assert got == pytest.approx(want, rel=1e-5, abs=1e-6 * big), (name, t.numel())
+
+
+def test_overflowing_sums_are_unknown_not_nan_once_the_tensor_is_gone():
+    """The batched path finds the overflow when its batch resolves, and recomputes from the
+    tensor while it still holds the same numbers; once it is gone, the moments it cannot
+    know are None (marked inexact), never NaN: the values were finite."""
+    from torchscope.tracer.armed.summary import SealedBatch, Summarizer
+
+    summarizer = Summarizer(host_now=False)
+    t = torch.full((64,), 1e38, dtype=torch.bfloat16)
+    s = summarizer.summarize(t)
+    del t
+    SealedBatch(summarizer.take_batch()).resolve()
+    st = s["stats"]
+    assert (st["nan"], st["inf"], st["moments_exact"]) == (0, 0, False)
+    assert st["std"] is None and st["norm"] is None
+    assert st["mean"] is None or math.isfinite(st["mean"])

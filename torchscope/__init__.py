@@ -29,6 +29,7 @@ class TraceOptions(TypedDict, total=False):
     optimizer_ops: bool
     live: bool | None
     aten: bool | str
+    eager_check: bool
 
 
 def trace(record: str | os.PathLike | None = None, **options: Unpack[TraceOptions]) -> Tracer:
@@ -49,6 +50,9 @@ def trace(record: str | os.PathLike | None = None, **options: Unpack[TraceOption
         see ``serve()``.
     aten: also record every aten call under the ops and backward nodes (``True``), or only
         those inside modules whose path matches this regular expression; off by default.
+    eager_check: run each call of a ``torch.compile``'d module once more eagerly (same
+        inputs and RNG state, traced) and report how its outputs and gradients differ from
+        the compiled ones; the job keeps the compiled results.
     """
     unknown = sorted(options.keys() - TraceOptions.__annotations__.keys())
     if unknown:
@@ -92,6 +96,7 @@ def serve(
     values: int = 16,
     optimizer_ops: bool = False,
     aten: bool | str | None = None,
+    eager_check: bool = False,
     quiet: bool = False,
     watch: str | None = None,
     on_nan: str = "continue",
@@ -139,6 +144,7 @@ def serve(
         lease=lease,
         optimizer_ops=optimizer_ops,
         aten=aten,
+        eager_check=eager_check,
         quiet=quiet,
         watch=watch,
         on_nan=on_nan,

@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from torchscope.analysis.trace import is_tally
 from torchscope.protocol.events import (
     ALERT,
     ATEN,
@@ -97,7 +98,9 @@ def text_line(ev: Event) -> str:
             f"{ev.get('module') or '-'}"
         )
     if kind == ALERT:
-        return f"{head}ALERT {ev.get('message', '')}"
+        if is_tally(ev):  # a running count, in a dump of every event (folded by --kind alert)
+            return f"{head}      \u21b3 {ev.get('message', '')}"
+        return f"{head}ALERT {ev.get('message', '')}{consequences_text(ev)}"
     if kind == GRAPH:
         nodes = ev.get("nodes") or []
         ran = sum(1 for n in nodes if n.get("executed"))
@@ -115,9 +118,28 @@ def text_line(ev: Event) -> str:
     if kind == ERROR:
         return f"{head}error {ev.get('where', '')}: {ev.get('message', '')}"
     if kind == TRACING:
+        if ev.get("ended"):
+            return f"{head}tracing ended with the job"
         by = ", ".join(_holder_text(h) for h in ev.get("holders") or []) or "nobody"
         return f"{head}tracing {ev.get('state')} (held by {by})"
     return f"{head}{kind}"
+
+
+def consequences_text(alert: Event) -> str:
+    """``  [+4 consequences, steps 3-5]`` for an origin folded with its count, then one line
+    per consequence it lists in words ("" for an alert with none)."""
+    n = alert.get("consequences")
+    if not n:
+        return ""
+    lo, hi = alert.get("consequence_steps") or (None, None)
+    steps = "" if lo is None else f", step {lo}" if lo == hi else f", steps {lo}-{hi}"
+    text = f"  [+{n} consequence{'s' * (n != 1)}{steps}]"
+    first = alert.get("first_consequences") or []
+    for c in first:
+        text += f"\n{'':>20}step {c.get('step')}: {c.get('message')}"
+    if n > len(first):
+        text += f"\n{'':>20}... and {n - len(first)} more"
+    return text
 
 
 def _holder_text(holder: Any) -> str:

@@ -15,7 +15,40 @@ from typing import Any
 from torchscope.protocol.events import ALERT, ERROR, GRAD, GRAPH, OP, SESSION, STEP, Event
 from torchscope.protocol.tracefile import TraceReader
 
-__all__ = ["Trace", "load_trace"]
+__all__ = ["CONSEQUENCES", "Trace", "fold_alerts", "load_trace"]
+
+# ``where`` of an alert that updates the count of an earlier origin's consequences (the
+# tracer's step-end tally): folded into that origin by ``fold_alerts``.
+CONSEQUENCES = "consequences"
+
+
+def is_tally(alert: Event) -> bool:
+    """An update of an origin's consequences, not an alert of its own."""
+    return alert.get("where") == CONSEQUENCES
+
+
+def fold_alerts(alerts: Iterable[Event]) -> list[Event]:
+    """One alert per origin: each origin (a copy) with the latest count of its consequences
+    folded in (``consequences``, ``consequence_steps``, ``first_consequences``; 0 and empty
+    for an origin with none). An update whose origin is not among ``alerts`` (a step range
+    that starts after it) stands on its own. Alerts of recordings made before origins had ids
+    pass unchanged."""
+    out: list[Event] = []
+    by_origin: dict[Any, Event] = {}
+    for alert in alerts:
+        origin = by_origin.get(alert.get("origin")) if is_tally(alert) else None
+        if origin is not None:
+            for key in ("consequences", "consequence_steps", "first_consequences"):
+                origin[key] = alert.get(key)
+            continue
+        alert = Event(alert)
+        if alert.get("origin") is not None and not is_tally(alert):
+            alert.setdefault("consequences", 0)
+            alert.setdefault("consequence_steps", None)
+            alert.setdefault("first_consequences", [])
+            by_origin[alert["origin"]] = alert
+        out.append(alert)
+    return out
 
 
 class Trace:
@@ -61,7 +94,9 @@ class Trace:
 
     @property
     def alerts(self) -> list[Event]:
-        return self.of_kind(ALERT)
+        """One alert per origin, with the count of its consequences (see ``fold_alerts``);
+        ``of_kind("alert")`` gives the events as recorded."""
+        return fold_alerts(self.of_kind(ALERT))
 
     @property
     def steps(self) -> list[Event]:

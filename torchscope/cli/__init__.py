@@ -118,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODULE_REGEX",
         help="also record every aten call in the steps it arms (only inside matching modules)",
     )
+    record.add_argument(
+        "--eager-check",
+        action="store_true",
+        help="in the steps it arms, run each torch.compile'd module's call once more eagerly "
+        "and report how its outputs and gradients differ from the compiled ones",
+    )
     record.add_argument("--snapshot", type=int, default=10_000, help="recent events to start with")
     record.add_argument("--timeout", type=seconds, default=2.0, help="seconds to wait for the job")
     record.add_argument("--quiet", action="store_true", help="no progress line")

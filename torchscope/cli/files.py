@@ -28,6 +28,11 @@ def cmd_dump(args: argparse.Namespace) -> int:
         if args.kind:
             wanted = set(args.kind)
             events = (e for e in events if e["kind"] in wanted)
+            if wanted == {"alert"} and not args.aten:
+                # One line per origin, its consequences counted under it (alerts are few).
+                from torchscope.analysis.trace import fold_alerts
+
+                events = iter(fold_alerts(events))
         out = sys.stdout
         try:
             lines = aten_log(events) if args.aten else render(events, args.format)

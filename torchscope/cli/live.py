@@ -100,7 +100,12 @@ def cmd_record(args: argparse.Namespace) -> int:
         snap = {"session": client.session} if args.next else client.snapshot(args.snapshot)
         try:
             armed = client.request(
-                "arm", timeout=args.timeout, next=args.next, by="record", aten=args.aten
+                "arm",
+                timeout=args.timeout,
+                next=args.next,
+                by="record",
+                aten=args.aten,
+                eager_check=args.eager_check,
             )
             holder = armed["holder"]
         except SessionRefused as exc:  # a torchscope.trace(live=True) block: always traced

@@ -17,7 +17,7 @@ from torchscope.cli.common import UsageError
 
 RUN_USAGE = r"""usage: torchscope run [--record FILE] [--steps SPEC] [--values N] [--no-live]
                       [--break-on COND] [--wait] [--hold] [--lease SECONDS] [--optimizer-ops]
-                      [--aten[=MODULE_REGEX]]
+                      [--aten[=MODULE_REGEX]] [--eager-check]
                       [--watch nan|gradnorm:X] [--on-nan continue|pause|stop]
                       [--quiet] (SCRIPT | -m MODULE) [ARGS ...]
 
@@ -54,6 +54,9 @@ torchscope.step() call; in a job with neither, one per backward()).
   --aten[=REGEX]  traced steps also record every aten call under each op and backward node
                   (a TorchDispatchMode), or with =REGEX only inside the modules whose path
                   matches it; off by default (dormant and untraced steps pay nothing)
+  --eager-check   in traced steps, run each call of a torch.compile'd module once more
+                  eagerly (same inputs and RNG state, traced) and report how its outputs and
+                  gradients differ from the compiled ones; the job keeps the compiled results
   --watch SPEC    check every step, before the update, that the gradients and the loss are
                   finite (one fused check, one host sync per step; nothing per op):
                   nan, or gradnorm:X (also a total gradient norm above X). A bad step is
@@ -74,6 +77,7 @@ class RunOptions:
     live: bool = True
     optimizer_ops: bool = False
     aten: bool | str | None = None
+    eager_check: bool = False
     breakpoints: list[dict] = field(default_factory=list)
     wait: bool = False
     hold: bool = False
@@ -146,6 +150,8 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
             opts.wait = True
         elif tok == "--hold":
             opts.hold = True
+        elif tok == "--eager-check":
+            opts.eager_check = True
         elif tok == "--optimizer-ops":
             opts.optimizer_ops = True
         elif tok in ("-h", "--help"):
@@ -266,6 +272,7 @@ def cmd_run(opts: RunOptions) -> int:
             lease=opts.lease,
             optimizer_ops=opts.optimizer_ops,
             aten=opts.aten,
+            eager_check=opts.eager_check,
             quiet=opts.quiet,
             watch=opts.watch,
             on_nan=opts.on_nan,
@@ -328,8 +335,8 @@ def cmd_run(opts: RunOptions) -> int:
     finally:
         agent.stop()
     if not opts.quiet:
-        steps = agent.clock.step + 1
-        traced = f", {agent.traced_steps} traced" if agent.traced_steps != steps else ""
+        steps, traced_steps = agent.steps_seen()
+        traced = f", {traced_steps} traced" if traced_steps != steps else ""
         saved = ""
         if opts.record:
             n = agent.writer.events_written if agent.writer is not None else 0

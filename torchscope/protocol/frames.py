@@ -303,6 +303,11 @@ register_command(
             "by": Str(16, re.compile(r"ui|record"), default="ui"),
             # The aten level in the steps it holds: "" every aten call, else a module regex.
             "aten": Str(1000, default=None, nullable=True),
+            # Each compiled module's call also runs eagerly, compared (--eager-check).
+            "eager_check": Bool(default=False),
+            # A hold beside the client's own (a UI asking one step at the aten level, or
+            # eager-checked) instead of one that replaces it.
+            "also": Bool(default=False),
         }
     ),
     _ARMED,

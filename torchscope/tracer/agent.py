@@ -80,6 +80,7 @@ class ServeOptions:
     lease: float = 10.0
     optimizer_ops: bool = False
     aten: bool | str | None = None  # the aten level in traced steps (tracer/armed/aten.py)
+    eager_check: bool = False  # compiled calls also run eagerly, compared (armed/eager_check)
     quiet: bool = False
     watch: str | None = None  # "nan", "gradnorm:X": the always-on NaN watch (tracer/watch/)
     on_nan: str = "continue"  # what the watch does after a detection: continue, pause, stop
@@ -110,6 +111,7 @@ class Agent:
         self.started = False
         self.armed_periods = 0  # how often it armed (tests, benchmarks)
         self.traced_steps = 0
+        self.last_step: str | None = None  # traced to the end: "empty" or "ran"
         # A watch switched on or off from outside, applied at the next step boundary (the
         # watch hooks the training thread): (spec or None, on_nan).
         self._watch_request: tuple[str | None, str] | None = None
@@ -413,8 +415,20 @@ class Agent:
             if self.tracer is not None:
                 self.traced_steps += 1
                 self.tracer.gate(hold.gated, scope or "")
+                self.tracer.set_eager_check(self.options.eager_check or hold.eager_check)
         except Exception as exc:  # never into the job
             self._say(f"internal error at a step boundary: {type(exc).__name__}: {exc}")
+
+    def steps_seen(self) -> tuple[int, int]:
+        """(steps that ran, of them traced), once the job ended: every step that ended, and
+        the last one if it traced something (the code after a loop's last update is no
+        step); a job that never ended a step ran as one."""
+        steps, traced = self.clock.step, self.traced_steps
+        if self.last_step == "empty":
+            traced -= 1
+        elif self.last_step == "ran" or steps == 0:
+            steps += 1
+        return steps, max(traced, 0)
 
     def _agreed_period(self, step: int, wanted: bool) -> str | None:
         """The agreed period's scope when this rank meets the others in ``step``, else None.
@@ -461,6 +475,7 @@ class Agent:
             keep=False,
             optimizer_ops=opts.optimizer_ops,
             aten=self._aten_for(hold),
+            eager_check=opts.eager_check or hold.eager_check,
             sinks=self.sinks,
             driven=DrivenBy(self.stepper, step, self.next_seq),
             on_alert=self._on_alert(),
@@ -476,6 +491,8 @@ class Agent:
         self.ranks.forget_parameters()
         if tracer is not None:
             tracer.stop()  # the armed period's last events are delivered first
+            if ended:  # the last step, traced: did anything run in it?
+                self.last_step = "empty" if tracer.last_step_empty else "ran"
             self._announce(released, DORMANT, ended=ended)
             if self.publisher is not None:
                 # A dormant job keeps none of it: the UIs reading now get it all, one that
@@ -535,7 +552,14 @@ class Agent:
         by = args.get("by") or UI
         aten = args.get("aten")
         aten_scope(aten)  # a bad pattern is refused in one line (ValueError)
-        holder = self.holders.add(by, client=client, remaining=args.get("next"), aten=aten)
+        holder = self.holders.add(
+            by,
+            client=client,
+            remaining=args.get("next"),
+            aten=aten,
+            eager_check=bool(args.get("eager_check")),
+            also=bool(args.get("also")),
+        )
         if by == UI and self.stepper is not None:
             self.stepper.contact(client)
         if self._periods is not None:

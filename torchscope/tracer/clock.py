@@ -121,8 +121,11 @@ class StepClock:
 
     def set_step(self, step: int) -> None:
         """Number the current step ``step`` (a job resumed from a checkpoint); the rules keep
-        counting from there."""
+        counting from there. Its own number already: nothing happens (no second boundary,
+        which would use up a step of a ``record --next N``)."""
         self._provisional = 0
+        if int(step) == self.step:
+            return
         self.step = int(step)
         self.listener.boundary(self.step)
 

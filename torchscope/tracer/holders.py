@@ -37,6 +37,7 @@ class Holder:
     steps: StepSelection | None = None  # absolute steps (command line)
     remaining: int | None = None  # the next N steps (record --next N)
     aten: str | None = None  # the aten level it asks for: "" everywhere, else a module regex
+    eager_check: bool = False  # compiled modules' calls also run eagerly, compared
     last_contact: float = field(default_factory=time.monotonic)
 
     @property
@@ -76,6 +77,7 @@ class StepHold:
     released: list[int] = field(default_factory=list)  # holders gone since the last boundary
     client_left: bool = False  # one of them was a UI or a recorder (said on stderr)
     aten: list[str] = field(default_factory=list)  # the aten scopes its holders ask for
+    eager_check: bool = False  # a holder asks for compiled calls checked against eager
 
 
 class Holders:
@@ -98,15 +100,24 @@ class Holders:
         steps: StepSelection | None = None,
         remaining: int | None = None,
         aten: str | None = None,
+        eager_check: bool = False,
+        also: bool = False,
     ) -> Holder:
-        """A new holder; a client's new request replaces its old one."""
+        """A new holder; a client's new request replaces its old one (``also``: one more
+        beside it, for a few steps: a UI asking one step at the aten level)."""
         with self._lock:
-            if client is not None:
+            if client is not None and not also:
                 old = self._client_holder(client)
                 if old is not None:
                     del self._holders[old.id]
             holder = Holder(
-                next(self._ids), label, client=client, steps=steps, remaining=remaining, aten=aten
+                next(self._ids),
+                label,
+                client=client,
+                steps=steps,
+                remaining=remaining,
+                aten=aten,
+                eager_check=eager_check,
             )
             self._holders[holder.id] = holder
         return holder
@@ -114,7 +125,7 @@ class Holders:
     def at_boundary(self, step: int) -> StepHold:
         """Each holder says whether it takes ``step``; those done with their steps go."""
         with self._lock:
-            traced = gated = by_ui = False
+            traced = gated = by_ui = eager_check = False
             aten = []
             for holder in list(self._holders.values()):
                 takes = holder.takes(step)
@@ -126,18 +137,20 @@ class Holders:
                     by_ui = by_ui or (takes and holder.is_ui)
                     if takes and holder.aten is not None:
                         aten.append(holder.aten)
+                    eager_check = eager_check or bool(takes and holder.eager_check)
             gone, self._released = self._released, []
         client_left = any(h.client is not None for h in gone)
-        return StepHold(traced, gated, by_ui, [h.id for h in gone], client_left, aten)
+        return StepHold(traced, gated, by_ui, [h.id for h in gone], client_left, aten, eager_check)
 
     def release(self, client: bytes) -> int:
         """This client lets go: its hold, its breakpoints, and (the last UI) its pauses.
         Returns the id of the hold it had, or 0."""
         with self._lock:
-            holder = self._client_holder(client)
-            if holder is not None:
+            holders = self._client_holders(client)
+            for holder in holders:
                 self._drop(holder)
-                return holder.id
+            if holders:
+                return holders[0].id
             stepper = self._stepper()
             if stepper is not None:
                 stepper.release(client)
@@ -148,10 +161,10 @@ class Holders:
     def contact(self, client: bytes) -> Holder | None:
         """Any request renews its client's hold; returns the holder, if it holds."""
         with self._lock:
-            holder = self._client_holder(client)
-            if holder is not None:
+            holders = self._client_holders(client)
+            for holder in holders:
                 holder.last_contact = time.monotonic()
-        return holder
+        return holders[0] if holders else None
 
     def expire(self, lease: float) -> None:
         """Clients silent for longer than ``lease`` let go."""
@@ -190,3 +203,6 @@ class Holders:
 
     def _client_holder(self, client: bytes) -> Holder | None:
         return next((h for h in self._holders.values() if h.client == client), None)
+
+    def _client_holders(self, client: bytes) -> list[Holder]:
+        return [h for h in self._holders.values() if h.client == client]

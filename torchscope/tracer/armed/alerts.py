@@ -7,7 +7,15 @@
   that use them, and so on down the line (``torch.triu`` of a ``full(-inf)`` mask, the mask
   added to the scores): a fully masked row turning into NaN in ``softmax`` is reported there.
 - A non-finite tensor that enters from outside the traced ops (input data, a parameter the
-  optimizer wrote) is reported at its first use.
+  optimizer wrote) is reported at its first use. A gradient the traced backward wrote
+  (``param.grad``, what ``autograd.grad`` returned) is not from outside: ``clip_grad_norm_``
+  reading it is downstream of the origin, like any op.
+- A consequence of an earlier origin is not an alert of its own: a parameter that enters
+  non-finite after the optimizer applied a non-finite gradient of a traced step is counted
+  under the origin that gradient came from. Each origin alert carries an ``origin`` id; at
+  each step end an alert with ``where: "consequences"`` and the same id gives that origin's
+  running count and its first few consequences (a file cannot rewrite the origin's event;
+  readers fold the latest count into it: see ``torchscope.analysis.trace.fold_alerts``).
 - With the aten level on, an origin op or node is named down to the aten call in it that made
   the value: the first of its calls whose outputs are not finite while the inputs it knows are.
 
@@ -18,10 +26,19 @@ either, so it is not reported.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
+from typing import Any
 
+from torchscope.analysis.trace import CONSEQUENCES
 from torchscope.protocol.events import ALERT, ATEN, GRAD, OP, STEP, Event, all_finite
 from torchscope.tracer.armed.calls import overwrites_first_input
+
+FIRST_CONSEQUENCES = 5  # consequences an origin lists in words; the rest are counted
+# The backward recorder's ops of the gradients the ranks averaged (one output per parameter).
+SYNCED_GRADIENTS = frozenset(
+    ("torch.distributed.ddp_gradient_sync", "torch.distributed.fsdp_gradient_sync")
+)
 
 INF_INTENDED = "inf_intended"  # summary flag: its Infs come from an infinite scalar argument
 # Ops that only look at their input's memory another way: they compute nothing.
@@ -99,7 +116,8 @@ class AlertDetector:
         # origin (nor, step after step, once the weights are NaN).
         self._tainted: set[int] = set()
         self._reported_inputs: set[int] = set()  # ids of external summaries, this step
-        self._reported_params: set[str] = set()  # a NaN weight stays NaN: say it once
+        # A NaN weight stays NaN: said once. Parameter name -> the origin id it was put down to.
+        self._reported_params: dict[str, str] = {}
         # seq -> "nan"/"inf" for this step's events that were found to be origins (forward,
         # backward or where a bad input enters): what a `nan` breakpoint stops at.
         self.origins: dict[int, str] = {}
@@ -109,6 +127,17 @@ class AlertDetector:
         # before their op, or before their node's grad event), and the names of its ops.
         self._bad_calls: list[Event] = []
         self._op_names: dict[int, str] | None = None
+        # Origin ids name an origin in the whole job ("rank:seq"), so that consequences, here
+        # and (later) on other ranks, can point at it.
+        self._rank = os.environ.get("RANK", "0")
+        self._tallies: dict[str, _Tally] = {}  # origin id -> its consequences so far
+        # The origin this step's NaN/Inf are put down to: the step's first origin, or the one
+        # its first consequence came from; else the latest origin of the run.
+        self._step_blame: str | None = None
+        self._last_origin: str | None = None
+        # Parameter name -> (origin id, step) of its latest traced gradient that held NaN/Inf:
+        # the optimizer writes that into the parameter, which the next step reads.
+        self._bad_grads: dict[str, tuple[str | None, int]] = {}
 
     def check(self, event: Event) -> list[Event]:
         kind = event["kind"]
@@ -118,7 +147,8 @@ class AlertDetector:
             self.origins.clear()
             self._bad_calls.clear()
             self._op_names = None
-            return []
+            self._step_blame = None
+            return self.tally_updates()  # the steps before this one are over
         if kind == ATEN:
             if self._op_names is None:
                 self._op_names = {}
@@ -131,13 +161,18 @@ class AlertDetector:
             if all_finite(event.get("outputs")) and all_finite(event.get("inputs")):
                 return []  # nearly every op: nothing bad on either side
             inputs = event.get("inputs") or []
+            if event["name"] in SYNCED_GRADIENTS:
+                self._note_synced_gradients(event)  # the averaged gradients: what is applied
             if event["name"] in VIEW_OPS and inputs and inputs[0] and inputs[0].get("external"):
                 # A view of memory from outside the traced ops (data, or a buffer a library
                 # fills next, as FSDP's gathered parameters): nothing is computed here, so
                 # the view is from outside too, and the first op that reads it says so.
+                made_by = inputs[0].get("made_by")
                 for out in event.get("outputs") or []:
                     if out:
                         out["external"] = True
+                        if made_by:
+                            out["made_by"] = made_by
                 self._tainted.add(event["seq"])
                 return []
             alerts = self._external_inputs(event)
@@ -157,6 +192,8 @@ class AlertDetector:
                 alerts.append(self._alert(event, what, "forward", event["name"], call))
             return alerts
         if kind == GRAD:
+            if event.get("param") is not None:
+                self._note_gradient(event["param"], event.get("grad_outputs"), event["step"])
             if all_finite(event.get("grad_inputs")) or event.get("op_seq") in self._tainted:
                 return []
             what = origin_kind(event)
@@ -190,20 +227,95 @@ class AlertDetector:
         for i, s in enumerate(event.get("inputs") or []):
             if not s or not s.get("external") or (i == 0 and skip_first):
                 continue
+            if s.get("made_by"):
+                continue  # a gradient the traced backward wrote: downstream of its origin
             what = _bad(s)
             if what is None or id(s) in self._reported_inputs:
                 continue
             self._reported_inputs.add(id(s))
             param = s.get("param")
-            if param is not None:
-                if param in self._reported_params:
-                    continue
-                self._reported_params.add(param)
-                label = f"parameter {param}"
-            else:
+            if param is None:
                 label = f"input {i} of {event['name']} (from outside the traced ops)"
-            out.append(self._alert(event, what, "input", label))
+                out.append(self._alert(event, what, "input", label))
+            elif param in self._reported_params:
+                self._blame(self._reported_params[param])
+            elif not self._parameter_consequence(event, what, param):
+                alert = self._alert(event, what, "input", f"parameter {param}")
+                self._reported_params[param] = alert["origin"]
+                out.append(alert)
         return out
+
+    # -- consequences ------------------------------------------------------------------------
+    def _blame(self, origin: str | None) -> None:
+        """This step's NaN/Inf are put down to ``origin`` unless an earlier one was found."""
+        if self._step_blame is None:
+            self._step_blame = origin
+
+    def _note_gradient(self, param: str, grads: list | None, step: int) -> None:
+        """AccumulateGrad of ``param`` ran: whether the gradient the optimizer will apply
+        holds NaN/Inf, and which origin it came from. A finite gradient of the same step does
+        not clear it: AccumulateGrad sums them (micro-batches), and NaN + 1 is NaN."""
+        if not all_finite(grads):
+            self._bad_grads[param] = (self._step_blame or self._last_origin, step)
+        elif param in self._bad_grads and self._bad_grads[param][1] < step:
+            del self._bad_grads[param]
+
+    def _note_synced_gradients(self, event: Event) -> None:
+        """DDP's (or FSDP's) gradients after the ranks averaged them: what is applied."""
+        for s in event.get("outputs") or []:
+            if s and s.get("param") is not None and _bad(s):
+                self._note_gradient(s["param"], [s], event["step"])
+
+    def _parameter_consequence(self, event: Event, what: str, param: str) -> bool:
+        """A parameter that enters non-finite right after a traced step whose gradient of it
+        was not finite: the optimizer wrote that gradient into it. Counted under the origin
+        of the gradient, not an alert; False when it is not such a consequence."""
+        found = self._bad_grads.get(param)
+        if found is None or found[0] is None or event["step"] - found[1] > 1:
+            return False
+        origin, grad_step = found
+        tally = self._tallies[origin]
+        noun = "NaN" if what == "nan" else "Inf"
+        message = (
+            f"{noun} enters as parameter {param} \u2014 written by the optimizer from the "
+            f"{noun} gradient of step {grad_step} (consequence of the origin at step "
+            f"{tally.origin['step']})"
+        )
+        self._reported_params[param] = origin
+        self._blame(origin)
+        tally.add(event, f"parameter {param}", message)
+        return True
+
+    def tally_updates(self) -> list[Event]:
+        """One alert per origin whose consequences grew since the last call: its running
+        count and its first few consequences (called at each step boundary and at the end)."""
+        return [self._tally_alert(t) for t in self._tallies.values() if t.pop_changed()]
+
+    def _tally_alert(self, tally: _Tally) -> Event:
+        head = tally.origin
+        noun = "NaN" if head["what"] == "nan" else "Inf"
+        lo, hi = tally.steps
+        steps = f"step {lo}" if lo == hi else f"steps {lo}-{hi}"
+        n = tally.count
+        return Event(
+            kind=ALERT,
+            seq=self.next_seq(),
+            step=hi,
+            what=head["what"],
+            where=CONSEQUENCES,
+            origin=head["origin"],
+            event_seq=None,
+            name=head["name"],
+            module=head.get("module", ""),
+            source=head.get("source"),
+            consequences=n,
+            consequence_steps=[lo, hi],
+            first_consequences=list(tally.first),
+            message=(
+                f"{n} consequence{'s' * (n != 1)} ({steps}) of the {noun} origin at step "
+                f"{head['step']}: {head['message']}"
+            ),
+        )
 
     def _alert(
         self, event: Event, what: str, where: str, label: str, call: Event | None = None
@@ -224,12 +336,15 @@ class AlertDetector:
                 made_by = (self._op_names or {}).get(event.get("op_seq"))  # type: ignore[arg-type]
                 by = f", created by {made_by}" if made_by else ""
                 named += f" (node {event.get('node_id')}{by})"
+        seq = self.next_seq()
+        origin = f"{self._rank}:{seq}"
         alert = Event(
             kind=ALERT,
-            seq=self.next_seq(),
+            seq=seq,
             step=event["step"],
             what=what,
             where=where,
+            origin=origin,
             event_seq=event["seq"],
             name=label,
             module=event.get("module", ""),
@@ -242,7 +357,41 @@ class AlertDetector:
             alert["aten"], alert["aten_seq"] = call["name"], call["seq"]
         if arrived:
             alert["arrived"] = True
+        self._tallies[origin] = _Tally(alert)
+        self._last_origin = origin
+        self._blame(origin)
         if self.on_alert is not None:
             with contextlib.suppress(Exception):  # sharing never costs the alert itself
                 self.on_alert(alert)
         return alert
+
+
+class _Tally:
+    """The consequences found so far of one origin."""
+
+    def __init__(self, origin: Event) -> None:
+        self.origin = origin
+        self.count = 0
+        self.steps: list[int] = []  # [first, last] step with a consequence
+        self.first: list[dict[str, Any]] = []  # the first few, in words
+        self._changed = False
+
+    def add(self, event: Event, name: str, message: str) -> None:
+        step = event["step"]
+        self.count += 1
+        self.steps = [self.steps[0], step] if self.steps else [step, step]
+        if len(self.first) < FIRST_CONSEQUENCES:
+            self.first.append(
+                {
+                    "step": step,
+                    "event_seq": event["seq"],
+                    "name": name,
+                    "origin": self.origin["origin"],
+                    "message": message,
+                }
+            )
+        self._changed = True
+
+    def pop_changed(self) -> bool:
+        changed, self._changed = self._changed, False
+        return changed

@@ -9,6 +9,7 @@ only, so a graph and its hooks are freed together.
 
 from __future__ import annotations
 
+import weakref
 from functools import partial
 from typing import Any
 
@@ -150,7 +151,13 @@ class NodeHooks:
             infos.append(info)
             # A partial, not a closure: called without a Python frame of its own, and it
             # holds the node's info and a bound method only (see the module docstring).
-            handles.append(node.register_hook(partial(on_grad, info)))
+            if name == "AccumulateGrad" and not batched:
+                # AccumulateGrad: also what it stored in ``param.grad`` (a weak reference to
+                # the parameter, so the hook keeps nothing alive).
+                hook = partial(recorder.on_accumulate, info, weakref.ref(node.variable))
+            else:
+                hook = partial(on_grad, info)
+            handles.append(node.register_hook(hook))
             if scoped is not None and scoped.covers(info["module"]):
                 # A scoped aten level: its mode on the stack while this node's kernels run.
                 handles.append(node.register_prehook(scoped.node_enter))
@@ -210,7 +217,10 @@ class BackwardRecorder(Recorder):
                 hooks.remove()
                 hooks = None
         try:
-            return func(*args, **kwargs)
+            grads = func(*args, **kwargs)
+            if call == "torch.autograd.grad" and hooks is not None:
+                self._note_returned_grads(grads)
+            return grads
         finally:
             if self.aten_scope is not None:
                 self.aten_scope.unwind()
@@ -236,6 +246,17 @@ class BackwardRecorder(Recorder):
                 except Exception as exc:
                     self.report_error("recording DDP's synchronised gradients", exc)
 
+    def _note_returned_grads(self, grads: Any) -> None:
+        """What ``autograd.grad`` returned: gradients the traced backward made, not values
+        from outside, for the ops that read them."""
+        try:
+            with self.locked:
+                for g in grads if isinstance(grads, (tuple, list)) else (grads,):
+                    if isinstance(g, torch.Tensor):
+                        self.summaries.backward_wrote(g)
+        except Exception as exc:
+            self.report_error("noting the gradients autograd.grad returned", exc)
+
     def _ddp_synced_grads(self, frame: tuple | None) -> None:
         """Under DDP the gradient the optimizer uses is the ranks' average, which DDP's C++
         reducer writes into ``p.grad`` by the time ``backward()`` returns; AccumulateGrad
@@ -256,7 +277,9 @@ class BackwardRecorder(Recorder):
                         continue
                     if fsdp and hasattr(grad, "to_local"):
                         grad = grad.to_local()  # this rank's shard, as the optimizer sees it
-                    s = dict(self.summaries.summarizer.summarize(grad))
+                    synced = self.summaries.summarizer.summarize(grad)
+                    self.summaries.backward_wrote(grad, synced)  # what clipping reads next
+                    s = dict(synced)
                     s["param"] = modules.param_name(p) or name
                     outputs.append(s)
                 self.pipeline.add(
@@ -314,6 +337,28 @@ class BackwardRecorder(Recorder):
             tensors = {"grad_outputs": list(grad_outputs), "grad_inputs": list(grad_inputs)}
             self.pauser.pause_point(AFTER, event, tensors)  # type: ignore[union-attr]
 
+    def on_accumulate(
+        self, info: NodeInfo, param: weakref.ref, grad_inputs: tuple, grad_outputs: tuple
+    ) -> None:
+        """Post-hook of an AccumulateGrad node: its grad event, and the gradient it stored
+        in ``param.grad`` known as made by the traced backward (``clip_grad_norm_`` reads
+        it next: a NaN there is the origin's, not one entering from outside)."""
+        self.on_grad(info, grad_inputs, grad_outputs)
+        try:
+            p = param()
+            stored = p.grad if p is not None else None
+            if stored is None:
+                return
+            received = grad_outputs[0] if grad_outputs else None
+            with self.locked:
+                memo = self.summaries.memo
+                # The gradient stored as it came (the usual first backward of a step): its
+                # summary is the one just made; summed into an older one: numbers unknown.
+                same = memo.get(received) if _same_view(stored, received) else None
+                self.summaries.backward_wrote(stored, same)
+        except Exception as exc:
+            self.report_error("noting a stored gradient", exc)
+
     def on_batched_grad(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> None:
         """Post-hook of one node of a batched backward (``is_grads_batched=True``): each
         gradient is a vmap batch, so its shape is recorded and its numbers are not."""
@@ -370,6 +415,17 @@ def _ddp_world(ddp: Any) -> int | None:
         return int(dist.get_world_size())  # FSDP2: its mesh spans the default group here
     except Exception:
         return None
+
+
+def _same_view(stored: torch.Tensor, received: torch.Tensor | None) -> bool:
+    """Whether the gradient AccumulateGrad stored is the very one it received: one memory,
+    one layout (the engine has checked that both have the parameter's shape and dtype)."""
+    if received is None:
+        return False
+    try:
+        return stored.data_ptr() == received.data_ptr() and stored.stride() == received.stride()
+    except RuntimeError:  # no storage (sparse, subclasses)
+        return False
 
 
 def _batched_summary(g: torch.Tensor | None) -> dict | None:

@@ -136,4 +136,3 @@ def kernel_group_size(args: tuple, kwargs: dict) -> int | None:
             except Exception:
                 continue
     return None
-

@@ -16,14 +16,18 @@ backward shows both sides of the compiled graph's node. What runs inside is not 
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import _pop_mode, _push_mode
 
+from torchscope.protocol.events import Event
+from torchscope.tracer.armed.eager_check import EagerCheck
 from torchscope.tracer.armed.forward import ForwardRecorder
+from torchscope.tracer.ranks import say
 
 COMPILED_PREFIX = "torch.compile:"
 
@@ -46,11 +50,15 @@ class CompiledCalls:
         forward: ForwardRecorder,
         ours: Callable[[Any], bool],
         report_error: Callable[[str, BaseException], None],
+        emit: Callable[[Event], None],
     ) -> None:
         self._forward = forward
         self._ours = ours  # whether a mode on a stack is torchscope's
         self._report_error = report_error
+        self._emit = emit  # numbers an event and sends it after those in flight
         self._local = threading.local()
+        # Set per step: each compiled call also runs eagerly and is compared (eager_check.py).
+        self.eager_check = False
 
     def _stack(self) -> list:
         stack = getattr(self._local, "stack", None)
@@ -67,12 +75,14 @@ class CompiledCalls:
         if stack:  # a compiled module inside a compiled call: already off the stacks
             stack.append(None)
             return
-        pending = None
+        pending = check = None
         try:
             pending = self._forward.before_op(compiled_call_name(module), args, {})
+            if self.eager_check:
+                check = EagerCheck(self._emit_numbered, self._untraced, self._tagged)
         except Exception as exc:
             self._report_error("compiled call (before)", exc)
-        stack.append((pending, self._step_off()))
+        stack.append((pending, self._step_off(), check))
 
     def exit(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
         stack = self._stack()
@@ -81,17 +91,45 @@ class CompiledCalls:
         entry = stack.pop()
         if entry is None:
             return
-        pending, function_modes, dispatch_modes = entry[0], *entry[1]
-        for mode in reversed(dispatch_modes):
-            _push_mode(mode)
-        for mode in reversed(function_modes):
-            torch._C._push_on_torch_function_stack(mode)
+        pending, stepped_off, check = entry
+        _push_back(*stepped_off)
         if pending is None or output is None:  # it raised: no outputs to record
             return
         try:
-            self._forward.after_op(pending, args, {}, output, extra={"compiled": True})
+            done = self._forward.after_op(pending, args, {}, output, extra={"compiled": True})
         except Exception as exc:
             self._report_error("compiled call (after)", exc)
+            return
+        if check is not None and done is not None:
+            try:
+                check.run(module, args, output, done[0])
+            except Exception as exc:
+                self._report_error("eager check of a compiled call", exc)
+
+    @contextlib.contextmanager
+    def _untraced(self) -> Iterator[None]:
+        """torchscope's own tensor work between the job's calls: off the stacks, no grad."""
+        function_modes, dispatch_modes = self._step_off()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            _push_back(function_modes, dispatch_modes)
+
+    @contextlib.contextmanager
+    def _tagged(self, op_seq: int) -> Iterator[None]:
+        """The eager run's op events say so: ``eager_check`` holds the compiled call's seq."""
+        self._forward.tag = {"eager_check": op_seq}
+        try:
+            yield
+        finally:
+            self._forward.tag = None
+
+    def _emit_numbered(self, event: Event) -> None:
+        """An eager check's report: to the trace, and its one line to stderr."""
+        event["seq"] = self._forward.next_seq()
+        self._emit(event)
+        say(f"step {event['step']}: {event['message']}")
 
     def forget(self) -> None:
         self._local = threading.local()
@@ -111,3 +149,11 @@ class CompiledCalls:
         ):
             dispatch_modes.append(_pop_mode())
         return function_modes, dispatch_modes
+
+
+def _push_back(function_modes: list, dispatch_modes: list) -> None:
+    """Undo ``_step_off``: the modes back on their stacks, bottom first."""
+    for mode in reversed(dispatch_modes):
+        _push_mode(mode)
+    for mode in reversed(function_modes):
+        torch._C._push_on_torch_function_stack(mode)

@@ -95,6 +95,7 @@ class ForwardRecorder(Recorder):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.aten: AtenCalls | None = None  # the aten level, when it is on
+        self.tag: dict | None = None  # fields every op event gets for now (an eager check's)
 
     def before_op(self, name: str, args: tuple, kwargs: dict) -> PendingOp:
         state = self.state
@@ -187,6 +188,7 @@ class ForwardRecorder(Recorder):
         )
         if has_inf_scalar(args, kwargs):
             event["inf_arg"] = True  # an Inf it makes is on purpose (masked_fill(m, -inf))
+        extra = extra or self.tag
         if extra:
             event.update(extra)
         with self.recording:

@@ -49,6 +49,8 @@ class EventPipeline:
         self._sealed: deque[tuple[list[Event], SealedBatch | None]] = deque()
         self.last_flush = time.monotonic()
         self.alerts = AlertDetector(next_seq)
+        self._step_event: Event | None = None  # the STEP event of a step with no event yet
+        self.steps_opened = 0  # steps that had an event
         # step -> how many non-finite summaries had been made when its STEP event was added:
         # while that number stands still, no event of the step can be an alert (see
         # _alerts_of), and delivery skips the checks.
@@ -57,12 +59,23 @@ class EventPipeline:
         self._watchdog = threading.Thread(target=self._watch, name="torchscope-flush", daemon=True)
         self._watchdog.start()
 
+    def open_step(self, event: Event) -> None:
+        """A step begins: its STEP event goes out just before the step's first event, so a
+        step in which nothing is traced (the code after the loop's last update) leaves
+        nothing behind. Numbered now, it stays in ``seq`` order."""
+        with self.lock:
+            self._step_event = event
+            # What the step's alert checks may skip counts from here, not from its first event.
+            self._step_marks[event["step"]] = nonfinite_made()
+
     def add(self, event: Event) -> None:
         """Queue an event; the caller holds ``lock`` (it just summarised the event's tensors)."""
+        if self._step_event is not None:
+            self._add_step()
         events = self._events
         events.append(event)
         if event["kind"] == STEP:
-            self._step_marks[event["step"]] = nonfinite_made()
+            self._step_marks.setdefault(event["step"], nonfinite_made())
         # Checked every 32 events: a step of a small model is a few hundred of them, and the
         # watchdog seals a batch that sits still anyway.
         if not len(events) & 31 and (
@@ -70,6 +83,11 @@ class EventPipeline:
             or time.monotonic() - self.last_flush >= self.seal_seconds
         ):
             self.flush()
+
+    def _add_step(self) -> None:
+        step, self._step_event = self._step_event, None
+        self.steps_opened += 1
+        self.add(step)  # type: ignore[arg-type]
 
     def flush(self, wait: bool = False) -> None:
         """Seal the open batch and deliver every sealed batch that is ready (all if ``wait``)."""
@@ -100,6 +118,11 @@ class EventPipeline:
         self._closing.set()
         self._watchdog.join()
         self.flush(wait=True)
+        with self.lock:
+            # The consequences of the last steps: no step boundary follows them.
+            tail = self.alerts.tally_updates()
+            if tail:
+                self._deliver(tail, None)
 
     def _deliver(self, events: list[Event], sealed: SealedBatch | None) -> None:
         alerts: list[Event] = []
@@ -132,7 +155,7 @@ class EventPipeline:
             # which reset the detector's per-step state, are looked at.
             for ev in events:
                 if ev["kind"] == STEP:
-                    check(ev)
+                    alerts.extend(check(ev))  # an origin's consequences of the steps before
             return alerts
         for ev in events:
             alerts.extend(check(ev))

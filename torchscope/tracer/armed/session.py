@@ -107,8 +107,11 @@ class Tracer:
         driven: DrivenBy | None = None,
         on_alert: Callable[[Event], None] | None = None,
         aten: bool | str | None = None,
+        eager_check: bool = False,
     ) -> None:
         self.steps = parse_steps(steps)
+        # Each call of a compiled module also runs eagerly, compared (tracer/armed/eager_check).
+        self.eager_check = eager_check
         self.aten = aten if aten is not False else None  # as asked (the agent compares it)
         self.aten_scope = aten_scope(aten)  # None: the aten level is off
         self.record = per_rank_path(os.fspath(record)) if record is not None else None
@@ -154,6 +157,8 @@ class Tracer:
         self.aten_mode: AtenMode | None = None  # pushed with the function mode (everywhere)
         self.aten_scoped: AtenScope | None = None  # or pushed inside its modules only
         self._closure_hook: Any = None  # traces optimizer.step(closure)'s closure
+        self.compiled_calls: CompiledCalls | None = None
+        self.last_step_empty = False  # set at stop: the last step traced nothing
         self._mode_pushed = False
         self.step_traced = False
         # Meet the other ranks before collectives (set by the agent while the command line
@@ -246,7 +251,11 @@ class Tracer:
             else:
                 self.aten_mode = mode
         self.modules.listener = self.aten_scoped  # rides on the tracker's module hooks
-        self.modules.compiled_calls = CompiledCalls(forward, self._is_our_mode, self.report_error)
+        self.compiled_calls = CompiledCalls(
+            forward, self._is_our_mode, self.report_error, self.emit
+        )
+        self.compiled_calls.eager_check = self.eager_check
+        self.modules.compiled_calls = self.compiled_calls
 
     def _start_nested(self, outer: Tracer) -> Tracer:
         """``trace()`` inside a traced run (``torchscope run`` of a script that calls it):
@@ -327,6 +336,8 @@ class Tracer:
             self._remove_closure_hook()
             self.modules.remove()
             assert self.pipeline is not None
+            # Its STEP event still waiting: nothing ran in the last step (after the loop).
+            self.last_step_empty = self.pipeline._step_event is not None
             self.pipeline.close()
         finally:
             try:
@@ -447,7 +458,8 @@ class Tracer:
         self.summaries.forget_uninitialized()
         self._set_active(traced)
         if traced:
-            self.emit(Event(kind=STEP, seq=self.next_seq(), step=self.step_index, t=time.time()))
+            step = Event(kind=STEP, seq=self.next_seq(), step=self.step_index, t=time.time())
+            self.pipeline.open_step(step)  # type: ignore[union-attr]
 
     def _set_active(self, active: bool) -> None:
         """Enter or leave the traced state; untraced steps run with no mode and no hooks."""
@@ -488,6 +500,12 @@ class Tracer:
         if n > 0 and torch._C._get_function_stack_at(n - 1) is self.mode:
             self.mode.__exit__(None, None, None)  # type: ignore[union-attr]
             self._mode_pushed = False
+
+    def set_eager_check(self, on: bool) -> None:
+        """Whether this step's compiled calls also run eagerly, compared (set per step)."""
+        self.eager_check = on
+        if self.compiled_calls is not None:
+            self.compiled_calls.eager_check = on
 
     def gate(self, gated: bool, scope: str) -> None:
         """Whether this step's collectives meet the other ranks first, in which agreed period

@@ -350,11 +350,13 @@ def _host_stats(x: torch.Tensor, n: int) -> dict[str, Any]:
     mn, mx = torch.aminmax(flat)
     mn, mx = mn.item(), mx.item()
     total, sq = flat.sum().item(), torch.dot(flat, flat).item()
-    if not math.isfinite(total):
+    if not (math.isfinite(total) and math.isfinite(sq)):
+        if mn - mn == 0.0 and mx - mx == 0.0:  # finite values: the sums overflowed
+            return _scaled_stats(flat, n, mn, mx)
         return _moments(n, mn, mx, math.nan, math.nan, *_count_bad(x))
     # float32 sums carry ~7 digits; if the variance is under 1e-4 of the mean square, most of
     # them cancel, so sum x - min instead (its spread is the data's spread).
-    if not math.isfinite(sq) or (sq - total * total / n) < 1e-4 * sq:
+    if (sq - total * total / n) < 1e-4 * sq:
         if mn == mx:
             return _moments(n, mn, mx, 0.0, 0.0, 0, 0)
         shifted = flat - mn
@@ -371,6 +373,31 @@ def _host_stats(x: torch.Tensor, n: int) -> dict[str, Any]:
     }
 
 
+def _scaled_stats(x: torch.Tensor, n: int, mn: float, mx: float) -> dict[str, Any]:
+    """Stats of a finite tensor whose sums overflow its dtype (values near its largest, as
+    bfloat16 or float32 near 1e38): the sums of ``x / max|x|`` (every value in [-1, 1]),
+    scaled back in float64 on the host. Only such a tensor pays for this second pass. A
+    norm (or std) past float64's largest is infinite: float64 has no number for it."""
+    flat = x.reshape(-1)
+    if flat.dtype not in _FAST_DTYPES:
+        flat = flat.float()  # float16/bfloat16 on the device path
+    scale = max(-mn, mx)
+    y = flat / scale
+    ymn, ymx = (v.item() for v in torch.aminmax(y))
+    shifted = y - ymn
+    unit = _moments(n, ymn, ymx, shifted.sum().item(), torch.dot(shifted, shifted).item(), 0, 0)
+    return _stats(mn, mx, *(unit[k] * scale for k in ("mean", "std", "norm")), 0, 0)
+
+
+def _scaled_list_stats(vals: list[float]) -> dict[str, Any]:
+    """:func:`_list_stats` of finite values whose sums overflow float64: of ``v / max|v|``,
+    scaled back."""
+    scale = max(map(abs, vals))
+    unit = _list_stats([v / scale for v in vals])
+    mean, std, norm = (unit[k] * scale for k in ("mean", "std", "norm"))
+    return _stats(min(vals), max(vals), mean, std, norm, 0, 0)
+
+
 def _list_stats(vals: list[float]) -> dict[str, Any]:
     """Stats of a few values already read to the host, in float64, with no torch call.
 
@@ -385,7 +412,7 @@ def _list_stats(vals: list[float]) -> dict[str, Any]:
                 "max": v,
                 "mean": v + 0.0,
                 "std": 0.0,
-                "norm": math.sqrt(v * v),
+                "norm": abs(v),  # not sqrt(v * v): v * v overflows past 1e154
                 "nan": 0,
                 "inf": 0,
             }
@@ -405,7 +432,7 @@ def _list_stats(vals: list[float]) -> dict[str, Any]:
                 "nan": 0,
                 "inf": 0,
             }
-        return _moments(n, mn, max(vals), total, sq, 0, 0)
+        return _scaled_list_stats(vals)  # finite values whose squares overflow
     nan = sum(1 for v in vals if v != v)
     inf = sum(1 for v in vals if v in (math.inf, -math.inf))
     if nan:
@@ -414,8 +441,7 @@ def _list_stats(vals: list[float]) -> dict[str, Any]:
         mn, mx = min(vals), max(vals)
     if nan or inf:
         return _moments(len(vals), mn, mx, math.nan, math.nan, nan, inf)
-    shifted = [v - mn for v in vals]
-    return _moments(len(vals), mn, mx, sum(shifted), sum(d * d for d in shifted), 0, 0)
+    return _scaled_list_stats(vals)  # finite values whose sum overflowed
 
 
 def _count_bad(x: torch.Tensor) -> tuple[int, int]:
@@ -428,6 +454,39 @@ def _source_ref(t: torch.Tensor) -> tuple[weakref.ref, int] | None:
         return weakref.ref(t), t._version
     except (RuntimeError, TypeError):  # inference tensors; subclasses without weak refs
         return None
+
+
+def _live_source(source: tuple[weakref.ref, int] | None) -> torch.Tensor | None:
+    """The real floating form of a summarised tensor while it still holds the numbers it was
+    summarised with (alive, same version); None once it is gone or changed."""
+    t = source[0]() if source is not None else None
+    if t is None:
+        return None
+    try:
+        if t._version != source[1]:  # type: ignore[index]
+            return None
+        with torch._C.DisableTorchFunction(), torch.no_grad():
+            return _stat_view(t, keep_half=True)[0]
+    except RuntimeError:
+        return None
+
+
+def _overflow_stats(
+    source: tuple[weakref.ref, int] | None, n: int, mn: float, mx: float, mean: float
+) -> dict:
+    """Stats of a finite tensor whose device sums overflowed (see :func:`_scaled_stats`),
+    from the tensor itself while it holds the same numbers (one host read, paid only by such
+    a tensor); once it is gone, the moments that overflowed are unknown (None, never NaN:
+    its values are finite), marked inexact."""
+    x = _live_source(source)
+    if x is not None:
+        try:
+            with torch._C.DisableTorchFunction(), torch.no_grad():
+                return _scaled_stats(x, n, mn, mx)
+        except RuntimeError:
+            pass
+    known = mean if math.isfinite(mean) else None
+    return {**_stats(mn, mx, known, None, None, 0, 0), "moments_exact": False}  # type: ignore[arg-type]
 
 
 def _count_nonfinite(
@@ -444,15 +503,12 @@ def _count_nonfinite(
             sum(1 for v in vals if v == math.inf or v == -math.inf),
             True,
         )
-    t = source[0]() if source is not None else None
-    if t is not None:
+    x = _live_source(source)
+    if x is not None:
         try:
-            if t._version == source[1]:  # type: ignore[index]
-                with torch._C.DisableTorchFunction(), torch.no_grad():
-                    x, _ = _stat_view(t, keep_half=True)
-                    if x is not None:
-                        nan, inf = _count_bad(x)
-                        return nan, inf, True
+            with torch._C.DisableTorchFunction(), torch.no_grad():
+                nan, inf = _count_bad(x)
+            return nan, inf, True
         except RuntimeError:
             pass
     if mn != mn or mx != mx:
@@ -506,14 +562,16 @@ class SealedBatch:
                     total, norm = mean, var
                     mean = total / numel
                     var = max(norm * norm / numel - mean * mean, 0.0)
-                if mn - mn == 0.0 and mx - mx == 0.0:  # finite min and max: no NaN, no Inf
-                    nan = inf = 0
-                    exact = True
-                else:
-                    nan, inf, exact = _count_nonfinite(
-                        source, vals if vals is not None and len(vals) == numel else None, mn, mx
-                    )
                 stats = summary["stats"]
+                if mn - mn == 0.0 and mx - mx == 0.0:  # finite min and max: no NaN, no Inf
+                    if mean - mean == 0.0 and var - var == 0.0:
+                        stats.update(_moments_from_var(numel, mn, mx, mean, var, 0, 0))
+                    else:  # the sums overflowed (values near the dtype's largest)
+                        stats.update(_overflow_stats(source, numel, mn, mx, mean))
+                    continue
+                nan, inf, exact = _count_nonfinite(
+                    source, vals if vals is not None and len(vals) == numel else None, mn, mx
+                )
                 stats.update(_moments_from_var(numel, mn, mx, mean, var, nan, inf))
                 if not exact:
                     stats["counts_exact"] = False
@@ -539,8 +597,9 @@ def _moments_from_var(
         return _nonfinite_stats(mn, mx, nan, inf)
     var = max(var, 0.0)
     std = math.sqrt(var * n / (n - 1)) if n > 1 else 0.0
-    # In float64 on the host: mean**2 of 1e20-sized values does not overflow here.
-    return _stats(mn, mx, mean, std, math.sqrt(n * (var + mean * mean)), nan, inf)
+    # In float64 on the host, and hypot never squares: a float64 mean near its largest value
+    # still has a norm (infinite only where float64 has no number for it).
+    return _stats(mn, mx, mean, std, math.sqrt(n) * math.hypot(math.sqrt(var), mean), nan, inf)
 
 
 # Every stats dict that counts a NaN or Inf is made by _nonfinite_stats, which ticks this

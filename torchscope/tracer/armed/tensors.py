@@ -16,6 +16,9 @@ import torch
 
 from torchscope.tracer.armed.summary import Summarizer, SummaryMemo, tensor_meta
 
+BACKWARD = "backward"  # an external summary's ``made_by``: a gradient the traced backward wrote
+_MADE_BY_BACKWARD: dict = {"made_by": BACKWARD}  # the marker backward_made holds
+
 
 class TensorSummaries:
     """The armed period's summaries. Callers hold the pipeline's lock with grad mode off."""
@@ -26,11 +29,17 @@ class TensorSummaries:
         self._param_name = param_name  # ModuleTracker.param_name: a parameter's dotted name
         # Storages of this step's uninitialised outputs (torch.empty...): their views are too.
         self.uninit_storages: set[int] = set()
+        # Gradients the traced backward wrote (``param.grad``, what ``autograd.grad``
+        # returned), kept across steps: an op that reads one reads a value the traced step
+        # made, whose NaN is the origin's, not a value coming in from outside.
+        self.backward_made = SummaryMemo()
 
     def begin_step(self) -> None:
         """A fresh step forgets old summaries: code that updates weights through ``.data`` or
-        numpy bypasses the version counter the memo trusts within a step."""
+        numpy bypasses the version counter the memo trusts within a step. The gradients the
+        backward wrote stay known, those gone dropped (one entry per parameter)."""
         self.memo.clear()
+        self.backward_made.prune()
 
     def forget_uninitialized(self) -> None:
         """Buffers are a step's own: a later view is checked anew."""
@@ -91,11 +100,21 @@ class TensorSummaries:
         else:
             s = self.summarizer.summarize(t)
         s["external"] = True
+        if self.backward_made.get(t) is not None:
+            s["made_by"] = BACKWARD
         param = self._param_name(t)
         if param is not None:
             s["param"] = param
         self.memo.put(t, s)
         return s
+
+    def backward_wrote(self, t: torch.Tensor, same_as: dict | None = None) -> None:
+        """``t`` is a gradient the traced backward wrote. ``same_as``: the summary of a tensor
+        with the very same values (the gradient AccumulateGrad stored as it was): this
+        step's ops then read it as that value, with its stats and no reduction."""
+        if same_as is not None:
+            self.memo.put(t, same_as)
+        self.backward_made.put(t, _MADE_BY_BACKWARD)
 
     def judge_external(self, tensors: list[torch.Tensor], inputs: list[dict]) -> None:
         """Outputs went non-finite: fill in the stats of external inputs that were deferred,

@@ -12,6 +12,8 @@ import torch
 from torch import nn
 from torch._C._autograd import _get_sequence_nr
 
+from torchscope.tracer.armed.backward import node_name
+
 # A bad step is replayed at the aten level: the report names the kernel that made the value.
 REPLAY_ATEN = True
 
@@ -70,7 +72,7 @@ class Call:
 class Backward:
     """One top-level ``backward()`` of the step."""
 
-    __slots__ = ("grad_tensors", "inputs", "roots", "source", "user_retains", "values")
+    __slots__ = ("grad_tensors", "inputs", "marks", "roots", "source", "user_retains", "values")
 
     def __init__(self, roots: list[torch.Tensor], kwargs: dict[str, Any], user_retains: bool):
         self.values = [r.detach() for r in roots]  # for the loss check: no graph reference
@@ -79,11 +81,117 @@ class Backward:
         self.inputs = kwargs.get("inputs")
         self.user_retains = user_retains
         self.source = _call_site()
+        self.marks: LoopMarks | None = None  # set when the graph cannot be kept (compiled)
 
     def drop_graph(self) -> None:
         self.roots = None
         self.grad_tensors = None
         self.inputs = None
+        if self.marks is not None:
+            self.marks.release()
+            self.marks = None
+
+
+# Loop code is a loss and a few ops: a graph walk that finds more stops marking there.
+MAX_LOOP_NODES = 256
+
+
+class LoopMarks:
+    """The loop code's part of one ``backward()`` whose graph cannot be kept for a replay (a
+    model compiled with AOT autograd refuses ``retain_graph``): each node between the roots
+    and the module calls' own nodes (outside every call's sequence-number window) is marked
+    as it runs with whether the gradients it got, and those it sent, are finite. The flags
+    stay on the device and are read only at a detection: the first node that got finite
+    gradients and sent non-finite ones is where the backward first shows a loop-code NaN."""
+
+    __slots__ = ("flags", "handles", "truncated")
+
+    def __init__(self, roots: list[torch.Tensor], windows: list[tuple[int, int]]) -> None:
+        self.flags: list[tuple[str, torch.Tensor]] = []  # (node name, flags_of(got, sent))
+        self.handles: list[Any] = []
+        nodes, self.truncated = loop_nodes(roots, windows)
+        for node in nodes:
+            self.handles.append(node.register_hook(self._marker(node_name(node))))
+
+    def _marker(self, name: str) -> Any:
+        flags = self.flags
+
+        def mark(sent: tuple, got: tuple) -> None:  # a node post-hook: (grad_inputs, outputs)
+            with torch.no_grad(), torch._C.DisableTorchFunction():
+                ok = flags_of(got, sent)
+            if ok is not None:
+                flags.append((name, ok))
+
+        return mark
+
+    def first_poisoned(self) -> tuple[str, str] | None:
+        """(node name, "nan" or "inf") of the first node, in the order the backward ran
+        them, that got finite gradients and sent a non-finite one."""
+        with torch.no_grad(), torch._C.DisableTorchFunction():
+            for name, ok in self.flags:
+                got_finite, sent_finite, sent_nan_free = ok.tolist()
+                if got_finite and not sent_finite:
+                    return name, "inf" if sent_nan_free else "nan"
+        return None
+
+    def release(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.flags = []
+
+
+def loop_nodes(roots: list[torch.Tensor], windows: list[tuple[int, int]]) -> tuple[list, bool]:
+    """The nodes reachable from ``roots`` without entering a module call's own nodes (whose
+    sequence numbers fall in one of ``windows``) or a leaf's ``AccumulateGrad``; and whether
+    the walk stopped at ``MAX_LOOP_NODES``."""
+    found: list[Any] = []  # holds the wrappers: their ids stay unique meanwhile
+    seen: set[int] = set()
+    todo = [r.grad_fn for r in roots if r.grad_fn is not None]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen or hasattr(node, "variable"):
+            continue
+        seen.add(id(node))
+        seq = node._sequence_nr()
+        if any(lo <= seq < hi for lo, hi in windows):
+            continue
+        if len(found) >= MAX_LOOP_NODES:
+            return found, True
+        found.append(node)
+        todo.extend(n for n, _ in node.next_functions if n is not None)
+    return found, False
+
+
+def flags_of(got: tuple, sent: tuple) -> torch.Tensor | None:
+    """``[got all finite, sent all finite, sent free of NaN]`` as a bool tensor on their
+    device, with no host sync; None when neither holds a floating-point tensor."""
+    got, sent = _floats(got), _floats(sent)
+    device = next((t.device for t in (*got, *sent)), None)
+    if device is None:
+        return None
+
+    def every(ts: list[torch.Tensor], test: Any) -> torch.Tensor:
+        if not ts:
+            return torch.ones((), dtype=torch.bool, device=device)
+        return torch.stack([test(t).all().to(device) for t in ts]).all()
+
+    def nan_free(t: torch.Tensor) -> torch.Tensor:
+        return ~torch.isnan(t)
+
+    return torch.stack(
+        [every(got, torch.isfinite), every(sent, torch.isfinite), every(sent, nan_free)]
+    )
+
+
+def _floats(grads: tuple) -> list[torch.Tensor]:
+    return [
+        g
+        for g in grads
+        if isinstance(g, torch.Tensor)
+        and (g.is_floating_point() or g.is_complex())
+        and g.layout == torch.strided
+    ]
 
 
 def replay_target(module: nn.Module) -> nn.Module:

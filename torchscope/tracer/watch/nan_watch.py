@@ -7,7 +7,11 @@ Every training step, the watch
      **one** ``.tolist()``: the step's only host sync (what ``GradScaler`` costs). A
      non-finite total is confirmed exactly (``isnan``/``isinf`` per tensor) before it counts:
      a finite gradient whose squares overflow is not a NaN. ``gradnorm=X`` also reports a
-     total L2 norm above X (it is the same number). No per-op work.
+     total L2 norm above X (it is the same number). No per-op work. An
+     ``optimizer.step(closure)`` (Lightning's automatic optimization, LBFGS) makes the
+     gradients inside ``step()``: its closure is wrapped (another global pre-hook) and the
+     check runs each time it returns -- after Lightning's clipping, before the update; LBFGS
+     calls it several times a step.
   2. **captures** what re-running the step's model part needs: for each call of a top-level
      module (the model, a loss module) made with grad enabled, references to its arguments,
      the CPU and CUDA RNG states before it, the autocast state, the autograd sequence-number
@@ -22,8 +26,11 @@ Every training step, the watch
      ``watch_replay``): module calls again with their inputs and RNG, the module backward
      from the captured output gradients, and -- when neither finds the origin -- the backward
      again over the retained graph, which covers loop code between module calls (a ``sqrt``
-     of the loss). Buffers (BatchNorm statistics) and RNG states are restored, ``.grad`` is
-     never touched (the replay uses ``torch.autograd.grad``): the job continues bit-identically.
+     of the loss). A compiled model's graph is not retained (AOT autograd refuses it): the
+     loop code's nodes are marked instead as the step's backward runs them (see
+     ``capture.LoopMarks``), and a loop-code origin is placed, not replayed. Buffers
+     (BatchNorm statistics) and RNG states are restored, ``.grad`` is never touched (the
+     replay uses ``torch.autograd.grad``): the job continues bit-identically.
   5. prints one line and applies the policy: ``continue``, ``pause`` (the replay stops at the
      origin when the tracer has a stepper) or ``stop`` (raises :class:`WatchStop` from
      ``optimizer.step()``, before the update, after the report; the only exception the watch
@@ -43,13 +50,15 @@ Memory held per step (the benchmark measures it):
     gradient accumulation only the latest micro-batch's graph is kept (``max_graphs``).
     ``keep_graph=False`` turns this off (backward origins outside module calls are then not
     replayed).
+  - A compiled model's step keeps no graph; instead a hook on each loop-code node (the loss
+    code: at most ``MAX_LOOP_NODES``) adds a 3-flag bool tensor as the backward runs it.
 
 Not covered (said in the report when it matters): a forward origin in loop code (the loop is
 not re-run; the loss check still catches its NaN, the retained-graph replay names the first
-backward node it poisons), optimizer steps given a closure (LBFGS), ``GradScaler`` steps it
-skips (they never call ``optimizer.step()``), module Python state changed by ``forward``,
-parameters modified in place by ``forward``, other generators than CPU/CUDA, FSDP (the replay
-would run collectives: refused). User hooks on tensors and modules run again in the replay.
+backward node it poisons), ``GradScaler`` steps it skips (they never call
+``optimizer.step()``), module Python state changed by ``forward``, parameters modified in
+place by ``forward``, other generators than CPU/CUDA, FSDP (the replay would run collectives:
+refused). User hooks on tensors and modules run again in the replay.
 """
 
 from __future__ import annotations
@@ -68,12 +77,20 @@ import torch
 from torch import nn
 from torch._C._autograd import _get_sequence_nr
 from torch.nn.modules import module as module_mod
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from torchscope.tracer import backward_calls
 from torchscope.tracer.clock import StepClock, an_optimizer_exists
 from torchscope.tracer.errors import ReportOnce
 from torchscope.tracer.ranks import say_line
-from torchscope.tracer.watch.capture import Backward, Call, replay_target, tensors_in, versions_of
+from torchscope.tracer.watch.capture import (
+    Backward,
+    Call,
+    LoopMarks,
+    replay_target,
+    tensors_in,
+    versions_of,
+)
 
 if TYPE_CHECKING:
     from torchscope.tracer.armed.session import Tracer
@@ -85,7 +102,8 @@ STOP_EXIT_CODE = 3  # what `torchscope run --on-nan stop` should exit with
 
 class WatchStop(Exception):
     """Raised from ``optimizer.step()`` (before the update) when ``on_nan="stop"`` and a step
-    went bad; in a job that updates by hand, from the step's ``backward()``. ``detection`` is
+    went bad (from its closure, when it was given one; Lightning's Trainer lets it through);
+    in a job that updates by hand, from the step's ``backward()``. ``detection`` is
     the report's dict; ``exit_code`` what a CLI should exit with."""
 
     exit_code = STOP_EXIT_CODE
@@ -191,9 +209,11 @@ class NanWatch:
         # Tells the watch when an optimizer update begins (nested and failed step() calls
         # included), as it tells the tracer: the check runs there.
         self._clock: StepClock | None = None
+        # Wraps the closure of ``optimizer.step(closure)``: the check runs when it returns.
+        self._closure_hook: Any = None
+        self._closure_update = False  # an optimizer.step(closure) is in progress
         self._listening: backward_calls.Listening | None = None
         self._error = ReportOnce("the NaN watch", "the job continues")
-        self._said: set[str] = set()
         self.last_replay: Any = None  # the replay object of the last detection (tests, UI)
         self._bad_run: dict[str, Any] | None = None  # the detection of the current bad stretch
         # In a job with no optimizer, check each step when its backward() ends (the agent's
@@ -207,6 +227,8 @@ class NanWatch:
             return self
         self._owner = threading.get_ident()
         self._clock = StepClock(self).install()
+        # After the clock's hook: it sees the job's own closure, the update this one wraps.
+        self._closure_hook = register_optimizer_step_pre_hook(self._wrap_closure)
         if self._explicit_roots:
             self._hook_roots()  # roots=() watches no module calls: the check alone
         else:
@@ -221,6 +243,10 @@ class NanWatch:
         if self._clock is not None:
             self._clock.remove()
             self._clock = None
+        if self._closure_hook is not None:
+            self._closure_hook.remove()
+            self._closure_hook = None
+        self._closure_update = False
         for h in (*self._global_hooks, *self._root_hooks):
             h.remove()
         self._global_hooks, self._root_hooks = [], []
@@ -409,10 +435,15 @@ class NanWatch:
                 kept.pop(0).drop_graph()  # keep the latest micro-batch's graph
             if self.max_graphs <= 0:
                 return None
-            rec.roots = roots
-            if user_retains or self._compiled_roots():
-                # A graph compiled by inductor donates its buffers and refuses retain_graph.
+            if user_retains:
+                rec.roots = roots
                 return None
+            if self._compiled_roots():
+                # A graph compiled by inductor donates its buffers and refuses retain_graph:
+                # mark the loop code's nodes instead, to place an origin there.
+                rec.marks = LoopMarks(roots, [(c.seq_lo, c.seq_hi) for c in self._calls])
+                return None
+            rec.roots = roots
             return {**kwargs, "retain_graph": True}
         except Exception as exc:
             self._error("before backward()", exc)
@@ -445,40 +476,70 @@ class NanWatch:
             self._hand_updates = not an_optimizer_exists()
         return self._hand_updates
 
-    # -- the check -----------------------------------------------------------------------------
     # -- the optimizer update (StepClock listener: nested step() calls are one update) ---------
     def update_begins(self, args: tuple, kwargs: dict) -> bool:
         """``optimizer.step()`` is about to apply the update: check the step (args[0] is the
-        optimizer). Raises ``WatchStop`` under "stop", out of ``step()``, before the update."""
+        optimizer). Raises ``WatchStop`` under "stop", out of ``step()``, before the update.
+        A step given a closure is checked when the closure returns instead (``_wrap_closure``):
+        the closure makes the gradients, inside ``step()``."""
         if not self.installed or self._replaying:
             return False
         self._hand_updates = False  # an optimizer ends the steps after all
-        closure = args[1] if len(args) > 1 else kwargs.get("closure")
-        stop: WatchStop | None = None
-        try:
-            if closure is not None:
-                self._say_once(
-                    "closure",
-                    "torchscope: optimizer.step(closure) is not watched for NaN "
-                    "(the closure computes the gradients inside the update)",
-                )
-            else:
-                detection = self.check(_params_of(args[0]))
-                if detection is not None and self.on_nan == "stop":
-                    stop = WatchStop(detection)
-        except Exception as exc:
-            self._error("checking the step", exc)
-        finally:
-            self._end_step()
-        if stop is not None:
-            raise stop
+        if _closure_of(args, kwargs) is not None:
+            self._closure_update = True
+            return False
+        self._check_update(_params_of(args[0]))
         return False  # nothing to restore if step() raises
 
     def update_ends(self) -> None:
-        return None
+        self._end_closure_update()  # a step(closure) that raised (or an unnumbered clock)
 
     def boundary(self, step: int) -> None:
-        return None  # the watch numbers steps with step_of (the agent's clock)
+        # The watch numbers steps with step_of (the agent's clock), else its own counter.
+        self._end_closure_update()
+
+    def _check_update(self, params: list[torch.Tensor], *, ends_step: bool = True) -> None:
+        """The check before an update; ``WatchStop`` under "stop". ``ends_step``: the step's
+        captures go and the step counts (a closure's call ends its captures only: LBFGS calls
+        it again within the same step)."""
+        stop: WatchStop | None = None
+        try:
+            detection = self.check(params)
+            if detection is not None and self.on_nan == "stop":
+                stop = WatchStop(detection)
+        except Exception as exc:
+            self._error("checking the step", exc)
+        finally:
+            if ends_step:
+                self._end_step()
+            else:
+                self._end_captures()
+        if stop is not None:
+            raise stop
+
+    # -- optimizer.step(closure): Lightning's automatic optimization, LBFGS ---------------------
+    def _wrap_closure(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> Any:
+        """Global optimizer pre-hook: hand ``step()`` a closure that checks when it returns."""
+        if not self.installed or self._replaying or threading.get_ident() != self._owner:
+            return None
+        closure = _closure_of(args, kwargs)
+        if closure is None or isinstance(closure, _CheckedClosure):
+            return None  # none, or a subclass's step() calling super().step(): wrapped once
+        checked = _CheckedClosure(self, optimizer, closure)
+        if len(args) > 1:
+            return (args[0], checked, *args[2:]), kwargs
+        return args, {**kwargs, "closure": checked}
+
+    def closure_returned(self, optimizer: torch.optim.Optimizer) -> None:
+        """The closure made the gradients (and Lightning clipped them); the update has not
+        run: check them as ``step()``'s pre-hook checks a plain step. After every call."""
+        if self.installed and not self._replaying:
+            self._check_update(_params_of(optimizer), ends_step=False)
+
+    def _end_closure_update(self) -> None:
+        if self._closure_update:
+            self._closure_update = False
+            self._end_step()  # what came after the closure's last call (nothing, usually)
 
     def before_update(self, params: Iterable[torch.Tensor] | None = None) -> dict[str, Any] | None:
         """What the optimizer pre-hook does, for a job that updates its weights by hand: check
@@ -524,9 +585,11 @@ class NanWatch:
             if what is None:
                 return None
             if run is not None:
-                # Still bad (NaN weights stay NaN): counted, not replayed or reported again.
-                run["repeats"] += 1
-                run["last_step"] = self.step
+                # Still bad (NaN weights stay NaN): counted, not replayed or reported again;
+                # once per step (LBFGS calls its closure, checked each time, several times).
+                if self.step != run["last_step"]:
+                    run["repeats"] += 1
+                    run["last_step"] = self.step
                 return None
             det = self._detected(what, grad_norm, params, bad, in_loss)
             self._bad_run = det
@@ -554,6 +617,7 @@ class NanWatch:
             "replayed": False,
             "unit_gradient": False,
             "paused": False,
+            "placed": False,  # a loop-code origin placed from marks, not replayed (compiled)
             "alerts": [],
             "events": [],
             "notes": [],
@@ -587,7 +651,7 @@ class NanWatch:
             self.report(det["message"])
         except Exception as exc:
             self._error("reporting", exc)
-        if det["reproduced"] is False and self.on_unreproduced is not None:
+        if det["reproduced"] is False and not det["placed"] and self.on_unreproduced is not None:
             try:
                 self.on_unreproduced(det)
             except Exception as exc:
@@ -626,7 +690,19 @@ class NanWatch:
 
     # -- step end ------------------------------------------------------------------------------
     def _end_step(self, count: bool = True) -> None:
-        """Drop the step's captures (and the watch's hold on its graph)."""
+        """Drop the step's captures (and the watch's hold on its graph); ``count``: the step
+        ended (numbered; the modules looked for again if they changed)."""
+        calls, had_backward = self._drop_captures()
+        if not count:
+            return
+        self._step += 1
+        self._look_again(calls, had_backward)
+
+    def _end_captures(self) -> None:
+        """A closure's call was checked: drop what it captured, the step goes on (unnumbered)."""
+        self._look_again(*self._drop_captures())
+
+    def _drop_captures(self) -> tuple[list[Call], bool]:
         calls, self._calls = self._calls, []
         for call in calls:
             call.release()
@@ -639,9 +715,9 @@ class NanWatch:
         self._grad_bytes = 0
         self._overflow = False
         self._unseen_backward = False
-        if not count:
-            return
-        self._step += 1
+        return calls, had_backward
+
+    def _look_again(self, calls: list[Call], had_backward: bool) -> None:
         if not self.installed or self._explicit_roots:
             return
         if self._discovering:
@@ -649,13 +725,6 @@ class NanWatch:
                 self._end_discovery([c.module for c in calls])
         elif had_backward and not calls:
             self._discover()  # the model was replaced (or compiled) since: look again
-
-    # -- errors and notes ----------------------------------------------------------------------
-    def _say_once(self, key: str, text: str) -> None:
-        if key not in self._said:
-            self._said.add(key)
-            with contextlib.suppress(Exception):
-                self.report(text)
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -680,6 +749,29 @@ class _RootHook:
         # sys.audit("...", module, args, ...) returns None and does nothing unless the
         # program installed an audit hook: a no-op hook for any signature.
         return (functools.partial, (sys.audit, "torchscope.inactive_hook"))
+
+
+class _CheckedClosure:
+    """The closure ``optimizer.step()`` gets under the watch: the job's own, then the check
+    (before the update, which runs after the closure returns). ``WatchStop`` under "stop"
+    leaves through the optimizer's ``step()``, as from a plain step's pre-hook."""
+
+    __slots__ = ("_closure", "_optimizer", "_watch")
+
+    def __init__(self, watch: NanWatch, optimizer: torch.optim.Optimizer, closure: Any) -> None:
+        self._watch = watch
+        self._optimizer = optimizer
+        self._closure = closure
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._closure(*args, **kwargs)
+        self._watch.closure_returned(self._optimizer)
+        return result
+
+
+def _closure_of(args: tuple, kwargs: dict) -> Any:
+    """The closure of an ``optimizer.step()`` call (``args[0]`` is the optimizer)."""
+    return args[1] if len(args) > 1 else kwargs.get("closure")
 
 
 def _grad_catcher(ref: weakref.ref, call: Call, i: int) -> Callable[[torch.Tensor], None]:
@@ -822,6 +914,9 @@ def describe(det: dict[str, Any], rank: int | None = None) -> str:
         if det.get("unit_gradient"):
             text += " (backward from a unit gradient: output gradients were above the capture cap)"
         return text
+    if det.get("placed"):
+        noun = "NaN" if det.get("origin_what", det["what"]) == NAN else "Inf"
+        return _placed_line(det, who, noun)
     if det.get("outside_modules"):
         return (
             f"{who}: {noun} first appears at step {step} in the backward, outside the module "
@@ -834,4 +929,23 @@ def describe(det: dict[str, Any], rank: int | None = None) -> str:
     return (
         f"{who}: {noun} in {where} at step {step}, but the replay did not reproduce it "
         f"({reasons}) — origin unknown"
+    )
+
+
+def _placed_line(det: dict[str, Any], who: str, noun: str) -> str:
+    """A loop-code origin placed from the marks of the step's own backward (a compiled model
+    keeps no graph to replay it over)."""
+    site = _short(det.get("backward_source"))
+    at = f"; backward() at {site}" if site else ""
+    how = "placed, not replayed (a compiled model keeps no graph to replay)"
+    if det.get("loop_forward"):
+        return (
+            f"{who}: {noun} first appears at step {det['step']} in the forward, outside the "
+            "module calls (training-loop code: the loss is non-finite, the replayed modules' "
+            f"outputs are not{at}); in the backward it first shows at {det['backward_node']} "
+            f"— {how}"
+        )
+    return (
+        f"{who}: {noun} first appears at step {det['step']} in {det['origin']} (backward) "
+        f"outside the module calls (training-loop code{at}) — {how}"
     )

@@ -15,6 +15,9 @@ exactly as in a fully traced run):
    so a node's source is found by its autograd sequence number: one inside a module call's
    window maps to the replayed node at the same offset (same name required); one outside
    every window is loop code.
+4. **placement** (no origin yet, no graph kept: a compiled model): the first loop-code node
+   that the step's own backward, marked as it ran (``capture.LoopMarks``), fed finite
+   gradients and saw send non-finite ones. Named, not replayed: no trace of it.
 
 ``torch.autograd.grad`` (never ``backward``) leaves every ``.grad`` alone and does not run
 AccumulateGrad's hooks (DDP's reducer, optimizer-in-backward). Module buffers changed by the
@@ -167,6 +170,7 @@ class Replay:
         self.det = detection
         self.calls: list[Call] = list(watch._calls)
         self.kept = [b for b in watch._backwards if b.roots is not None]
+        self.marked = [b for b in watch._backwards if b.marks is not None]
         self.step = detection["step"]
         self.events: list[dict] = []
         self.tracer: Tracer | None = None
@@ -183,7 +187,7 @@ class Replay:
             )
         if watch._unseen_backward and not self.kept:
             notes.append("backward() was called in a way the watch cannot see: no graph kept")
-        if not self.calls and not self.kept:
+        if not self.calls and not self.kept and not self.marked:
             notes.append("nothing of the step was captured (no top-level module call with grad)")
             det["reproduced"] = False
             return
@@ -206,6 +210,7 @@ class Replay:
             # Nothing of the step outlives the replay: its graphs, inputs and the tracer go
             # now; the events (plain data) stay for whoever looks at the detection.
             self.replayed, self.calls, self.kept, self._retained_roots = [], [], [], None
+            self.marked = []
             self.tracer = None
             try:
                 with _Untraced():
@@ -219,7 +224,7 @@ class Replay:
         det["alerts"] = [e for e in self.events if e.get("kind") == ALERT]
         if det["reproduced"] is None:
             det["reproduced"] = False
-            if det.get("in_loss") and not det.get("bad_params"):
+            if det.get("in_loss") and not det.get("bad_params") and not det.get("placed"):
                 notes.append(
                     "the loss is non-finite but the replayed module calls are not: it comes "
                     "from code outside them, which is not re-run"
@@ -272,6 +277,8 @@ class Replay:
                         return
             if origin is not None:
                 self._found(origin)
+            elif self.marked:
+                self._place_from_marks()
         finally:
             for bp in bps:
                 with contextlib.suppress(Exception):
@@ -396,6 +403,27 @@ class Replay:
                 # graph goes with the step's references to it, right after the check.
                 retain_graph=True,
             )
+
+    # -- no graph kept (a compiled model): place a loop-code origin from the step's marks ---
+    def _place_from_marks(self) -> None:
+        """The replayed modules made no NaN/Inf: the loop code did. Its nodes were marked as
+        the step's own backward ran them: the first that got finite gradients and sent
+        non-finite ones is where it shows (a forward origin when the loss is non-finite)."""
+        det = self.det
+        for rec in self.marked:
+            found = rec.marks.first_poisoned() if rec.marks is not None else None
+            if found is None:
+                continue
+            node, what = found
+            det.update(outside_modules=True, placed=True, backward_node=node, origin_what=what)
+            det["backward_source"] = rec.source
+            if det.get("in_loss"):
+                det.update(loop_forward=True, where="forward")
+            else:
+                det.update(origin=node, where="backward")
+            return
+        if any(rec.marks is not None and rec.marks.truncated for rec in self.marked):
+            det["notes"].append("the loop code's graph was too large to mark all its nodes")
 
     def _bad_output_grads(self) -> bool:
         """A gradient that arrived non-finite at a module call's output (all of them exact)."""
