@@ -3,7 +3,7 @@ rows), unfolded in the timeline with → / l and folded with ← / h, and shown 
 
 from __future__ import annotations
 
-from tui_pilot import SIZE, sync, until
+from tui_pilot import SIZE, notes_of, sync, until
 
 from torchscope.protocol.events import ATEN, GRAD, OP
 from torchscope.tui.app import TorchscopeApp
@@ -185,8 +185,9 @@ async def test_help_names_the_aten_keys_only_when_the_trace_has_aten_calls():
     assert keys_for(store) is KEYS
     store.ingest(aten_trace())
     keys = keys_for(store)
-    assert len(keys) == len(KEYS) + 1 and ATEN_KEYS[0] in keys
+    assert len(keys) == len(KEYS) + len(ATEN_KEYS) and all(k in keys for k in ATEN_KEYS)
     assert keys.index(ATEN_KEYS[0]) == [k for k, _ in KEYS].index("→ ←") + 1
+    assert "A" in dict(keys) and "A" not in dict(KEYS)
 
 
 # -- search, filter, go to ----------------------------------------------------------------------
@@ -378,3 +379,203 @@ async def test_x_compares_an_aten_call_across_sources_or_says_why_not():
         await until(pilot, lambda: screen.table is not None and len(screen.table.columns) == 2)
         await until(pilot, lambda: screen.table.columns[1].missing is not None)
         assert screen.table.columns[1].missing == "no aten calls recorded (record with --aten)"
+
+
+# -- A: every row's aten calls at once ------------------------------------------------------------
+def _shown_calls(tl) -> list[tuple[str, int]]:
+    """(name of the op or node, seq of the call) of every aten call row shown."""
+    rows = [tl.row(i) for i in range(tl.row_count())]
+    return [(r.parent.name, r.seq) for r in rows if isinstance(r, AtenRow)]
+
+
+@sync
+async def test_A_unfolds_every_rows_calls_in_every_step_and_folds_them_back():
+    app = TorchscopeApp(ScriptedSource(aten_trace(steps=2), mode="replay"))
+    async with app.run_test(size=SIZE) as pilot:
+        main, tl = app.main, app.main.timeline
+        await _shown(pilot, app)
+        assert "all aten calls" not in tl.border_subtitle
+        await pilot.press("A")
+        await until(pilot, lambda: tl.row_count() == 8, what="every row unfolded")
+        linear, addmm = "torch.nn.functional.linear", "AddmmBackward0"
+        assert _shown_calls(tl) == [(linear, 2), (linear, 3), (addmm, 7), (addmm, 9)]
+        assert "▸-" in _line(tl, 0) and "◂-" in _line(tl, 5)
+        assert "all aten calls shown (A)" in tl.border_subtitle
+        assert tl.cursor == 0  # on the row it was on
+        # one row still folds (and unfolds) by hand against it
+        await pilot.press("left")
+        await until(pilot, lambda: tl.row_count() == 6, what="linear folded by hand")
+        assert _shown_calls(tl) == [(addmm, 7), (addmm, 9)] and "▸+" in _line(tl, 0)
+        await pilot.press("right")
+        await until(pilot, lambda: tl.row_count() == 8, what="linear unfolded again")
+        # the next step comes unfolded too
+        await pilot.press("right_square_bracket")
+        await until(pilot, lambda: main.current_step == 1 and tl.row_count() == 8)
+        assert [seq for _, seq in _shown_calls(tl)] == [22, 23, 27, 29]
+        # off: everything folds; the cursor on a call goes to its row
+        await pilot.press("end")
+        assert tl.current_row().seq == 29
+        await pilot.press("A")
+        await until(pilot, lambda: tl.row_count() == 4, what="every row folded")
+        assert _shown_calls(tl) == [] and tl.current_row().name == addmm
+        assert "all aten calls" not in tl.border_subtitle
+
+
+@sync
+async def test_A_shows_the_calls_of_rows_that_come_live_and_says_so_without_aten_calls():
+    trace = aten_trace()
+    forward = [e for e in trace if e["seq"] <= 5]  # up to relu: linear's calls in
+    source = ScriptedSource(forward)
+    app = TorchscopeApp(source)
+    async with app.run_test(size=SIZE) as pilot:
+        tl = app.main.timeline
+        await until(pilot, lambda: tl.row_count() == 2, what="the forward ops")
+        await pilot.press("A")
+        await until(pilot, lambda: tl.row_count() == 4, what="linear unfolded")
+        source.feed([e for e in trace if e["seq"] > 5])  # the backward, live
+        await until(pilot, lambda: tl.row_count() == 8, what="the node arrives unfolded")
+        assert _shown_calls(tl)[-2:] == [("AddmmBackward0", 7), ("AddmmBackward0", 9)]
+        assert tl.cursor == tl.row_count() - 1  # still following the newest row
+        await pilot.press("A")
+        await until(pilot, lambda: tl.row_count() == 4, what="folded")
+    app = TorchscopeApp(ScriptedSource(make_trace(1, 1), mode="replay"))
+    notes = notes_of(app)
+    async with app.run_test(size=SIZE) as pilot:
+        tl = app.main.timeline
+        await until(pilot, lambda: app.main.current_step == 0 and tl.row_count() > 0)
+        rows = tl.row_count()
+        await pilot.press("A")
+        await until(pilot, lambda: any("no aten calls" in n for n in notes), what="the note")
+        assert not tl.unfold_all and tl.row_count() == rows
+
+
+# -- labels, collectives, DTensors ----------------------------------------------------------------
+def _dtensor(value: float) -> dict:
+    local = _t(value) | {"shape": [8, 2], "placement": "Shard(dim=0)"}
+    return local | {"local_shape": [4, 2], "stats_of": "local"}
+
+
+def labelled_trace() -> list[dict]:
+    """aten_trace with its first call an autocast cast, the node's kernel a recompute, the
+    engine's sum an all_reduce over 8 ranks whose output had not arrived, and linear's output
+    a DTensor sharded on dim 0."""
+    trace = aten_trace()
+    by_seq = {e["seq"]: e for e in trace}
+    by_seq[2]["label"] = "autocast"
+    by_seq[7]["label"] = "recompute"
+    pending = {"shape": [2], "dtype": "float32", "device": "cuda:0", "stats": None}
+    by_seq[9].update(
+        name="_c10d_functional.all_reduce.default",
+        group_size=8,
+        outputs=[pending | {"pending": True}],
+    )
+    by_seq[4]["outputs"] = [_dtensor(4.0)]
+    return trace
+
+
+def _body(main) -> str:
+    return str(main.detail.body.render())
+
+
+@sync
+async def test_a_labelled_call_shows_its_tag_and_what_it_means():
+    app = TorchscopeApp(ScriptedSource(labelled_trace(), mode="replay"))
+    async with app.run_test(size=SIZE) as pilot:
+        main, tl = app.main, app.main.timeline
+        await _shown(pilot, app)
+        await pilot.press("A")
+        await until(pilot, lambda: tl.row_count() == 8, what="every row unfolded")
+        assert "  aten.mm.default [autocast]" in _line(tl, 1)
+        assert "[" not in _line(tl, 2).split("aten.add.Tensor")[1][:8]  # no label: no tag
+        tag = next(c for c in tl.render_row(1, 120) if "[autocast]" in c[0])
+        assert tag[1] == tl.cstyle("dim")
+        await pilot.press("j")
+        await until(pilot, lambda: (main.detail.event or {}).get("seq") == 2)
+        assert "label autocast (a cast autocast put before the op)" in _body(main)
+        await pilot.press("end", "k")
+        assert tl.current_row().seq == 7 and "[recompute]" in _line(tl, tl.cursor)
+        await until(pilot, lambda: (main.detail.event or {}).get("seq") == 7)
+        assert "label recompute (activation checkpointing re-running" in _body(main)
+
+
+@sync
+async def test_tags_keep_the_columns_aligned_at_80x24():
+    app = TorchscopeApp(ScriptedSource(labelled_trace(), mode="replay"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        tl = app.main.timeline
+        await _shown(pilot, app)
+        await pilot.press("A")
+        await until(pilot, lambda: tl.row_count() == 8, what="every row unfolded")
+        width = tl.scrollable_content_region.width
+        c = tl.columns(width)
+        after_name = c.seq + 1 + c.dir + c.name + 1  # where the next column starts
+        lines = ["".join(t for t, _ in tl.render_row(i, width)) for i in range(8)]
+        assert "[autocast]" in lines[1] and "[recompute]" in lines[6]
+        assert len({len(line) for line in lines}) == 1
+        for line in lines:
+            assert line[after_name - 1] == " " and line[after_name] != " ", line
+        screen = app.screen_text()
+        assert "[autocast]" in screen and "[recompute]" in screen
+
+
+@sync
+async def test_a_collectives_call_shows_its_group_and_that_its_output_was_not_read():
+    app = TorchscopeApp(ScriptedSource(labelled_trace(), mode="replay"))
+    async with app.run_test(size=SIZE) as pilot:
+        main, tl = app.main, app.main.timeline
+        await _shown(pilot, app)
+        await pilot.press("colon", *"#9", "enter")
+        await until(pilot, lambda: (main.detail.event or {}).get("seq") == 9, what="all_reduce")
+        assert "pending" in _line(tl, tl.cursor)  # its stat cell
+        text = _body(main)
+        assert "_c10d_functional.all_reduce.default" in text and "group of 8 ranks" in text
+        assert "not read: the collective had not completed" in text
+        assert "metadata only" not in text
+
+
+@sync
+async def test_a_dtensor_summary_shows_its_placement_local_shape_and_whose_stats():
+    app = TorchscopeApp(ScriptedSource(labelled_trace(), mode="replay"))
+    async with app.run_test(size=SIZE) as pilot:
+        main = app.main
+        await _shown(pilot, app)
+        await until(pilot, lambda: (main.detail.event or {}).get("seq") == 4, what="F.linear")
+        outputs = _body(main).split("outputs", 1)[1]
+        assert "[0] [8,2] float32" in outputs  # the global shape
+        assert "Shard(dim=0) · local shard [4,2]" in outputs
+        assert "norm 4 (of the local shard)" in outputs
+
+
+def test_a_live_steps_layout_with_every_row_unfolded_grows_as_a_full_one_would():
+    """Rows and calls arriving in any chunks (a node run twice, its second run taking calls
+    the first one showed until then): the layout extended as they come is the full one."""
+    from torchscope.tui.widgets.op_timeline import OpTimeline
+
+    grad = {"kind": GRAD, "step": 0, "source": SRC, "backward": 2, "param": None}
+    events = [e for e in aten_trace() if e.get("step") == 0]
+    events += [  # AddmmBackward0 again (retain_graph): its kernel, its event, the sum
+        _aten(15, "aten.mm.default", 0.7, node_id=11) | {"node": "AddmmBackward0"},
+        {**grad, "seq": 16, "node": "AddmmBackward0", "node_id": 11, "op_seq": 4}
+        | {"grad_outputs": [_t(1.0)], "grad_inputs": [_t(0.5)]},
+        _aten(17, "aten.add.Tensor", 2.5, node_id=11)
+        | {"node": "AddmmBackward0"}
+        | {"accumulate": True},
+    ]
+
+    def layout(tl: OpTimeline) -> tuple:
+        return (tl._fold_base, tl._fold_disp, tl._fold_before, tl._fold_calls, tl._calls_shown)
+
+    for chunk in (1, 2, 3):
+        for toggled in (set(), {(OP, 4)}):  # F.linear folded by hand, or not
+            store = EventStore()
+            grown, full = OpTimeline(), OpTimeline()
+            for tl in (grown, full):
+                tl.store, tl.unfold_all, tl._toggled = store, True, set(toggled)
+            for i in range(0, len(events), chunk):
+                store.ingest(events[i : i + chunk])
+                grown.data = full.data = store.data(0)
+                grown._update_views()
+                full._laid = None  # laid out from scratch
+                full._update_views()
+                assert layout(grown) == layout(full), (chunk, toggled, i)
+            assert grown._calls_shown == 6 - 2 * bool(toggled)

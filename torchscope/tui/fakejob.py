@@ -8,8 +8,9 @@ events: ``pause`` stops before the next op or node, ``step`` at the next "after"
 ``next`` at the first point of a later training step, ``continue`` at the next breakpoint
 (name, module and line conditions before the event, value conditions after it). Every pause
 and resume is emitted as a ``pause``/``resume`` event, every command gets the reply a job
-sends (``{"state": ...}``, ``inspect`` values, or a refusal; ``refuse={cmd: message}``
-makes it refuse a command). ``received`` records the commands, in order.
+sends (``{"state": ...}``, ``inspect`` values, ``arm``'s holder, or a refusal;
+``refuse={cmd: message}`` makes it refuse a command). ``received`` records the commands, in
+order.
 """
 
 from __future__ import annotations
@@ -297,6 +298,8 @@ class FakeJob(ScriptedSource):
             del self.breakpoints[fields["bp"]]
         elif cmd == "inspect":
             return self._inspect(**fields)
+        elif cmd in ("arm", "disarm"):  # held traced: the hold asked is in ``received``
+            return {"holder": 1, "tracing": "traced", "state": self.state()}
         elif cmd not in ("state", "break_list"):
             raise ValueError(f"command '{cmd}' is not supported by this job")
         return {"state": self.state()}

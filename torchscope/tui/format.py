@@ -13,18 +13,30 @@ import re
 from typing import Any
 
 from torchscope.analysis.render import compact_stat, shape_text, short_source
-from torchscope.protocol.events import number_text
+from torchscope.protocol.events import ATEN, number_text
 
 __all__ = [
+    "CALL_LABELS",
+    "EAGER_CHECK",
     "SPARK",
+    "call_label",
+    "call_tag",
+    "check_passed",
+    "check_text",
     "compact_stat",
+    "eager_of",
+    "event_tag",
     "fnum",
+    "is_check",
     "mean_std",
+    "plural",
     "range_bar",
     "shape_text",
     "shapes_text",
     "short_name",
+    "short_path",
     "short_source",
+    "source_cell",
     "source_context",
     "sparkline",
     "stat_text",
@@ -41,6 +53,52 @@ def short_name(name: str) -> str:
         if name.startswith(long):
             return short + name[len(long) :]
     return name
+
+
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """A count and its noun, agreeing: ``1 step``, ``2 steps``, ``1 match``, ``3 matches``,
+    ``1,024 events`` (``many``: an irregular plural)."""
+    if n == 1:
+        word = noun
+    elif many is not None:
+        word = many
+    else:
+        word = noun + ("es" if noun.endswith(("s", "sh", "ch", "x")) else "s")
+    return f"{n:,} {word}"
+
+
+def short_path(path: str, width: int) -> str:
+    """A dotted module path or parameter in at most ``width`` cells, shortened from the left
+    by whole parts so its leaf stays: ``blocks.0.attn.proj`` -> ``…attn.proj``. A leaf too
+    long for the width keeps its end (``…ght``)."""
+    if width <= 0:
+        return ""
+    if len(path) <= width:
+        return path
+    if width == 1:
+        return "…"
+    parts = path.split(".")
+    tail = parts[-1]
+    for part in reversed(parts[:-1]):
+        longer = f"{part}.{tail}"
+        if len(longer) + 1 > width:
+            break
+        tail = longer
+    if len(tail) + 1 <= width:
+        return "…" + tail
+    return "…" + path[-(width - 1) :]
+
+
+def source_cell(source: str | None) -> str:
+    """An event's ``path:line`` as the timeline shows it: ``seed_grads.py:30`` (the file's
+    name and the line; the detail has the full path)."""
+    if not source:
+        return ""
+    path, sep, line = source.rpartition(":")
+    if not sep or not path or not line.isdigit():
+        path, line = source, ""
+    name = re.split(r"[\\/]", path.rstrip("/\\"))[-1] or path
+    return f"{name}:{line}" if line else name
 
 
 def fnum(x: Any) -> str:
@@ -75,6 +133,8 @@ def stat_text(summary: dict | None, mode: str = "norm") -> str:
     """One stat cell: ``norm=1.2`` (mode "norm") or ``0.1±0.3`` (mode "mean")."""
     if summary is not None and not isinstance(summary, dict):
         return "?"
+    if summary is not None and summary.get("pending") and not summary.get("stats"):
+        return "pending"  # an async collective's output, not there yet when it was recorded
     if mode == "mean":
         return mean_std(summary)
     return compact_stat(summary)
@@ -84,6 +144,85 @@ def shapes_text(summaries: Any) -> str:
     if not isinstance(summaries, list) or not summaries:
         return "-"
     return " ".join(shape_text(s) if isinstance(s, dict) or s is None else "?" for s in summaries)
+
+
+# An aten call's ``label``: why it ran when not for its op's or node's own work (the tracer's
+# aten level), and what that means, in a few words (the detail panel).
+CALL_LABELS = {
+    "autocast": "a cast autocast put before the op",
+    "recompute": "activation checkpointing re-running the forward inside this backward node",
+    "vmap": "run under torch.func.vmap: the batched kernel the transform chose",
+    "grad": "run under torch.func.grad",
+    "jvp": "run under torch.func.jvp (forward-mode AD)",
+}
+_TAG_MAX = 12  # a tag longer than any known label is cut: it must leave the name room
+
+
+def call_label(ev: Any) -> str | None:
+    """An aten call's ``label`` (``recompute``), or None."""
+    label = ev.get("label") if isinstance(ev, dict) else None
+    return label if isinstance(label, str) and label else None
+
+
+def call_tag(ev: Any) -> str:
+    """The timeline's tag after an aten call's name: ``[recompute]``, or ""."""
+    label = call_label(ev)
+    if label is None:
+        return ""
+    return f"[{label if len(label) <= _TAG_MAX else label[: _TAG_MAX - 1] + '…'}]"
+
+
+# torch.compile: an op event with ``compiled: true`` is one call of a compiled module (its
+# backward node: CompiledFunctionBackward); with ``eager_check: <seq>``, an op of the eager
+# re-run of the compiled call with that seq. An alert with ``what: "eager_check"`` compares
+# the two: a check, not a NaN/Inf origin.
+EAGER_CHECK = "eager_check"
+COMPILED_TAG = "[compiled]"
+EAGER_TAG = "[eager]"
+
+
+def is_check(alert: Any) -> bool:
+    """An eager check's report (compiled against eager), not a NaN/Inf alert."""
+    return isinstance(alert, dict) and alert.get("what") == EAGER_CHECK
+
+
+def check_passed(alert: Any) -> bool:
+    """An eager check whose every difference is within tolerance."""
+    diffs = alert.get("differences")
+    return (
+        isinstance(diffs, list)
+        and bool(diffs)
+        and all(isinstance(d, dict) and d.get("within") is True for d in diffs)
+    )
+
+
+def check_text(alert: Any) -> str:
+    """An eager check's message without its leading ``<name> against its eager run: ``."""
+    message = str(alert.get("message") or "")
+    head = f"{alert.get('name')} against its eager run: "
+    return message[len(head) :] if message.startswith(head) else message
+
+
+def eager_of(ev: Any) -> int | None:
+    """The seq of the compiled call an op of an eager re-run re-ran, or None."""
+    seq = ev.get(EAGER_CHECK) if isinstance(ev, dict) else None
+    return seq if type(seq) is int else None
+
+
+def event_tag(ev: Any) -> str:
+    """The timeline's dim tag after a row's name: an aten call's label (``[recompute]``, see
+    ``call_tag``), ``[compiled]`` for a compiled module's call, ``[eager]`` for an op of its
+    eager re-run; or ""."""
+    if not isinstance(ev, dict):
+        return ""
+    tag = call_tag(ev) if ev.get("kind") == ATEN else ""
+    if tag:
+        return tag
+    if ev.get("compiled") is True:
+        return COMPILED_TAG
+    if eager_of(ev) is not None:
+        return EAGER_TAG
+    return ""
 
 
 def sparkline(values: Any, width: int | None = None) -> str:

@@ -42,6 +42,7 @@ from torchscope.protocol.events import (
     SESSION,
     Event,
 )
+from torchscope.tui.format import is_check
 from torchscope.tui.stepping import StepperView
 
 __all__ = [
@@ -306,6 +307,13 @@ def prepare(events: Iterable[dict]) -> list[Rec | Event]:
     return out
 
 
+#: The least rank of a loss (see countpass) the store takes: the output of the op at the root
+#: of the step's backward (2) or a ``loss`` an event carries (3). The last one-value op before
+#: any backward (1) is a guess (a ``sqrt``, a ``sub``, a NaN before the loss exists), not the
+#: loss: a step whose backward has not run shows no loss.
+LOSS_KNOWN = 2
+
+
 @dataclass
 class StepInfo:
     """What the step list shows for one step. Counts survive eviction."""
@@ -323,7 +331,7 @@ class StepInfo:
     last_seq: int | None = None
     # The overview (a replay's count pass): the step's loss and its global gradient norm.
     loss: float | None = None
-    loss_rank: int = 0  # 3: a loss hint, 2: the backward's root op, 1: the last op
+    loss_rank: int = 0  # 3: a loss hint, 2: the backward's root op (see LOSS_KNOWN)
     grad_sq: float = 0.0  # sum of the squared norms of the gradients AccumulateGrad received
     grad_norms: int = 0
     overview_done: bool = False  # the count pass is past this step
@@ -472,6 +480,15 @@ class StepData:
             elif before < a[SEQ] < seq:
                 out.append(a)
         return tuple(out)
+
+    def aten_parents(self) -> list[Rec]:
+        """The op and node rows that may have aten calls (``aten_of`` them to be sure: a
+        node that ran twice may have calls for one run only). Read from the call indices,
+        so rows without calls cost nothing."""
+        out = [t for seq in self.aten_by_op if (t := self.op_by_seq.get(seq)) is not None]
+        for nid in self.aten_by_node:
+            out.extend(self.node_grads.get(nid, ()))
+        return out
 
     def aten_parent(self, t: Rec) -> Rec | None:
         """The op or node row record an aten call is shown under, if it is in this step."""
@@ -631,6 +648,8 @@ class EventStore:
         self._data: OrderedDict[int, StepData] = OrderedDict()  # LRU: oldest use first
         self.alerts: list[Event] = []
         self._alert_seqs: set[int] = set()
+        # eager checks among the alerts, by step (a check is not a NaN/Inf alert)
+        self.checks: dict[int, int] = {}
         self.errors: list[Event] = []
         self.session: Event | None = None
         self.ended = False  # a live job said it ended
@@ -687,6 +706,10 @@ class EventStore:
     def step_index(self, step: int) -> int | None:
         i = bisect.bisect_left(self.order, step)
         return i if i < len(self.order) and self.order[i] == step else None
+
+    def nan_alerts(self, info: StepInfo) -> int:
+        """A step's alerts that are not eager checks (the step list's ⚠)."""
+        return max(0, info.n_alerts - self.checks.get(info.step, 0))
 
     def find_alert(self, seq: int) -> Event | None:
         for a in self.alerts:
@@ -898,6 +921,9 @@ class EventStore:
         if seq in self._alert_seqs or len(self.alerts) >= self.max_alerts:
             return
         self._alert_seqs.add(seq)
+        if is_check(ev):
+            step = _step_of(ev)
+            self.checks[step] = self.checks.get(step, 0) + 1
         if self.alerts and _alert_key(self.alerts[-1]) > _alert_key(ev):
             bisect.insort(self.alerts, ev, key=_alert_key)
         else:
@@ -914,7 +940,9 @@ class EventStore:
                 data._add_graph(item)
             elif kind == ALERT:
                 data.alerts.append(item)
-                if type(item.get("event_seq")) is int:
+                # the ⚠ of a row: a NaN/Inf alert names it (an eager check names its
+                # compiled call, which its tag and detail show)
+                if type(item.get("event_seq")) is int and not is_check(item):
                     data.alert_seqs.add(item["event_seq"])
             else:
                 data.others.append(item)
@@ -1036,8 +1064,10 @@ class EventStore:
             info.n_events += n_events
             ch.steps_changed.add(step)
         for step, (value, rank) in (losses or {}).items():
+            if type(rank) is not int or rank < LOSS_KNOWN:
+                continue
             info = self.steps.get(step) or self._info(step, ch)
-            if isinstance(value, (int, float)) and type(rank) is int and rank >= info.loss_rank:
+            if isinstance(value, (int, float)) and rank >= info.loss_rank:
                 info.loss, info.loss_rank = float(value), rank
                 self.overview_version += 1
                 ch.steps_changed.add(step)
@@ -1067,7 +1097,7 @@ class EventStore:
             info = self.steps.get(step)
             if info is None or not isinstance(value, (int, float)) or type(rank) is not int:
                 continue
-            if rank >= info.loss_rank:
+            if rank >= max(LOSS_KNOWN, info.loss_rank):
                 info.loss, info.loss_rank = float(value), rank
                 self.overview_version += 1
                 ch.steps_changed.add(step)

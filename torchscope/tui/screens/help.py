@@ -83,15 +83,44 @@ ATEN_KEYS: list[tuple[str, str]] = [
         "keeps matching calls under their row (dimmed when only its calls match); :#N, y, x, "
         "e work on calls too",
     ),
+    (
+        "A",
+        "timeline, aten level: unfold every op's and node's aten calls at once, in every step "
+        "and in rows that come live (the timeline's lower border says so) ⇄ fold them all again. A "
+        "call's dim tag says why it ran: [autocast] a cast autocast added, [recompute] "
+        "checkpointing re-running the forward, [vmap] [grad] [jvp] a torch.func transform",
+    ),
 ]
 
 
-def keys_for(store: object) -> list[tuple[str, str]]:
-    """The help's keys: ``KEYS``, with ``ATEN_KEYS`` when ``store`` has aten calls."""
-    if not getattr(store, "has_aten", False):
+# Shown for a live job (a recording answers them with one line), after c.
+LIVE_KEYS: list[tuple[str, str]] = [
+    (
+        "@",
+        "live: trace the job's next step at the aten level, inside the selected row's module "
+        "(everywhere when none, or the root, is selected); the job's own tracing stays",
+    ),
+    (
+        "E",
+        "live: run the next step's torch.compile'd modules once more eagerly and compare "
+        "(an alert per call says what differs: a check, not a NaN origin; ops [eager])",
+    ),
+]
+
+
+def keys_for(store: object, *, live: bool = False) -> list[tuple[str, str]]:
+    """The help's keys: ``KEYS``, with ``ATEN_KEYS`` when ``store`` has aten calls and
+    ``LIVE_KEYS`` for a live job."""
+    if not getattr(store, "has_aten", False) and not live:
         return KEYS
-    at = next((i + 1 for i, (k, _) in enumerate(KEYS) if k == "→ ←"), len(KEYS))
-    return [*KEYS[:at], *ATEN_KEYS, *KEYS[at:]]
+    keys = list(KEYS)
+    if live:
+        at = next((i + 1 for i, (k, _) in enumerate(keys) if k == "c"), len(keys))
+        keys[at:at] = LIVE_KEYS
+    if getattr(store, "has_aten", False):
+        at = next((i + 1 for i, (k, _) in enumerate(keys) if k == "→ ←"), len(keys))
+        keys[at:at] = ATEN_KEYS
+    return keys
 
 
 ABOUT = """\
@@ -144,7 +173,9 @@ class HelpScreen(ModalScreen[None]):
     ]
 
     def compose(self) -> ComposeResult:
-        keys = keys_for(getattr(self.app, "store", None))
+        source = getattr(self.app, "source", None)
+        live = getattr(source, "mode", None) == "live"
+        keys = keys_for(getattr(self.app, "store", None), live=live)
         width = max(len(k) for k, _ in keys)
         # hanging indent: a long description goes on under itself, not under the keys
         room = max(30, min(96, self.app.size.width - 4) - 6 - width - 2)

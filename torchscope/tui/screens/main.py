@@ -9,6 +9,11 @@ breakpoint from the selected event, ``B`` the breakpoint list, ``v`` / ``<`` / `
 the paused event's tensors. They go to the job through ``TorchscopeApp.command``; the job's
 answers come back through the store (its ``stepper`` view) and ``apply_changes``. A replay
 refuses them with a message.
+
+``@`` and ``E`` ask a live job for more in its next step: ``arm`` with ``next=1`` and
+``also`` (a hold beside the UI's own, which stays): at the aten level (inside the selected
+row's module, or everywhere), or with each compiled module's call run once more eagerly and
+compared. The status bar says what was asked until that step is over.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Input, Label, OptionList, ProgressBar, Tree
 
 from torchscope.protocol.events import ATEN, GRAD, OP, Event
-from torchscope.tui.format import short_name
+from torchscope.tui.format import plural, short_name
 from torchscope.tui.screens.breakpoints import BreakHereScreen, BreakpointsScreen
 from torchscope.tui.stepping import (
     ValuesView,
@@ -40,6 +45,10 @@ from torchscope.tui.stepping import (
 )
 from torchscope.tui.store import (
     EVICTED,
+    FLAG_INF_IN,
+    FLAG_INF_OUT,
+    FLAG_NAN_IN,
+    FLAG_NAN_OUT,
     LOADING,
     ON_DISK,
     AtenRow,
@@ -64,6 +73,8 @@ if TYPE_CHECKING:
     from torchscope.tui.app import TorchscopeApp
 
 _HISTORY = 64
+# A row's NaN/Inf flags (its other flags, FLAG_ACCUMULATE, say nothing of its values).
+NAN_INF = FLAG_NAN_IN | FLAG_INF_IN | FLAG_NAN_OUT | FLAG_INF_OUT
 
 # Step-through keys: shown in the footer of a live session only (a replay still answers them,
 # with a refusal).
@@ -78,6 +89,9 @@ STEP_BINDINGS: list[Binding] = [
     Binding("v", "values", "Values", show=False),
     Binding("less_than_sign,comma", "prev_slice", "Prev values", show=False),
     Binding("greater_than_sign,full_stop", "next_slice", "Next values", show=False),
+    # the job's next step traced more closely (an "arm" beside this UI's own hold)
+    Binding("at", "aten_next", "Aten next step", show=False),
+    Binding("E", "eager_check", "Eager check", show=False),
 ]
 _STEP_ACTIONS = {b.action for b in STEP_BINDINGS}
 
@@ -113,6 +127,7 @@ class MainScreen(Screen[None]):
         Binding("M", "group_modules", "By module", show=False),
         Binding("e", "export", "Export", show=False),
         Binding("exclamation_mark", "first_nan", "First NaN", show=False),
+        Binding("A", "unfold_all", "All aten calls", show=False),
         *STEP_BINDINGS,
     ]
 
@@ -139,6 +154,8 @@ class MainScreen(Screen[None]):
         self.search: re.Pattern[str] | None = None
         self._search_origin: tuple[str, int] | None = None
         self._match_cache: tuple[tuple, list[int]] | None = None
+        # what @ / E asked of the job's next step: (text, answered, the job's step then)
+        self.asked: tuple[str, bool, int | None] | None = None
 
     @property
     def tapp(self) -> TorchscopeApp:
@@ -217,14 +234,16 @@ class MainScreen(Screen[None]):
         self._title()
         self.refresh_status()
 
-    #: Below these widths the layout changes: narrower side panels, then (compact) the
-    #: steps/alerts column folds away (shown alone while it has the focus) and the detail
-    #: goes under the timeline.
+    #: Below these widths the layout changes: the detail goes under the timeline (stacked:
+    #: both get the full width), narrower side panels, then (compact) the steps/alerts
+    #: column folds away (shown alone while it has the focus).
+    WIDE = 150
     NARROW = 120
     COMPACT = 100
 
     def on_resize(self) -> None:
         width = self.size.width
+        self.set_class(self.COMPACT <= width < self.WIDE, "-stacked")
         self.set_class(width < self.NARROW, "-narrow")
         self.set_class(width < self.COMPACT, "-compact")
         self._side_for_focus()
@@ -303,10 +322,12 @@ class MainScreen(Screen[None]):
         if live:
             out += [("f", "follow")]
         row = self.timeline.current_row() if self.ready else None
-        if paused or (row is not None and row.flags):
+        if paused or (row is not None and row.flags & NAN_INF):
             out += [("!", "first NaN")]
         out += [("y", "copy"), ("e", "export")]
         out += [("|", "filter"), ("tab", "panel"), ("m", "norm/mean"), ("j k", "move")]
+        if self.store.has_aten:
+            out += [("A", "fold aten" if self.timeline.unfold_all else "all aten")]
         return out
 
     def _title(self) -> None:
@@ -317,7 +338,7 @@ class MainScreen(Screen[None]):
         if loading is not None:
             title += f" · loading… {loading[2]:,} events so far"
         elif info is not None:
-            title += f" · {info.n_ops:,} ops · {info.nodes:,} nodes"
+            title += f" · {plural(info.n_ops, 'op')} · {plural(info.nodes, 'node')}"
             if info.n_aten:
                 title += f" · {info.n_aten:,} aten calls"
         self.timeline.border_title = title
@@ -326,6 +347,8 @@ class MainScreen(Screen[None]):
             sub.append(self._search_text())
         if self.timeline.pattern is not None:
             sub.append(f"/{self.timeline.pattern.pattern}/ {self.timeline.row_count():,} shown")
+        if self.timeline.unfold_all:
+            sub.append("all aten calls shown (A)")
         if self.live:
             sub.append("following" if self.follow else "following off (f)")
         self.timeline.border_subtitle = " · ".join(sub)
@@ -402,7 +425,22 @@ class MainScreen(Screen[None]):
             resident=self.store.resident_events,
             steps=len(self.store.order),
             stepper=self.store.stepper if self.live else None,
+            asked=self._asked_text(),
         )
+
+    def _asked_text(self) -> str | None:
+        """The status bar's word on what @ / E asked, until the step it asked for is over
+        (the job's step two past the one it answered in)."""
+        if self.asked is None:
+            return None
+        text, answered, then = self.asked
+        if not answered:
+            return f"asking: {text}…"
+        now = self.tapp.status.get("step") if self.live else None
+        if type(now) is int and type(then) is int and now >= then + 2:
+            self.asked = None
+            return None
+        return f"asked: {text}"
 
     def _steps_sparkline(self, *, force: bool = False) -> None:
         """The steps panel's subtitle: gradient norms (or losses) across all steps."""
@@ -604,6 +642,18 @@ class MainScreen(Screen[None]):
         else:
             self.timeline.focus()
 
+    def action_unfold_all(self) -> None:
+        """``A``: every op's and node's aten calls shown in the timeline, in every step and
+        as rows come ⇄ all folded again."""
+        if not self.store.has_aten:
+            self.notify("no aten calls in this trace (record with --aten)", timeout=3)
+            return
+        self.timeline.set_unfold_all(not self.timeline.unfold_all)
+        if self.center == "timeline":  # the cursor may have gone from a call to its row
+            self._show_detail()
+        self._title()
+        self.refresh_status()
+
     def action_group_modules(self) -> None:
         """``M`` in the graph: group its nodes by module ⇄ chains."""
         if self.center != "graph":
@@ -624,10 +674,11 @@ class MainScreen(Screen[None]):
         sub = ["by module (M: chains)" if graph.by_module else "M: by module"]
         if graph.node_filter is not None:
             kept = graph.shown_count()
-            sub.insert(0, f"filter /{graph.node_filter.pattern}/ {kept:,} nodes (| esc: clear)")
+            shown = plural(kept, "node")
+            sub.insert(0, f"filter /{graph.node_filter.pattern}/ {shown} (| esc: clear)")
         if graph.search is not None:
             n = len(graph.matches)
-            at = f"{graph.match_at + 1}/{n}" if n and graph.match_at >= 0 else f"{n} matches"
+            at = f"{graph.match_at + 1}/{n}" if n and graph.match_at >= 0 else plural(n, "match")
             sub.insert(0, f"search /{graph.search.pattern}/ {at}")
         graph.border_subtitle = " · ".join(sub)
 
@@ -1078,7 +1129,7 @@ class MainScreen(Screen[None]):
         at = (
             f"{i + 1}/{len(found)}"
             if i < len(found) and found[i] == cur
-            else f"{len(found)} matches"
+            else plural(len(found), "match")
         )
         return f"search /{self.search.pattern}/ {at}"
 
@@ -1246,6 +1297,58 @@ class MainScreen(Screen[None]):
 
     def action_continue(self) -> None:
         self._command("continue")
+
+    # -- @ / E: the job's next step, traced more closely -------------------------------------
+    def action_aten_next(self) -> None:
+        """``@``: the job's next step traced at the aten level, inside the selected row's
+        module (every call when nothing, or a row of the root module, is selected)."""
+        _, module = self._selected_event()
+        if module:
+            text = f"next step at the aten level, inside {module}"
+            aten = f"^{re.escape(module)}(\\.|$)"
+        else:
+            text, aten = "next step at the aten level, everywhere", ""
+        self._ask_next_step("@", "tracing the next step at the aten level", text, aten=aten)
+
+    def action_eager_check(self) -> None:
+        """``E``: the job's next step with each compiled module's call run once more
+        eagerly and compared (an alert per call says what differs)."""
+        self._ask_next_step(
+            "E",
+            "checking the next step's compiled modules against eager",
+            "next step: compiled modules checked against eager",
+            eager_check=True,
+        )
+
+    def _ask_next_step(self, key: str, what: str, text: str, **fields: Any) -> None:
+        """``arm`` the job for its next step, beside this UI's own hold (``also``)."""
+        source = self.tapp.source
+        if not source.can_command:
+            why = "this is a recording" if not self.live else source.refusal
+            self.notify(f"{key}: {what} needs a live job ({why})", timeout=4)
+            return
+        asked = (text, False, None)
+
+        def answered(ok: bool, payload: Any) -> None:
+            if self.asked is not asked:
+                return  # asked again since
+            if ok:
+                step = self.tapp.status.get("step")
+                self.asked = (text, True, step if type(step) is int else None)
+                self.notify(f"asked the job: {text}", timeout=3)
+            else:
+                self.asked = None
+                why = str(payload)
+                if "not supported" in why:  # a trace(live=True) block has no agent to arm
+                    why += " (a trace(live=True) block cannot be armed)"
+                self.notify(f"{text}: refused: {why}", severity="warning", timeout=6)
+            self.refresh_status()
+
+        self.asked = asked
+        if self.tapp.command("arm", next=1, also=True, quiet=True, then=answered, **fields):
+            self.refresh_status()
+        else:
+            self.asked = None
 
     def action_break_here(self) -> None:
         if not self.tapp.can_command():

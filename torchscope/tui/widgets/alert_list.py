@@ -1,4 +1,6 @@
-"""Where NaN/Inf first appeared, across all steps. Enter (or a click) jumps to the op or node."""
+"""Where NaN/Inf first appeared, across all steps, and the eager checks of compiled calls
+(``what: "eager_check"``: compiled against eager, not NaN/Inf origins; listed as checks, with
+their message). Enter (or a click) jumps to the op or node."""
 
 from __future__ import annotations
 
@@ -9,11 +11,17 @@ from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
+from torchscope.analysis.trace import fold_alerts
 from torchscope.protocol.events import Event
-from torchscope.tui.format import short_name, short_source
+from torchscope.tui.format import check_passed, check_text, is_check, short_name, short_source
 
 
 def alert_label(alert: Event, cwd: str | None = None) -> str:
+    if is_check(alert):
+        where = {"forward": "fwd", "backward": "bwd"}.get(str(alert.get("where")), "")
+        name = short_name(str(alert.get("name", "?")))
+        mark = "✓" if check_passed(alert) else "≠"
+        return f"{alert.get('step', '-')!s:>4} {mark} check {where} {name}: {check_text(alert)}"
     what = str(alert.get("what", "?")).upper().replace("NAN", "NaN").replace("INF", "Inf")
     where = {"forward": "fwd", "backward": "bwd", "input": "in"}.get(
         str(alert.get("where")), str(alert.get("where", "?"))[:3]
@@ -31,30 +39,52 @@ def is_knock_on(alert: Event) -> bool:
 
 
 def group_alerts(alerts: list[Event]) -> list[tuple[Event, list[Event]]]:
-    """``(origin, knock-on alerts)`` in order: each input alert after an origin (same step
-    or later) is counted under the latest origin before it; the ones before any origin (bad
-    data coming in) stand as origins themselves."""
+    """``(origin, knock-on alerts)`` in order. The tracer names each origin (``origin``)
+    and counts its consequences in later updates: folded into the origin, which lists its
+    first few (``knock_on_count`` gives the whole count). In recordings made before that,
+    each input alert after an origin (same step or later) is counted under the latest origin
+    before it; the ones before any origin (bad data coming in) stand as origins themselves.
+    An eager check stands alone: it is no origin, and takes no knock-on."""
     groups: list[tuple[Event, list[Event]]] = []
-    for alert in alerts:
-        if groups and is_knock_on(alert) and not is_knock_on(groups[-1][0]):
-            groups[-1][1].append(alert)
-        else:
+    last: tuple[Event, list[Event]] | None = None  # the latest NaN/Inf group
+    for alert in fold_alerts(alerts):
+        if is_check(alert):
             groups.append((alert, []))
+            continue
+        if alert.get("origin") is not None:
+            group = (alert, [Event(c) for c in alert.get("first_consequences") or []])
+        elif last is not None and is_knock_on(alert) and not is_knock_on(last[0]):
+            last[1].append(alert)
+            continue
+        else:
+            group = (alert, [])
+        groups.append(group)
+        last = group
     return groups
+
+
+def knock_on_count(origin: Event, knock_on: list[Event]) -> int:
+    """How many consequences an origin has: the tracer's count, else the alerts under it."""
+    count = origin.get("consequences")
+    return count if type(count) is int else len(knock_on)
 
 
 def group_label(origin: Event, knock_on: list[Event], cwd: str | None = None) -> str:
     label = alert_label(origin, cwd)
-    if knock_on:
-        steps = sorted({a.get("step") for a in knock_on if isinstance(a.get("step"), int)})
-        span = f" (steps {steps[0]}-{steps[-1]})" if len(steps) > 1 else ""
-        label += f"  +{len(knock_on)} knock-on{span}"
+    count = knock_on_count(origin, knock_on)
+    if count:
+        steps = origin.get("consequence_steps") or sorted(
+            {a.get("step") for a in knock_on if isinstance(a.get("step"), int)}
+        )
+        span = f" (steps {steps[0]}-{steps[-1]})" if steps and steps[0] != steps[-1] else ""
+        label += f"  +{count} knock-on{span}"
     return label
 
 
 class AlertList(OptionList):
     """One line per origin: step, NaN/Inf, forward/backward, op or node, source, and how
-    many knock-on alerts followed from it (counted under it, not listed)."""
+    many knock-on alerts followed from it (counted under it, not listed). One line per eager
+    check: ✓ (within tolerance) or ≠, forward/backward, the compiled call, its message."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("k", "cursor_up", "Up", show=False),
@@ -79,8 +109,9 @@ class AlertList(OptionList):
             return
         groups = group_alerts(alerts)
         old = self.groups
+        # Origins are folded copies, made anew each time: the same origin has the same seq.
         same_prefix = len(groups) >= len(old) and all(
-            g[0] is o[0] for g, o in zip(groups, old, strict=False)
+            g[0].get("seq") == o[0].get("seq") for g, o in zip(groups, old, strict=False)
         )
         if not same_prefix:
             self.clear_options()
@@ -88,7 +119,7 @@ class AlertList(OptionList):
         for i, (origin, knock_on) in enumerate(groups):
             label = group_label(origin, knock_on, self.cwd)
             if i < len(old):
-                if len(old[i][1]) != len(knock_on):
+                if knock_on_count(*old[i]) != knock_on_count(origin, knock_on):
                     self.replace_option_prompt_at_index(i, label)
             else:
                 self.add_option(Option(label))
@@ -97,14 +128,17 @@ class AlertList(OptionList):
         self._seen = list(alerts)
         if self.alerts and self.highlighted is None:
             self.highlighted = 0
-        total = len(alerts)
-        if not total:
-            self.border_subtitle = ""
-        elif total == len(self.alerts):
-            self.border_subtitle = str(total)
-        else:
-            self.border_subtitle = f"{len(self.alerts)} origin{'s' * (len(self.alerts) != 1)}"
-            self.border_subtitle += f" · {total}"
+        nan = [g for g in groups if not is_check(g[0])]
+        checks = len(groups) - len(nan)
+        total = sum(1 + knock_on_count(*g) for g in nan)
+        parts = []
+        if total == len(nan) and total:
+            parts.append(str(total))
+        elif total:
+            parts.append(f"{len(nan)} origin{'s' * (len(nan) != 1)} · {total}")
+        if checks:
+            parts.append(f"{checks} check{'s' * (checks != 1)}")
+        self.border_subtitle = " · ".join(parts)
 
     def knock_on_of(self, origin: Event) -> list[Event]:
         return next((k for o, k in self.groups if o is origin), [])

@@ -18,9 +18,12 @@ is here), and a values section: a slice of one tensor fetched from the job on de
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from rich.cells import cell_len, get_character_cell_size
+from textual import events
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.markup import escape
@@ -29,11 +32,17 @@ from textual.widgets import Static
 
 from torchscope.protocol.events import ATEN, OP, Event
 from torchscope.tui.format import (
+    CALL_LABELS,
+    call_label,
+    check_passed,
+    check_text,
     compact_stat,
+    eager_of,
     first_bad,
     fnum,
     index_text,
     is_bad,
+    is_check,
     range_bar,
     resolve_source,
     shape_text,
@@ -55,15 +64,139 @@ from torchscope.tui.store import (
     Row,
     StepData,
 )
+from torchscope.tui.widgets.alert_list import knock_on_count
 
 _MAX_VALUES = 64  # small values shown in rows; more: the first ones and "…"
 _MAX_TENSORS = 64
 _MAX_LINKS = 24  # node links listed for one op
 _LINK = "\x00"  # a line that starts with it is link number N: "\x00N\x00text"
+# A summary's ``stats_of``: what its numbers are of, when not the tensor itself.
+_STATS_OF = {"abs": "of |z|", "local": "of the local shard"}
+_ONE_LINE = 16  # a one-row tensor with at most this many values: one line, values then stats
+_PAD = 6  # where a tensor's lines go on, under its "  [0] "
 
 
 def _e(value: Any) -> str:
     return escape(str(value))
+
+
+# -- laying text out for the panel's width ------------------------------------------------------
+# A line is built from units (``min -1.087``, ``[8,32]``, ``→ AccumulateGrad``): a unit is never
+# split, lines break between units, and a line never goes past the panel's width unless one
+# unit alone does (then it is alone on its line).
+
+Unit = tuple[str, int, str]  # markup, its width in cells, what joins it to the unit before
+
+
+def _u(text: Any, style: str = "", join: str = " ") -> Unit:
+    """A unit of plain ``text`` (escaped here), in ``style`` (markup style) if given."""
+    text = str(text)
+    markup = _e(text)
+    return (f"[{style}]{markup}[/]" if style else markup, cell_len(text), join)
+
+
+def _kv(key: str, value: str, style: str = "", join: str = "  ") -> Unit:
+    """A key/value pair as one unit: ``min -1.087`` (the key dim)."""
+    markup = f"[dim]{_e(key)}[/] {_e(value)}"
+    return (f"[{style}]{markup}[/]" if style else markup, cell_len(f"{key} {value}"), join)
+
+
+def _words(text: str, style: str = "", join: str = " ") -> list[Unit]:
+    """Prose: one unit a word (it wraps between words)."""
+    words = str(text).split()
+    return [_u(w, style, join if i == 0 else " ") for i, w in enumerate(words)]
+
+
+def _flow(units: list[Unit], width: int, first: str = "", indent: int = 0) -> list[str]:
+    """``units`` joined, broken into lines of at most ``width`` cells between units. The first
+    line starts with ``first`` (plain spaces or markup as wide as its plain text is long:
+    give spaces), the others with ``indent`` spaces."""
+    lines: list[str] = []
+    line, used = first, cell_len(first)
+    empty = True
+    for markup, cells, join in units:
+        if empty:
+            line, used, empty = line + markup, used + cells, False
+        elif used + len(join) + cells <= width:
+            line, used = f"{line}{join}{markup}", used + len(join) + cells
+        else:
+            lines.append(line)
+            line, used = " " * indent + markup, indent + cells
+    lines.append(line)
+    return lines
+
+
+def _pairs(units: list[Unit], width: int, indent: int) -> list[str]:
+    """Key/value pairs under each other: on one line when they fit, else in aligned columns
+    (each pair padded to the widest), as many columns as the width holds."""
+    if not units:
+        return []
+    one = indent + sum(c for _, c, _ in units) + 2 * (len(units) - 1)
+    if one <= width:
+        return [" " * indent + "  ".join(m for m, _, _ in units)]
+    cell = max(c for _, c, _ in units)
+    per = max(1, (width - indent + 2) // (cell + 2))
+    lines = []
+    for i in range(0, len(units), per):
+        row = units[i : i + per]
+        cells = [m + " " * (cell - c) for m, c, _ in row[:-1]] + [row[-1][0]]
+        lines.append(" " * indent + "  ".join(cells))
+    return lines
+
+
+def _clip(text: str, width: int) -> str:
+    """``text`` in at most ``width`` cells: cut with an ellipsis when longer (plain text)."""
+    if cell_len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[:width]
+    out, used = [], 0
+    for ch in text:
+        size = get_character_cell_size(ch)
+        if used + size > width - 1:
+            break
+        out.append(ch)
+        used += size
+    return "".join(out) + "…"
+
+
+def _span(units: list[Unit]) -> int:
+    """The width of ``units`` on one line."""
+    return sum(c for _, c, _ in units) + sum(len(j) for _, _, j in units[1:])
+
+
+def _numel(shape: list | None) -> int | None:
+    if shape is None or any(type(d) is not int or d < 0 for d in shape):
+        return None
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _value_units(values: list) -> list[Unit]:
+    """``values [1, 2, 3]``, one unit a value (the list wraps between values), NaN/Inf red."""
+    out: list[Unit] = []
+    for i, v in enumerate(values):
+        text = fnum(v)
+        pre, post = ("[" if i == 0 else ""), ("," if i < len(values) - 1 else "]")
+        number = f"[b $text-error]{_e(text)}[/]" if is_bad(v) else _e(text)
+        opening = "\\[" if pre else ""  # escape() leaves a "[" before "[b" as it is
+        markup, cells = f"{opening}{number}{post}", len(pre) + cell_len(text) + len(post)
+        if i == 0:
+            markup, cells = f"[dim]values[/] {markup}", cells + len("values ")
+        out.append((markup, cells, "  " if i == 0 else " "))
+    return out
+
+
+class _Body(Static):
+    """The detail's text: laid out again when its width changes (the panel was resized, or
+    its scrollbar came or went)."""
+
+    def on_resize(self, event: events.Resize) -> None:
+        panel = self.parent
+        if isinstance(panel, DetailPanel):
+            panel.relayout()
 
 
 @dataclass(frozen=True)
@@ -100,7 +233,7 @@ class DetailPanel(VerticalScroll, can_focus=True):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.body = Static("", id="detail-body", markup=True)
+        self.body = _Body("", id="detail-body", markup=True)
         self.stack_box = Static("", id="detail-stack", markup=True)
         self.values_box = Static("", id="detail-values", markup=True)
         self.cwd: str | None = None
@@ -111,6 +244,11 @@ class DetailPanel(VerticalScroll, can_focus=True):
         self.event: dict | None = None  # the event shown (op or grad), if any
         self._template = ""
         self._new_links: list[Link] = []
+        # The text is laid out for the width it is shown at: what builds it (again, when the
+        # width changes), the width it was built for, and what builds the pause's call stack.
+        self._build: Callable[[], str] | None = None
+        self._stack_build: Callable[[], str] | None = None
+        self._width = 40
 
     def compose(self):  # type: ignore[override]
         yield self.body
@@ -125,7 +263,7 @@ class DetailPanel(VerticalScroll, can_focus=True):
     def show_message(self, text: str) -> None:
         self.subject = ("message", text)
         self.event = None
-        self._set(f"[dim]{_e(text)}[/]")
+        self._set(lambda: "\n".join(_flow(_words(text, "dim"), self._width)))
 
     def show_row(
         self,
@@ -147,17 +285,22 @@ class DetailPanel(VerticalScroll, can_focus=True):
         self.subject = subject
         ev = row.event if row.pending else store.event(row)
         self.event = ev
-        if row.kind == OP:
-            text = self._op(store, data, ev)
-        elif row.kind == ATEN:
-            text = self._aten(store, data, row, ev)
-        else:
-            text = self._grad(store, data, row, ev)
+
+        def build() -> str:
+            if row.kind == OP:
+                text = self._op(store, data, ev)
+            elif row.kind == ATEN:
+                text = self._aten(store, data, row, ev)
+            else:
+                text = self._grad(store, data, row, ev)
+            if pause is not None:
+                text = self._pause_head(pause, ev) + "\n\n" + text
+            return text
+
+        self._set(build)
         if pause is not None:
-            text = self._pause_head(pause, ev) + "\n\n" + text
-        self._set(text)
-        if pause is not None:
-            self.stack_box.update(self._stack(pause.get("stack")))
+            self._stack_build = lambda: self._stack(pause.get("stack"))
+            self.stack_box.update(self._stack_build())
             self.stack_box.display = True
             self._show_values(values, scroll=False)
 
@@ -172,11 +315,17 @@ class DetailPanel(VerticalScroll, can_focus=True):
             return
         self.subject = ("node", nid)
         self.event = None
-        self._set(self._node(store, data, node, call))
+        self._set(lambda: self._node(store, data, node, call))
 
     def show_alert(self, alert: Event, knock_on: list[Event] | None = None) -> None:
         self.subject = ("alert", alert.get("seq"))
         self.event = None
+        if is_check(alert):
+            self._set(lambda: "\n".join(self._check(alert)))
+            return
+        self._set(lambda: self._alert(alert, knock_on))
+
+    def _alert(self, alert: Event, knock_on: list[Event] | None) -> str:
         step, seq = alert.get("step"), alert.get("event_seq")
         lines = [
             f"[b $text-error]⚠ {_e(alert.get('message', 'alert'))}[/]",
@@ -186,9 +335,10 @@ class DetailPanel(VerticalScroll, can_focus=True):
             target = Link("event", seq, step if type(step) is int else None)
             lines.append(self._link(target, f"the event: #{seq} [dim](event seq)[/]"))
         if knock_on:
+            count = knock_on_count(alert, knock_on)  # the tracer's count: it lists a few
             lines.append("")
             lines.append(
-                f"[b]{len(knock_on)} knock-on alert{'s' * (len(knock_on) != 1)}[/] "
+                f"[b]{count} knock-on alert{'s' * (count != 1)}[/] "
                 "[dim](NaN/Inf coming in from it, not new causes)[/]"
             )
             counts: dict[tuple, int] = {}
@@ -204,11 +354,74 @@ class DetailPanel(VerticalScroll, can_focus=True):
                 lines.append(f"  step {_e(step)} · {n}x {_e(label)}")
             if len(counts) > 12:
                 lines.append(f"  [dim]… {len(counts) - 12} more[/]")
-        self._set("\n".join(lines))
+        return "\n".join(lines)
 
-    def _set(self, markup: str) -> None:
-        self._template = markup
-        self.links, self._new_links = self._new_links, []
+    def _check(self, alert: Event) -> list[str]:
+        """An eager check: its message, the compiled call (a link), and what differs, one
+        row per output or parameter gradient: max |Δ|, relative, within tolerance."""
+        step, seq = alert.get("step"), alert.get("event_seq")
+        style = "$text-success" if check_passed(alert) else "$text-warning"
+        mark = "✓" if check_passed(alert) else "≠"
+        where = {"forward": "outputs (forward)", "backward": "gradients (backward)"}.get(
+            str(alert.get("where")), str(alert.get("where", ""))
+        )
+        lines = [
+            f"[b {style}]{mark} {_e(alert.get('message', 'eager check'))}[/]",
+            f"eager check · step {_e(step)} · {_e(where)} "
+            "[dim](a compiled call run once more eagerly: not a NaN/Inf origin)[/]",
+        ]
+        if type(seq) is int:
+            target = Link("event", seq, step if type(step) is int else None)
+            name = short_name(str(alert.get("name", "?")))
+            lines.append(self._link(target, f"the compiled call: {_e(name)} #{seq}"))
+        diffs = [d for d in alert.get("differences") or () if isinstance(d, dict)]
+        lines.append("")
+        if not diffs:
+            lines.append("[b]differences[/] [dim](nothing to compare)[/]")
+            return lines
+        lines.append("[b]differences[/] [dim]compiled against eager[/]")
+        rows = [("of", "max |Δ|", "rel", "within")]
+        for d in diffs[:_MAX_TENSORS]:
+            within = "yes" if d.get("within") is True else "no"
+            bad = [
+                f"{d[k]} NaN/Inf only {side}"
+                for k, side in (
+                    ("nonfinite_only_compiled", "compiled"),
+                    ("nonfinite_only_eager", "eager"),
+                )
+                if type(d.get(k)) is int and d[k]
+            ]
+            if bad:
+                within += f" ({', '.join(bad)})"
+            rows.append(
+                (str(d.get("of", "?")), fnum(d.get("max_abs")), fnum(d.get("max_rel")), within)
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        for n, r in enumerate(rows):
+            cells = [r[0].ljust(widths[0]), r[1].rjust(widths[1]), r[2].rjust(widths[2]), r[3]]
+            text = _e("  ".join(cells))
+            if n == 0:
+                text = f"[dim]{text}[/]"
+            elif r[3] != "yes":
+                text = f"[{style}]{text}[/]"
+            lines.append(f"  {text}")
+        if len(diffs) > _MAX_TENSORS:
+            lines.append(f"  [dim]… {len(diffs) - _MAX_TENSORS} more[/]")
+        tols = sorted(
+            {(d.get("rtol"), d.get("atol")) for d in diffs if d.get("rtol") is not None},
+            key=str,
+        )
+        if tols:
+            text = " · ".join(f"rtol {fnum(r)}, atol {fnum(a)}" for r, a in tols[:3])
+            lines.append(f"  [dim]tolerance: {_e(text)}[/]")
+        return lines
+
+    def _set(self, build: Callable[[], str]) -> None:
+        """Show what ``build`` makes (laid out for the panel's width; made again when the
+        width changes)."""
+        self._build = build
+        self._stack_build = None
+        self._lay_out()
         self.link_cursor = 0
         self._render_body()
         self.stack_box.display = False
@@ -216,11 +429,36 @@ class DetailPanel(VerticalScroll, can_focus=True):
         self.values_version = None
         self.scroll_home(animate=False, immediate=True)
 
+    def _lay_out(self) -> None:
+        self._width = self._text_width()
+        self._new_links = []
+        self._template = self._build() if self._build is not None else ""
+        self.links, self._new_links = self._new_links, []
+
+    def relayout(self) -> None:
+        """The width changed: the same text, laid out again (links and scroll kept)."""
+        if self._build is None or self._text_width() == self._width:
+            return
+        cursor = self.link_cursor
+        self._lay_out()
+        self.link_cursor = min(cursor, max(0, len(self.links) - 1))
+        self._render_body()
+        if self._stack_build is not None:
+            self.stack_box.update(self._stack_build())
+        # called while the screen is being laid out: the new height is taken after it
+        self.call_after_refresh(self.body.refresh, layout=True)
+
     # -- links -------------------------------------------------------------------------------
     def _link(self, link: Link, text: str) -> str:
         """A line that is a link (``text`` is markup)."""
         self._new_links.append(link)
         return f"{_LINK}{len(self._new_links) - 1}{_LINK}{text}"
+
+    def _link_flow(self, link: Link, units: list[Unit], indent: int = 2) -> list[str]:
+        """A link laid out like ``_flow`` (its mark takes 2 columns): its first line is the
+        link, the others go on under its text, ``indent`` further in."""
+        lines = _flow(units, self._width - 2, indent=indent)
+        return [self._link(link, lines[0])] + [f"  {line}" for line in lines[1:]]
 
     def _render_body(self) -> None:
         if not self.links:
@@ -322,7 +560,7 @@ class DetailPanel(VerticalScroll, can_focus=True):
             )
             text = _line_text(where, self.cwd)
             if text:
-                lines.append(f"      {_e(text)}")
+                lines.append(f"      {_e(_clip(text, self._width - 6))}")
         return "\n".join(lines)
 
     def _show_values(self, values: ValuesView | None, *, scroll: bool) -> None:
@@ -403,110 +641,149 @@ class DetailPanel(VerticalScroll, can_focus=True):
 
     # -- pieces ------------------------------------------------------------------------------
     def _source(self, source: str | None, function: str | None = None) -> list[str]:
+        """The source line with three lines of context, under a line-number gutter; lines
+        are cut with an ellipsis at the panel's edge (never wrapped), their common indent
+        taken off."""
         if not source:
             return ["[dim]source: unknown[/]"]
-        where = _e(short_source(source, self.cwd))
-        head = f"[b]source[/] [$accent]{where}[/]" + (
-            f" in [i]{_e(function)}[/]" if function else ""
-        )
+        head = [_u("source", "b"), _u(short_source(source, self.cwd), "$accent")]
+        if function:
+            head.append(("in " + f"[i]{_e(function)}[/]", 3 + cell_len(str(function)), " "))
+        lines = _flow(head, self._width, indent=2)
         ctx = source_context(source, self.cwd)
         if ctx is None:
-            return [head, "[dim]  (file not available on this machine)[/]"]
-        width = len(str(ctx[-1][0]))
-        lines = [head]
-        for number, text, target in ctx:
-            num = str(number).rjust(width)
-            code = _e(text.expandtabs(4))
+            lines.extend(
+                _flow(_words("(file not available on this machine)", "dim"), self._width, "  ", 2)
+            )
+            return lines
+        texts = [text.expandtabs(4).rstrip() for _, text, _ in ctx]
+        indent = min((len(t) - len(t.lstrip()) for t in texts if t.strip()), default=0)
+        number_width = len(str(ctx[-1][0]))
+        room = self._width - (number_width + 5)  # "▶ 30 │ "
+        for (number, _, target), text in zip(ctx, texts, strict=True):
+            num = str(number).rjust(number_width)
+            code = _e(_clip(text[indent:], room))
             if target:
                 lines.append(f"[b $accent]▶ {num} │ {code}[/]")
             else:
                 lines.append(f"[dim]  {num} │[/] {code}")
         return lines
 
-    def _summary(self, label: str, s: Any, note: str = "") -> list[str]:
-        pad = "      "
+    def _summary(self, index: int, s: Any, note: list[str] | None = None) -> list[str]:
+        """One tensor: ``  [0] [8,32] float32 cpu`` and its notes (where a gradient goes),
+        then its stats as key/value pairs, a bar of mean±std in [min, max], its values. A
+        tensor of one value, or one row of at most 16, is one line when it fits."""
+        width, pad = self._width, " " * _PAD
+        label = _u(f"[{index}]", join="")
+        notes = [_u(n, "dim") for n in note or ()]
         if s is None:
-            why = note or "no gradient (input needs none, or it was not requested)"
-            return [f"  {label} [b]None[/] [dim]{_e(why)}[/]"]
+            why = _words("no gradient (input needs none, or it was not requested)", "dim")
+            units = [label, _u("None", "b")] + (notes or why)
+            return _flow(units, width, "  ", _PAD)
         if not isinstance(s, dict):
-            return [f"  {label} [dim]?[/]"]
-        head = (
-            f"  {label} [b]{_e(shape_text(s))}[/] {_e(s.get('dtype', '?'))} "
-            f"{_e(s.get('device', '?'))}"
-        )
+            return [f"  \\[{index}] [dim]?[/]"]
+        head = [label, _u(shape_text(s), "b"), _u(s.get("dtype", "?")), _u(s.get("device", "?"))]
         if isinstance(s.get("param"), str):
-            head += f" [b]{_e(s['param'])}[/]"
-        if note:
-            head += f" [dim]{_e(note)}[/]"
-        lines = [head]
+            head.append(_u(s["param"], "b"))
+        head += notes
+        shard = _shard_text(s)
         stats = s.get("stats")
         if not isinstance(stats, dict) or not stats:
-            if s.get("external"):
+            if s.get("pending"):
+                # An async collective's output: the tracer summarises it after the wait().
+                why = "not read: the collective had not completed"
+            elif s.get("external"):
                 # The tracer reduces data and weights only when the op's output goes bad.
                 why = "from outside: stats only on a bad output"
             elif s.get("stats_of") == "batched":
                 why = "one of a batch of gradients (is_grads_batched): numbers not read"
             else:
                 why = "metadata only: no values summarised"
-            lines.append(f"{pad}[dim]({why})[/]")
+            lines = _flow(head, width, "  ", _PAD)
+            if shard:
+                lines.append(f"{pad}{shard}")
+            lines.extend(_flow(_words(f"({why})", "dim"), width, pad, _PAD))
             return lines
-        of = " [dim](of |z|)[/]" if s.get("stats_of") == "abs" else ""
-        lines.append(
-            f"{pad}min {fnum(stats.get('min'))}  max {fnum(stats.get('max'))}  "
-            f"mean {fnum(stats.get('mean'))}  std {fnum(stats.get('std'))}  "
-            f"[b]norm {fnum(stats.get('norm'))}[/]{of}"
-        )
+        of = _STATS_OF.get(s.get("stats_of"), "")
         nan, inf = stats.get("nan") or 0, stats.get("inf") or 0
-        if nan or inf:
-            lines.append(f"{pad}[b $text-error]NaN {nan}  Inf {inf}[/]")
+        counts = (("NaN", nan), ("Inf", inf))
+        flags = [_u(f"{k} {n}", "b $text-error", "  ") for k, n in counts if n]
+        values = s.get("values") if isinstance(s.get("values"), list) else None
+        shape = s.get("shape") if isinstance(s.get("shape"), list) else None
+        numel = _numel(shape)
+        if numel == 1 and not shard and (values or "min" in stats):
+            # one value: the value, no stats (they would all say it again)
+            v = values[0] if values else stats.get("min")
+            value = _kv("value", fnum(v), "b $text-error" if is_bad(v) else "")
+            units = head + [value] + flags + ([_u(f"({of})", "dim")] if of else [])
+            return _flow(units, width, "  ", _PAD)
+        norm = f"{fnum(stats.get('norm'))}" + (f" ({of})" if of else "")
+        pairs = [
+            _kv("min", fnum(stats.get("min"))),
+            _kv("max", fnum(stats.get("max"))),
+            _kv("mean", fnum(stats.get("mean"))),
+            _kv("std", fnum(stats.get("std"))),
+            _kv("norm", norm, "b"),
+            *flags,
+        ]
+        bad = first_bad(values) if values else None
+        bad_line = []
+        if bad is not None:
+            at = index_text(bad, shape)
+            bad_line.append(f"{pad}[b $text-error]first NaN/Inf at {at}[/] [dim](flat {bad})[/]")
+        shown = values[:_MAX_VALUES] if values else []
+        one_row = bool(shown) and len(value_rows(shown, shape, 0, per_line=len(shown))) <= 1
+        if one_row and not shard and len(values or ()) <= _ONE_LINE:
+            # one line: the values, then the stats they do not show (min and max they do);
+            # else the values with the head, the stats under them
+            vals, pairs = _value_units(values or []), pairs[2:]
+            if 2 + _span(head + vals + pairs) <= width:
+                return _flow(head + vals + pairs, width, "  ") + bad_line
+            if 2 + _span(head + vals) <= width:
+                lines = _flow(head + vals, width, "  ")
+            else:
+                lines = _flow(head, width, "  ", _PAD)
+                lines.extend(_flow(vals, width, pad, _PAD + len("values [")))
+            lines.extend(_pairs(pairs, width, _PAD))
+            return lines + bad_line
+        lines = _flow(head, width, "  ", _PAD)
+        if shard:
+            lines.append(f"{pad}{shard}")
+        lines.extend(_pairs(pairs, width, _PAD))
         # one line, however narrow the panel: "min ├──═┼═──┤ max   (mean±std)", the legend
-        # going first (2 columns spare: a scrollbar may come once the text is in)
-        room = self._text_width() - 2 - len(pad) - len("min  max")
+        # going first
+        room = width - len(pad) - len("min  max")
         legend = "   (mean±std)" if room - 13 >= 20 else ""
         bar = range_bar(stats, max(8, min(28, room - len(legend))))
         if bar:
             lines.append(f"{pad}[dim]min[/] {bar} [dim]max{legend}[/]")
-        values = s.get("values")
-        if isinstance(values, list) and values:
-            shape = s.get("shape") if isinstance(s.get("shape"), list) else None
-            shown = values[:_MAX_VALUES]
-            width = max(24, self._text_width() - len(pad))
-            flat = ", ".join(fnum(v) for v in shown)
-            one_row = len(value_rows(shown, shape, 0, per_line=len(shown) or 1)) <= 1
-            if one_row and len(flat) + 9 <= width:
-                lines.append(f"{pad}values \\[{_e(flat)}]")
-                if len(values) > 1:
-                    lines.append(f"{pad}[$accent]{sparkline(values)}[/]")
-            else:  # by row: "values [0,:] 1 2 3" then the next rows under it
-                grid = _value_grid(shown, 0, width - 7, shape)
-                lines.append(f"{pad}values {grid[0]}")
-                lines.extend(f"{pad}       {g}" for g in grid[1:])
-            if len(values) > _MAX_VALUES:
-                lines.append(f"{pad}[dim]… {len(values) - _MAX_VALUES:,} more[/]")
-            bad = first_bad(values)
-            if bad is not None:
-                lines.append(
-                    f"{pad}[b $text-error]first NaN/Inf at {index_text(bad, shape)}[/]"
-                    f" [dim](flat {bad})[/]"
-                )
-        return lines
+        if shown:
+            grid = _value_grid(shown, 0, width - _PAD - 7, shape)
+            lines.append(f"{pad}[dim]values[/] {grid[0]}")
+            lines.extend(f"{pad}       {g}" for g in grid[1:])
+            if one_row and len(values or ()) > 1:
+                spark = sparkline(values, max(8, width - _PAD - 7))
+                lines.append(f"{pad}       [$accent]{spark}[/]")
+            if len(values or ()) > _MAX_VALUES:
+                lines.append(f"{pad}[dim]… {len(values or ()) - _MAX_VALUES:,} more[/]")
+        return lines + bad_line
 
     def _tensors(
         self,
         title: str,
         sums: Any,
-        notes: list[str] | None = None,
+        notes: list[list[str]] | None = None,
         links: list[Link | None] | None = None,
     ) -> list[str]:
         if not isinstance(sums, list) or not sums:
             return [f"[b]{title}[/] [dim](none)[/]"]
         lines = [f"[b]{title}[/]"]
         for i, s in enumerate(sums[:_MAX_TENSORS]):
-            note = notes[i] if notes and i < len(notes) else ""
-            part = self._summary(f"\\[{i}]", s, note)
+            note = notes[i] if notes and i < len(notes) else None
+            part = self._summary(i, s, note)
             link = links[i] if links and i < len(links) else None
             if link is not None and part:
-                part[0] = self._link(link, part[0].lstrip())
+                part[0] = self._link(link, part[0][2:])  # its mark takes the 2 spaces
             lines.extend(part)
         if len(sums) > _MAX_TENSORS:
             lines.append(f"  [dim]… {len(sums) - _MAX_TENSORS} more[/]")
@@ -517,7 +794,8 @@ class DetailPanel(VerticalScroll, can_focus=True):
         seq = ev.get("seq")
         step = ev.get("step")
         what = f"op · event #{seq}" if seq is not None else "op (not run yet)"
-        lines.append(_meta_line(what, step, ev.get("module"), ev))
+        lines.extend(_flow(_meta_line(what, step, ev.get("module"), ev), self._width))
+        lines.extend(self._compiled_lines(data, ev))
         if data is not None and type(seq) is int:
             node_ids = data.nodes_of_op(seq)
             if node_ids:
@@ -543,6 +821,28 @@ class DetailPanel(VerticalScroll, can_focus=True):
                 lines.extend(self._calls_lines(store, data, op))
         return "\n".join(lines)
 
+    def _compiled_lines(self, data: StepData | None, ev: Event) -> list[str]:
+        """torch.compile: a compiled module's call says that its inside is not traced (and
+        what its eager checks found); an op of an eager re-run names the call it re-ran."""
+        step = data.step if data is not None else None
+        lines = []
+        if ev.get("compiled") is True:
+            lines.append(
+                "[b]compiled[/]: what runs inside is not traced "
+                "[dim](E: check the next step against eager)[/]"
+            )
+            seq = ev.get("seq")
+            for alert in data.alerts if data is not None and type(seq) is int else ():
+                if is_check(alert) and alert.get("event_seq") == seq:
+                    mark = "✓" if check_passed(alert) else "≠"
+                    style = "$text-success" if check_passed(alert) else "$text-warning"
+                    lines.append(f"[{style}]{mark} eager check:[/] {_e(check_text(alert))}")
+        of = eager_of(ev)
+        if of is not None:
+            text = f"eager re-run of the compiled call #{of}"
+            lines.append(self._link(Link("op", of, step), f"[b]{text}[/]"))
+        return lines
+
     def _nodes_lines(
         self,
         store: EventStore,
@@ -555,7 +855,8 @@ class DetailPanel(VerticalScroll, can_focus=True):
         n = len(node_ids)
         lines = []
         if n > 1:
-            lines.append(f"[b]creates[/] {n} backward nodes  [dim](tab, ↑↓, enter: go)[/]")
+            units = [("[b]creates[/]", 7, ""), _u(f"{n} backward nodes")]
+            lines.extend(_flow(units + _words("(tab, ↑↓, enter: go)", "dim", "  "), self._width))
         for nid in node_ids[:_MAX_LINKS]:
             grads = data.grads_of_node(nid)
             gnode = data.graph_nodes.get(nid)
@@ -564,17 +865,18 @@ class DetailPanel(VerticalScroll, can_focus=True):
                 if grads
                 else (gnode or {}).get("name") or (named or {}).get(nid) or "node"
             )
+            units = [_u(name), _u(f"node id {nid}")]
             if grads:
                 go = store.event(grads[0]).get("grad_outputs") or []
                 stat = compact_stat(go[0]) if go and isinstance(go[0], dict) else ""
-                text = f"{_e(name)} node id {nid} [dim]∇ {_e(stat)}[/]"
+                units.append(_u(f"∇ {stat}", "dim"))
             elif gnode is not None:
-                text = f"{_e(name)} node id {nid} [dim](not executed)[/]"
+                units.append(_u("(not executed)", "dim"))
             else:
-                text = f"{_e(name)} node id {nid} [dim](backward not run yet)[/]"
+                units.extend(_words("(backward not run yet)", "dim"))
             if n == 1:
-                text = f"[b]creates[/] {text}"
-            lines.append(self._link(Link("node", nid, data.step), text))
+                units.insert(0, ("[b]creates[/]", 7, ""))
+            lines.extend(self._link_flow(Link("node", nid, data.step), units))
         if n > _MAX_LINKS:
             lines.append(f"  [dim]… {n - _MAX_LINKS} more (g: the graph)[/]")
         return lines
@@ -599,20 +901,25 @@ class DetailPanel(VerticalScroll, can_focus=True):
         lines = [f"[b $accent]{_e(ev.get('node', '?'))}[/]"]
         seq = ev.get("seq")
         meta = [
-            f"backward node id {_e(nid)}",
+            f"backward node id {nid}",
             f"event #{seq}" if seq is not None else "not run yet",
             f"step {ev.get('step')}",
         ]
         if ev.get("backward") is not None:
-            meta.append(f"backward call {_e(ev['backward'])}")
-        lines.append(" · ".join(meta))
+            meta.append(f"backward call {ev['backward']}")
+        lines.extend(_flow(_dots(meta), self._width))
         if ev.get("param"):
             lines.append(f"[b]parameter[/] {_e(ev['param'])}")
         op = data.op(row.op_seq) if data is not None else None
         if op is not None:
-            where = f" in {_e(op.module)}" if op.module else ""
-            text = f"[b]created by[/] {_e(short_name(op.name))} (op, event #{op.seq}){where}"
-            lines.append(self._link(Link("op", op.seq, data.step if data else None), text))
+            units = [
+                ("[b]created by[/] " + _e(short_name(op.name)), 11 + len(short_name(op.name)), ""),
+                _u(f"(op, event #{op.seq})"),
+            ]
+            if op.module:
+                units.append(_u(f"in {op.module}"))
+            link = Link("op", op.seq, data.step if data else None)
+            lines.extend(self._link_flow(link, units))
         elif row.op_seq is not None:
             lines.append(f"[b]created by[/] op event #{row.op_seq} [dim](not in this step)[/]")
         lines.append("")
@@ -628,18 +935,18 @@ class DetailPanel(VerticalScroll, can_focus=True):
             return "\n".join(lines)
         n = len(gi) if isinstance(gi, list) else 0
         targets = self._next_targets(data, nid, n)
-        notes: list[str] = []
+        notes: list[list[str]] = []
         links: list[Link | None] = []
         for target in targets:
             tnode = None
             if data is not None and target is not None:
                 tnode = data.graph_nodes.get(target)
             if tnode is None:
-                notes.append("→ (no node)")
+                notes.append(["→ (no node)"])
                 links.append(None)
                 continue
             label = tnode.get("param") or tnode.get("name", "?")
-            notes.append(f"→ {label} node id {target}")
+            notes.append([f"→ {label}", f"node id {target}"])
             links.append(Link("node", target, data.step if data else None))
         lines.extend(self._tensors("grad_inputs — what it sends on", gi, notes, links))
         if data is not None and not row.pending:
@@ -657,7 +964,8 @@ class DetailPanel(VerticalScroll, can_focus=True):
             outs = store.event(t).get("outputs") or []
             stat = compact_stat(outs[0]) if outs and isinstance(outs[0], dict) else "-"
             mark = "Σ " if t[FLAGS] & FLAG_ACCUMULATE else ""
-            lines.append(f"  {mark}{_e(t[NAME])} #{t[SEQ]} [dim]{_e(stat)}[/]")
+            units = [_u(f"{mark}{t[NAME]}", join=""), _u(f"#{t[SEQ]}"), _u(stat, "dim")]
+            lines.extend(_flow(units, self._width, "  ", 4))
         if n > _MAX_LINKS:
             lines.append(f"  [dim]… {n - _MAX_LINKS} more[/]")
         return lines
@@ -670,14 +978,14 @@ class DetailPanel(VerticalScroll, can_focus=True):
         seq = ev.get("seq")
         module = row.module if isinstance(row, Row) else ev.get("module")
         what = f"aten call · event #{seq}" if seq is not None else "aten call (not run yet)"
-        lines.append(_meta_line(what, ev.get("step"), module, ev))
+        lines.extend(_flow(_meta_line(what, ev.get("step"), module, ev), self._width))
         step = data.step if data is not None else None
         parent = row.parent if isinstance(row, AtenRow) else None
         op_seq, nid = ev.get("op_seq"), ev.get("node_id")
         if type(op_seq) is int:
             name = short_name(parent.name) if parent is not None else f"op event #{op_seq}"
-            text = f"[b]in[/] {_e(name)} (op, event #{op_seq})"
-            lines.append(self._link(Link("op", op_seq, step), text))
+            units = [("[b]in[/] " + _e(name), 3 + cell_len(name), ""), _u(f"(op, event #{op_seq})")]
+            lines.extend(self._link_flow(Link("op", op_seq, step), units))
         elif type(nid) is int:
             name = ev.get("node") or (parent.name if parent is not None else "node")
             if ev.get("accumulate"):
@@ -692,6 +1000,10 @@ class DetailPanel(VerticalScroll, can_focus=True):
             lines.append(f"[b]in[/] {_e(ev['node'])} (backward)")
         else:  # paused at a forward call: its op's event comes once the op returns
             lines.append("[b]in[/] the op running now [dim](its row comes once it returns)[/]")
+        label = call_label(ev)
+        if label is not None:
+            meaning = CALL_LABELS.get(label, "why the tracer says it ran")
+            lines.append(f"[b]label[/] {_e(label)} [dim]({_e(meaning)})[/]")
         lines.append("")
         lines.extend(self._source(ev.get("source"), ev.get("function")))
         lines.append("")
@@ -775,13 +1087,40 @@ def _value_grid(
     return lines
 
 
-def _meta_line(what: str, step: Any, module: str | None, ev: Event) -> str:
-    """``op · event #8 · step 0 · module [b]blocks.0[/] · 12 µs · MainThread``."""
+def _shard_text(s: dict) -> str:
+    """A DTensor's placement and this rank's local shape (markup), or "" for a plain tensor:
+    ``Shard(dim=0) · local shard [4, 8]``. Its shape is the global one."""
+    parts = []
+    if isinstance(s.get("placement"), str):
+        parts.append(f"[b]{_e(s['placement'])}[/]")
+    local = s.get("local_shape")
+    if isinstance(local, list):
+        parts.append(f"local shard {_e(shape_text({'shape': local}))}")
+    return " · ".join(parts)
+
+
+def _meta_line(what: str, step: Any, module: str | None, ev: Event) -> list[Unit]:
+    """``op · event #8 · step 0 · module [b]blocks.0[/] · group of 8 ranks · 12 µs ·
+    MainThread`` (the group: a collective's process group), as units (see ``_dots``)."""
     meta = [what, f"step {step}"]
     if module:
-        meta.append(f"module [b]{_e(module)}[/]")
+        meta.append(("module [b]" + _e(module) + "[/]", cell_len(f"module {module}")))
+    if type(ev.get("group_size")) is int:
+        meta.append(f"group of {ev['group_size']} ranks")
     if isinstance(ev.get("duration_us"), (int, float)):
         meta.append(f"{ev['duration_us']:.0f} µs")
     if ev.get("thread"):
-        meta.append(_e(ev["thread"]))
-    return " · ".join(meta)
+        meta.append(str(ev["thread"]))
+    return _dots(meta)
+
+
+def _dots(parts: list) -> list[Unit]:
+    """Parts joined by `` · `` (a line breaks between parts, the dot ending the line before):
+    plain strings, or ``(markup, width)``."""
+    out: list[Unit] = []
+    for i, part in enumerate(parts):
+        markup, cells = part if isinstance(part, tuple) else (_e(part), cell_len(part))
+        if i < len(parts) - 1:
+            markup, cells = markup + " ·", cells + 2
+        out.append((markup, cells, " "))
+    return out

@@ -23,7 +23,7 @@ from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
 from torchscope.protocol.events import Event
-from torchscope.tui.format import compact_stat, short_name, short_source
+from torchscope.tui.format import compact_stat, plural, short_name, short_source
 from torchscope.tui.store import EventStore, StepData
 
 _CHAIN_CAP = 500  # nodes shown at once along one chain; "… more" entries move the window
@@ -235,7 +235,7 @@ class GraphTree(Tree[dict], inherit_bindings=False):
             ran = sum(1 for n in nodes if isinstance(n, dict) and n.get("executed"))
             label = Text.assemble(
                 (str(graph.get("call", "backward")), "bold"),
-                f"  {len(nodes)} nodes, {ran} executed",
+                f"  {plural(len(nodes), 'node')}, {ran} executed",
                 (f", {len(nodes) - ran} not executed" if ran < len(nodes) else "", "yellow"),
                 (f"  {short_source(graph.get('source'), self.cwd)}", "dim"),
             )
@@ -353,7 +353,7 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         label = Text.assemble(
             ("⤷ ", "dim"),
             f"{first} … {end.get('param') or end.get('name', '?')}",
-            (f"  ({len(chain)} nodes)", "dim"),
+            (f"  ({plural(len(chain), 'node')})", "dim"),
         )
         self._branches[head] = parent.add(label, data={"kind": "branch", "head": head})
 

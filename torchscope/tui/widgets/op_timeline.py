@@ -3,8 +3,8 @@ the backward nodes as they ran (then the optimizer's ops, which come after backw
 
 A virtual list (Line API): only visible lines are rendered, so a step with 100k events moves as
 fast as one with ten. Each line: seq, direction, name (op, or node), module (or the parameter
-for AccumulateGrad), shapes, a compact stat (norm, or mean±std with ``m``), NaN/Inf flags and
-the source line.
+for AccumulateGrad, shortened from the left: ``…attn.proj``), shapes, a compact stat (norm, or
+mean±std with ``m``), NaN/Inf flags and the source as ``file:line`` (the detail has the path).
 
 While a live job is paused, the event it is paused at is marked (⏸, highlighted). When the
 job stopped *before* an op or node, that event does not exist yet: it is shown as a pending
@@ -13,8 +13,13 @@ row at the end, from what the pause says about it.
 A recording made at the aten level has the aten calls of each op and node: such a row is
 marked (``▸+``, ``◂+``); ``→``/``l`` unfolds it into its calls, indented rows under it in the
 same columns (``Σ``: the engine summing a tensor's incoming gradients after the node), and
-``←``/``h`` folds it again (on a call: back to its row). Rows with no aten call look and
-behave as without the aten level.
+``←``/``h`` folds it again (on a call: back to its row). ``unfold_all`` (the screen's ``A``)
+unfolds every such row, in every step and as rows come, until it is turned off; ``→``/``←``
+still fold or unfold one row against it. A call made by something other than its row's own
+work (autocast's casts, checkpointing's recompute, a torch.func transform) carries a dim tag
+after its name (``[recompute]``). Rows with no aten call look and behave as without the aten
+level. A compiled module's call (one op: what runs inside is not traced) is tagged
+``[compiled]``, the ops of its eager re-run (an eager check) ``[eager]``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from __future__ import annotations
 import bisect
 import re
 from collections import OrderedDict
+from collections.abc import Iterable
+from itertools import islice
 from typing import ClassVar
 
 from rich.style import Style
@@ -31,10 +38,12 @@ from textual.message import Message
 
 from torchscope.protocol.events import ATEN, GRAD, OP
 from torchscope.tui.format import (
+    event_tag,
     fit_numbers,
     shapes_text,
     short_name,
-    short_source,
+    short_path,
+    source_cell,
     stat_text,
 )
 from torchscope.tui.store import (
@@ -44,6 +53,8 @@ from torchscope.tui.store import (
     FLAG_NAN_OUT,
     KIND,
     NAME,
+    NODE_ID,
+    OP_SEQ,
     SEQ,
     AtenRow,
     CallHits,
@@ -61,52 +72,94 @@ class Columns:
     """Column widths for one content width, sized from the content (``natural``: the widest
     cell of each column in a sample of the step's rows).
 
-    seq, direction, name, stat and flags are always there; module, shapes and source come
-    as room allows and go first when it does not. No column grows past its content: what is
-    left stays blank at the end of the line rather than padding a column."""
+    seq, direction, name, module, stat and flags (when a row has any) are always there;
+    shapes and source come as room allows and go first when it does not. A column is never
+    narrower than its header (``HEADERS``; the module's is ``module / param`` when that fits)
+    and never wider than its content or its header: what is left stays blank at the end of
+    the line rather than padding a column. A narrow column shortens its text instead of
+    dropping: a module path from the left (``…attn.proj``), a number to fewer digits."""
 
-    # name: (minimum, cap of the first round)
+    HEADERS: ClassVar[dict[str, str]] = {
+        "name": "name",
+        "module": "module",
+        "shapes": "shapes",
+        "stat": "stat",
+        "flags": "flags",
+        "source": "source",
+    }
+    MODULE_LONG = "module / param"
+    # The least each column always gets (its content if shorter; never less than its header)
+    FLOOR: ClassVar[dict[str, int]] = {"name": 10, "module": 8, "stat": 7, "flags": 9}
+    # When even the floors do not fit: (column, down to), in turn
+    SQUEEZE = (("module", 6), ("name", 8), ("stat", 5), ("name", 4), ("stat", 4))
+    # Then the room left, in rounds: (column, up to; None: its content)
     ORDER = (
-        ("name", 10, 22),
-        ("stat", 7, 22),
-        ("module", 0, 18),
-        ("shapes", 0, 16),
-        ("name", 10, 48),
-        ("module", 0, 40),
-        ("stat", 7, 30),
-        ("shapes", 0, 30),
-        ("source", 0, 60),
+        ("name", 16),
+        ("module", 12),
+        ("stat", 10),
+        ("name", 24),
+        ("module", 24),
+        ("stat", 18),
+        ("shapes", 16),
+        ("source", 24),
+        ("name", None),
+        ("module", None),
+        ("stat", None),
+        ("flags", None),
+        ("shapes", None),
+        ("source", None),
     )
-    OPTIONAL = ("module", "shapes", "source")
+    OPTIONAL = ("shapes", "source")
+    # The stat lends room down to this to open an optional column that just misses (numbers
+    # shorten first: ``norm=14.07`` -> ``14.07``)
+    STAT_LENDS = 8
+    # An optional column opens only with room for this much of its content (or all of it)
+    OPENING: ClassVar[dict[str, int]] = {"shapes": 8, "source": 16}
 
     def __init__(self, width: int, natural: dict[str, int] | None = None) -> None:
         nat = {"seq": 4, "name": 24, "stat": 12, "flags": 5, "module": 16, "shapes": 9}
         nat["source"] = 24
         if natural:
             nat.update(natural)
+        head = self.HEADERS
+        # a shown column holds its header: its content or its header, whichever is wider
+        want = {k: max(nat[k], len(head[k])) for k in head}
         self.seq = max(3, nat["seq"])
         self.dir = 2
-        sizes = dict.fromkeys(("name", "stat", "flags", "module", "shapes", "source"), 0)
+        sizes = dict.fromkeys(head, 0)
+        required = ["name", "module", "stat"] + (["flags"] if nat["flags"] > 0 else [])
+        for k in required:  # the NaN/Inf marks never vanish, nor name, module and stat
+            sizes[k] = max(len(head[k]), min(want[k], self.FLOOR[k]))
         # every shown column costs one separating space
-        avail = width - self.seq - 1 - self.dir
-        sizes["name"] = min(nat["name"], 10)
-        sizes["stat"] = min(nat["stat"], 7)
-        avail -= sizes["name"] + sizes["stat"] + 2
-        if nat["flags"] > 0:  # the NaN/Inf marks never vanish
-            sizes["flags"] = min(nat["flags"], 9, max(3, avail - 1))
-            avail -= sizes["flags"] + 1
-        for name, _minimum, cap in self.ORDER:
-            want = min(nat[name], cap) - sizes[name]
-            if want <= 0 or avail <= 0:
+        avail = width - self.seq - 1 - self.dir - sum(sizes[k] + 1 for k in required)
+        for k, least in self.SQUEEZE:
+            if avail >= 0:
+                break
+            give = min(-avail, max(0, sizes[k] - max(least, len(head[k]))))
+            sizes[k] -= give
+            avail += give
+        for k, cap in self.ORDER:
+            goal = want[k] if cap is None else min(want[k], cap)
+            grow = goal - sizes[k]
+            if grow <= 0 or avail <= 0:
                 continue
-            opening = sizes[name] == 0
-            if opening:
-                if name in self.OPTIONAL and avail < min(want, 6) + 1:
+            if sizes[k] == 0:  # opening an optional column (no flags: no flags column)
+                if k not in self.OPTIONAL:
+                    continue
+                least = max(len(head[k]), min(want[k], self.OPENING[k]))
+                if avail < least + 1:
                     continue  # no room for a useful amount of it
                 avail -= 1
-            grant = min(want, avail)
-            sizes[name] += grant
+            grant = min(grow, avail)
+            sizes[k] += grant
             avail -= grant
+        for k in self.OPTIONAL:  # a column that just misses: the stat gives up its label
+            least = max(len(head[k]), min(want[k], self.OPENING[k]))
+            give = least + 1 - avail
+            if not sizes[k] and 0 < give <= sizes["stat"] - self.STAT_LENDS:
+                sizes["stat"] -= give
+                sizes[k] = least
+                avail = 0
         self.name = sizes["name"]
         self.stat = sizes["stat"]
         self.flags = sizes["flags"]
@@ -114,6 +167,10 @@ class Columns:
         self.shapes = sizes["shapes"]
         self.source = sizes["source"]
         self.spare = max(0, avail)
+
+    def module_header(self) -> str:
+        """``module / param`` when it fits, else ``module``."""
+        return self.MODULE_LONG if self.module >= len(self.MODULE_LONG) else "module"
 
 
 class OpTimeline(VirtualList):
@@ -162,15 +219,19 @@ class OpTimeline(VirtualList):
         self._natural_key = 0
         self._measured = 0
         self._columns: tuple[tuple[int, int], Columns] | None = None
-        # The aten level: rows unfolded into their aten calls, by (kind, seq), and where the
-        # calls are shown: for each unfolded row in view (ascending), its base index (its
-        # place without calls), its display index, the calls shown before it, and its calls.
-        self.unfolded: set[tuple[str, int]] = set()
+        # The aten level: rows unfolded into their aten calls. ``unfold_all`` is the default
+        # for every row with calls (off: folded); ``_toggled`` holds the rows, by (kind, seq),
+        # folded or unfolded by hand against it in this step. Then where the calls are shown:
+        # for each unfolded row in view (ascending), its base index (its place without
+        # calls), its display index, the calls shown before it, and its calls.
+        self.unfold_all = False
+        self._toggled: set[tuple[str, int]] = set()
         self._fold_base: list[int] = []
         self._fold_disp: list[int] = []
         self._fold_before: list[int] = []
         self._fold_calls: list[tuple[Rec, ...]] = []
         self._calls_shown = 0
+        self._laid: tuple | None = None  # see _layout_state
 
     # -- model -------------------------------------------------------------------------------
     def set_step(
@@ -184,7 +245,7 @@ class OpTimeline(VirtualList):
         self.store = store
         changed = step != self.step or data is not self.data
         if step != self.step:
-            self.unfolded.clear()
+            self._toggled.clear()  # unfold_all stays: it is for every step
         self.step = step
         self.data = data
         self.message = message or ("no events in this step" if data is not None else "")
@@ -416,6 +477,8 @@ class OpTimeline(VirtualList):
     def _relayout(self) -> None:
         """Place the calls shown (after any change to the rows shown): all of an unfolded
         row's, the ones the filter matches of the others."""
+        if self._extend_layout():
+            return
         data = self.data
         shown_calls: dict[int, tuple[Rec, ...]] = {}  # base index -> the calls shown under it
         if data is not None and self._hits is not None:  # the filter's: the matching ones
@@ -423,8 +486,8 @@ class OpTimeline(VirtualList):
                 base = self._base_index_of(None, seq)
                 if base is not None:
                     shown_calls[base] = calls
-        if data is not None and self.unfolded and data.aten:
-            for kind, seq in self.unfolded:
+        if data is not None and data.aten:
+            for kind, seq in self._unfolded_keys():
                 base = self._base_index_of(kind, seq)
                 if base is None:
                     continue
@@ -442,6 +505,90 @@ class OpTimeline(VirtualList):
             self._fold_calls.append(calls)
             shown += len(calls)
         self._calls_shown = shown
+        self._laid = self._layout_state()
+
+    # With every row unfolded, a live step's layout grows with it: only what came since the
+    # last one is laid out (a full layout visits every row with calls, 30 times a second).
+    def _layout_state(self) -> tuple | None:
+        """What the layout covers, (step data, its reorders, rows, calls), when it is one
+        ``_extend_layout`` can extend: every row unfolded, no filter."""
+        data = self.data
+        if data is None or not self.unfold_all or self._view is not None:
+            return None
+        return (data, data.reorders, len(data.rows), len(data.aten))
+
+    def _extend_layout(self) -> bool:
+        """Lay out only the rows that came since the last layout and the rows whose calls
+        changed, when nothing else did (rows only added at the end). False: do it all."""
+        laid, now = self._laid, self._layout_state()
+        if laid is None or now is None or laid[0] is not now[0] or laid[1] != now[1]:
+            return False
+        data, rows_laid, aten_laid = now[0], laid[2], laid[3]
+        changed: set[int] = set()  # laid rows whose calls may differ now
+        for t in islice(data.aten.values(), aten_laid, None):
+            changed.update(self._laid_parents(t[OP_SEQ], t[NODE_ID], rows_laid))
+        for t in data.rows[rows_laid:]:  # a node's new run takes calls from its earlier ones
+            if t[KIND] == GRAD:
+                changed.update(self._laid_parents(None, t[NODE_ID], rows_laid))
+        start = len(self._fold_base)  # the first entry whose display index may move
+        for base in sorted(changed):
+            start = min(start, self._set_calls(base, self._unfolded_calls(data.rows[base])))
+        for base in range(rows_laid, len(data.rows)):
+            calls = self._unfolded_calls(data.rows[base])
+            if calls:
+                self._set_calls(base, calls)
+        shown = self._fold_before[start - 1] + len(self._fold_calls[start - 1]) if start else 0
+        for k in range(start, len(self._fold_base)):
+            self._fold_before[k] = shown
+            self._fold_disp[k] = self._fold_base[k] + shown
+            shown += len(self._fold_calls[k])
+        self._calls_shown = shown
+        self._laid = now
+        return True
+
+    def _laid_parents(self, op_seq: int | None, node_id: int | None, limit: int) -> list[int]:
+        """Row indices below ``limit`` of the op ``op_seq``, or of every run of node
+        ``node_id``: the rows an aten call of theirs can be shown under."""
+        data = self.data
+        assert data is not None
+        if op_seq is not None:
+            recs: tuple = (data.op_by_seq.get(op_seq),)
+        elif node_id is not None:
+            recs = data.node_grads.get(node_id, ())
+        else:
+            recs = ()
+        found = (data.row_index(t[SEQ]) for t in recs if t is not None)
+        return [i for i in found if i is not None and i < limit]
+
+    def _unfolded_calls(self, t: Rec) -> tuple[Rec, ...]:
+        """The calls of row ``t`` with every row unfolded (none: folded by hand)."""
+        assert self.data is not None
+        return () if (t[KIND], t[SEQ]) in self._toggled else self.data.aten_of(t)
+
+    def _set_calls(self, base: int, calls: tuple[Rec, ...]) -> int:
+        """Show ``calls`` under row ``base`` (none: no entry); the entry's index. Display
+        indices from there on are left to the caller."""
+        k = bisect.bisect_left(self._fold_base, base)
+        present = k < len(self._fold_base) and self._fold_base[k] == base
+        if present and calls:
+            self._fold_calls[k] = calls
+        elif present:
+            for lst in (self._fold_base, self._fold_disp, self._fold_before, self._fold_calls):
+                del lst[k]
+        elif calls:
+            self._fold_base.insert(k, base)
+            self._fold_disp.insert(k, 0)
+            self._fold_before.insert(k, 0)
+            self._fold_calls.insert(k, calls)
+        return k
+
+    def _unfolded_keys(self) -> Iterable[tuple[str, int]]:
+        """(kind, seq) of the rows to unfold (some may not be shown, or have no calls)."""
+        if not self.unfold_all:
+            return self._toggled
+        assert self.data is not None
+        keys = ((t[KIND], t[SEQ]) for t in self.data.aten_parents())
+        return [key for key in keys if key not in self._toggled]
 
     def _locate(self, index: int) -> tuple[int, int, int]:
         """Display ``index`` -> (base index of its row, which call of it or -1, which
@@ -470,20 +617,16 @@ class OpTimeline(VirtualList):
         return bool(data.aten_of(row))
 
     def is_unfolded(self, row: Row | PendingRow | None) -> bool:
-        return row is not None and (row.kind, row.seq) in self.unfolded
+        if row is None or not self.has_calls(row):
+            return False
+        return ((row.kind, row.seq) in self._toggled) != self.unfold_all
 
     def set_unfolded(self, row: Row, on: bool) -> None:
         """Unfold ``row`` into its aten calls (on) or fold them away; the cursor stays on it."""
-        key = (row.kind, row.seq)
-        if on == (key in self.unfolded):
+        if on == self.is_unfolded(row):
             return
-        if on:
-            self.unfolded.add(key)
-        else:
-            self.unfolded.discard(key)
-        self._relayout()
-        self._remeasure(force=True)
-        self.refresh_rows()
+        self._toggled ^= {(row.kind, row.seq)}  # against unfold_all, so this flips the row
+        self._refold()
         index = self._index_of_row(row)
         if index is not None:
             self.move_cursor(index)
@@ -494,6 +637,31 @@ class OpTimeline(VirtualList):
                     self.scroll_to(
                         y=min(index, last - self.page_height + 1), animate=False, immediate=True
                     )
+
+    def set_unfold_all(self, on: bool) -> None:
+        """Unfold every row's aten calls (on), now and as rows come, or fold them all; the
+        cursor stays on its row (on a call that folds away: on the call's op or node)."""
+        if on == self.unfold_all:
+            return
+        keep = self.current_row()
+        self.unfold_all = on
+        self._toggled.clear()
+        self._refold()
+        if self.follow:
+            self._follow_end()
+            return
+        index = self._index_of_row(keep)
+        if index is None and isinstance(keep, AtenRow):
+            index = self._index_of_row(keep.parent)
+        if index is not None:
+            self.move_cursor(index, center=True)
+
+    def _refold(self) -> None:
+        """Show the calls of the rows unfolded now."""
+        self._laid = None  # which rows are unfolded changed: all of them are laid out again
+        self._relayout()
+        self._remeasure(force=True)
+        self.refresh_rows()
 
     def action_unfold(self) -> None:
         """``→``/``l``: unfold the row into its aten calls (unfolded: to its first call)."""
@@ -639,7 +807,7 @@ class OpTimeline(VirtualList):
     def render_header(self, width: int) -> list[Cell]:
         c = self.columns(width)
         parts = [rfit("seq", c.seq), fit("", c.dir - 1), fit("name", c.name)]
-        for label, w in (("module / param", c.module), ("shapes", c.shapes)):
+        for label, w in ((c.module_header(), c.module), ("shapes", c.shapes)):
             if w:
                 parts.append(fit(label, w))
         parts.append(fit("stat", c.stat))
@@ -655,7 +823,7 @@ class OpTimeline(VirtualList):
         view, and an even spread of the rest: a 100k-row step costs a few hundred)."""
         data = self.data
         count = self._base_count()
-        if data is None or count == 0:
+        if data is None or (count == 0 and self.pending is None):
             self.natural = {}
             self._natural_key += 1
             self._columns = None
@@ -679,8 +847,8 @@ class OpTimeline(VirtualList):
             if parent is not None:
                 rows.extend(AtenRow(t, parent) for t in calls[:50])
         for row in rows:
-            shapes, stat = self._row_cells(row)
-            name = self._name_text(row)
+            shapes, stat, tag = self._row_cells(row)
+            name = self._name_text(row, tag)
             flags, _ = self._flags(row)
             last_seq = max(last_seq, row.seq)
             for col, text in (
@@ -689,7 +857,7 @@ class OpTimeline(VirtualList):
                 ("shapes", shapes),
                 ("stat", stat),
                 ("flags", flags),
-                ("source", short_source(row.source, self.cwd)),
+                ("source", source_cell(row.source)),
             ):
                 if len(text) > nat[col]:
                     nat[col] = len(text)
@@ -703,23 +871,29 @@ class OpTimeline(VirtualList):
             self._cache.clear()
 
     @staticmethod
-    def _name_text(row: Row | PendingRow) -> str:
+    def _name_text(row: Row | PendingRow, tag: str = "") -> str:
+        """The name column's text; its ``tag`` (``[recompute]``, ``[compiled]``) after it."""
         if row.kind == OP:
-            return short_name(row.name)
-        if isinstance(row, AtenRow):  # indented under its op or node
-            return ("  Σ " if row.accumulate else "  ") + row.name
-        if row.kind == ATEN:  # a paused call whose op or node has no row yet: indented too
-            return "  " + row.name
-        return row.name
+            name = short_name(row.name)
+        elif isinstance(row, AtenRow):  # indented under its op or node
+            name = ("  Σ " if row.accumulate else "  ") + row.name
+        elif row.kind == ATEN:  # a paused call whose op or node has no row yet: indented too
+            name = "  " + row.name
+        else:
+            name = row.name
+        return f"{name} {tag}" if tag else name
 
-    def _row_cells(self, row: Row | PendingRow) -> tuple[str, str]:
+    def _row_cells(self, row: Row | PendingRow) -> tuple[str, str, str]:
+        """(shapes, stat, tag) of a row: what it made, and its tag (see event_tag)."""
         if row.pending:
             ev = row.event
+            tag = event_tag(ev)
             sums = ev.get("grad_inputs") if row.kind == GRAD else ev.get("outputs")
             if sums is None:  # paused before it runs: what it gets, and that it has not run
                 sums = ev.get("grad_outputs") if row.kind == GRAD else ev.get("inputs")
-                return shapes_text(sums), "not run yet"
-            return shapes_text(sums), " ".join(stat_text(s, self.stat_mode) for s in sums[:2])
+                return shapes_text(sums), "not run yet", tag
+            stat = " ".join(stat_text(s, self.stat_mode) for s in sums[:2])
+            return shapes_text(sums), stat, tag
         key = (row.seq, self.stat_mode)
         cells = self._cells.get(key)
         if cells is not None:
@@ -733,7 +907,7 @@ class OpTimeline(VirtualList):
                 stat += " …"
         else:
             stat = "-"
-        cells = (shapes, stat)
+        cells = (shapes, stat, event_tag(ev))
         self._cells[key] = cells
         if len(self._cells) > 4096:
             self._cells.popitem(last=False)
@@ -744,7 +918,7 @@ class OpTimeline(VirtualList):
         if row is None:
             return []
         c = self.columns(width)
-        shapes, stat = self._row_cells(row)
+        shapes, stat, tag = self._row_cells(row)
         call = isinstance(row, AtenRow)
         # an aten call is styled as its op's or node's row (a pending one: by its node, if any)
         if call:
@@ -770,10 +944,10 @@ class OpTimeline(VirtualList):
         cells: list[Cell] = [
             (rfit(seq, c.seq) + " ", self.cstyle("seq")),
             (fit(glyph, c.dir), self.cstyle("dim") if is_op and not paused else name_style),
-            (fit(name, c.name) + " ", name_style),
+            *self._name_cells(name, tag, c.name, name_style),
         ]
         if c.module:
-            cells.append((fit(module, c.module) + " ", self.cstyle("module")))
+            cells.append((fit(short_path(module, c.module), c.module) + " ", self.cstyle("module")))
         if c.shapes:
             cells.append((fit(shapes, c.shapes) + " ", None))
         stat_style = self.cstyle("error") if row.flags & 12 else None
@@ -781,11 +955,26 @@ class OpTimeline(VirtualList):
         if c.flags:
             cells.append((fit(fit_numbers(flags, c.flags), c.flags) + " ", flag_style))
         if c.source:
-            cells.append((fit(short_source(row.source, self.cwd), c.source), self.cstyle("source")))
+            source = source_cell(row.source)
+            if len(source) > c.source:  # keep the line number: cut the file's name instead
+                source = "…" + source[-(c.source - 1) :] if c.source > 1 else "…"
+            cells.append((fit(source, c.source), self.cstyle("source")))
         if paused:
             mark = self.cstyle("paused")
             cells = [(text, mark if style is None else style + mark) for text, style in cells]
         return cells
+
+    def _name_cells(self, name: str, tag: str, width: int, style: Style | None) -> list[Cell]:
+        """The name column (``width`` and its separating space): the name, then the tag
+        dimmed. A name too long is cut before the tag, so the tag stays in sight; a column
+        too narrow for both keeps the name."""
+        if not tag or width < len(tag) + 6:
+            return [(fit(name, width) + " ", style)]
+        dim = self.cstyle("dim")
+        room = width - len(tag) - 1
+        if len(name) <= room:  # the tag right after the name
+            return [(name + " ", style), (fit(tag, width - len(name) - 1) + " ", dim)]
+        return [(fit(name, room) + " ", style), (tag + " ", dim)]
 
     def _kept_for_calls(self, row: Row | PendingRow) -> bool:
         """A row the filter keeps only for the aten calls under it that it matches."""

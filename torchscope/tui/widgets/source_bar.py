@@ -85,7 +85,8 @@ class SourceBar(Static):
         for lane, label in zip(lanes, labels, strict=True):
             glyph, style = _state(lane)
             key = str(lane.index + 1) if lane.index < 9 else " "
-            alerts = "[b $error]![/]" if lane.store.alerts else ""
+            store = lane.store  # eager checks are not NaN/Inf alerts
+            alerts = "[b $error]![/]" if len(store.alerts) > sum(store.checks.values()) else ""
             step = lane.newest_step() if lane.live else None
             where = f" s{step}" if step is not None else ""
             body = f"[b]{key}[/] {escape(label)} [{style}]{glyph}[/]{alerts}{where}"

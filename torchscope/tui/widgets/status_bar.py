@@ -1,5 +1,6 @@
 """One line of session state: mode, pid, rank, step, events/s, dropped, paused (why, and
-before or after which op or node), breakpoints, follow."""
+before or after which op or node), what was asked of the job's next step, breakpoints,
+follow."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from textual.content import Content
 from textual.markup import escape
 from textual.widgets import Static
 
-from torchscope.tui.format import short_name
+from torchscope.tui.format import plural, short_name
 from torchscope.tui.stepping import StepperView, event_name, pause_event, pause_title
 
 
@@ -80,6 +81,7 @@ class StatusBar(Static):
         resident: int,
         steps: int,
         stepper: StepperView | None = None,
+        asked: str | None = None,
     ) -> None:
         parts: list[tuple[int, str]] = []
 
@@ -117,6 +119,8 @@ class StatusBar(Static):
             add(0, "[b $warning]⏸ PAUSED[/]")
         elif stepper is not None and stepper.mode in ("pause", "step", "next"):
             add(1, f"[$warning]{'pausing' if stepper.mode == 'pause' else stepper.mode}…[/]")
+        if asked:  # what @ / E asked of the job's next step
+            add(1, f"[$accent]{escape(asked)}[/]")
         if step is not None:
             add(1, f"step {escape(str(step))}")
         if stepper is not None and stepper.breakpoints:
@@ -147,13 +151,13 @@ class StatusBar(Static):
             add(4, f"pid {escape(str(status['pid']))}")
         if status.get("rank") is not None:
             add(4, f"rank {escape(str(status['rank']))}")
-        add(5, f"{steps} steps")
+        add(5, plural(steps, "step"))
         if mode == "live":
             add(5, f"{_rate(rate)} ev/s")
         else:
             total = status.get("events_total")
             if total is not None:
-                add(5, f"{total:,} events")
+                add(5, plural(total, "event"))
         add(7, f"[$text-muted]{resident:,} in memory[/]")
         self._parts = parts
         self._render_parts()

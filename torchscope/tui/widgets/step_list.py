@@ -2,11 +2,11 @@
 
 Each line: step, number of forward ops, number of backward nodes (and of aten calls, at the
 aten level, where the panel has room: the screen widens it), and a mark for alerts and for
-steps that are not in memory. Once known, the step's loss and global gradient norm come first,
-with a bar scaling that norm against every step's (a spike stands out), and the panel's
-subtitle is a sparkline of the norms across all steps: a replay's count pass finds them (see
-countpass), a live session's source as the events stream in (``sources.LiveOverview``, the same
-counter).
+steps that are not in memory. Once known, the step's loss (the value at the root of its
+backward: blank before that runs) and global gradient norm come first, with a bar scaling that
+norm against every step's (a spike stands out), and the panel's subtitle is a sparkline of
+the norms across all steps: a replay's count pass finds them (see countpass), a live session's
+source as the events stream in (``sources.LiveOverview``, the same counter).
 """
 
 from __future__ import annotations
@@ -180,8 +180,8 @@ class StepList(VirtualList):
             loss, norm = info.loss, info.grad_norm
             bad = self.cstyle("error")
             cells += [
-                (
-                    rfit(short_num(loss, 6), 6) + " ",
+                (  # blank until known: the root of the step's backward (see store.LOSS_KNOWN)
+                    rfit("" if loss is None else short_num(loss, 6), 6) + " ",
                     bad if loss is not None and not math.isfinite(loss) else None,
                 ),
                 (
@@ -202,6 +202,7 @@ class StepList(VirtualList):
                 aten = _count(info.n_aten, info.counted) if info.n_aten else "-"
                 cells.append((rfit(aten, 6) + " ", self.cstyle("dim")))
         cells.append((fit(mark, 1), mark_style))
-        if info.n_alerts:
-            cells.append((f"⚠{info.n_alerts}", self.cstyle("error")))
+        alerts = self.store.nan_alerts(info)  # eager checks are not NaN/Inf alerts
+        if alerts:
+            cells.append((f"⚠{alerts}", self.cstyle("error")))
         return cells
