@@ -137,3 +137,72 @@ def test_main_screen_at_200x50(snap_compare):
     assert snap_compare(
         app(), terminal_size=(200, 50), run_before=on_row("torch.nn.functional.linear", 1)
     )
+
+
+# -- focus and colours at 256 and 16 colours (tmux without COLORTERM, TERM=screen) -----------
+# snap_compare exports truecolor SVGs (App.export_screenshot); this app quantises every
+# colour of the screenshot as Rich does for such a terminal (Color.downgrade), so the SVG shows
+# what the terminal gets: unfocused borders and titles, the focused panel, the cursor rows.
+
+
+def downgraded_app(system: str) -> TorchscopeApp:
+    import io
+    from pathlib import Path
+
+    from rich.color import ColorSystem
+    from rich.console import Console
+    from rich.segment import Segment
+    from rich.style import Style
+
+    from torchscope.tui import app as app_module
+
+    color_system = {"256": ColorSystem.EIGHT_BIT, "16": ColorSystem.STANDARD}[system]
+    cache: dict[Style, Style] = {}
+
+    def downgrade(style: Style) -> Style:
+        if style not in cache:
+            cache[style] = style + Style(
+                color=style.color.downgrade(color_system) if style.color else None,
+                bgcolor=style.bgcolor.downgrade(color_system) if style.bgcolor else None,
+            )
+        return cache[style]
+
+    class Quantised:
+        def __init__(self, renderable) -> None:
+            self.renderable = renderable
+
+        def __rich_console__(self, console, options):
+            for seg in console.render(self.renderable, options):
+                if seg.style is not None and not seg.control:
+                    seg = Segment(seg.text, downgrade(seg.style), seg.control)
+                yield seg
+
+    class DowngradedApp(TorchscopeApp):
+        CSS_PATH = Path(app_module.__file__).with_name("app.tcss")
+
+        def export_screenshot(self, *, title: str | None = None, simplify: bool = False) -> str:
+            width, height = self.size
+            console = Console(
+                width=width,
+                height=height,
+                file=io.StringIO(),
+                force_terminal=True,
+                color_system="truecolor",
+                record=True,
+                legacy_windows=False,
+                safe_box=False,
+            )
+            update = self.screen._compositor.render_update(
+                full=True, screen_stack=self._background_screens, simplify=simplify
+            )
+            console.print(Quantised(update))
+            return console.export_svg(title=title or self.title)
+
+    return DowngradedApp(ScriptedSource(make_trace(3, 4, nan_step=1), mode="replay"))
+
+
+@pytest.mark.parametrize("system", ["256", "16"])
+def test_main_screen_colours(snap_compare, system):
+    # the timeline has the focus: accent border, bold title, bright cursor row; the steps and
+    # the alerts do not: grey border, plain title, muted cursor row
+    assert snap_compare(downgraded_app(system), terminal_size=SIZE, run_before=loaded(1))

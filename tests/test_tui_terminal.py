@@ -73,7 +73,7 @@ def test_replay_in_a_real_terminal(tmp_path: Path) -> None:
         tmux("send-keys", "-t", session, "]")  # next step: the one with the NaN
         wait_for(session, "Step 1")
         tmux("send-keys", "-t", session, "|")  # filter
-        wait_for(session, "over name, module")
+        wait_for(session, "filter name · module · source")
         tmux("send-keys", "-t", session, "gelu", "Enter")
         out = wait_for(session, "/gelu/")
         assert "GeluBackward0" in out and "F.layer_norm" not in out

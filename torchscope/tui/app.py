@@ -72,6 +72,13 @@ class TorchscopeApp(App[int]):
         Binding("X", "mark", "Mark", show=False),
     ]
 
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        """Colours of the focus cues, chosen to survive 256 and 16 colours (tmux without
+        COLORTERM): a mid grey for unfocused panel borders (242 / bright black) and a neutral
+        grey for the cursor row of an unfocused list (237 / bright black), while the focused
+        panel keeps ``$accent`` and its cursor row ``$block-cursor-background``."""
+        return {"panel-border": "#6C6C6C", "cursor-blurred": "#3A3A3A"}
+
     def __init__(
         self,
         source: EventSource | Sequence[EventSource],

@@ -42,7 +42,7 @@ from torchscope.protocol.events import (
     SESSION,
     Event,
 )
-from torchscope.tui.format import is_check
+from torchscope.tui.format import is_check, short_name, source_cell
 from torchscope.tui.stepping import StepperView
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "CallHits",
     "Changes",
     "EventStore",
+    "FieldPattern",
     "Inbox",
     "NameMatch",
     "PendingRow",
@@ -374,7 +375,7 @@ class StepData:
         self.alert_seqs: set[int] = set()
         self.version = 0  # bumped on every change
         self.reorders = 0  # bumped when a row was inserted before the end of ``rows``
-        self._hay: list[str] = []  # filter text per row, built on the first filter
+        self._hay: list[tuple[str, ...]] = []  # filter fields per row, built on the first filter
         self._hay_reorders = 0
 
     def __len__(self) -> int:
@@ -396,11 +397,23 @@ class StepData:
     def row(self, index: int) -> Row:
         return self.view(self.rows[index])
 
-    def haystack(self, t: Rec) -> str:
-        """What the timeline filter searches: name, module, parameter, source."""
-        return f"{t[NAME]}\n{self.module_of(t)}\n{t[PARAM] or ''}\n{t[SOURCE]}"
+    def haystack(self, t: Rec) -> tuple[str, ...]:
+        """What the timeline's search and filter match, each field on its own (see
+        :class:`FieldPattern`): the name as shown (``F.linear``) and in full, the module,
+        the parameter, the source as shown (``train.py:20``) and in full. Empty ones left out."""
+        name, source = t[NAME] or "", t[SOURCE] or ""
+        shown_name, shown_source = short_name(name), source_cell(source)
+        fields = (
+            shown_name,
+            name if name != shown_name else "",
+            self.module_of(t) or "",
+            t[PARAM] or "",
+            shown_source,
+            source if source != shown_source else "",
+        )
+        return tuple(f for f in fields if f)
 
-    def haystacks(self) -> list[str]:
+    def haystacks(self) -> list[tuple[str, ...]]:
         """``haystack`` of every row, in row order; kept once built (a filter typed key by
         key over 100k rows then costs one regex search per row, nothing else)."""
         hay = self._hay
@@ -1252,12 +1265,59 @@ class RateMeter:
         return self._total / self.window
 
 
-def compile_filter(text: str) -> re.Pattern[str] | None:
-    """The timeline filter: a case-insensitive regex, or None for no filter. Raises re.error."""
+class FieldPattern:
+    """A case-insensitive regex matched against each field of a row on its own (so ``^`` and
+    ``$`` anchor within one field, and nothing matches across two): ``search`` takes one
+    text, or a row's fields (``StepData.haystack``) and matches when any field does. Has
+    ``re.Pattern``'s ``pattern``, ``flags`` and ``search``, so the graph panel and the aten
+    call match (``NameMatch``) use it as one. A row's verdict is kept per distinct fields
+    (a step has many rows and few distinct ones), so a filter over 100k rows costs about a
+    dict lookup a row."""
+
+    __slots__ = ("_re", "_seen", "flags", "pattern")
+
+    MAX_SEEN = 1 << 16  # verdicts kept; cleared when full
+
+    def __init__(self, text: str) -> None:
+        self._re = re.compile(text, re.IGNORECASE)
+        self.pattern = self._re.pattern
+        self.flags = self._re.flags
+        self._seen: dict[tuple[str, ...], bool] = {}
+
+    def search(self, text: str | tuple[str, ...]) -> re.Match[str] | bool | None:
+        """For one text, ``re.Pattern.search``; for a row's fields, True when a field
+        matches, else None."""
+        if isinstance(text, str):
+            return self._re.search(text)
+        seen = self._seen
+        hit = seen.get(text)
+        if hit is None:
+            if len(seen) >= self.MAX_SEEN:
+                seen.clear()
+            hit = seen[text] = any(map(self._re.search, text))
+        return True if hit else None
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, FieldPattern)
+            and other.pattern == self.pattern
+            and other.flags == self.flags
+        )
+
+    def __hash__(self) -> int:
+        return hash((FieldPattern, self.pattern, self.flags))
+
+    def __repr__(self) -> str:
+        return f"FieldPattern({self.pattern!r})"
+
+
+def compile_filter(text: str) -> FieldPattern | None:
+    """The timeline's search and filter: a case-insensitive regex matched field by field (see
+    :class:`FieldPattern`), or None for no filter. Raises re.error."""
     text = text.strip()
     if not text:
         return None
-    return re.compile(text, re.IGNORECASE)
+    return FieldPattern(text)
 
 
 # -- search and filter over aten calls ---------------------------------------------------------
@@ -1268,7 +1328,7 @@ class NameMatch:
     """``pattern`` over aten call names, each distinct name searched once (a step has many
     calls and few names)."""
 
-    def __init__(self, pattern: re.Pattern[str]) -> None:
+    def __init__(self, pattern: re.Pattern[str] | FieldPattern) -> None:
         self.pattern = pattern
         self._seen: dict[str, bool] = {}
 
@@ -1285,7 +1345,7 @@ class CallHits:
     each ``update`` reads the calls that came since, and again the matching calls whose row
     had not come yet (an op's calls come before the op, a node's before its event)."""
 
-    def __init__(self, data: StepData, pattern: re.Pattern[str]) -> None:
+    def __init__(self, data: StepData, pattern: re.Pattern[str] | FieldPattern) -> None:
         self.data = data
         self.match = NameMatch(pattern)
         self.by_row: dict[int, tuple[Rec, ...]] = {}

@@ -54,6 +54,7 @@ from torchscope.tui.store import (
     AtenRow,
     Changes,
     EventStore,
+    FieldPattern,
     PendingRow,
     Row,
     compile_filter,
@@ -151,7 +152,7 @@ class MainScreen(Screen[None]):
         self._count_progress: tuple[float, float, str] | None = None
         self._detail_pending = False
         self.ready = False
-        self.search: re.Pattern[str] | None = None
+        self.search: FieldPattern | None = None
         self._search_origin: tuple[str, int] | None = None
         self._match_cache: tuple[tuple, list[int]] | None = None
         # what @ / E asked of the job's next step: (text, answered, the job's step then)
@@ -954,7 +955,7 @@ class MainScreen(Screen[None]):
         self.filter.display = False
         self.timeline.focus()
 
-    def _apply_filter(self, pattern: re.Pattern[str] | None) -> None:
+    def _apply_filter(self, pattern: FieldPattern | None) -> None:
         self.timeline.set_filter(pattern)
         self._title()
 

@@ -1,7 +1,10 @@
 """The one-line prompt under the timeline: ``/`` search, ``|`` filter, ``:`` go to.
 
-- search: a regex over op/node name, module (or parameter) and source; the cursor moves to
-  the first match as you type, every row stays; ``ctrl+n`` / ``ctrl+p`` next / previous match.
+- search: a regex (any case) matched against each field a row shows on its own: the name
+  (as shown, ``F.linear``, and in full), the module (or parameter), the source (as shown,
+  ``train.py:20``, and the full path); ``^`` and ``$`` anchor within one field, and an aten
+  call is matched by its name. The cursor moves to the first match as you type, every row
+  stays; ``ctrl+n`` / ``ctrl+p`` next / previous match.
 - filter: the same regex, and only the matching rows stay.
 - command (k9s-style ``:``): ``:12`` step 12, ``:#1234`` the event with seq 1234,
   ``:node 57`` the backward node with id 57.
@@ -19,12 +22,13 @@ from textual.widgets import Input
 MODES = {
     # mode: (title, placeholder)
     "search": (
-        "search · enter: keep · ctrl+n/ctrl+p: next/prev match · esc: clear",
-        "regex (any case) over name, module, source",
+        "/ search name · module · source · enter: keep · ctrl+n/ctrl+p: next/prev match · "
+        "esc: clear",
+        "regex (any case), each field on its own: name · module · source",
     ),
     "filter": (
-        "filter · enter: keep · esc: clear",
-        "regex (any case) over name, module, source — only matching rows stay",
+        "| filter name · module · source · enter: keep · esc: clear",
+        "regex (any case), each field on its own: name · module · source — only matches stay",
     ),
     "command": (
         "go to · enter: go · esc: close",
