@@ -276,3 +276,21 @@ async def test_a_late_detail_refresh_leaves_the_graph_nodes_detail_alone():
         await pilot.pause(0.4)
         assert app.main.center == "graph"
         assert "backward node" in str(detail.render())
+
+
+@sync
+async def test_a_toast_never_covers_the_status_or_key_bar(trace_file: Path):
+    """A note (toast) shows above the status bar and the key bar: the pause reason and the
+    keys stay readable while it is up."""
+    from textual.widgets._toast import Toast
+
+    app = TorchscopeApp(FileSource(str(trace_file)))
+    async with app.run_test(size=SMALL, notifications=True) as pilot:
+        await until(pilot, lambda: app.main.timeline.row_count() > 0)
+        app.notify("a note the user reads", timeout=30)
+        await until(pilot, lambda: bool(app.screen.query(Toast)), what="a toast")
+        (toast,) = app.screen.query(Toast)
+        await until(pilot, lambda: toast.region.height > 0, what="the toast laid out")
+        bars = [app.main.query_one("#status").region, app.main.query_one("#keys").region]
+        for bar in bars:
+            assert not toast.region.overlaps(bar), (toast.region, bar)
