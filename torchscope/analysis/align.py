@@ -56,11 +56,13 @@ def keyed(events: Iterable[dict]) -> Iterator[tuple[Any, tuple, dict]]:
     """``(step, (key..., occurrence), event)`` for each compared event, in event order. The
     occurrence counts the earlier events of the same step with the same key, so any subset
     of a step's events that keeps every event of a key gives the same numbers."""
+    return _numbered((key, ev) for ev in events if (key := event_key(ev)) is not None)
+
+
+def _numbered(keys: Iterable[tuple[tuple, dict]]) -> Iterator[tuple[Any, tuple, dict]]:
+    """``(key, event)`` pairs with their occurrence within the step added to the key."""
     counts: dict[tuple, int] = {}
-    for ev in events:
-        key = event_key(ev)
-        if key is None:
-            continue
+    for key, ev in keys:
         step = step_of(ev)
         full = (step, *key)
         n = counts.get(full, 0)
@@ -70,8 +72,12 @@ def keyed(events: Iterable[dict]) -> Iterator[tuple[Any, tuple, dict]]:
 
 def group_by_step(events: Iterable[dict]) -> dict[Any, dict[tuple, Any]]:
     """step -> {(key..., occurrence): event}, in event order (dicts keep insertion order)."""
+    return _by_step(keyed(events))
+
+
+def _by_step(numbered: Iterable[tuple[Any, tuple, dict]]) -> dict[Any, dict[tuple, Any]]:
     steps: dict[Any, dict[tuple, Any]] = {}
-    for step, key, ev in keyed(events):
+    for step, key, ev in numbered:
         steps.setdefault(step, {})[key] = ev
     return steps
 
@@ -135,22 +141,21 @@ def aten_keyed(events: Iterable[dict]) -> Iterator[tuple[Any, tuple, dict]]:
     The UI's compare view keys its aten rows the same way (``tui.multi``)."""
     events = events if isinstance(events, list) else list(events)
     parents = _Parents(events)
-    counts: dict[tuple, int] = {}
-    for ev in events:
-        if ev.get("kind") != ATEN:
-            continue
-        step = step_of(ev)
-        parent = parents.of(ev) or _unlinked_parent(ev)
-        key = (ATEN, parent, bool(ev.get("accumulate")), ev.get("name"))
-        full = (step, *key)
-        n = counts.get(full, 0)
-        counts[full] = n + 1
-        yield step, (*key, n), ev
+    return _numbered(
+        (
+            (
+                ATEN,
+                parents.of(ev) or _unlinked_parent(ev),
+                bool(ev.get("accumulate")),
+                ev.get("name"),
+            ),
+            ev,
+        )
+        for ev in events
+        if ev.get("kind") == ATEN
+    )
 
 
 def group_aten_by_step(events: Iterable[dict]) -> dict[Any, dict[tuple, Any]]:
     """step -> {aten key: call}, in event order: ``group_by_step`` for the aten level."""
-    steps: dict[Any, dict[tuple, Any]] = {}
-    for step, key, ev in aten_keyed(events):
-        steps.setdefault(step, {})[key] = ev
-    return steps
+    return _by_step(aten_keyed(events))
