@@ -12,14 +12,13 @@ import os
 import shutil
 import socket
 import stat
-import subprocess
-import sys
 import tempfile
 import textwrap
 import threading
 import time
 from pathlib import Path
 
+import other_user
 import pytest
 import zmq
 from live_events import ops, session_event
@@ -208,14 +207,12 @@ STRANGER = textwrap.dedent(
 
 def test_another_uid_gets_nothing(rt: Path, monkeypatch, tmp_path: Path, closing) -> None:
     """Run only where this test can become another user (root); skipped elsewhere."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+    if not other_user.can_become_other():
         pytest.skip("needs root to run a second uid")
-    uid = gid = 65534  # nobody
     monkeypatch.setenv(ep.ENV_BIND, "tcp://127.0.0.1")
     pub = EventPublisher(session_event()).start()
     closing.append(pub)
-    home = Path(tempfile.mkdtemp(prefix="tsother-", dir="/tmp"))
-    os.chown(home, uid, gid)
+    home = other_user.other_home("tsother-")
     env = {
         "PATH": os.environ.get("PATH", ""),
         "HOME": str(home),
@@ -223,11 +220,6 @@ def test_another_uid_gets_nothing(rt: Path, monkeypatch, tmp_path: Path, closing
         "TORCHSCOPE_RUNTIME_DIR": str(home / "run"),
         "TORCHSCOPE_KEYS_DIR": str(home / "keys"),
     }
-
-    def become_other() -> None:
-        os.setgroups([])
-        os.setgid(gid)
-        os.setuid(uid)
 
     stop = threading.Event()
 
@@ -244,26 +236,11 @@ def test_another_uid_gets_nothing(rt: Path, monkeypatch, tmp_path: Path, closing
 
     deps = {str(Path(m.__file__).resolve().parents[1]) for m in (zmq, msgpack)}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *sorted(deps)])
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    pythons = [sys.executable, *(p for p in (f"/usr/bin/{version}", f"/usr/local/bin/{version}"))]
     feeder = threading.Thread(target=stream, daemon=True)
     feeder.start()
-    proc = None
     try:
-        for python in pythons:
-            try:
-                proc = subprocess.run(
-                    [python, "-c", STRANGER, pub.endpoints[1], pub.endpoints[0], pub.keys_file],
-                    env=env,
-                    cwd=str(home),
-                    capture_output=True,
-                    text=True,
-                    timeout=60,
-                    preexec_fn=become_other,
-                )
-            except (PermissionError, FileNotFoundError, subprocess.SubprocessError):
-                continue
-            break
+        args = ["-c", STRANGER, pub.endpoints[1], pub.endpoints[0], pub.keys_file]
+        proc = other_user.run_as_other(args, env, home, other_user.system_pythons())
     finally:
         stop.set()
         feeder.join()
@@ -272,7 +249,7 @@ def test_another_uid_gets_nothing(rt: Path, monkeypatch, tmp_path: Path, closing
         pytest.skip("no Python this test can run as another uid")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["uid"] == uid
+    assert out["uid"] == other_user.UID
     assert out["read_keys"] is False
     assert out["client"].startswith("unreachable: no torchscope session of yours")
     assert out["frames"] is False and out["reply"] is False

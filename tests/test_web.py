@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import other_user
 import pytest
 
 from torchscope.cli import web
@@ -581,44 +582,16 @@ STRANGER = textwrap.dedent(
 def test_another_uid_cannot_get_the_page_without_the_token(trace_file: Path) -> None:
     """Run only where this test can become another user (root); skipped elsewhere."""
     pytest.importorskip("textual_serve")
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+    if not other_user.can_become_other():
         pytest.skip("needs root to run a second uid")
-    uid = gid = 65534  # nobody
-    home = Path(tempfile.mkdtemp(prefix="tsweb-other-", dir="/tmp"))
-    os.chown(home, uid, gid)
+    home = other_user.other_home("tsweb-other-")
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home)}
-
-    def become_other() -> None:
-        os.setgroups([])
-        os.setgid(gid)
-        os.setuid(uid)
-
-    # The other user may not reach this interpreter (e.g. a pyenv under /root): then the same
-    # Python version from the system (the stranger needs only the standard library).
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    pythons = [
-        sys.executable,
-        f"/usr/bin/{version}",
-        f"/usr/local/bin/{version}",
-        "/usr/bin/python3",
-    ]
-    proc = None
+    # The stranger needs only the standard library: any Python 3 of the system will do.
+    pythons = other_user.system_pythons("/usr/bin/python3")
     try:
         with web_server(trace_file, free_port()) as served:
-            for python in pythons:
-                try:
-                    proc = subprocess.run(
-                        [python, "-c", STRANGER, served.base, str(served.proc.pid)],
-                        env=env,
-                        cwd=str(home),
-                        capture_output=True,
-                        text=True,
-                        timeout=60,
-                        preexec_fn=become_other,
-                    )
-                except (PermissionError, FileNotFoundError, subprocess.SubprocessError):
-                    continue
-                break
+            args = ["-c", STRANGER, served.base, str(served.proc.pid)]
+            proc = other_user.run_as_other(args, env, home, pythons)
             no_ui = children(served.proc.pid) == [] if os.path.isdir("/proc/self") else True
             assert status(served.url) == 200  # meanwhile the user's own URL works
     finally:
@@ -627,7 +600,7 @@ def test_another_uid_cannot_get_the_page_without_the_token(trace_file: Path) -> 
         pytest.skip("no Python this test can run as another uid")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["uid"] == uid
+    assert out["uid"] == other_user.UID
     # It reaches the port (a 403, not a refused connection) and gets nothing else.
     assert out["status"] == {p: 403 for p in ("/", "/?token=guess", "/static/js/textual.js", "/ws")}
     assert "leaked" not in out
