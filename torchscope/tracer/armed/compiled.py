@@ -131,9 +131,6 @@ class CompiledCalls:
         self._emit(event)
         say(f"step {event['step']}: {event['message']}")
 
-    def forget(self) -> None:
-        self._local = threading.local()
-
     def _step_off(self) -> tuple[list, list]:
         """Pop torchscope's modes from the top of both stacks (a mode the job pushed above
         them stays, and so do ours under it: the guard then fails as it would anyway)."""

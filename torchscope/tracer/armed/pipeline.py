@@ -50,7 +50,6 @@ class EventPipeline:
         self.last_flush = time.monotonic()
         self.alerts = AlertDetector(next_seq)
         self._step_event: Event | None = None  # the STEP event of a step with no event yet
-        self.steps_opened = 0  # steps that had an event
         # step -> how many non-finite summaries had been made when its STEP event was added:
         # while that number stands still, no event of the step can be an alert (see
         # _alerts_of), and delivery skips the checks.
@@ -84,9 +83,13 @@ class EventPipeline:
         ):
             self.flush()
 
+    @property
+    def step_pending(self) -> bool:
+        """The current step has no event yet (nothing traced in it so far)."""
+        return self._step_event is not None
+
     def _add_step(self) -> None:
         step, self._step_event = self._step_event, None
-        self.steps_opened += 1
         self.add(step)  # type: ignore[arg-type]
 
     def flush(self, wait: bool = False) -> None:

@@ -337,7 +337,7 @@ class Tracer:
             self.modules.remove()
             assert self.pipeline is not None
             # Its STEP event still waiting: nothing ran in the last step (after the loop).
-            self.last_step_empty = self.pipeline._step_event is not None
+            self.last_step_empty = self.pipeline.step_pending
             self.pipeline.close()
         finally:
             try:
