@@ -123,6 +123,54 @@ def test_arming_and_disarming_a_compiled_model_never_recompiles_it():
         assert compiles() == 1, traced_steps
 
 
+_weight = torch.nn.Parameter(torch.randn(8, 8, generator=torch.Generator().manual_seed(1)))
+
+
+@torch.compile(backend="aot_eager")
+def compiled_block(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(x @ _weight).sum()
+
+
+def test_arming_and_disarming_around_a_compiled_function_never_recompiles_it():
+    """A ``torch.compile``'d function has no module hooks: the hook torchscope puts on its
+    compile context steps the modes off for each call, once per context however often a job
+    is armed. Its backward node is still traced."""
+
+    def step() -> float:
+        loss = compiled_block(torch.randn(4, 8))
+        _weight.grad = None
+        loss.backward()
+        return loss.item()
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    expected = [step() for _ in range(4)]
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    torch.manual_seed(0)
+    losses, grads = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for i in range(4):
+            if i in (1, 2):
+                with torchscope.trace() as tr:
+                    losses.append(step())
+                assert tr.errors == []
+                grads.append({g.node for g in tr.grads})
+            else:
+                losses.append(step())
+    assert losses == expected
+    assert compiles() == 1
+    assert all("CompiledFunctionBackward" in names for names in grads), grads
+    (context,) = [
+        c.cell_contents
+        for c in compiled_block.__closure__
+        if hasattr(c.cell_contents, "enter_exit_hooks")
+    ]
+    ours = [h for h in context.enter_exit_hooks if h.__name__ == "_around_compiled_function"]
+    assert len(ours) == 1
+
+
 def test_a_compiled_call_is_one_op_whose_backward_is_the_compiled_graphs_node():
     torch._dynamo.reset()
     job = CompiledJob("aot_eager")

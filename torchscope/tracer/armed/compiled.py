@@ -12,13 +12,26 @@ The call is one ``op`` event, ``torch.compile:<class of the compiled module>`` m
 ``compiled``: its inputs and outputs summarised, the module's path, and the autograd nodes it
 made (``CompiledFunctionBackward`` under AOTAutograd backends) tagged as its nodes, so the
 backward shows both sides of the compiled graph's node. What runs inside is not traced.
+
+A ``torch.compile``'d *function* has no module hooks to step the modes off around it. Dynamo
+calls the enter hooks of the function's compile context at every call, before the guards run:
+when a job is armed, the compiled functions in the user's modules get one that steps the
+modes off for the call (``arm_compiled_functions``). It stays on the context after the session
+ends (a check of one module global per call) and holds no reference to the session. Such a
+call is not an op event (the hook sees neither the arguments nor the result): its outputs enter
+the trace as values made outside the traced ops.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
+import sysconfig
 import threading
+import weakref
 from collections.abc import Callable, Iterator
+from types import FunctionType, ModuleType
 from typing import Any
 
 import torch
@@ -27,6 +40,7 @@ from torch.utils._python_dispatch import _pop_mode, _push_mode
 from torchscope.protocol.events import Event
 from torchscope.tracer.armed.eager_check import EagerCheck
 from torchscope.tracer.armed.forward import ForwardRecorder
+from torchscope.tracer.armed.source import LIBRARY_DIRS
 from torchscope.tracer.ranks import say
 
 COMPILED_PREFIX = "torch.compile:"
@@ -59,6 +73,9 @@ class CompiledCalls:
         self._local = threading.local()
         # Set per step: each compiled call also runs eagerly and is compared (eager_check.py).
         self.eager_check = False
+        # The module tracker's global hooks out of sight while a compiled function runs
+        # (Dynamo guards on them too); returns what puts them back.
+        self.hide_module_hooks: Callable[[], Callable[[], None]] = lambda: _nothing
 
     def _stack(self) -> list:
         stack = getattr(self._local, "stack", None)
@@ -105,6 +122,25 @@ class CompiledCalls:
                 check.run(module, args, output, done[0])
             except Exception as exc:
                 self._report_error("eager check of a compiled call", exc)
+
+    def enter_function(self) -> Callable[[], None]:
+        """A compiled function's call begins: the modes step off (and the module hooks hide)
+        until the returned cleanup runs at its end."""
+        stack = self._stack()
+        if stack:
+            return _nothing  # inside a compiled call: already off the stacks
+        function_modes, dispatch_modes = self._step_off()
+        if not function_modes and not dispatch_modes:
+            return _nothing  # not the traced thread, or an untraced step
+        show_hooks = self.hide_module_hooks()
+        stack.append(None)  # what runs eagerly in between (graph breaks) is not traced
+
+        def leave() -> None:
+            stack.pop()
+            show_hooks()
+            _push_back(function_modes, dispatch_modes)
+
+        return leave
 
     @contextlib.contextmanager
     def _untraced(self) -> Iterator[None]:
@@ -154,3 +190,96 @@ def _push_back(function_modes: list, dispatch_modes: list) -> None:
         _push_mode(mode)
     for mode in reversed(function_modes):
         torch._C._push_on_torch_function_stack(mode)
+
+
+def _nothing() -> None:
+    return None
+
+
+_armed: weakref.ref[CompiledCalls] | None = None  # the armed session's, for the hook below
+
+
+def _around_compiled_function() -> Callable[[], None]:
+    """The enter hook on compiled functions' contexts: a cleanup Dynamo calls at the end."""
+    calls = _armed() if _armed is not None else None
+    if calls is None:
+        return _nothing
+    try:
+        return calls.enter_function()
+    except Exception:  # never the job's problem; the call then runs with the modes on
+        return _nothing
+
+
+def arm_compiled_functions(calls: CompiledCalls | None) -> int:
+    """Route compiled functions' calls to ``calls`` (None: to nothing, when a session ends),
+    hooking those defined in the user's modules that are not hooked yet. Returns how many
+    compiled functions were found."""
+    global _armed
+    _armed = weakref.ref(calls) if calls is not None else None
+    if calls is None:
+        return 0
+    found = 0
+    for context in _compiled_function_contexts():
+        found += 1
+        hooks = context.enter_exit_hooks
+        if not any(h is _around_compiled_function for h in hooks):
+            hooks.append(_around_compiled_function)
+    return found
+
+
+def _compiled_function_contexts() -> Iterator[Any]:
+    """The Dynamo compile contexts of the ``torch.compile``'d functions (and methods of classes)
+    defined at the top level of the user's modules."""
+    for module in _user_modules():
+        for value in list(vars(module).values()):
+            if isinstance(value, type) and value.__module__ == module.__name__:
+                candidates = list(vars(value).values())
+            else:
+                candidates = [value]
+            for fn in candidates:
+                context = _compile_context(fn)
+                if context is not None:
+                    yield context
+
+
+def _compile_context(fn: object) -> Any:
+    if not isinstance(fn, FunctionType) or "_torchdynamo_orig_callable" not in fn.__dict__:
+        return None
+    for cell in fn.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(getattr(value, "enter_exit_hooks", None), list):
+            return value
+    return None
+
+
+_INSTALLED = os.sep + "site-packages" + os.sep
+_INSTALLED_DEBIAN = os.sep + "dist-packages" + os.sep
+
+
+def _user_modules() -> Iterator[ModuleType]:
+    """``__main__`` and the modules loaded from outside the standard library, the installed
+    packages, torch and torchscope."""
+    paths = sysconfig.get_paths()
+    library = (
+        tuple(
+            {
+                os.path.abspath(paths[k]) + os.sep
+                for k in ("stdlib", "platstdlib", "purelib", "platlib")
+            }
+        )
+        + LIBRARY_DIRS
+    )
+    for name, module in list(sys.modules.items()):
+        if not isinstance(module, ModuleType):
+            continue
+        path = module.__dict__.get("__file__")
+        if name == "__main__" or (
+            isinstance(path, str)
+            and not os.path.abspath(path).startswith(library)
+            and _INSTALLED not in path
+            and _INSTALLED_DEBIAN not in path
+        ):
+            yield module

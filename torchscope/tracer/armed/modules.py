@@ -136,6 +136,11 @@ class ModuleTracker:
         (``len(_global_forward_hooks)``): ours leave the global dicts while a compiled module
         runs, so a frame compiled while the job was traced still matches once it is not (and
         the other way round). The call's end comes through a hook on that module alone."""
+        self.hide_global_hooks()
+        self._end_of_compiled = module.register_forward_hook(self._exit_hook, always_call=True)
+
+    def hide_global_hooks(self) -> Callable[[], None]:
+        """Ours out of the global hook dicts (see above); returns what puts them back."""
         ids = [h.id for h in self._handles]
         hidden = []
         for hooks in _GLOBAL_HOOK_DICTS:
@@ -143,7 +148,7 @@ class ModuleTracker:
                 if i in hooks:
                     hidden.append((hooks, i, hooks.pop(i)))
         self._hidden = hidden
-        self._end_of_compiled = module.register_forward_hook(self._exit_hook, always_call=True)
+        return self._show_hooks
 
     def _show_hooks(self) -> None:
         for hooks, i, hook in self._hidden:

@@ -32,7 +32,7 @@ from torchscope.protocol.tracefile import per_rank_path
 from torchscope.tracer.armed import caller_warnings
 from torchscope.tracer.armed.aten import AtenMode, AtenRecorder, AtenScope, aten_scope
 from torchscope.tracer.armed.backward import BackwardRecorder
-from torchscope.tracer.armed.compiled import CompiledCalls
+from torchscope.tracer.armed.compiled import CompiledCalls, arm_compiled_functions
 from torchscope.tracer.armed.forward import ForwardMode, ForwardRecorder
 from torchscope.tracer.armed.modules import ModuleTracker
 from torchscope.tracer.armed.pausing import Pauser
@@ -204,6 +204,10 @@ class Tracer:
         self._owner = self.modules.owner = threading.get_ident()
         self._owner_name = THIS_THREAD.name
         self._build_recorders(pipeline)
+        try:
+            arm_compiled_functions(self.compiled_calls)
+        except Exception as exc:
+            self.report_error("finding compiled functions", exc)
         caller_warnings.install()
         _current = self
         self.started = True
@@ -255,6 +259,7 @@ class Tracer:
             forward, self._is_our_mode, self.report_error, self.emit
         )
         self.compiled_calls.eager_check = self.eager_check
+        self.compiled_calls.hide_module_hooks = self.modules.hide_global_hooks
         self.modules.compiled_calls = self.compiled_calls
 
     def _start_nested(self, outer: Tracer) -> Tracer:
@@ -314,6 +319,7 @@ class Tracer:
         if self.clock is not None:
             self.clock.remove()
         self._remove_closure_hook()
+        arm_compiled_functions(None)
         self.modules.remove()
         if self.aten_scoped is not None:
             self.aten_scoped.forget()
@@ -334,6 +340,7 @@ class Tracer:
             if self.clock is not None:
                 self.clock.remove()
             self._remove_closure_hook()
+            arm_compiled_functions(None)
             self.modules.remove()
             assert self.pipeline is not None
             # Its STEP event still waiting: nothing ran in the last step (after the loop).

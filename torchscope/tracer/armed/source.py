@@ -11,7 +11,7 @@ import torch
 
 import torchscope
 
-_LIBRARY_DIRS = tuple(
+LIBRARY_DIRS = tuple(
     os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, torchscope)
 )
 # The verdict per file name keeps the frame walk to a dict lookup per frame (file names hash
@@ -31,7 +31,7 @@ def _is_internal(code: CodeType) -> bool:
     verdict = _internal.get(filename)
     if verdict is None:
         verdict = (
-            filename.startswith(_LIBRARY_DIRS)
+            filename.startswith(LIBRARY_DIRS)
             or filename.startswith(_GENERATED_PREFIXES)
             or _GENERATED_DIR_MARK in filename
             or _in_inductor_cache(filename)
