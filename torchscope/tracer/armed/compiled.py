@@ -41,19 +41,14 @@ from torchscope.protocol.events import Event
 from torchscope.tracer.armed.eager_check import EagerCheck
 from torchscope.tracer.armed.forward import ForwardRecorder
 from torchscope.tracer.armed.source import LIBRARY_DIRS
+from torchscope.tracer.eager import eager_module
 from torchscope.tracer.ranks import say
 
 COMPILED_PREFIX = "torch.compile:"
 
 
-def is_compiled_module(module: torch.nn.Module) -> bool:
-    """A module ``torch.compile(module)`` returned (Dynamo's OptimizedModule), known by its
-    class name so that tracing never imports Dynamo."""
-    return type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod")
-
-
 def compiled_call_name(module: torch.nn.Module) -> str:
-    return COMPILED_PREFIX + type(getattr(module, "_orig_mod", module)).__name__
+    return COMPILED_PREFIX + type(eager_module(module)).__name__
 
 
 class CompiledCalls:

@@ -32,6 +32,7 @@ from torch.func import functional_call
 
 from torchscope.protocol.events import ALERT, Event
 from torchscope.tracer.armed.calls import result_tensors
+from torchscope.tracer.eager import drew_random, eager_module, rng_state, set_rng_state
 
 EAGER_CHECK = "eager_check"
 # torch.testing.assert_close's defaults: (rtol, atol) per dtype.
@@ -51,28 +52,6 @@ _RANDOM_HINT = (
 
 def tolerance(dtype: torch.dtype) -> tuple[float, float]:
     return _TOLERANCES.get(dtype, (0.0, 0.0))
-
-
-def _rng_state() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    return torch.get_rng_state(), cuda
-
-
-def _drew_random(before: tuple, after: tuple) -> bool:
-    """Whether random numbers were drawn between the two states (dropout ran)."""
-    if not torch.equal(before[0], after[0]):
-        return True
-    return (
-        before[1] is not None
-        and after[1] is not None
-        and any(not torch.equal(a, b) for a, b in zip(before[1], after[1], strict=False))
-    )
-
-
-def _set_rng_state(state: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state_all(state[1])
 
 
 def difference(compiled: torch.Tensor, eager: torch.Tensor) -> dict[str, Any]:
@@ -150,27 +129,27 @@ class EagerCheck:
         self._quiet = quiet  # torchscope's own tensor work: not traced, no grad
         self._tagged = tagged  # the eager run's op events marked with the compiled call's seq
         self._base: dict[str, Any] = {}  # the compiled call's op event
-        self._rng_before = _rng_state()  # taken as the compiled call begins
+        self._rng_before = rng_state()  # taken as the compiled call begins
 
     def run(self, module: torch.nn.Module, args: tuple, output: Any, op: Event) -> None:
         """Right after the compiled call (``op``, its event): the eager run, the forward
         report, and the hook that makes the gradient report."""
         self._base = op
-        original = getattr(module, "_orig_mod", module)
+        original = eager_module(module)
         with self._quiet():
-            rng_after = _rng_state()
+            rng_after = rng_state()
             # The eager run updates copies of the buffers (BatchNorm's running statistics):
             # the job's own stay as the compiled call left them.
             buffers = {name: b.clone() for name, b in original.named_buffers()}
-            _set_rng_state(self._rng_before)
+            set_rng_state(self._rng_before)
         drew = False
         try:
             with self._tagged(op["seq"]):
                 eager = functional_call(original, buffers, args, strict=False)
         finally:
             with self._quiet():
-                drew = _drew_random(self._rng_before, _rng_state())
-                _set_rng_state(rng_after)
+                drew = drew_random(self._rng_before, rng_state())
+                set_rng_state(rng_after)
         compiled_outs, eager_outs = result_tensors(output), result_tensors(eager)
         with self._quiet():
             diffs = [

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.nn.modules import module as module_mod
 
+from torchscope.tracer.eager import is_compiled_module
+
 _GLOBAL_HOOK_DICTS = (
     module_mod._global_forward_pre_hooks,
     module_mod._global_forward_hooks,
@@ -199,7 +201,7 @@ class ModuleTracker:
         for name, mod in root.named_modules(remove_duplicate=False):
             if id(mod) not in seen:
                 seen.add(id(mod))
-                if type(mod).__name__ == "OptimizedModule":
+                if is_compiled_module(mod):
                     self._compiled.add(mod)
                 name = _unwrapped(name)
                 # The root itself is "" (the model) or its label ("Discriminator").

@@ -13,6 +13,7 @@ from torch import nn
 from torch._C._autograd import _get_sequence_nr
 
 from torchscope.tracer.armed.backward import node_name
+from torchscope.tracer.eager import eager_module, is_compiled_module, rng_state
 
 # A bad step is replayed at the aten level: the report names the kernel that made the value.
 REPLAY_ATEN = True
@@ -205,8 +206,8 @@ def replay_target(module: nn.Module) -> nn.Module:
             getattr(module, "module", None), nn.Module
         ):
             module = module.module
-        elif cls == "OptimizedModule" and isinstance(getattr(module, "_orig_mod", None), nn.Module):
-            module = module._orig_mod
+        elif is_compiled_module(module):
+            module = eager_module(module)
         else:
             break
     return module
@@ -231,20 +232,6 @@ def tensors_in(obj: Any, depth: int = 0) -> list[torch.Tensor]:
 
 def versions_of(args: tuple, kwargs: dict | None) -> list[int]:
     return [t._version for t in tensors_in((args, kwargs or {}))]
-
-
-def rng_state() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-    cuda = None
-    if torch.cuda.is_initialized():
-        cuda = torch.cuda.get_rng_state_all()
-    return torch.get_rng_state(), cuda
-
-
-def set_rng_state(state: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
-    cpu, cuda = state
-    torch.set_rng_state(cpu)
-    if cuda is not None:
-        torch.cuda.set_rng_state_all(cuda)
 
 
 _AUTOCAST_DEVICES = ("cuda", "cpu")

@@ -40,12 +40,11 @@ from torch.optim import optimizer as optimizer_mod
 
 from torchscope.protocol.events import ALERT
 from torchscope.tracer.armed.backward import NODE_ID, NODE_MOD, NODE_OP, NODE_SRC, node_name
+from torchscope.tracer.eager import rng_state, set_rng_state
 from torchscope.tracer.watch.capture import (
     REPLAY_ATEN,
     Backward,
     Call,
-    rng_state,
-    set_rng_state,
     tensors_in,
     versions_of,
 )
