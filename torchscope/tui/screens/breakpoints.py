@@ -124,6 +124,16 @@ class BreakHereScreen(ModalScreen[dict | None]):
         self.dismiss(None)
 
 
+class ConditionBox(Input):
+    """The box conditions are typed in: while it is empty, space is not a character (no
+    condition starts with one) and goes to the list, as its hint says."""
+
+    def check_consume_key(self, key: str, character: str | None) -> bool:
+        if key == "space" and not self.value:
+            return False
+        return super().check_consume_key(key, character)
+
+
 class BreakpointsScreen(ModalScreen[None]):
     """The job's breakpoints: id, enabled, hits, conditions. Add one by typing a condition in
     ``--break-on`` syntax; enable/disable; delete.
@@ -134,8 +144,8 @@ class BreakpointsScreen(ModalScreen[None]):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "close", "Close"),
-        Binding("space", "toggle", "Enable/disable"),
-        Binding("delete", "delete", "Delete"),
+        Binding("space", "toggle", "Enable/disable", priority=True),  # before the box takes it
+        Binding("delete", "delete", "Delete", priority=True),
         Binding("ctrl+z", "undo", "Undo delete"),
         Binding("down", "list_down", "Down", show=False),
         Binding("up", "list_up", "Up", show=False),
@@ -155,7 +165,7 @@ class BreakpointsScreen(ModalScreen[None]):
             yield Static("[b]Breakpoints[/]", id="bpl-title")
             yield DataTable(id="bpl-table", cursor_type="row", zebra_stripes=False)
             yield Static("", id="bpl-empty")
-            yield Input(
+            yield ConditionBox(
                 placeholder="add: nan, inf, anynan, op:REGEX, module:REGEX, line:FILE:LINE, "
                 "gradnorm:X, step:N, from:N — joined by ','",
                 id="bpl-input",
@@ -163,8 +173,8 @@ class BreakpointsScreen(ModalScreen[None]):
             )
             yield Static("", id="bpl-error")
             yield Static(
-                "[dim]type a condition + enter: add · ↑↓ choose · space enable/disable · "
-                "delete (twice) delete · ctrl+z undo · esc close[/]",
+                "[dim]type a condition + enter: add · ↑↓ choose · with the box empty: space "
+                "enable/disable, delete (twice) delete · ctrl+z undo · esc close[/]",
                 id="bpl-help",
             )
 
@@ -231,8 +241,10 @@ class BreakpointsScreen(ModalScreen[None]):
         self.query_one(DataTable).action_cursor_up()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        # In the box, space is a character and delete edits the text.
-        return not (action in ("toggle", "delete") and self.query_one(Input).has_focus)
+        # In a box with text, space is a character and delete edits it; in an empty box (where
+        # the focus starts) there is nothing to edit, and they act on the list.
+        box = self.query_one(Input)
+        return not (action in ("toggle", "delete") and box.has_focus and box.value)
 
     def action_toggle(self) -> None:
         bp_id = self.current_id()

@@ -73,6 +73,7 @@ class Columns:
     cell of each column in a sample of the step's rows).
 
     seq, direction, name, module, stat and flags (when a row has any) are always there;
+    the gradient flow (``flow``: a backward node's ``∇in → ∇out``, when the step has nodes),
     shapes and source come as room allows and go first when it does not. A column is never
     narrower than its header (``HEADERS``; the module's is ``module / param`` when that fits)
     and never wider than its content or its header: what is left stays blank at the end of
@@ -82,6 +83,7 @@ class Columns:
     HEADERS: ClassVar[dict[str, str]] = {
         "name": "name",
         "module": "module",
+        "flow": "∇in → ∇out",
         "shapes": "shapes",
         "stat": "stat",
         "flags": "flags",
@@ -99,26 +101,29 @@ class Columns:
         ("stat", 10),
         ("name", 24),
         ("module", 24),
+        ("flow", 12),
         ("stat", 18),
         ("shapes", 16),
         ("source", 24),
         ("name", None),
         ("module", None),
+        ("flow", None),
         ("stat", None),
         ("flags", None),
         ("shapes", None),
         ("source", None),
     )
-    OPTIONAL = ("shapes", "source")
+    OPTIONAL = ("flow", "shapes", "source")
     # The stat lends room down to this to open an optional column that just misses (numbers
     # shorten first: ``norm=14.07`` -> ``14.07``)
     STAT_LENDS = 8
     # An optional column opens only with room for this much of its content (or all of it)
-    OPENING: ClassVar[dict[str, int]] = {"shapes": 8, "source": 16}
+    OPENING: ClassVar[dict[str, int]] = {"flow": 11, "shapes": 8, "source": 16}
 
     def __init__(self, width: int, natural: dict[str, int] | None = None) -> None:
         nat = {"seq": 4, "name": 24, "stat": 12, "flags": 5, "module": 16, "shapes": 9}
         nat["source"] = 24
+        nat["flow"] = 0  # no backward node: no flow column
         if natural:
             nat.update(natural)
         head = self.HEADERS
@@ -144,8 +149,8 @@ class Columns:
             if grow <= 0 or avail <= 0:
                 continue
             if sizes[k] == 0:  # opening an optional column (no flags: no flags column)
-                if k not in self.OPTIONAL:
-                    continue
+                if k not in self.OPTIONAL or nat[k] <= 0:
+                    continue  # a required column, or one with nothing to show
                 least = max(len(head[k]), min(want[k], self.OPENING[k]))
                 if avail < least + 1:
                     continue  # no room for a useful amount of it
@@ -156,7 +161,7 @@ class Columns:
         for k in self.OPTIONAL:  # a column that just misses: the stat gives up its label
             least = max(len(head[k]), min(want[k], self.OPENING[k]))
             give = least + 1 - avail
-            if not sizes[k] and 0 < give <= sizes["stat"] - self.STAT_LENDS:
+            if nat[k] > 0 and not sizes[k] and 0 < give <= sizes["stat"] - self.STAT_LENDS:
                 sizes["stat"] -= give
                 sizes[k] = least
                 avail = 0
@@ -164,6 +169,7 @@ class Columns:
         self.stat = sizes["stat"]
         self.flags = sizes["flags"]
         self.module = sizes["module"]
+        self.flow = sizes["flow"]
         self.shapes = sizes["shapes"]
         self.source = sizes["source"]
         self.spare = max(0, avail)
