@@ -219,7 +219,7 @@ def test_break_on_nan_step_and_continue_in_a_real_terminal(term: Terminal):
 
     def at_log(out: str) -> bool:
         return (
-            "⏸ PAUSED (breakpoint 1, after) torch.log" in out
+            "⏸ NaN first appears: torch.log" in out
             and "nanjob.py:5" in out
             and "y = torch.log(x - 10.0)" in out
             and PAUSED_ROW.search(out) is not None
@@ -228,7 +228,7 @@ def test_break_on_nan_step_and_continue_in_a_real_terminal(term: Terminal):
     out = term.wait(ui, at_log, "paused at torch.log, nanjob.py:5")
     assert "call stack" in out
     term.keys(ui, "s")
-    out = term.wait(ui, lambda o: "⏸ PAUSED (step, after) Tensor.sum" in o, "the next op")
+    out = term.wait(ui, lambda o: "⏸ stepped: Tensor.sum" in o, "the next op")
     assert re.search(r"\d+ ⏸ Tensor\.sum", out)
     # c: the NaN appears again on each of the three iterations; continue until the job ends
     for _ in range(5):
@@ -242,9 +242,9 @@ def test_break_on_nan_step_and_continue_in_a_real_terminal(term: Terminal):
         out = term.wait(ui, moved, "the job going on")
         if term.rc("job") is not None:
             break
-        assert "PAUSED (breakpoint 1, after) torch.log" in out
+        assert "⏸ NaN first appears: torch.log" in out
     assert term.wait_rc("job") == "0", term.logs()
     assert "finished" in (term.cwd / "job.out").read_text()
-    term.wait(ui, lambda o: "session ended" in o and "PAUSED" not in o, "the end of the job")
+    term.wait(ui, lambda o: "session ended" in o and "⏸" not in o, "the end of the job")
     term.keys(ui, "q")
     assert term.wait_rc("ui") == "0"

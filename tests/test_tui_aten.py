@@ -299,7 +299,7 @@ async def test_paused_after_an_aten_call_unfolds_its_row_and_marks_the_call():
         assert isinstance(tl.current_row(), AtenRow) and tl.row_count() == 6
         assert "⏸" in _line(tl, tl.cursor)
         await until(pilot, lambda: "after this aten call ran" in str(main.detail.body.render()))
-        assert "⏸ PAUSED (step, after) aten.mm.default" in app.screen_text()
+        assert "⏸ stepped: aten.mm.default" in app.screen_text()
 
 
 @sync

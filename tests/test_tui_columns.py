@@ -30,6 +30,7 @@ LABELS = {
     "seq": "seq",
     "name": "name",
     "module": "module",
+    "flow": "∇in → ∇out",
     "shapes": "shapes",
     "stat": "stat",
     "flags": "flags",
@@ -66,7 +67,7 @@ def spans(c: Columns) -> dict[str, tuple[int, int]]:
     """Where each shown column lies in a line: ``{column: (start, width)}``."""
     out = {"seq": (0, c.seq)}
     x = c.seq + 1 + c.dir
-    for col in ("name", "module", "shapes", "stat", "flags", "source"):
+    for col in ("name", "module", "flow", "shapes", "stat", "flags", "source"):
         w = getattr(c, col)
         if w:
             out[col] = (x, w)
@@ -107,9 +108,9 @@ def check_widths(tl, width: int) -> None:
         assert w <= max(nat[col], len(label)), (col, w, nat[col])
         if c.spare:
             assert w == max(nat[col], len("module" if col == "module" else label)), (col, w)
-    for col in ("shapes", "source"):  # dropped only for want of room
-        if not getattr(c, col):
-            assert c.spare < max(nat[col], len(col)) + 1, (col, c.spare)
+    for col in ("flow", "shapes", "source"):  # dropped only for want of room
+        if not getattr(c, col) and nat[col]:
+            assert c.spare < max(nat[col], len(LABELS[col])) + 1, (col, c.spare)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -178,8 +179,10 @@ async def test_widths_follow_the_content(size):
         width = tl.scrollable_content_region.width
         check_header(tl, width)
         check_widths(tl, width)
-        if size == (200, 50):
-            assert tl.columns(width).spare > 0
+        if size == (200, 50):  # every column shows, name and module in full
+            c = tl.columns(width)
+            assert all((c.flow, c.shapes, c.source)), vars(c)
+            assert (c.name, c.module) == (tl.natural["name"], tl.natural["module"])
 
 
 def test_columns_keep_name_module_stat_and_whole_headers_at_any_width():

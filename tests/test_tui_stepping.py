@@ -101,7 +101,7 @@ async def test_space_pauses_before_the_next_op_then_s_runs_it():
         assert tl.cursor == tl.row_count() - 1 == 1
         await pilot.pause(0.05)
         text = app.screen_text()
-        assert "⏸ PAUSED (paused, before) F.gelu" in text
+        assert "⏸ paused: F.gelu · blocks.0.act" in text and "before it runs" in text
         assert "not run yet" in text  # the pending row's stat column
         detail = detail_text(app)
         assert "before this op runs" in detail
@@ -114,7 +114,7 @@ async def test_space_pauses_before_the_next_op_then_s_runs_it():
         assert tl.pending is None and tl.paused_key == ("op", GELU0)
         assert tl.current_row().seq == GELU0
         await pilot.pause(0.05)
-        assert "⏸ PAUSED (step, after) F.gelu" in app.screen_text()
+        assert "⏸ stepped: F.gelu · blocks.0.act" in app.screen_text()
 
 
 @sync
@@ -628,7 +628,7 @@ async def test_a_real_job_paused_at_a_nan_step_then_continue(tmp_path: Path):
             assert paused_name(app) == "torch.log" and paused(app)["phase"] == "after"
             await pilot.pause(0.1)
             text = app.screen_text()
-            assert "⏸ PAUSED (breakpoint 1, after) torch.log" in text
+            assert "⏸ NaN first appears: torch.log · nanjob.py:5 · " in text
             assert "nanjob.py:5" in text and "y = torch.log(x - 10.0)" in text
             assert "call stack" in text
             first = paused(app)["since"]
@@ -659,3 +659,42 @@ async def test_a_real_job_paused_at_a_nan_step_then_continue(tmp_path: Path):
         if job.poll() is None:
             job.kill()
             job.wait(10)
+
+
+def test_the_pause_story_says_why_and_where_in_one_line():
+    from torchscope.tui.stepping import StepperView, pause_story
+
+    view = StepperView()
+    view.breakpoints = [{"id": 1, "nan": "nan"}, {"id": 2, "op": "^torch\\.sqrt$"}]
+
+    def summary(value, nan=0):
+        return {"shape": [], "values": [value], "stats": {"norm": abs(value), "nan": nan}}
+
+    sqrt = {
+        "kind": "op",
+        "name": "torch.sqrt",
+        "module": "blocks.0.attn",
+        "source": "/home/u/job.py:29",
+        "inputs": [summary(-84.0)],
+        "outputs": [summary(float("nan"), nan=1)],
+    }
+    pause = {"reason": "breakpoint 1", "phase": "after", "event": sqrt}
+    assert pause_story(pause, view) == (
+        "NaN first appears: torch.sqrt · blocks.0.attn · job.py:29 · -84 → nan NaN:1"
+    )
+    # NaN in and out: the value arrived, it was not made here
+    carried = dict(sqrt, inputs=[summary(float("nan"), nan=1)])
+    assert pause_story(dict(pause, event=carried), view).startswith("NaN here: torch.sqrt")
+    by_name = {"reason": "breakpoint 2", "phase": "before", "event": sqrt}
+    assert pause_story(by_name, view) == (
+        "breakpoint 2 (op:^torch\\.sqrt$): torch.sqrt · blocks.0.attn · job.py:29 · before it runs"
+    )
+    node = {
+        "kind": "grad",
+        "node": "MulBackward0",
+        "grad_outputs": [summary(2.0)],
+        "grad_inputs": [summary(4.0)],
+    }
+    assert pause_story({"reason": "step", "phase": "after", "event": node}) == (
+        "stepped: MulBackward0 · 2 → 4"
+    )

@@ -502,9 +502,13 @@ class ReplayCursor:
         calls = calls and bool(data.aten)
         values = any(bp.needs_stats for bp in bps)
         norms = any(bp.grad_norm is not None for bp in bps)
+        # Breakpoints that all want where a value first appears hit nowhere else.
+        only_origins = all(bp.nan in ("nan", "inf") for bp in bps)
         seen: dict[tuple, bool] = {}  # static verdicts by (kind, name, module, source)
         module_of = data.module_of
         for t in _walk(data, start, forward, calls):
+            if only_origins and t[SEQ] not in origins:
+                continue
             kind = t[KIND]
             if kind == ATEN:
                 parent = data.aten_parent(t)
@@ -513,6 +517,8 @@ class ReplayCursor:
                 module = module_of(t)
             key = (kind, t[NAME], module, t[SOURCE])
             verdict = seen.get(key)
+            if verdict is False:
+                continue
             ev = {
                 "kind": kind,
                 "seq": t[SEQ],

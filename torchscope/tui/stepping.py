@@ -27,7 +27,7 @@ __all__ = [
     "ValuesView",
     "event_name",
     "pause_key",
-    "pause_title",
+    "pause_story",
     "spec_from_event",
     "spec_text",
     "tensor_choices",
@@ -54,14 +54,70 @@ def pause_key(pause: dict | None) -> Any:
     return None if pause is None else pause.get("since")
 
 
-def pause_title(pause: dict) -> str:
-    """``breakpoint 1, after`` — the reason and the phase, for the status bar."""
-    return f"{pause.get('reason') or 'paused'}, {pause.get('phase') or '?'}"
-
-
 def pause_event(pause: dict) -> dict:
     ev = pause.get("event")
     return ev if isinstance(ev, dict) else {}
+
+
+# The sides of an event that came in and went out (an op's, a node's, an aten call's).
+_SIDES = {GRAD: ("grad_outputs", "grad_inputs")}
+
+
+def _bad_kind(summaries: Any) -> str | None:
+    """``NaN`` or ``Inf`` when a summary in the list holds one (NaN first), else None."""
+    found = None
+    for s in summaries if isinstance(summaries, list) else ():
+        stats = s.get("stats") if isinstance(s, dict) else None
+        if isinstance(stats, dict):
+            if stats.get("nan"):
+                return "NaN"
+            if stats.get("inf"):
+                found = "Inf"
+    return found
+
+
+def _first(summaries: Any) -> dict | None:
+    if isinstance(summaries, list):
+        for s in summaries:
+            if isinstance(s, dict):
+                return s
+    return None
+
+
+def pause_story(pause: dict, stepper: StepperView | None = None) -> str:
+    """Why the job is paused, as a sentence the status bar can cut from the right:
+    ``NaN first appears: torch.sqrt · blocks.0.attn · job.py:29 · -84 → nan`` for a value
+    breakpoint at the value's origin, ``breakpoint 2 (op:^F.gelu$): F.gelu · …`` for another,
+    ``stepped: …``, ``paused: …``; ``before`` when the event has not run yet."""
+    from torchscope.analysis.render import compact_stat
+    from torchscope.tui.format import short_name, source_cell
+
+    ev = pause_event(pause)
+    reason = str(pause.get("reason") or "paused")
+    phase = pause.get("phase")
+    ins, outs = _SIDES.get(ev.get("kind"), ("inputs", "outputs"))
+    head = {"step": "stepped", "next step": "at the next step"}.get(reason, reason)
+    if reason.startswith("breakpoint"):
+        bp_id = reason.removeprefix("breakpoint").strip()
+        bp = stepper.breakpoint(int(bp_id)) if stepper is not None and bp_id.isdigit() else None
+        bad = _bad_kind(ev.get(outs)) if phase != "before" else None
+        if bp is not None and bad is not None and (bp.get("nan") or bp.get("inf")):
+            head = f"{bad} first appears" if _bad_kind(ev.get(ins)) is None else f"{bad} here"
+        elif bp is not None:
+            head = f"{reason} ({spec_text(bp)})"
+    parts = [short_name(event_name(ev))]
+    if ev.get("module"):
+        parts.append(str(ev["module"]))
+    if ev.get("source"):
+        parts.append(source_cell(str(ev["source"])))
+    if phase == "before":
+        parts.append("before it runs")
+    else:
+        first_in, first_out = _first(ev.get(ins)), _first(ev.get(outs))
+        if first_out is not None:
+            came = compact_stat(first_in) + " → " if first_in is not None else ""
+            parts.append(came + compact_stat(first_out))
+    return f"{head}: " + " · ".join(parts)
 
 
 class StepperView:

@@ -1287,8 +1287,7 @@ class MainScreen(Screen[None]):
         if self.store.stepper.paused is not None and not self.tapp.running_elsewhere():
             self.notify("already paused: s steps, n runs to the next step, c continues", timeout=3)
             return
-        if self._command("pause"):
-            self.notify("pausing at the next op or node…", timeout=2)
+        self._command("pause")  # the status bar says "pausing…" until the job has paused
 
     def action_step(self) -> None:
         self._command("step")

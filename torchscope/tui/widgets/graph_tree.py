@@ -1,32 +1,64 @@
 """The step's backward graph as a tree, each node linked to the forward op that created it.
 
-Backward graphs are long chains with short side branches (weights, biases, residuals), so a
-plain tree would indent once per node. Here a chain reads top to bottom at one level: each node
-continues with its largest input branch on the next line, and its other input branches nest
-under it (``right`` expands, ``left`` collapses). A node reachable along several paths is shown
-once; other places show a link to it. Children are added when a node is expanded, so graphs of
-any size open at once.
+Read top to bottom, the tree follows the gradient from the loss to the parameters. A chain
+(a node whose gradient goes on to one node, then to the next...) is drawn as one line of
+nodes joined by ``↓`` at one indentation, so a long chain does not indent once per node. A
+node with several inputs (next functions) is a branch: its largest input continues the chain
+on the next ``↓`` line, its other inputs nest under it, one level deeper (a one-node input as
+the node itself, a longer one as an entry ``⤷ first … last (n nodes)`` holding its chain).
+A node reachable along several paths is shown once; other places show a link (``↪``) to it.
 
-Each label: node name and id, executed or not, the op that created it (and its source line),
-the parameter for AccumulateGrad, and the norm of the gradient that arrived.
+Branches start expanded when the step's graphs have at most ``_OPEN_ALL`` nodes in all (every
+node in view); in larger graphs they start collapsed and are filled when opened (``right``
+expands, ``left`` collapses; ``reveal`` opens the way to a node), so graphs of any size open
+at once. ``h`` / ``l`` scroll sideways (long labels, deep branches); the detail panel shows the
+node under the cursor in full.
+
+Each label: node name and id, executed or not, the norm of the gradient that arrived, the
+parameter for AccumulateGrad, the op that created it, its module and ``file:line``.
+
+``M`` shows the nodes by module instead, as a module tree (``blocks`` > ``blocks.0`` >
+``blocks.0.attn``): each module with a heat bar and the norm of the gradients its parameters
+received in the step (see :mod:`torchscope.tui.module_norms`), and a sparkline of that norm
+over the steps in memory.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import deque
 from typing import Any, ClassVar
 
+from rich.segment import Segment
 from rich.text import Text
 from textual.binding import Binding, BindingType
+from textual.strip import Strip
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
 from torchscope.protocol.events import Event
-from torchscope.tui.format import compact_stat, plural, short_name, short_source
+from torchscope.tui import module_norms
+from torchscope.tui.format import (
+    SPARK,
+    compact_stat,
+    fnum,
+    plural,
+    short_name,
+    source_cell,
+)
 from torchscope.tui.store import EventStore, StepData
 
 _CHAIN_CAP = 500  # nodes shown at once along one chain; "… more" entries move the window
+# A step's graphs with at most this many nodes in all open with every branch expanded.
+_OPEN_ALL = 250
+# The module tree (M) opens its modules' hierarchy when it has at most this many modules.
+_OPEN_MODULES = 80
+_FLOW = "↓"  # drawn instead of the tree's sibling guide before a node that continues a chain
+_BAR = 8  # cells of a module's heat bar
+_BLOCKS = " ▏▎▍▌▋▊▉█"
+_SPARK_STEPS = 16  # steps in a module's sparkline
+_NO_MODULE = "(no module: outside any, or not known)"
 
 Key = tuple[int, int]  # (call index, node id)
 
@@ -149,11 +181,81 @@ class _Model:
             self.holder[start] = hold
 
 
+def _natural(name: str) -> tuple:
+    """Sort key: ``blocks.2`` before ``blocks.10``."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in name.split("."))
+
+
+def _depth(module: str) -> int:
+    return module.count(".") if module else 0
+
+
+def _module_name(module: str) -> str:
+    return module or "(no module)"
+
+
+def _module_text(module: str, width: int) -> Text:
+    """``blocks.0.attn``: the path to it dim, its own name bold; padded to ``width`` so that
+    the heat bars of siblings line up."""
+    if not module:
+        return Text("(no module)".ljust(width), "bold cyan")
+    above, dot, leaf = module.rpartition(".")
+    return Text.assemble(
+        (above + dot, "cyan"), (leaf, "bold cyan"), " " * max(0, width - len(module))
+    )
+
+
+def _heat_style(frac: float) -> str:
+    if frac >= 0.75:
+        return "bold red"
+    if frac >= 0.5:
+        return "dark_orange"
+    if frac >= 0.25:
+        return "yellow"
+    return "green"
+
+
+def _heat_bar(norm: float | None, scale: float) -> Text:
+    """``█████▍··``: ``norm`` against ``scale`` (the largest at its depth), coloured by it;
+    ``!!!!!!!!`` for a NaN/Inf norm; blank for a module without parameters."""
+    if norm is None:
+        return Text(" " * _BAR)
+    if not math.isfinite(norm):
+        return Text("!" * _BAR, "bold red")
+    frac = min(1.0, norm / scale) if scale > 0 else 0.0
+    eighths = round(frac * _BAR * 8)
+    if norm > 0 and eighths == 0:
+        eighths = 1
+    full, part = divmod(eighths, 8)
+    bar = "█" * full + (_BLOCKS[part] if part else "")
+    return Text.assemble((bar, _heat_style(frac)), ("·" * (_BAR - len(bar)), "dim"))
+
+
+def _spark(values: list[float | None] | None, at: int) -> Text:
+    """A module's norm over the steps in memory, the current step underlined: ``·`` where
+    it had no gradient, ``!`` where it was NaN/Inf. Nothing for fewer than two steps."""
+    if not values or len(values) < 2:
+        return Text()
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
+    out = Text("  ")
+    for i, v in enumerate(values):
+        under = " underline" if i == at else ""
+        if v is None:
+            out.append("·", "dim" + under)
+        elif not math.isfinite(v):
+            out.append("!", "bold red" + under)
+        else:
+            level = 0.5 if hi <= lo else (v - lo) / (hi - lo)
+            out.append(SPARK[min(len(SPARK) - 1, int(level * len(SPARK)))], "cyan" + under)
+    return out
+
+
 class GraphTree(Tree[dict], inherit_bindings=False):
     """Backward graph of the selected step.
 
     Tree's own bindings minus ``space`` (kept free for pause/step), plus ``right``/``left``
-    to expand and collapse.
+    to expand and collapse and ``h``/``l`` to scroll sideways.
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -169,6 +271,8 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         Binding("shift+left", "cursor_parent", "Cursor to parent", show=False),
         Binding("shift+up", "cursor_previous_sibling", "Previous sibling", show=False),
         Binding("shift+down", "cursor_next_sibling", "Next sibling", show=False),
+        Binding("h", "scroll_sideways(-1)", "Scroll left", show=False),
+        Binding("l", "scroll_sideways(1)", "Scroll right", show=False),
     ]
 
     def __init__(self, *, id: str | None = None) -> None:
@@ -189,11 +293,48 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         self.node_filter: re.Pattern[str] | None = None  # |: only the nodes it matches
         self._groups: dict[tuple[int, str], TreeNode[dict]] = {}  # (call, module) -> item
         self._group_of: dict[Key, tuple[int, str]] = {}
-        self._group_keys: dict[tuple[int, str], list[Key]] = {}
+        self._group_keys: dict[tuple[int, str], list[Key]] = {}  # a module's own nodes
+        self._group_order: list[tuple[int, str]] = []  # module items as the tree shows them
+        self.norms: dict[str, float] = {}  # M: module -> its parameters' gradient norm
+        self.history: tuple[list[int], dict[str, list[float | None]]] = ([], {})
+        self.open_all = False  # the step's graph is small: every branch starts expanded
+        self._to_open: list[TreeNode[dict]] = []  # items to fill and expand (open_all)
         self.search: re.Pattern[str] | None = None
         self.matches: list[Key] = []
         self.match_at = -1
         self._hay: dict[Key, str] = {}
+
+    # -- drawing -----------------------------------------------------------------------------
+    def render_line(self, y: int) -> Strip:
+        """The tree's line, with ``↓`` instead of the sibling guide (``├``/``└``) before a
+        node that continues a chain: the chain reads as the gradient's way down."""
+        strip = super().render_line(y)
+        scroll_x, scroll_y = self.scroll_offset
+        item = self.get_node_at_line(y + scroll_y)
+        if item is None or not item.data or not item.data.get("flow"):
+            return strip
+        depth = 0  # items under the root: 1 (no guide: the root is hidden)
+        up = item
+        while up.parent is not None:
+            depth += 1
+            up = up.parent
+        x = (depth - 2) * self.guide_depth - scroll_x  # where the tree drew the guide
+        if depth < 2 or not 0 <= x < strip.cell_length:
+            return strip
+        cell = list(strip.crop(x, x + 1))
+        style = cell[0].style if cell else None
+        return Strip.join(
+            [
+                strip.crop(0, x),
+                Strip([Segment(_FLOW, style)], 1),
+                strip.crop(x + 1, strip.cell_length),
+            ]
+        )
+
+    def action_scroll_sideways(self, direction: int) -> None:
+        """``h`` / ``l``: a third of the width left or right (long labels, deep branches)."""
+        step = max(4, self.size.width // 3)
+        self.scroll_to(x=self.scroll_x + direction * step, animate=False)
 
     # -- model -------------------------------------------------------------------------------
     def set_step(self, store: EventStore, data: StepData | None, message: str = "") -> None:
@@ -207,6 +348,8 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         )
         if key == self._shown and data is self.data:
             return
+        same_step = data is not None and self.data is not None and data.step == self.data.step
+        here = self.current_node_id() if same_step else None
         if data is not self.data or key[:2] != self._shown[:2]:
             self._hay.clear()
             self.matches = []
@@ -221,6 +364,10 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         self._groups.clear()
         self._group_of.clear()
         self._group_keys.clear()
+        self._group_order.clear()
+        self._to_open.clear()
+        self.norms = {}
+        self.history = ([], {})
         self.model = None
         if data is None:
             self.root.add_leaf(Text(message or "no step selected", style="dim"))
@@ -230,6 +377,9 @@ class GraphTree(Tree[dict], inherit_bindings=False):
             self.root.add_leaf(Text(text, style="dim"))
             return
         self.model = model = _Model(data.graphs)
+        self.open_all = len(model.nodes) <= _OPEN_ALL
+        if self.grouped:
+            self.norms = module_norms.step_norms(data)
         for ci, graph in enumerate(data.graphs):
             nodes = graph.get("nodes") or []
             ran = sum(1 for n in nodes if isinstance(n, dict) and n.get("executed"))
@@ -237,8 +387,10 @@ class GraphTree(Tree[dict], inherit_bindings=False):
                 (str(graph.get("call", "backward")), "bold"),
                 f"  {plural(len(nodes), 'node')}, {ran} executed",
                 (f", {len(nodes) - ran} not executed" if ran < len(nodes) else "", "yellow"),
-                (f"  {short_source(graph.get('source'), self.cwd)}", "dim"),
+                (f"  {source_cell(graph.get('source'))}", "dim"),
             )
+            if self.grouped and "" in self.norms:
+                label.append(f"  ∇ params {fnum(self.norms[''])} (step)", "bold")
             call = self.root.add(label, data={"kind": "call", "call": ci}, expand=True)
             if self.grouped:
                 self._fill_modules(call, ci)
@@ -249,9 +401,31 @@ class GraphTree(Tree[dict], inherit_bindings=False):
             else:  # several roots (or unreachable nodes): one branch each
                 for r in roots:
                     self._add_side(call, r)
+        self._open_pending()
         if self.search is not None:  # the graph grew (or regrouped): its matches again
             self.matches = self._matching(self.search)
             self.match_at = -1
+        # The cursor on a node (the detail shows the node under it): the one it was on when
+        # the same step's graph grew, else the first.
+        if here is None or not self.reveal(here):
+            self._cursor_to_first()
+
+    def _cursor_to_first(self) -> None:
+        for call in self.root.children:
+            for item in call.children:
+                if item.data and item.data.get("kind") in ("node", "module", "branch"):
+                    self._tree_lines  # noqa: B018 - lay the lines out: items get their line
+                    self.move_cursor(item, animate=False)
+                    self.scroll_to(0, 0, animate=False)
+                    return
+
+    def _open_pending(self) -> None:
+        """Fill and expand the items queued while the tree was built (a small graph opens
+        with every branch expanded). A loop, not recursion: branches nest deeply."""
+        while self._to_open:
+            item = self._to_open.pop()
+            self._populate(item)
+            item.expand()
 
     def _label(self, key: Key) -> Text:
         assert self.model is not None and self.data is not None
@@ -280,8 +454,8 @@ class GraphTree(Tree[dict], inherit_bindings=False):
             if op.module:
                 text.append(f" {op.module}", "cyan")
         src = node.get("source") or (op.source if op is not None else None)
-        if src:
-            text.append(f"  {short_source(src, self.cwd)}", "dim")
+        if src:  # file:line (the detail has the full path)
+            text.append(f"  {source_cell(src)}", "dim")
         return text
 
     def _add_link(self, parent: TreeNode[dict], key: Key) -> TreeNode[dict]:
@@ -294,13 +468,15 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         )
         return parent.add_leaf(label, data={"kind": "link", "key": key})
 
-    def _add_item(self, parent: TreeNode[dict], key: Key) -> TreeNode[dict]:
+    def _add_item(self, parent: TreeNode[dict], key: Key, flow: bool = False) -> TreeNode[dict]:
+        """A node's item; ``flow``: it continues a chain (drawn with ``↓``)."""
         assert self.model is not None
         expandable = bool(self.model.side.get(key) or self.model.links.get(key))
-        item = parent.add(
-            self._label(key), data={"kind": "node", "key": key}, allow_expand=expandable
-        )
+        data = {"kind": "node", "key": key, "flow": flow}
+        item = parent.add(self._label(key), data=data, allow_expand=expandable)
         self._tree_nodes[key] = item
+        if expandable and self.open_all:
+            self._to_open.append(item)
         return item
 
     def _fill_chain(self, container: TreeNode[dict], head: Key, start: int) -> None:
@@ -318,8 +494,8 @@ class GraphTree(Tree[dict], inherit_bindings=False):
                 Text(f"… {start} earlier nodes (enter)", style="dim"),
                 data={"kind": "window", "head": head, "start": max(0, start - _CHAIN_CAP)},
             )
-        for key in chain[start:end]:
-            self._add_item(container, key)
+        for i, key in enumerate(chain[start:end], start):
+            self._add_item(container, key, flow=i > 0)
         if end < len(chain):
             container.add_leaf(
                 Text(f"… {len(chain) - end} more nodes (enter)", style="dim"),
@@ -355,7 +531,10 @@ class GraphTree(Tree[dict], inherit_bindings=False):
             f"{first} … {end.get('param') or end.get('name', '?')}",
             (f"  ({plural(len(chain), 'node')})", "dim"),
         )
-        self._branches[head] = parent.add(label, data={"kind": "branch", "head": head})
+        branch = parent.add(label, data={"kind": "branch", "head": head})
+        self._branches[head] = branch
+        if self.open_all:
+            self._to_open.append(branch)
 
     def _populate(self, item: TreeNode[dict]) -> None:
         """Add what an item holds (once): a node's other inputs, or a branch's chain."""
@@ -416,33 +595,97 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         return ""
 
     def _fill_modules(self, call: TreeNode[dict], ci: int) -> None:
-        """One collapsed entry per module, in the order the tree shows their first node."""
+        """The module tree of one backward call (``blocks`` > ``blocks.0`` > ...): each module
+        holds its submodules, then its own nodes (added when it is opened); siblings in
+        forward order (the first op that made one of their nodes). A filter keeps the modules
+        of the nodes it matches, all open."""
         assert self.model is not None and self.data is not None
-        groups: dict[str, list[Key]] = {}
+        model = self.model
         keep = self.node_filter
-        for key in self.model.display_order():
+        own: dict[str, list[Key]] = {}
+        for key in model.display_order():
             if key[0] != ci or (keep is not None and not keep.search(self._haystack(key))):
                 continue
-            groups.setdefault(self.module_of(key), []).append(key)
-        for module, keys in groups.items():
-            gid = (ci, module)
-            self._group_keys[gid] = keys
-            for key in keys:
-                self._group_of[key] = gid
-            ran = sum(1 for k in keys if self.model.nodes[k].get("executed"))
-            bad = any(self._bad(k) for k in keys)
-            label = Text.assemble(
-                ("▣ ", "dim"),
-                (module or "(no module: outside any, or not known)", "bold cyan"),
-                f"  {len(keys)} node{'s' * (len(keys) != 1)}",
-                (f", {len(keys) - ran} not executed" if ran < len(keys) else "", "yellow"),
-                ("  NaN/Inf" if bad else "", "bold red"),
+            own.setdefault(self.module_of(key), []).append(key)
+        count: dict[str, int] = {}
+        ran: dict[str, int] = {}
+        bad: dict[str, bool] = {}
+        first: dict[str, float] = {}
+        kids: dict[str | None, list[str]] = {}  # parent module (None: the call) -> modules
+        for module, keys in own.items():
+            n_ran = sum(1 for k in keys if model.nodes[k].get("executed"))
+            n_bad = any(self._bad(k) for k in keys)
+            seqs = [model.nodes[k].get("op_seq") for k in keys]
+            at = min((q for q in seqs if type(q) is int), default=math.inf)
+            path = module_norms.parents(module)[:-1] if module else [""]
+            for i, m in enumerate(path):
+                if m not in count:
+                    count[m], ran[m], bad[m], first[m] = 0, 0, False, math.inf
+                    kids.setdefault(path[i + 1] if i + 1 < len(path) else None, []).append(m)
+                count[m] += len(keys)
+                ran[m] += n_ran
+                bad[m] = bad[m] or n_bad
+                first[m] = min(first[m], at)
+        for children in kids.values():
+            children.sort(key=lambda m: (first[m], _natural(m)))
+        norms = {m: self._module_norm(m) for m in count}
+        scale: dict[int, float] = {}  # heat bars compare the modules at the same depth
+        for m, n in norms.items():
+            if n is not None and math.isfinite(n):
+                d = _depth(m)
+                scale[d] = max(scale.get(d, 0.0), n)
+        history_keys = {m: module_norms.MODEL_OWN if m == "" else m for m in count}
+        steps, history = (
+            module_norms.norm_history(
+                self.store, self.data.step, history_keys.values(), _SPARK_STEPS
             )
-            group = call.add(label, data={"kind": "module", "group": gid})
-            self._groups[gid] = group
-            if keep is not None:  # filtered: every matching node in view
-                self._populate_module(group)
-                group.expand()
+            if self.store is not None
+            else ([], {})
+        )
+        self.history = (steps, history)
+        at_step = steps.index(self.data.step) if self.data.step in steps else -1
+        open_tree = keep is not None or len(count) <= _OPEN_MODULES
+        parent_of = {m: p for p, children in kids.items() for m in children}
+        width = {p: max(len(_module_name(m)) for m in ms) for p, ms in kids.items()}
+        order: list[str] = []  # pre-order: as the tree shows them
+        stack = list(reversed(kids.get(None, [])))
+        while stack:
+            m = stack.pop()
+            order.append(m)
+            stack.extend(reversed(kids.get(m, [])))
+        for m in order:
+            gid = (ci, m)
+            parent = parent_of[m]
+            holder = call if parent is None else self._groups[(ci, parent)]
+            label = Text.assemble(
+                _module_text(m, width[parent]),
+                "  ",
+                _heat_bar(norms[m], scale.get(_depth(m), 0.0)),
+                (f" {fnum(norms[m])}" if norms[m] is not None else " no parameters", ""),
+                _spark(history.get(history_keys[m]), at_step),
+                (f"  {plural(count[m], 'node')}", "dim"),
+                (f", {count[m] - ran[m]} not executed" if ran[m] < count[m] else "", "yellow"),
+                ("  NaN/Inf" if bad[m] else "", "bold red"),
+            )
+            item = holder.add(label, data={"kind": "module", "group": gid})
+            self._groups[gid] = item
+            self._group_keys[gid] = own.get(m, [])
+            for key in own.get(m, ()):
+                self._group_of[key] = gid
+            self._group_order.append(gid)
+        # Open: with a filter, every module (every match in view); else the modules that
+        # hold others (their own nodes after their submodules), or the only module there is.
+        top = kids.get(None, [])
+        for m in order:
+            if keep is not None or (m in kids and open_tree) or (len(top) == 1 == len(count)):
+                item = self._groups[(ci, m)]
+                self._populate_module(item)
+                item.expand()
+
+    def _module_norm(self, module: str) -> float | None:
+        """The gradient norm of a module's parameters in the step (the model's own ones for
+        the nodes of no module); None: it has none."""
+        return self.norms.get(module_norms.MODEL_OWN if module == "" else module)
 
     def _bad(self, key: Key) -> bool:
         data = self.data
@@ -542,7 +785,7 @@ class GraphTree(Tree[dict], inherit_bindings=False):
             return []
         order = self.model.display_order()
         if self.grouped:
-            order = [k for keys in self._group_keys.values() for k in keys]
+            order = [k for gid in self._group_order for k in self._group_keys.get(gid, ())]
         return [k for k in order if pattern.search(self._haystack(k))]
 
     def next_match(self, direction: int) -> tuple[int, int, bool] | None:
@@ -576,7 +819,10 @@ class GraphTree(Tree[dict], inherit_bindings=False):
             if group is None:
                 return None
             self._populate_module(group)
-            group.expand()
+            up: TreeNode[dict] | None = group
+            while up is not None and up is not self.root:  # the modules above it open too
+                up.expand()
+                up = up.parent
             return self._tree_nodes.get(key)
         head = model.head.get(key)
         if head is None:
@@ -600,6 +846,7 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         found = self._tree_nodes.get(key)
         if found is None:  # outside the window: move the window
             self._fill_chain(container, head, model.index[key] - _CHAIN_CAP // 2)
+            self._open_pending()
             found = self._tree_nodes.get(key)
         return found
 
@@ -646,6 +893,7 @@ class GraphTree(Tree[dict], inherit_bindings=False):
             container = event.node.parent
             if container is not None:
                 self._fill_chain(container, data["head"], data["start"])
+                self._open_pending()
                 self._tree_lines  # noqa: B018
                 first = next((c for c in container.children if c.data.get("kind") == "node"), None)
                 if first is not None:

@@ -3,7 +3,9 @@ the backward nodes as they ran (then the optimizer's ops, which come after backw
 
 A virtual list (Line API): only visible lines are rendered, so a step with 100k events moves as
 fast as one with ten. Each line: seq, direction, name (op, or node), module (or the parameter
-for AccumulateGrad, shortened from the left: ``…attn.proj``), shapes, a compact stat (norm, or
+for AccumulateGrad, shortened from the left: ``…attn.proj``), a backward node's gradient flow
+(``∇in → ∇out``: ``1 → 2, None``, how many gradients arrived and what it sends on to each
+input, so what flows through a node needs no key), shapes, a compact stat (norm, or
 mean±std with ``m``), NaN/Inf flags and the source as ``file:line`` (the detail has the path).
 
 While a live job is paused, the event it is paused at is marked (⏸, highlighted). When the
@@ -29,7 +31,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterable
 from itertools import islice
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rich.style import Style
 from textual.binding import Binding, BindingType
@@ -68,6 +70,39 @@ from torchscope.tui.store import (
 from torchscope.tui.widgets.virtual_list import Cell, VirtualList, fit, rfit
 
 
+def flow_text(arrived: Any, sent: Any) -> str:
+    """A backward node's gradient flow, ``∇in → ∇out``: how many gradients arrived (its
+    grad_outputs that are tensors), then what it sends on, input by input: a run of
+    tensors as their count, a None (no gradient for that input) as ``None``; ``1 → 2, None``.
+    Nothing sent on (an AccumulateGrad): ``1 → -``; not run yet: ``1 →``."""
+    n_in = sum(s is not None for s in arrived) if isinstance(arrived, list) else 0
+    if not isinstance(sent, list):
+        return f"{n_in} →"
+    parts: list[str] = []
+    run = 0
+    for s in sent:
+        if s is None:
+            if run:
+                parts.append(str(run))
+                run = 0
+            parts.append("None")
+        else:
+            run += 1
+    if run:
+        parts.append(str(run))
+    return f"{n_in} → {', '.join(parts) or '-'}"
+
+
+def fit_flow(text: str, width: int) -> str:
+    """``flow_text`` in ``width``: in full, else without spaces (``1→2,None``), else with
+    ``∅`` for None (``1→2,∅``), else cut."""
+    if len(text) > width:
+        text = text.replace(" → ", "→").replace(" →", "→").replace(", ", ",")
+    if len(text) > width:
+        text = text.replace("None", "∅")
+    return fit(text, width)
+
+
 class Columns:
     """Column widths for one content width, sized from the content (``natural``: the widest
     cell of each column in a sample of the step's rows).
@@ -94,20 +129,20 @@ class Columns:
     FLOOR: ClassVar[dict[str, int]] = {"name": 10, "module": 8, "stat": 7, "flags": 9}
     # When even the floors do not fit: (column, down to), in turn
     SQUEEZE = (("module", 6), ("name", 8), ("stat", 5), ("name", 4), ("stat", 4))
-    # Then the room left, in rounds: (column, up to; None: its content)
+    # Then the room left, in rounds: (column, up to; None: its content). The gradient flow
+    # gets the rest of its content last (short of it, it is written without spaces)
     ORDER = (
         ("name", 16),
         ("module", 12),
         ("stat", 10),
         ("name", 24),
         ("module", 24),
-        ("flow", 12),
+        ("flow", 10),
         ("stat", 18),
         ("shapes", 16),
         ("source", 24),
         ("name", None),
         ("module", None),
-        ("flow", None),
         ("stat", None),
         ("flags", None),
         ("shapes", None),
@@ -118,7 +153,7 @@ class Columns:
     # shorten first: ``norm=14.07`` -> ``14.07``)
     STAT_LENDS = 8
     # An optional column opens only with room for this much of its content (or all of it)
-    OPENING: ClassVar[dict[str, int]] = {"flow": 11, "shapes": 8, "source": 16}
+    OPENING: ClassVar[dict[str, int]] = {"flow": 10, "shapes": 8, "source": 16}
 
     def __init__(self, width: int, natural: dict[str, int] | None = None) -> None:
         nat = {"seq": 4, "name": 24, "stat": 12, "flags": 5, "module": 16, "shapes": 9}
@@ -126,11 +161,28 @@ class Columns:
         nat["flow"] = 0  # no backward node: no flow column
         if natural:
             nat.update(natural)
+        self.seq = max(3, nat["seq"])
+        self.dir = 2
+        sizes, avail = self._fit(width, nat)
+        if sizes["flow"] and not (sizes["shapes"] and sizes["source"]):
+            # the gradient flow goes first: shown only where it costs no other column
+            without, rest = self._fit(width, dict(nat, flow=0))
+            if sum(map(bool, without.values())) >= sum(map(bool, sizes.values())):
+                sizes, avail = without, rest
+        self.name = sizes["name"]
+        self.stat = sizes["stat"]
+        self.flags = sizes["flags"]
+        self.module = sizes["module"]
+        self.flow = sizes["flow"]
+        self.shapes = sizes["shapes"]
+        self.source = sizes["source"]
+        self.spare = max(0, avail)
+
+    def _fit(self, width: int, nat: dict[str, int]) -> tuple[dict[str, int], int]:
+        """Each column's width (0: not shown), and the room left."""
         head = self.HEADERS
         # a shown column holds its header: its content or its header, whichever is wider
         want = {k: max(nat[k], len(head[k])) for k in head}
-        self.seq = max(3, nat["seq"])
-        self.dir = 2
         sizes = dict.fromkeys(head, 0)
         required = ["name", "module", "stat"] + (["flags"] if nat["flags"] > 0 else [])
         for k in required:  # the NaN/Inf marks never vanish, nor name, module and stat
@@ -165,14 +217,11 @@ class Columns:
                 sizes["stat"] -= give
                 sizes[k] = least
                 avail = 0
-        self.name = sizes["name"]
-        self.stat = sizes["stat"]
-        self.flags = sizes["flags"]
-        self.module = sizes["module"]
-        self.flow = sizes["flow"]
-        self.shapes = sizes["shapes"]
-        self.source = sizes["source"]
-        self.spare = max(0, avail)
+        if sizes["flow"] and avail > 0:
+            grant = min(want["flow"] - sizes["flow"], avail)
+            sizes["flow"] += grant
+            avail -= grant
+        return sizes, avail
 
     def module_header(self) -> str:
         """``module / param`` when it fits, else ``module``."""
@@ -220,7 +269,7 @@ class OpTimeline(VirtualList):
         self._seen = (0, 0)  # rows, reorders covered by the view
         self.paused_key: tuple[str, int] | None = None  # (kind, seq) of the paused event
         self.pending: PendingRow | None = None  # the paused event when it has no row
-        self._cells: OrderedDict[tuple[int, str], tuple[str, str]] = OrderedDict()
+        self._cells: OrderedDict[tuple[int, str], tuple[str, str, str, str]] = OrderedDict()
         self.natural: dict[str, int] = {}  # widest cell per column (a sample): see measure()
         self._natural_key = 0
         self._measured = 0
@@ -813,7 +862,11 @@ class OpTimeline(VirtualList):
     def render_header(self, width: int) -> list[Cell]:
         c = self.columns(width)
         parts = [rfit("seq", c.seq), fit("", c.dir - 1), fit("name", c.name)]
-        for label, w in ((c.module_header(), c.module), ("shapes", c.shapes)):
+        for label, w in (
+            (c.module_header(), c.module),
+            (c.HEADERS["flow"], c.flow),
+            ("shapes", c.shapes),
+        ):
             if w:
                 parts.append(fit(label, w))
         parts.append(fit("stat", c.stat))
@@ -839,7 +892,8 @@ class OpTimeline(VirtualList):
         picks.update(range(top, min(count, top + 100)))
         stride = max(1, count // 200)
         picks.update(range(0, count, stride))
-        nat = {"name": 4, "module": 6, "shapes": 6, "stat": 4, "flags": 0, "source": 6}
+        nat = {"name": 4, "module": 6, "flow": 0, "shapes": 6, "stat": 4, "flags": 0}
+        nat["source"] = 6
         last_seq = 0
         rows: list[Row | PendingRow] = []
         for index in picks:
@@ -853,13 +907,14 @@ class OpTimeline(VirtualList):
             if parent is not None:
                 rows.extend(AtenRow(t, parent) for t in calls[:50])
         for row in rows:
-            shapes, stat, tag = self._row_cells(row)
+            shapes, stat, tag, flow = self._row_cells(row)
             name = self._name_text(row, tag)
             flags, _ = self._flags(row)
             last_seq = max(last_seq, row.seq)
             for col, text in (
                 ("name", name),
                 ("module", row.param or row.module or "-"),
+                ("flow", flow),
                 ("shapes", shapes),
                 ("stat", stat),
                 ("flags", flags),
@@ -889,17 +944,21 @@ class OpTimeline(VirtualList):
             name = row.name
         return f"{name} {tag}" if tag else name
 
-    def _row_cells(self, row: Row | PendingRow) -> tuple[str, str, str]:
-        """(shapes, stat, tag) of a row: what it made, and its tag (see event_tag)."""
+    def _row_cells(self, row: Row | PendingRow) -> tuple[str, str, str, str]:
+        """(shapes, stat, tag, flow) of a row: what it made, its tag (see event_tag) and,
+        for a backward node, its gradient flow (see flow_text; "" for anything else)."""
         if row.pending:
             ev = row.event
             tag = event_tag(ev)
+            flow = ""
+            if row.kind == GRAD:
+                flow = flow_text(ev.get("grad_outputs"), ev.get("grad_inputs"))
             sums = ev.get("grad_inputs") if row.kind == GRAD else ev.get("outputs")
             if sums is None:  # paused before it runs: what it gets, and that it has not run
                 sums = ev.get("grad_outputs") if row.kind == GRAD else ev.get("inputs")
-                return shapes_text(sums), "not run yet", tag
+                return shapes_text(sums), "not run yet", tag, flow
             stat = " ".join(stat_text(s, self.stat_mode) for s in sums[:2])
-            return shapes_text(sums), stat, tag
+            return shapes_text(sums), stat, tag, flow
         key = (row.seq, self.stat_mode)
         cells = self._cells.get(key)
         if cells is not None:
@@ -913,7 +972,10 @@ class OpTimeline(VirtualList):
                 stat += " …"
         else:
             stat = "-"
-        cells = (shapes, stat, event_tag(ev))
+        flow = ""
+        if row.kind == GRAD:
+            flow = flow_text(sums, ev.get("grad_inputs"))
+        cells = (shapes, stat, event_tag(ev), flow)
         self._cells[key] = cells
         if len(self._cells) > 4096:
             self._cells.popitem(last=False)
@@ -924,7 +986,7 @@ class OpTimeline(VirtualList):
         if row is None:
             return []
         c = self.columns(width)
-        shapes, stat, tag = self._row_cells(row)
+        shapes, stat, tag, flow = self._row_cells(row)
         call = isinstance(row, AtenRow)
         # an aten call is styled as its op's or node's row (a pending one: by its node, if any)
         if call:
@@ -954,6 +1016,8 @@ class OpTimeline(VirtualList):
         ]
         if c.module:
             cells.append((fit(short_path(module, c.module), c.module) + " ", self.cstyle("module")))
+        if c.flow:
+            cells.append((fit_flow(flow, c.flow) + " ", name_style if flow else None))
         if c.shapes:
             cells.append((fit(shapes, c.shapes) + " ", None))
         stat_style = self.cstyle("error") if row.flags & 12 else None

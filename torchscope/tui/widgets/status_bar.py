@@ -11,8 +11,8 @@ from textual.content import Content
 from textual.markup import escape
 from textual.widgets import Static
 
-from torchscope.tui.format import plural, short_name
-from torchscope.tui.stepping import StepperView, event_name, pause_event, pause_title
+from torchscope.tui.format import plural
+from torchscope.tui.stepping import StepperView, pause_story
 
 
 def _rate(x: float) -> str:
@@ -111,10 +111,7 @@ class StatusBar(Static):
             add(0, f"[$error]{escape(str(status['error']))}[/]")
         pause = stepper.paused if stepper is not None else None
         if pause is not None:
-            ev = pause_event(pause)
-            name = event_name(ev)
-            at = f" {escape(short_name(name))}" if name != "?" else ""
-            add(0, f"[b $warning]⏸ PAUSED[/] ({escape(pause_title(pause))}){at}")
+            add(0, f"[b $warning]⏸[/] {escape(pause_story(pause, stepper))}")
         elif status.get("paused"):
             add(0, "[b $warning]⏸ PAUSED[/]")
         elif stepper is not None and stepper.mode in ("pause", "step", "next"):
