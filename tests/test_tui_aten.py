@@ -179,15 +179,16 @@ async def test_a_node_shows_its_aten_calls_and_the_engines_sum_after_it():
 
 @sync
 async def test_help_names_the_aten_keys_only_when_the_trace_has_aten_calls():
-    from torchscope.tui.screens.help import ATEN_KEYS, KEYS, keys_for
+    from torchscope.tui.keys import TIMELINE, help_sections
 
-    store = EventStore()
-    assert keys_for(store) is KEYS
-    store.ingest(aten_trace())
-    keys = keys_for(store)
-    assert len(keys) == len(KEYS) + len(ATEN_KEYS) and all(k in keys for k in ATEN_KEYS)
-    assert keys.index(ATEN_KEYS[0]) == [k for k, _ in KEYS].index("→ ←") + 1
-    assert "A" in dict(keys) and "A" not in dict(KEYS)
+    def timeline_keys(aten: bool) -> list[str]:
+        sections = dict(help_sections(None, live=False, aten=aten, sources=False))
+        return [k for k, _ in sections[TIMELINE]]
+
+    assert "A" not in timeline_keys(False) and "→ ← l h" not in timeline_keys(False)
+    with_aten = timeline_keys(True)
+    assert "A" in with_aten and "→ ← l h" in with_aten
+    assert len(with_aten) == len(timeline_keys(False)) + 2
 
 
 # -- search, filter, go to ----------------------------------------------------------------------

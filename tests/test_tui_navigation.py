@@ -323,9 +323,9 @@ async def test_f_while_following_keeps_following_as_the_help_says():
         assert not main.follow
         await pilot.press("f")
         assert main.follow and tl.cursor == tl.row_count() - 1
-        from torchscope.tui.screens.help import KEYS
+        from torchscope.tui.keys import key
 
-        f_help = dict(KEYS)["f"]
+        f_help = key("f").help
         assert "stays on" in f_help and "any move" in f_help
 
 

@@ -79,9 +79,9 @@ async def test_recorded_values_show_as_rows_and_bang_names_the_first_nan():
         assert "first NaN/Inf at [1,1] (flat 4)" in body
         await pilot.press("exclamation_mark")
         assert notes[-1] == "first NaN/Inf: outputs[0] at [1,1]"
-        from torchscope.tui.screens.help import KEYS
+        from torchscope.tui.keys import key
 
-        assert "first NaN/Inf" in dict(KEYS)["!"]
+        assert "first NaN/Inf" in key("!").help
 
 
 class BigTensorJob(FakeJob):

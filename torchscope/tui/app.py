@@ -32,6 +32,7 @@ from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.worker import Worker
 
+from torchscope.tui.keys import Hint, bindings, hint
 from torchscope.tui.multi import (
     STEPPING,
     Lane,
@@ -62,14 +63,10 @@ class TorchscopeApp(App[int]):
     ENABLE_COMMAND_PALETTE = False
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("q", "quit", "Quit"),
-        Binding("question_mark", "help", "Help"),
+        *bindings("app"),  # keys.py has every key; here the sources' numbered ones
         *(Binding(str(i + 1), f"lane({i})", f"Source {i + 1}", show=False) for i in range(9)),
         Binding("r", "cycle_lane(1)", "Next source", show=False),
         Binding("R", "cycle_lane(-1)", "Previous source", show=False),
-        Binding("o", "toggle_scope", "All ranks / this rank", show=False),
-        Binding("x", "compare", "Compare", show=False),
-        Binding("X", "mark", "Mark", show=False),
     ]
 
     def get_theme_variable_defaults(self) -> dict[str, str]:
@@ -344,17 +341,18 @@ class TorchscopeApp(App[int]):
             self.notify(f"{self.label(lane)} stopped at {reason}: pausing {names}", timeout=4)
 
     # -- several sources ---------------------------------------------------------------------
-    def lane_hints(self) -> list[tuple[str, str]]:
+    def lane_hints(self) -> list[Hint]:
         """Key bar hints for several sources (none for one, unless an op is marked)."""
-        out: list[tuple[str, str]] = []
+        out: list[Hint] = []
         if self.multi:
             n = len(self.lanes)
-            out.append((f"1-{min(n, 9)}" if n > 1 else "1", "source"))
+            shown = f"1-{min(n, 9)}" if n > 1 else "1"
+            out.append((shown, "source", "src"))
             if any(lane.source.can_command for lane in self.lanes):
-                out.append(("o", "this rank only" if self.scope == "all" else "all ranks"))
-            out.append(("x", "compare"))
+                out.append(hint("toggle_scope", None if self.scope == "all" else "all ranks"))
+            out.append(hint("compare"))
         elif self.mark is not None:
-            out.append(("x", "compare with mark"))
+            out.append(hint("compare", "compare with mark"))
         return out
 
     def refresh_bar(self) -> None:
@@ -601,7 +599,7 @@ class TorchscopeApp(App[int]):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+            self.push_screen(HelpScreen(self.main.help_section()))
 
     async def action_quit(self) -> None:
         """Leave the UI. Closes our sockets and files; never sends anything to the job (a job

@@ -19,20 +19,21 @@ compared. The status bar says what was asked until that step is over.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import events
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Input, Label, OptionList, ProgressBar, Tree
 
 from torchscope.protocol.events import ATEN, GRAD, OP, Event
+from torchscope.tui import keys
 from torchscope.tui.format import plural, short_name
+from torchscope.tui.keys import Hint, bindings, hint
 from torchscope.tui.screens.breakpoints import BreakHereScreen, BreakpointsScreen
 from torchscope.tui.stepping import (
     ValuesView,
@@ -63,7 +64,7 @@ from torchscope.tui.widgets.alert_list import AlertList
 from torchscope.tui.widgets.detail_panel import DetailPanel, Link
 from torchscope.tui.widgets.filter_input import FilterInput
 from torchscope.tui.widgets.graph_tree import GraphTree
-from torchscope.tui.widgets.key_bar import Hint, KeyBar
+from torchscope.tui.widgets.key_bar import KeyBar
 from torchscope.tui.widgets.op_timeline import OpTimeline
 from torchscope.tui.widgets.source_bar import SourceBar
 from torchscope.tui.widgets.status_bar import StatusBar
@@ -76,25 +77,6 @@ if TYPE_CHECKING:
 _HISTORY = 64
 # A row's NaN/Inf flags (its other flags, FLAG_ACCUMULATE, say nothing of its values).
 NAN_INF = FLAG_NAN_IN | FLAG_INF_IN | FLAG_NAN_OUT | FLAG_INF_OUT
-
-# Step-through keys: shown in the footer of a live session only (a replay still answers them,
-# with a refusal).
-STEP_BINDINGS: list[Binding] = [
-    # priority: the graph's tree would take space for itself
-    Binding("space", "pause", "Pause", priority=True),
-    Binding("s", "step", "Step"),
-    Binding("n", "next", "Next"),
-    Binding("c", "continue", "Continue"),
-    Binding("b", "break_here", "Break"),
-    Binding("B", "breakpoints", "Breakpoints"),
-    Binding("v", "values", "Values", show=False),
-    Binding("less_than_sign,comma", "prev_slice", "Prev values", show=False),
-    Binding("greater_than_sign,full_stop", "next_slice", "Next values", show=False),
-    # the job's next step traced more closely (an "arm" beside this UI's own hold)
-    Binding("at", "aten_next", "Aten next step", show=False),
-    Binding("E", "eager_check", "Eager check", show=False),
-]
-_STEP_ACTIONS = {b.action for b in STEP_BINDINGS}
 
 
 @dataclass(frozen=True)
@@ -109,38 +91,10 @@ class Location:
 
 
 class MainScreen(Screen[None]):
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("g", "toggle_graph", "Graph"),
-        Binding("a", "alerts", "Alerts"),
-        Binding("slash", "search", "Search"),
-        Binding("vertical_line", "filter", "Filter", show=False),
-        Binding("colon", "command_line", "Go to", show=False),
-        Binding("ctrl+n", "next_match", "Next match", show=False, priority=True),
-        Binding("ctrl+p", "prev_match", "Previous match", show=False, priority=True),
-        Binding("backspace", "back", "Back"),
-        Binding("f", "follow", "Follow"),
-        Binding("left_square_bracket", "prev_step", "Prev step", show=False),
-        Binding("right_square_bracket", "next_step", "Next step", show=False),
-        Binding("m", "stat_mode", "Norm/mean", show=False),
-        Binding("escape", "escape", "Timeline", show=False),
-        Binding("plus,equals_sign", "maximize_panel", "Maximise", show=False),
-        Binding("y", "copy", "Copy", show=False),
-        Binding("M", "group_modules", "By module", show=False),
-        Binding("e", "export", "Export", show=False),
-        Binding("exclamation_mark", "first_nan", "First NaN", show=False),
-        Binding("A", "unfold_all", "All aten calls", show=False),
-        *STEP_BINDINGS,
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = bindings("main")  # all of them in keys.py
 
     def __init__(self, *, live: bool = False) -> None:
         super().__init__(id="main")
-        if not live:  # keep the keys (they explain themselves), hide them from the footer
-            keys = self._bindings.key_to_bindings
-            for key, bindings in keys.items():
-                keys[key] = [
-                    dataclasses.replace(b, show=False) if b.action in _STEP_ACTIONS else b
-                    for b in bindings
-                ]
         self.values: ValuesView | None = None
         self._pending: tuple[Any, PendingRow] | None = None
         self.current_step: int | None = None
@@ -295,41 +249,58 @@ class MainScreen(Screen[None]):
         focus = self.focused
         out: list[Hint] = []
         if paused:
-            out += [("s", "step"), ("n", "next step"), ("c", "continue"), ("v", "values")]
+            out += [hint("step"), hint("next"), hint("continue")]
         elif live:
-            out += [("space", "pause"), ("c", "continue")]
+            out += [hint("pause"), hint("continue")]
         out += self.tapp.lane_hints()  # several sources: 1-9, o, x
+        if live:
+            out += [hint("break_here"), hint("breakpoints")]
+        out += [hint("search")]
+        if focus is not self.graph:
+            out += [hint("toggle_graph")]
+        out += [hint("alerts")]
+        if paused:
+            out += [hint("values")]
         if focus is self.graph:
             out += [
-                ("enter", "op"),
-                ("g", "timeline"),
-                ("M", "by module" if not self.graph.by_module else "chains"),
+                hint("enter", "op"),
+                hint("toggle_graph", "timeline"),
+                hint("group_modules", "chains" if self.graph.by_module else None),
             ]
         elif focus is self.alerts:
-            out += [("enter", "go to alert")]
+            out += [hint("enter", "go to alert")]
         elif focus is self.detail:
-            out += [("↑↓", "link"), ("enter", "follow"), ("esc", "timeline")]
+            out += [("↑↓", "link", "link"), hint("enter", "follow"), hint("escape", "timeline")]
         else:
-            out += [("enter", "jump")]
-        if live:
-            out += [("b", "break"), ("B", "breakpoints")]
+            out += [hint("enter")]
         if self.search is not None or (focus is self.graph and self.graph.search is not None):
-            out += [("^n ^p", "match")]
-        out += [("a", "alerts"), ("/", "search"), (":", "go to"), ("[ ]", "step")]
-        if focus is not self.graph:
-            out += [("g", "graph")]
-        out += [("⌫", "back")]
-        out += [("+", "restore" if self.maximised is not None else "maximise")]
+            out += [hint("next_match")]
+        out += [hint("command_line"), hint("prev_step")]
+        out += [hint("back")]
+        out += [hint("maximize_panel", "restore" if self.maximised is not None else None)]
         if live:
-            out += [("f", "follow")]
+            out += [hint("follow")]
         row = self.timeline.current_row() if self.ready else None
         if paused or (row is not None and row.flags & NAN_INF):
-            out += [("!", "first NaN")]
-        out += [("y", "copy"), ("e", "export")]
-        out += [("|", "filter"), ("tab", "panel"), ("m", "norm/mean"), ("j k", "move")]
+            out += [hint("first_nan")]
+        out += [hint("copy"), hint("export")]
+        out += [hint("filter"), hint("tab"), hint("stat_mode"), hint("↑↓ j k")]
         if self.store.has_aten:
-            out += [("A", "fold aten" if self.timeline.unfold_all else "all aten")]
+            out += [hint("unfold_all", "fold aten" if self.timeline.unfold_all else None)]
         return out
+
+    def help_section(self) -> str | None:
+        """The help's section for the focused panel (``?`` shows it right after stepping)."""
+        focus = self.focused
+        if focus is self.graph:
+            return keys.GRAPH
+        if focus is self.detail:
+            return keys.DETAIL
+        if focus is self.alerts:
+            return keys.ALERTS
+        if focus is self.timeline:
+            return keys.TIMELINE
+        return None
 
     def _title(self) -> None:
         step = self.current_step

@@ -10,25 +10,37 @@ from __future__ import annotations
 from textual.content import Content
 from textual.widgets import Static
 
-Hint = tuple[str, str]  # (key, what it does)
+from torchscope.tui.keys import Hint, hint
 
-ALWAYS: list[Hint] = [("?", "help"), ("q", "quit")]
+ALWAYS: list[Hint] = [hint("help"), hint("quit")]
 
 
-def fit_hints(hints: list[Hint], width: int) -> Content:
-    """``key label`` pairs, most important first, as many as fit in ``width`` (``? help``
-    and ``q quit`` always, at the end)."""
-    chosen: list[Hint] = []
-    used = sum(len(k) + len(t) + 3 for k, t in ALWAYS)
-    for key, label in hints:
+def _fit(hints: list[Hint], width: int, short: bool) -> list[tuple[str, str]]:
+    chosen: list[tuple[str, str]] = []
+    # each pair is "key label" plus two spaces before the next; the last has none after it
+    used = sum(len(k) + len(t) + 3 for k, t, _ in ALWAYS) - 2
+    for key, label, brief in hints:
+        label = brief if short else label
         cost = len(key) + len(label) + 3
         if used + cost > width:
             continue  # a shorter one further on may still fit
         chosen.append((key, label))
         used += cost
+    return chosen
+
+
+def fit_hints(hints: list[Hint], width: int) -> Content:
+    """``key label`` pairs, most important first, as many as fit in ``width`` (``? help``
+    and ``q quit`` always, at the end). Short labels where they keep more keys on the bar
+    (``n next`` for ``n next step`` at 80 columns)."""
+    chosen = _fit(hints, width, short=False)
+    if len(chosen) < len(hints):
+        brief = _fit(hints, width, short=True)
+        if len(brief) > len(chosen):
+            chosen = brief
     parts = [
         Content.from_markup("[b $accent]$key[/] $label", key=key, label=label)
-        for key, label in chosen + ALWAYS
+        for key, label in chosen + [(k, t) for k, t, _ in ALWAYS]
     ]
     return Content("  ").join(parts)
 

@@ -7,10 +7,15 @@ backward: blank before that runs) and global gradient norm come first, with a ba
 norm against every step's (a spike stands out), and the panel's subtitle is a sparkline of
 the norms across all steps: a replay's count pass finds them (see countpass), a live session's
 source as the events stream in (``sources.LiveOverview``, the same counter).
+
+Where traced steps are not consecutive (152 then 164: the job ran untraced between, dormant
+or attached later), a dim row between them says so (``… 11 steps not traced``, shorter where
+the panel is narrow); the cursor passes over it.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 
 from torchscope.tui.format import SPARK
@@ -78,6 +83,21 @@ def spark_across(values: list[float | None], width: int) -> str:
     return "".join(bar(v, scale) for v in out)
 
 
+def gap_text(missing: int, width: int) -> str:
+    """The row between two traced steps ``missing + 1`` apart, in at most ``width`` cells."""
+    word = "step" if missing == 1 else "steps"
+    for text in (
+        f"… {missing:,} {word} not traced",
+        f"… {missing:,} not traced",
+        f"… {missing:,} untraced",
+        f"… {missing:,}",
+        f"…{missing}",
+    ):
+        if len(text) <= width:
+            return text
+    return "…"
+
+
 def _count(n: int, counted: bool) -> str:
     text = f"{n:,}" if n < 100_000 else f"{n / 1000:.0f}k"
     return text if counted else text + "…"
@@ -93,6 +113,11 @@ class StepList(VirtualList):
         self.store: EventStore | None = None
         self._overview_at = -1  # store.overview_version the scale below was taken at
         self._norm_scale: tuple[float, float] | None = None
+        # Gaps: indices i into store.order with order[i] more than one past order[i - 1]
+        # (a row before each), and the row of each gap, for the order they were found in
+        self._gaps: list[int] = []
+        self._gap_rows: list[int] = []
+        self._gaps_of: tuple[int, int, int, int] | None = None
 
     @property
     def has_overview(self) -> bool:
@@ -116,13 +141,57 @@ class StepList(VirtualList):
     def bind_store(self, store: EventStore) -> None:
         self.store = store
 
+    def _layout(self) -> list[int]:
+        """Where the gaps are (found again when the steps changed)."""
+        order = self.store.order if self.store is not None else []
+        key = (id(order), len(order), order[0] if order else 0, order[-1] if order else 0)
+        if key != self._gaps_of:
+            self._gaps_of = key
+            self._gaps = [
+                i for i in range(1, len(order)) if order[i - 1] >= 0 and order[i] > order[i - 1] + 1
+            ]
+            self._gap_rows = [g + j for j, g in enumerate(self._gaps)]
+        return self._gaps
+
     def row_count(self) -> int:
-        return len(self.store.order) if self.store is not None else 0
+        if self.store is None:
+            return 0
+        return len(self.store.order) + len(self._layout())
+
+    def _entry(self, index: int) -> tuple[int, bool]:
+        """Row ``index`` -> (index into store.order, whether it is the gap row before it)."""
+        gaps = self._layout()
+        k = bisect.bisect_right(self._gap_rows, index)  # gap rows at or before it
+        if k and self._gap_rows[k - 1] == index:
+            return gaps[k - 1], True
+        return index - k, False
+
+    def _row_of(self, i: int) -> int:
+        """The row of store.order[i]."""
+        return i + bisect.bisect_right(self._layout(), i)
+
+    def gap_at(self, index: int) -> int | None:
+        """How many steps were not traced, when row ``index`` is a gap row."""
+        if self.store is None or not 0 <= index < self.row_count():
+            return None
+        i, gap = self._entry(index)
+        order = self.store.order
+        return order[i] - order[i - 1] - 1 if gap else None
 
     def step_at(self, index: int) -> int | None:
-        if self.store is None or not 0 <= index < len(self.store.order):
+        if self.store is None or not 0 <= index < self.row_count():
             return None
-        return self.store.order[index]
+        i, gap = self._entry(index)
+        return None if gap else self.store.order[i]
+
+    def move_cursor(self, index: int, *, user: bool = False, center: bool = False) -> None:
+        """As VirtualList's, passing over gap rows (on in the direction of travel)."""
+        count = self.row_count()
+        if count and 0 <= index < count and self.gap_at(index) is not None:
+            index = index + 1 if index >= self.cursor else index - 1
+            if index < 0:
+                index = 1
+        super().move_cursor(index, user=user, center=center)
 
     @property
     def current_step(self) -> int | None:
@@ -134,6 +203,7 @@ class StepList(VirtualList):
         index = self.store.step_index(step)
         if index is None:
             return False
+        index = self._row_of(index)
         if index != self.cursor:
             self.move_cursor(index, user=user)
         else:
@@ -160,6 +230,9 @@ class StepList(VirtualList):
         return [(text, None)]
 
     def render_row(self, index: int, width: int) -> list[Cell]:
+        missing = self.gap_at(index)
+        if missing is not None:
+            return [(" " + gap_text(missing, width - 1), self.cstyle("dim"))]
         step = self.step_at(index)
         if step is None or self.store is None:
             return []
