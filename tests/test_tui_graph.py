@@ -1,4 +1,4 @@
-"""Issue 12: the backward graph grouped by module (``M``: one expandable entry per module),
+"""Issue 12: the backward graph grouped by module (``M``: a module tree, issue 21),
 searched (``/`` in the graph: its nodes; ``ctrl+n`` / ``ctrl+p`` between matches) and
 filtered (``|`` in the graph: only the nodes that match, by module)."""
 
@@ -19,7 +19,13 @@ def replay() -> ScriptedSource:
 
 async def graph_open(pilot, app: TorchscopeApp) -> None:
     main = app.main
-    await until(pilot, lambda: main.current_step == 0 and main.timeline.row_count() > 0)
+    # step 0 (a recording with a NaN opens at its origin's step: step 1 here)
+    await until(pilot, lambda: main.current_step is not None and main.timeline.row_count() > 0)
+    while main.current_step != 0:
+        was = main.current_step
+        await pilot.press("left_square_bracket")
+        await until(pilot, lambda was=was: main.current_step != was, what="step 0")
+    await until(pilot, lambda: main.timeline.row_count() > 0)
     await pilot.press("g")
     await until(pilot, lambda: main.graph.model is not None, what="the graph")
 
@@ -29,34 +35,49 @@ def graph_node_ids(step: int = 0) -> list[dict]:
     return graph["nodes"]
 
 
+def module_items(graph) -> list:
+    """Every module entry of the module tree (M), as the tree shows them."""
+    out, stack = [], list(reversed(graph.root.children))
+    while stack:
+        item = stack.pop()
+        if item.data and item.data.get("kind") == "module" and not item.data.get("own"):
+            out.append(item)
+        stack.extend(reversed(item.children))
+    return out
+
+
+def shown_nodes(graph) -> list:
+    """The keys of the nodes in view (every item above them expanded)."""
+    out, stack = [], list(reversed(graph.root.children))
+    while stack:
+        item = stack.pop()
+        if item.data and item.data.get("kind") == "node":
+            out.append(item.data["key"])
+        if item.is_expanded:
+            stack.extend(reversed(item.children))
+    return out
+
+
 @sync
 async def test_M_groups_the_graph_by_module_and_back_keeping_the_node():
     app = TorchscopeApp(replay())
     async with app.run_test(size=SIZE) as pilot:
         main, graph = app.main, app.main.graph
         await graph_open(pilot, app)
-        assert "M by module" in main.key_bar.text
+        assert "M " in main.key_bar.text
         here = graph.current_node_id()
         await pilot.press("M")
         assert graph.by_module and graph.current_node_id() == here
         assert "by module" in graph.border_subtitle
-        modules = [
-            item.data["group"][1]
-            for call in graph.root.children
-            for item in call.children
-            if item.data and item.data.get("kind") == "module"
-        ]
-        # the modules of the ops that created the nodes, each once; parameters' nodes with
-        # their module
+        items = module_items(graph)
+        modules = [item.data["group"][1] for item in items]
+        # the modules of the ops that created the nodes, each once, and the modules above
+        # them; parameters' nodes with their module
         assert len(modules) == len(set(modules))
-        assert {"blocks.0.fc", "blocks.1.fc", "blocks.2.act"} <= set(modules)
-        # a group holds the nodes of its module, and opens with →
-        group = next(
-            item
-            for call in graph.root.children
-            for item in call.children
-            if item.data and item.data.get("group", (0, ""))[1] == "blocks.0.fc"
-        )
+        assert {"blocks", "blocks.0", "blocks.0.fc", "blocks.1.fc", "blocks.2.act"} <= set(modules)
+        # a leaf module holds its nodes, and opens with →
+        group = next(item for item in items if item.data["group"][1] == "blocks.0.fc")
+        assert group.parent.data["group"][1] == "blocks.0"
         graph.move_cursor(group)
         await pilot.press("right")
         names = sorted(str(c.label).split(" node ")[0] for c in group.children)
@@ -123,13 +144,7 @@ async def test_bar_in_the_graph_keeps_only_the_matching_nodes_and_esc_brings_all
         assert app.focused is graph and graph.node_filter is not None
         params = [n for n in graph_node_ids() if n["name"] == "AccumulateGrad"]
         assert graph.shown_count() == len(params) == 6
-        shown = [
-            leaf.data["key"][1]
-            for call in graph.root.children
-            for group in call.children
-            for leaf in group.children
-            if leaf.data and leaf.data.get("kind") == "node"
-        ]
+        shown = [key[1] for key in shown_nodes(graph)]
         assert sorted(shown) == sorted(n["id"] for n in params)  # all in view, nothing else
         assert "filter /accumulate/ 6 nodes" in graph.border_subtitle
         assert graph.current_node_id() in shown

@@ -51,7 +51,7 @@ from torchscope.tui.store import EventStore, StepData
 
 _CHAIN_CAP = 500  # nodes shown at once along one chain; "… more" entries move the window
 # A step's graphs with at most this many nodes in all open with every branch expanded.
-_OPEN_ALL = 250
+_OPEN_ALL = 300
 # The module tree (M) opens its modules' hierarchy when it has at most this many modules.
 _OPEN_MODULES = 80
 _FLOW = "↓"  # drawn instead of the tree's sibling guide before a node that continues a chain
@@ -289,12 +289,14 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         self._containers: dict[Key, TreeNode[dict]] = {}  # chain head -> tree node holding it
         self._populated: set[int] = set()  # TreeNode ids whose side branches were added
         self._shown: tuple = (None, -1, False, None)
-        self.by_module = False  # M: one expandable entry per module instead of chains
+        self.by_module = False  # M: the module tree instead of chains
         self.node_filter: re.Pattern[str] | None = None  # |: only the nodes it matches
-        self._groups: dict[tuple[int, str], TreeNode[dict]] = {}  # (call, module) -> item
+        # (call, module) -> the item that holds the module's own nodes
+        self._groups: dict[tuple[int, str], TreeNode[dict]] = {}
         self._group_of: dict[Key, tuple[int, str]] = {}
         self._group_keys: dict[tuple[int, str], list[Key]] = {}  # a module's own nodes
         self._group_order: list[tuple[int, str]] = []  # module items as the tree shows them
+        self._modules: dict[tuple[int, str], TreeNode[dict]] = {}  # (call, module) -> its item
         self.norms: dict[str, float] = {}  # M: module -> its parameters' gradient norm
         self.history: tuple[list[int], dict[str, list[float | None]]] = ([], {})
         self.open_all = False  # the step's graph is small: every branch starts expanded
@@ -365,6 +367,7 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         self._group_of.clear()
         self._group_keys.clear()
         self._group_order.clear()
+        self._modules.clear()
         self._to_open.clear()
         self.norms = {}
         self.history = ([], {})
@@ -411,13 +414,30 @@ class GraphTree(Tree[dict], inherit_bindings=False):
             self._cursor_to_first()
 
     def _cursor_to_first(self) -> None:
-        for call in self.root.children:
-            for item in call.children:
-                if item.data and item.data.get("kind") in ("node", "module", "branch"):
-                    self._tree_lines  # noqa: B018 - lay the lines out: items get their line
-                    self.move_cursor(item, animate=False)
-                    self.scroll_to(0, 0, animate=False)
-                    return
+        """The cursor on the first node in view (else the first entry: a module, a branch)."""
+        first = None
+        stack = list(reversed(self.root.children))
+        while stack:
+            item = stack.pop()
+            kind = item.data.get("kind") if item.data else None
+            if kind == "node":
+                first = item
+                break
+            if first is None and kind in ("module", "branch"):
+                first = item
+            if item.is_expanded:
+                stack.extend(reversed(item.children))
+        if first is not None:
+            self._tree_lines  # noqa: B018 - lay the lines out: items get their line
+            self.move_cursor(first, animate=False)
+            self.call_after_refresh(self._scroll_to_top, first)
+
+    def _scroll_to_top(self, item: TreeNode[dict]) -> None:
+        """With the cursor on the first node, the lines above it in view too (the cursor
+        moved while the tree had no size yet scrolled them away)."""
+        if self.cursor_node is item:
+            self.scroll_to(0, 0, animate=False)
+            self.scroll_to_node(item, animate=False)
 
     def _open_pending(self) -> None:
         """Fill and expand the items queued while the tree was built (a small graph opens
@@ -517,8 +537,8 @@ class GraphTree(Tree[dict], inherit_bindings=False):
             stack.extend(node.children)
 
     def _add_side(self, parent: TreeNode[dict], head: Key) -> None:
-        """An input branch of a node: the node itself when its chain is one node long, else a
-        collapsed entry that holds the chain."""
+        """An input branch of a node: the node itself when its chain is one node long, else an
+        entry that holds the chain (open from the start in a small graph, else on demand)."""
         assert self.model is not None
         chain = self.model.chains[head]
         if len(chain) == 1:
@@ -656,7 +676,7 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         for m in order:
             gid = (ci, m)
             parent = parent_of[m]
-            holder = call if parent is None else self._groups[(ci, parent)]
+            holder = call if parent is None else self._modules[(ci, parent)]
             label = Text.assemble(
                 _module_text(m, width[parent]),
                 "  ",
@@ -667,20 +687,35 @@ class GraphTree(Tree[dict], inherit_bindings=False):
                 (f", {count[m] - ran[m]} not executed" if ran[m] < count[m] else "", "yellow"),
                 ("  NaN/Inf" if bad[m] else "", "bold red"),
             )
-            item = holder.add(label, data={"kind": "module", "group": gid})
-            self._groups[gid] = item
+            if m in kids:  # its own nodes in an entry after its submodules
+                item = holder.add(label, data={"kind": "module", "group": gid, "holds": "modules"})
+            else:
+                item = self._groups[gid] = holder.add(label, data={"kind": "module", "group": gid})
+            self._modules[gid] = item
             self._group_keys[gid] = own.get(m, [])
             for key in own.get(m, ()):
                 self._group_of[key] = gid
             self._group_order.append(gid)
-        # Open: with a filter, every module (every match in view); else the modules that
-        # hold others (their own nodes after their submodules), or the only module there is.
+        for m in order:
+            if m in kids and own.get(m):
+                n = len(own[m])
+                label = Text.assemble(
+                    ("⋯ ", "dim"),
+                    plural(n, "node"),
+                    (f" in {m} itself", "dim"),
+                )
+                data = {"kind": "module", "group": (ci, m), "own": True}
+                self._groups[(ci, m)] = self._modules[(ci, m)].add(label, data=data)
+        # Open: with a filter, everything (every match in view); else the modules that hold
+        # others (their own nodes stay in their closed entry), or the only module there is.
         top = kids.get(None, [])
         for m in order:
-            if keep is not None or (m in kids and open_tree) or (len(top) == 1 == len(count)):
-                item = self._groups[(ci, m)]
-                self._populate_module(item)
-                item.expand()
+            gid = (ci, m)
+            if m in kids and (open_tree or keep is not None):
+                self._modules[gid].expand()
+            if gid in self._groups and (keep is not None or len(top) == 1 == len(count)):
+                self._populate_module(self._groups[gid])
+                self._groups[gid].expand()
 
     def _module_norm(self, module: str) -> float | None:
         """The gradient norm of a module's parameters in the step (the model's own ones for
@@ -695,7 +730,7 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         return bool(grads and grads[0].flags)
 
     def _populate_module(self, item: TreeNode[dict]) -> None:
-        if id(item) in self._populated or not item.data:
+        if id(item) in self._populated or not item.data or item.data.get("holds"):
             return
         self._populated.add(id(item))
         keys = self._group_keys.get(item.data["group"], [])
