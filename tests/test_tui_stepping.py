@@ -58,6 +58,8 @@ def detail_text(app: TorchscopeApp) -> str:
 
 async def click_text(pilot, text: str) -> None:
     """Click the first place on the screen that shows ``text``."""
+    pilot.app.clear_notifications()  # a toast over the text would take the click
+    await pilot.pause()
     lines = pilot.app.screen_text().splitlines()
     y = next(i for i, line in enumerate(lines) if text in line)
     await pilot.click(offset=(lines[y].index(text) + 1, y))
@@ -244,7 +246,7 @@ async def test_inspect_values_on_demand_and_paging_through_a_big_tensor():
             "inspect",
             {"group": "outputs", "index": 0, "start": 0, "count": 1000},
         )
-        await pilot.pause(0.05)
+        await until(pilot, lambda: "[0:1,000] of 2,048" in app.screen_text(), what="shown")
         text = app.screen_text()
         assert "outputs[0] [64,32] float32 · 2,048 values" in text
         assert "[0:1,000] of 2,048" in text and "0.8415" in text  # sin(1)
@@ -253,8 +255,7 @@ async def test_inspect_values_on_demand_and_paging_through_a_big_tensor():
         await pilot.press("full_stop")
         await until(pilot, lambda: shown(2000))
         assert len(app.main.values.result["values"]) == 48
-        await pilot.pause(0.05)
-        assert "[2,000:2,048] of 2,048" in app.screen_text()
+        await until(pilot, lambda: "[2,000:2,048] of 2,048" in app.screen_text(), what="shown")
         n = len(job.received)
         await pilot.press("greater_than_sign")  # no page after the last
         assert "last slice" in notes[-1] and len(job.received) == n
@@ -426,21 +427,81 @@ async def test_breakpoint_list_letters_go_to_the_box_never_to_the_list():
 
 
 @sync
-async def test_replay_refuses_every_stepping_key_with_a_message():
+async def test_replay_still_refuses_what_needs_the_job():
     app = TorchscopeApp(ScriptedSource(make_trace(1, 1), mode="replay"))
     notes = notes_of(app)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.main.timeline.row_count() > 0)
-        footer = app.screen_text().splitlines()[-1]
-        assert "Pause" not in footer and "Step" not in footer  # hidden, still answered
-        for key in ("space", "s", "n", "c", "b", "B", "v"):
+        await pilot.press("space")  # pauses the recording at the selected row
+        await until(pilot, lambda: paused(app) is not None, what="the cursor placed")
+        for key in ("v", "at", "E"):
             await pilot.press(key)
-        assert notes == [REPLAY_REFUSAL] * 7
+        assert notes[0] == REPLAY_REFUSAL and all("needs a live job" in n for n in notes[1:])
+        assert len(notes) == 3
         assert app.screen is app.main and app.sent == [] and app.is_running
     with pytest.raises(CommandRefused, match="replay: the job is not running"):
         FileSource("nowhere.tsc").command("pause")
     with pytest.raises(CommandRefused):
         ScriptedSource([]).command("step")
+
+
+@sync
+async def test_a_recording_steps_like_a_live_job(tmp_path):
+    """In a recording, a nan breakpoint and c land on the NaN's origin; s / S move one event;
+    a name breakpoint, then c, lands on its next hit and C back on the one before; n goes to
+    the next step's first event."""
+    from test_tui_replay_stepping import NAN_STEP, record
+
+    path = record(tmp_path / "run.tsc")
+    app = TorchscopeApp(FileSource(path))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.main.timeline.row_count() > 0, timeout=60, what="open")
+        await add_breakpoint(pilot, app, "nan")
+        await pilot.press("c")
+        await until(pilot, lambda: paused(app) is not None, timeout=60, what="at the origin")
+        assert paused_name(app) == "torch.sqrt" and app.main.current_step == NAN_STEP
+        await until(pilot, lambda: "NaN first appears: torch.sqrt" in app.screen_text())
+        origin = paused(app)["event"]["seq"]
+        tl = app.main.timeline
+        await until(pilot, lambda: tl.current_row() is not None and tl.current_row().seq == origin)
+        await pilot.press("s")
+        await until(pilot, lambda: paused(app)["event"]["seq"] != origin, what="one step")
+        assert paused(app)["reason"] == "step"
+        after = paused(app)["event"]["seq"]
+        assert tl.current_row().seq == after
+        await pilot.press("S")
+        await until(pilot, lambda: paused(app)["event"]["seq"] == origin, what="one back")
+        # a breakpoint on the loss's op, with the nan one off
+        await add_breakpoint(pilot, app, "op:^Tensor\\.mean$")
+        await pilot.press("B")
+        await until(pilot, lambda: isinstance(app.screen, BreakpointsScreen), what="B")
+        await pilot.press("space")  # the box is empty: toggles the first (nan) breakpoint
+        await until(pilot, lambda: not app.store.stepper.breakpoints[0]["enabled"])
+        await pilot.press("escape")
+        await pilot.press("c")
+        await until(pilot, lambda: paused_name(app) == "Tensor.mean", what="the hit")
+        assert paused(app)["reason"] == "breakpoint 2" and app.main.current_step == NAN_STEP
+        await pilot.press("c")
+        await until(pilot, lambda: app.main.current_step == NAN_STEP + 1, what="the next hit")
+        assert paused_name(app) == "Tensor.mean"
+        await pilot.press("C")
+        await until(pilot, lambda: app.main.current_step == NAN_STEP, what="back")
+        await pilot.press("n")
+        await until(pilot, lambda: app.main.current_step == NAN_STEP + 1, what="next step")
+        assert paused(app)["reason"] == "next step"
+        assert ("break_add", {"op": "^Tensor\\.mean$"}) in app.sent
+
+
+async def add_breakpoint(pilot, app: TorchscopeApp, text: str) -> None:
+    """Through the B screen, as a user adds one."""
+    await pilot.press("B")
+    await until(pilot, lambda: isinstance(app.screen, BreakpointsScreen), what="B")
+    n = len(app.store.stepper.breakpoints)
+    app.screen.query_one(Input).value = text
+    await pilot.press("enter")
+    await until(pilot, lambda: len(app.store.stepper.breakpoints) == n + 1, what="added")
+    await pilot.press("escape")
+    await until(pilot, lambda: app.screen is app.main, what="back")
 
 
 # -- the live source's command path (a fake client) ------------------------------------------

@@ -32,6 +32,7 @@ from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.worker import Worker
 
+from torchscope.protocol.breakpoints import BreakpointError
 from torchscope.tui.keys import Hint, bindings, hint
 from torchscope.tui.multi import (
     STEPPING,
@@ -41,6 +42,7 @@ from torchscope.tui.multi import (
     lane_labels,
     row_key,
 )
+from torchscope.tui.replay_stepping import ReplayBreakpoints
 from torchscope.tui.screens.breakpoints import BreakpointsScreen
 from torchscope.tui.screens.compare import CompareScreen, CompareSpec
 from torchscope.tui.screens.help import HelpScreen
@@ -266,6 +268,8 @@ class TorchscopeApp(App[int]):
         the UI thread when the shown lane's answer comes; a refusal is also a notification
         unless ``quiet``. Stepping commands go to every rank (see ``command_lanes``). False
         when the shown lane's source cannot send commands at all (said, too)."""
+        if cmd in ReplayBreakpoints.COMMANDS and self.lane.source.mode != "live":
+            return self._replay_breakpoints(cmd, then, quiet, fields)
         lanes = self.command_lanes(cmd)
         shown_ok = any_ok = False
         for lane in lanes:
@@ -283,6 +287,29 @@ class TorchscopeApp(App[int]):
         if any_ok:
             self.sent.append((cmd, dict(fields)))
         return shown_ok if self.lane in lanes else any_ok
+
+    def _replay_breakpoints(
+        self, cmd: str, then: ReplyHandler | None, quiet: bool, fields: dict[str, Any]
+    ) -> bool:
+        """A recording's breakpoints, kept here (the replay's cursor stops at them): the
+        command answered at once, as a job would."""
+        try:
+            payload = self.lane.breakpoints.answer(cmd, fields)
+        except (BreakpointError, ValueError) as exc:
+            if not quiet:
+                self.notify(str(exc), severity="error", timeout=6)
+            if then is not None:
+                then(False, str(exc))
+            return True
+        self.sent.append((cmd, dict(fields)))
+        _, changed = self.store.stepper.on_state(payload["state"])
+        if then is not None:
+            then(True, payload)
+        if changed:
+            if isinstance(self.screen, BreakpointsScreen):
+                self.screen.refresh_list()
+            self.main.refresh_status()
+        return True
 
     def running_elsewhere(self) -> bool:
         """Whether a stepping command now also reaches a lane that is not paused (another
@@ -347,7 +374,7 @@ class TorchscopeApp(App[int]):
         if self.multi:
             n = len(self.lanes)
             shown = f"1-{min(n, 9)}" if n > 1 else "1"
-            out.append((shown, "source", "src"))
+            out.append((shown, "source", "source"))
             if any(lane.source.can_command for lane in self.lanes):
                 out.append(hint("toggle_scope", None if self.scope == "all" else "all ranks"))
             out.append(hint("compare"))

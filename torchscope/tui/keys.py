@@ -93,6 +93,17 @@ KEYS: tuple[Key, ...] = (
         short="bps",
     ),
     Key(
+        "S N C",
+        "a recording: back one event, to the previous step, back to the previous breakpoint "
+        "hit (s n c go forward; space pauses at the selected row)",
+        STEPPING,
+        "step_back",
+        bind="S",
+        label="back",
+    ),
+    Key("N", "", STEPPING, "prev", bind="N"),
+    Key("C", "", STEPPING, "continue_back", bind="C"),
+    Key(
         "v",
         "paused: fetch values of the paused event's tensors (again: the next tensor)",
         STEPPING,

@@ -26,6 +26,7 @@ from typing import Any
 
 from torchscope.analysis.align import keyed
 from torchscope.protocol.events import ATEN, GRAD, OP
+from torchscope.tui.replay_stepping import ReplayBreakpoints
 from torchscope.tui.sources import EventSource, FileSource, LiveSource, SourceError, open_source
 from torchscope.tui.stepping import pause_key
 from torchscope.tui.store import (
@@ -74,6 +75,8 @@ class Lane:
     # the pause the lane is in, and when (monotonic) this UI counts it from
     pause_key: Any = None
     paused_at: float | None = None
+    # a recording's breakpoints (the b and B screens' commands are answered here)
+    breakpoints: ReplayBreakpoints = field(default_factory=ReplayBreakpoints)
 
     @classmethod
     def of(cls, source: EventSource, index: int, max_events: int) -> Lane:

@@ -97,6 +97,8 @@ def pause_story(pause: dict, stepper: StepperView | None = None) -> str:
     phase = pause.get("phase")
     ins, outs = _SIDES.get(ev.get("kind"), ("inputs", "outputs"))
     head = {"step": "stepped", "next step": "at the next step"}.get(reason, reason)
+    if reason == "origin":  # a recording's cursor at an alert's origin
+        head = f"{_bad_kind(ev.get(outs)) or 'NaN/Inf'} first appears"
     if reason.startswith("breakpoint"):
         bp_id = reason.removeprefix("breakpoint").strip()
         bp = stepper.breakpoint(int(bp_id)) if stepper is not None and bp_id.isdigit() else None

@@ -30,10 +30,12 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Input, Label, OptionList, ProgressBar, Tree
 
+from torchscope.protocol.breakpoints import BreakpointError
 from torchscope.protocol.events import ATEN, GRAD, OP, Event
 from torchscope.tui import keys
 from torchscope.tui.format import plural, short_name
 from torchscope.tui.keys import Hint, bindings, hint
+from torchscope.tui.replay_stepping import Landed, NeedStep, ReplayCursor, Stay
 from torchscope.tui.screens.breakpoints import BreakHereScreen, BreakpointsScreen
 from torchscope.tui.stepping import (
     ValuesView,
@@ -111,6 +113,10 @@ class MainScreen(Screen[None]):
         self._match_cache: tuple[tuple, list[int]] | None = None
         # what @ / E asked of the job's next step: (text, answered, the job's step then)
         self.asked: tuple[str, bool, int | None] | None = None
+        # a recording's cursor (its store, the cursor) and the move waiting for a step to load
+        self._replay: tuple[EventStore, ReplayCursor] | None = None
+        self._replay_wait: tuple[str, int] | None = None
+        self._replay_landing: Landed | None = None  # landed in a step still loading
 
     @property
     def tapp(self) -> TorchscopeApp:
@@ -245,21 +251,22 @@ class MainScreen(Screen[None]):
     def hints(self) -> list[Hint]:
         """The key bar, most useful first (it shows what fits)."""
         live = self.live
-        paused = live and self.store.stepper.paused is not None
+        paused = self.store.stepper.paused is not None
         focus = self.focused
         out: list[Hint] = []
         if paused:
             out += [hint("step"), hint("next"), hint("continue")]
+            if not live:
+                out += [hint("step_back")]
         elif live:
             out += [hint("pause"), hint("continue")]
         out += self.tapp.lane_hints()  # several sources: 1-9, o, x
-        if live:
-            out += [hint("break_here"), hint("breakpoints")]
+        out += [hint("break_here"), hint("breakpoints")]
         out += [hint("search")]
         if focus is not self.graph:
             out += [hint("toggle_graph")]
         out += [hint("alerts")]
-        if paused:
+        if paused and live:
             out += [hint("values")]
         if focus is self.graph:
             out += [
@@ -369,6 +376,8 @@ class MainScreen(Screen[None]):
         if self.pending is not None and self.pending.step in ch.loaded:
             loc, self.pending = self.pending, None
             self._land(loc)
+        if not self.live:
+            self._replay_loaded(ch)
         if ch.progress is not None:
             self._count_progress = ch.progress
         elif ch.progress_done:
@@ -396,7 +405,7 @@ class MainScreen(Screen[None]):
             step=self.current_step,
             resident=self.store.resident_events,
             steps=len(self.store.order),
-            stepper=self.store.stepper if self.live else None,
+            stepper=self.store.stepper,
             asked=self._asked_text(),
         )
 
@@ -633,7 +642,7 @@ class MainScreen(Screen[None]):
             return
         by_module = self.graph.toggle_grouping()
         self.notify(
-            "graph: one entry per module (→ or enter opens one)"
+            "graph: module tree with each module's gradient norm (→ opens one)"
             if by_module
             else "graph: chains of nodes",
             timeout=2,
@@ -672,6 +681,9 @@ class MainScreen(Screen[None]):
             self.graph.reveal(node)
         self._graph_title()
         self.graph.focus()
+        hit = self.graph.node_at_cursor()  # the detail follows the graph's cursor from here
+        if hit is not None and data is not None:
+            self.detail.show_node(self.store, data, *hit)
 
     def _show_timeline_from_graph(self) -> None:
         node = self.graph.current_node_id()
@@ -1255,19 +1267,102 @@ class MainScreen(Screen[None]):
         return self.tapp.command(cmd, **fields)
 
     def action_pause(self) -> None:
+        if not self.live:  # a recording: pause where the cursor is
+            row = self.timeline.current_row() if self.current_step is not None else None
+            if row is None or getattr(row, "pending", False):
+                return
+            self._replay_landed(self._cursor().place(self.current_step, row.kind, row.seq))
+            return
         if self.store.stepper.paused is not None and not self.tapp.running_elsewhere():
             self.notify("already paused: s steps, n runs to the next step, c continues", timeout=3)
             return
         self._command("pause")  # the status bar says "pausing…" until the job has paused
 
     def action_step(self) -> None:
-        self._command("step")
+        self._step_key("s", "step")
 
     def action_next(self) -> None:
-        self._command("next")
+        self._step_key("n", "next")
 
     def action_continue(self) -> None:
-        self._command("continue")
+        self._step_key("c", "continue")
+
+    def action_step_back(self) -> None:
+        self._step_key("S")
+
+    def action_prev(self) -> None:
+        self._step_key("N")
+
+    def action_continue_back(self) -> None:
+        self._step_key("C")
+
+    def _step_key(self, key: str, command: str | None = None) -> None:
+        """A stepping key: a command to a live job; in a recording, a move of its cursor."""
+        if self.live:
+            if command is None:
+                self.notify(f"{key} steps back through a recording, not a running job", timeout=3)
+            else:
+                self._command(command)
+            return
+        cursor = self._cursor()
+        try:
+            cursor.set_breakpoints(self.store.stepper.breakpoints)
+        except BreakpointError as exc:
+            self.notify(str(exc), severity="error", timeout=5)
+            return
+        self._replay_answer(key, cursor.move(key))
+
+    # -- a recording's cursor (replay_stepping.py) -------------------------------------------
+    def _cursor(self) -> ReplayCursor:
+        """The recording's cursor, one per store (each source of several has its own)."""
+        if self._replay is None or self._replay[0] is not self.store:
+            self._replay = (self.store, ReplayCursor(self.store))
+            self._replay_wait = None
+        return self._replay[1]
+
+    def _replay_answer(self, key: str, answer: Any) -> None:
+        if isinstance(answer, NeedStep):
+            # Load that step, then make the same move again (apply_changes, when it arrives).
+            self._replay_wait = (key, answer.step)
+            store, source = self.store, self.tapp.source
+            info = store.info(answer.step)
+            if info is not None and info.state != LOADING:
+                store.mark_loading(answer.step)
+                source.request_step(answer.step)
+            store.pin({s for s in (self.current_step, answer.step) if s is not None})
+            self.status_bar.note(f"looking in step {answer.step}…")
+        elif isinstance(answer, Stay):
+            self._replay_wait = None
+            self.notify(answer.note, timeout=3)
+        elif isinstance(answer, Landed):
+            self._replay_wait = None
+            self._replay_landed(answer)
+
+    def _replay_landed(self, landed: Landed) -> None:
+        """Show the recording paused at the landed event, as a live pause is shown."""
+        pos = landed.position
+        self.status_bar.note(None)
+        self._go(Location("timeline", pos.step, pos.kind, pos.seq))
+        if self.store.data(pos.step) is None:  # shown once it is loaded (_replay_loaded)
+            self._replay_landing = landed
+            return
+        self._replay_landing = None
+        self.store.stepper.paused = landed.pause(self.store)
+        self._sync_pause_marks()
+        if landed.note:
+            self.notify(landed.note, timeout=4)
+        self._show_detail()
+        self.refresh_status()
+
+    def _replay_loaded(self, ch: Changes) -> None:
+        """A step the cursor waited for came (or was given up): the same move again."""
+        landing = self._replay_landing
+        if landing is not None and landing.position.step in ch.loaded:
+            self._replay_landed(landing)
+        wait = self._replay_wait
+        if wait is not None and (wait[1] in ch.loaded or wait[1] in ch.evicted):
+            self._replay_wait = None
+            self._replay_answer(wait[0], self._cursor().move(wait[0]))
 
     # -- @ / E: the job's next step, traced more closely -------------------------------------
     def action_aten_next(self) -> None:
@@ -1322,7 +1417,7 @@ class MainScreen(Screen[None]):
             self.asked = None
 
     def action_break_here(self) -> None:
-        if not self.tapp.can_command():
+        if self.live and not self.tapp.can_command():  # a recording keeps its own
             return
         row = self.timeline.current_row()
         if row is None:
@@ -1349,7 +1444,7 @@ class MainScreen(Screen[None]):
             self.notify(f"breakpoint {bp_id}: {text}", timeout=3)
 
     def action_breakpoints(self) -> None:
-        if not self.tapp.can_command():
+        if self.live and not self.tapp.can_command():  # a recording keeps its own
             return
         self.app.push_screen(BreakpointsScreen())
 

@@ -59,6 +59,15 @@ class StatusBar(Static):
         self._last = ""
         self._last_content: Content | None = None
         self._parts: list[tuple[int, str]] = []
+        self._note: str | None = None  # what the UI is doing for a moment ("looking in…")
+
+        self._shown: tuple[dict[str, Any], dict[str, Any]] | None = None  # show()'s last args
+
+    def note(self, text: str | None) -> None:
+        """A word on what the UI is doing now, beside the state, until replaced by None."""
+        self._note = text
+        if self._shown is not None:
+            self.show(self._shown[0], **self._shown[1])
 
     def on_resize(self) -> None:
         self._render_parts()
@@ -83,6 +92,18 @@ class StatusBar(Static):
         stepper: StepperView | None = None,
         asked: str | None = None,
     ) -> None:
+        self._shown = (
+            status,
+            dict(
+                rate=rate,
+                follow=follow,
+                step=step,
+                resident=resident,
+                steps=steps,
+                stepper=stepper,
+                asked=asked,
+            ),
+        )
         parts: list[tuple[int, str]] = []
 
         def add(priority: int, markup: str) -> None:
@@ -116,6 +137,8 @@ class StatusBar(Static):
             add(0, "[b $warning]⏸ PAUSED[/]")
         elif stepper is not None and stepper.mode in ("pause", "step", "next"):
             add(1, f"[$warning]{'pausing' if stepper.mode == 'pause' else stepper.mode}…[/]")
+        if self._note:
+            add(1, f"[$accent]{escape(self._note)}[/]")
         if asked:  # what @ / E asked of the job's next step
             add(1, f"[$accent]{escape(asked)}[/]")
         if step is not None:
