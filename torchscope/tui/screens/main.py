@@ -481,7 +481,10 @@ class MainScreen(Screen[None]):
             if info.state in (ON_DISK, LOADING) or (
                 info.state == EVICTED and source.can_reload and info.state != LOADING
             ):
-                self._request_step(step)
+                if info.state != LOADING:
+                    store.mark_loading(step)
+                    source.request_step(step)
+                    self.steps.refresh_rows()
                 message = f"loading step {step}…"
             else:
                 message = (
@@ -502,14 +505,6 @@ class MainScreen(Screen[None]):
         self._title()
         self._update_progress()
         self.refresh_status()
-
-    def _request_step(self, step: int) -> None:
-        """Ask the source for a step not in memory, unless it is loading already."""
-        info = self.store.info(step)
-        if info is not None and info.state != LOADING:
-            self.store.mark_loading(step)
-            self.tapp.source.request_step(step)
-            self.steps.refresh_rows()
 
     def action_prev_step(self) -> None:
         self._step_by(-1)
@@ -1329,8 +1324,12 @@ class MainScreen(Screen[None]):
         if isinstance(answer, NeedStep):
             # Load that step, then make the same move again (apply_changes, when it arrives).
             self._replay_wait = (key, answer.step)
-            self._request_step(answer.step)
-            self.store.pin({s for s in (self.current_step, answer.step) if s is not None})
+            store, source = self.store, self.tapp.source
+            info = store.info(answer.step)
+            if info is not None and info.state != LOADING:
+                store.mark_loading(answer.step)
+                source.request_step(answer.step)
+            store.pin({s for s in (self.current_step, answer.step) if s is not None})
             self.status_bar.note(f"looking in step {answer.step}…")
         elif isinstance(answer, Stay):
             self._replay_wait = None
