@@ -80,7 +80,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @sync
 async def test_recorded_seed_timeline_shows_ops_and_node_gradients(recorded):
-    app = TorchscopeApp(FileSource(recorded["seed"]))
+    app = TorchscopeApp(FileSource(recorded["seed"]), at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app, 0)
         names = [r.name for r in rows(app)]
@@ -113,7 +113,7 @@ async def test_recorded_seed_timeline_shows_ops_and_node_gradients(recorded):
 
 @sync
 async def test_recorded_mlp_alert_jumps_to_where_nan_appeared(recorded):
-    app = TorchscopeApp(FileSource(recorded["mlp"]))
+    app = TorchscopeApp(FileSource(recorded["mlp"]), at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app, 0)
         await until(pilot, lambda: app.store.alerts, what="alerts from the count pass")
@@ -136,7 +136,7 @@ async def test_recorded_mlp_alert_jumps_to_where_nan_appeared(recorded):
 async def test_op_detail_names_weights_and_says_why_they_have_no_stats(recorded):
     """Weights and the batch enter from outside the traced ops: the detail names the
     parameter and says its stats are taken only when the op's output goes bad."""
-    app = TorchscopeApp(FileSource(recorded["mlp"]))
+    app = TorchscopeApp(FileSource(recorded["mlp"]), at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app, 0)
         select_row(app, lambda r: r.name == "torch.nn.functional.linear")
@@ -155,7 +155,7 @@ def replay(steps=3, layers=4, **kw) -> ScriptedSource:
 
 @sync
 async def test_step_list_selects_steps_with_keys_and_mouse():
-    app = TorchscopeApp(replay())
+    app = TorchscopeApp(replay(), at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app, 0)
         steps = app.main.steps
@@ -177,7 +177,7 @@ async def test_step_list_selects_steps_with_keys_and_mouse():
 
 @sync
 async def test_timeline_rows_name_module_and_gradient_norm():
-    app = TorchscopeApp(replay())
+    app = TorchscopeApp(replay(), at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app, 0)
         text = app.screen_text()
@@ -195,7 +195,7 @@ async def test_timeline_rows_name_module_and_gradient_norm():
 
 @sync
 async def test_filter_by_regex_and_invalid_regex_does_not_crash():
-    app = TorchscopeApp(replay())
+    app = TorchscopeApp(replay(), at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app, 0)
         total = app.main.timeline.row_count()
@@ -226,7 +226,7 @@ async def test_filter_by_regex_and_invalid_regex_does_not_crash():
 
 @sync
 async def test_enter_jumps_between_op_and_node_and_back():
-    app = TorchscopeApp(replay())
+    app = TorchscopeApp(replay(), at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app, 0)
         select_row(app, lambda r: r.name == "torch.nn.functional.gelu")
@@ -262,7 +262,7 @@ async def test_enter_jumps_between_op_and_node_and_back():
 async def test_live_follow_mode_tails_until_the_user_moves():
     events = make_trace(2, 2)
     src = ScriptedSource(events)
-    app = TorchscopeApp(src)
+    app = TorchscopeApp(src, at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app, 1)  # follows the newest step
         tl = app.main.timeline
@@ -289,7 +289,7 @@ async def test_live_follow_mode_tails_until_the_user_moves():
 @sync
 async def test_status_bar_shows_live_states_and_paused():
     src = ScriptedSource(make_trace(1, 1), bye=True, status={"paused": True})
-    app = TorchscopeApp(src)
+    app = TorchscopeApp(src, at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
         await until(pilot, lambda: "session ended" in app.screen_text())
@@ -303,7 +303,9 @@ async def test_status_bar_shows_live_states_and_paused():
         def close(self):
             pass
 
-    app = TorchscopeApp(LiveSource("ipc://nowhere", client_factory=Never, retry_seconds=0.05))
+    app = TorchscopeApp(
+        LiveSource("ipc://nowhere", client_factory=Never, retry_seconds=0.05), at_origin=False
+    )
     async with app.run_test(size=SIZE) as pilot:
         await until(
             pilot, lambda: "LIVE" in app.screen_text() and "no session" in app.screen_text()
@@ -318,7 +320,7 @@ async def test_evicted_step_reloads_or_says_why():
 
     async def check(reloadable: bool) -> None:
         src = ScriptedSource(events, mode="replay", reloadable=reloadable)
-        app = TorchscopeApp(src, max_events=per_step * 2)
+        app = TorchscopeApp(src, max_events=per_step * 2, at_origin=False)
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: len(app.store.order) == 4 and app.store.evictions > 0)
             await until(pilot, lambda: app.main.current_step is not None)
@@ -362,7 +364,7 @@ async def test_help_screen_and_quit_leave_the_job_alone():
 
     source = LiveSource("ipc://job", client_factory=Client, recv_timeout_ms=10)
     source.ping_seconds = 0.05
-    app = TorchscopeApp(source)
+    app = TorchscopeApp(source, at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
         await pilot.press("question_mark")
@@ -384,7 +386,7 @@ async def test_help_screen_and_quit_leave_the_job_alone():
 async def test_unreadable_file_is_reported_and_exit_code_is_2(tmp_path: Path):
     bad = tmp_path / "bad.tsc"
     bad.write_bytes(b"TSCTRACE\x09\x00")
-    app = TorchscopeApp(FileSource(bad))
+    app = TorchscopeApp(FileSource(bad), at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: "unreadable" in app.screen_text())
         await pilot.press("q")
@@ -394,7 +396,7 @@ async def test_unreadable_file_is_reported_and_exit_code_is_2(tmp_path: Path):
 @sync
 async def test_a_hundred_thousand_event_step_stays_responsive():
     events = make_trace(1, 9000)  # ~99k events in one step
-    app = TorchscopeApp(ScriptedSource(events, mode="replay"))
+    app = TorchscopeApp(ScriptedSource(events, mode="replay"), at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         await until(
             pilot,
@@ -449,7 +451,7 @@ async def test_live_session_over_zeromq_snapshot_stream_and_bye(runtime_dir):
     pub = EventPublisher(session, frame_events=64, heartbeat=0.2).start()
     try:
         pub(first)  # before the UI connects: it gets these from the snapshot
-        app = TorchscopeApp(LiveSource(pub.endpoints[1], recv_timeout_ms=20))
+        app = TorchscopeApp(LiveSource(pub.endpoints[1], recv_timeout_ms=20), at_origin=False)
         async with app.run_test(size=SIZE) as pilot:
             await ready(pilot, app, 1)
             assert app.store.info(0).n_ops == 11 and app.status["connected"]
@@ -501,7 +503,9 @@ async def test_live_ui_says_the_job_ended_and_follows_its_next_run(tmp_path: Pat
     first = start(15)
     second = None
     try:
-        app = TorchscopeApp(LiveSource(str(first.pid), recv_timeout_ms=20, retry_seconds=0.2))
+        app = TorchscopeApp(
+            LiveSource(str(first.pid), recv_timeout_ms=20, retry_seconds=0.2), at_origin=False
+        )
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: app.status.get("pid") == first.pid, 30, "first run")
             await ready(pilot, app)

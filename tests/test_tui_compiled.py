@@ -308,7 +308,7 @@ async def test_a_job_that_cannot_be_armed_says_so_in_one_line():
 
 @sync
 async def test_a_recording_answers_at_and_E_in_one_line():
-    app = TorchscopeApp(ScriptedSource(compiled_trace(), mode="replay"))
+    app = TorchscopeApp(ScriptedSource(compiled_trace(), mode="replay"), at_origin=False)
     notes = notes_of(app)
     async with app.run_test(size=SIZE) as pilot:
         await _shown(pilot, app)

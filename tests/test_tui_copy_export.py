@@ -65,7 +65,7 @@ def test_copy_choices_of_an_op_and_of_a_node():
 
 @sync
 async def test_y_copies_the_source_line_and_a_break_on_spec_with_osc52():
-    app = TorchscopeApp(replay())
+    app = TorchscopeApp(replay(), at_origin=False)
     notes = notes_of(app)
     async with app.run_test(size=SIZE) as pilot:
         op = first("op", "torch.nn.functional.linear")
@@ -116,7 +116,7 @@ async def test_y_on_a_paused_op_copies_the_values_fetched_from_the_job():
 @sync
 async def test_e_exports_the_step_to_json_lines_with_a_default_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    app = TorchscopeApp(replay())
+    app = TorchscopeApp(replay(), at_origin=False)
     notes = notes_of(app)
     async with app.run_test(size=SIZE) as pilot:
         main = app.main
@@ -142,7 +142,7 @@ async def test_e_with_a_filter_exports_the_rows_it_keeps_and_asks_before_overwri
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.chdir(tmp_path)
-    app = TorchscopeApp(replay())
+    app = TorchscopeApp(replay(), at_origin=False)
     notes = notes_of(app)
     async with app.run_test(size=SIZE) as pilot:
         main = app.main
@@ -196,7 +196,7 @@ def test_y_copies_through_osc52_into_a_real_terminals_clipboard(tmp_path: Path) 
     script.write_text(
         "import sys; sys.modules['torch'] = None\n"
         "from torchscope.tui import run_tui, FileSource\n"
-        f"run_tui(FileSource({str(trace)!r}))\n"
+        f"run_tui(FileSource({str(trace)!r}), at_origin=False)\n"
     )
     root = Path(__file__).resolve().parents[1]
     sock = f"tscopy-{uuid.uuid4().hex[:8]}"  # a server of its own: its options are ours

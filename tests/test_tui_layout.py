@@ -171,7 +171,7 @@ async def test_wide_terminal_keeps_three_columns():
 
 @sync
 async def test_an_empty_trailing_step_is_not_shown(trace_file: Path):
-    app = TorchscopeApp(FileSource(str(trace_file)))
+    app = TorchscopeApp(FileSource(str(trace_file)), at_origin=False)
     async with app.run_test(size=(120, 30)) as pilot:
         # the background count finds step 6 empty: it goes from the list
         await until(pilot, lambda: app.store.order == [0, 1, 2, 3, 4, 5], what="steps 0-5")

@@ -38,7 +38,7 @@ def gelu_rows(app: TorchscopeApp) -> list[int]:
 
 @sync
 async def test_search_moves_between_matches_and_keeps_every_row():
-    app = TorchscopeApp(replay())
+    app = TorchscopeApp(replay(), at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         main, tl = app.main, app.main.timeline
         await shown(pilot, app, 0)
@@ -98,7 +98,7 @@ async def test_stepping_keys_are_not_taken_by_search_and_vim_keys_move():
 
 @sync
 async def test_colon_goes_to_a_step_an_event_seq_or_a_node_and_says_what_is_wrong():
-    app = TorchscopeApp(replay())
+    app = TorchscopeApp(replay(), at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         main, tl = app.main, app.main.timeline
         await shown(pilot, app, 0)
@@ -165,7 +165,7 @@ def test_demo_command_is_a_subcommand_and_needs_a_terminal(capsys):
 
 @sync
 async def test_f_in_a_replay_says_why_and_an_ops_nodes_are_named_by_node_id():
-    app = TorchscopeApp(replay())
+    app = TorchscopeApp(replay(), at_origin=False)
     notes: list[str] = []
     notify = app.notify
     app.notify = lambda message, *a, **k: (notes.append(str(message)), notify(message, *a, **k))
@@ -196,7 +196,7 @@ def linear_op(step: int = 0) -> dict:
 
 @sync
 async def test_detail_lists_an_ops_nodes_and_each_link_is_followed_with_enter():
-    app = TorchscopeApp(replay())
+    app = TorchscopeApp(replay(), at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         main, tl, detail = app.main, app.main.timeline, app.main.detail
         await shown(pilot, app, 0)
@@ -247,7 +247,7 @@ async def test_detail_lists_an_ops_nodes_and_each_link_is_followed_with_enter():
 
 @sync
 async def test_a_click_on_a_detail_link_follows_it():
-    app = TorchscopeApp(replay())
+    app = TorchscopeApp(replay(), at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         tl, detail = app.main.timeline, app.main.detail
         await shown(pilot, app, 0)
@@ -265,7 +265,7 @@ async def test_a_click_on_a_detail_link_follows_it():
 
 @sync
 async def test_the_alert_detail_links_to_its_event():
-    app = TorchscopeApp(replay())
+    app = TorchscopeApp(replay(), at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         main, tl, detail = app.main, app.main.timeline, app.main.detail
         await shown(pilot, app, 0)
@@ -282,7 +282,7 @@ async def test_the_alert_detail_links_to_its_event():
 
 @sync
 async def test_esc_goes_back_to_the_timeline_from_every_panel():
-    app = TorchscopeApp(replay())
+    app = TorchscopeApp(replay(), at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         main, tl = app.main, app.main.timeline
         await shown(pilot, app, 0)
@@ -331,7 +331,7 @@ async def test_f_while_following_keeps_following_as_the_help_says():
 
 @sync
 async def test_help_says_the_lease_only_as_the_job_knows_it():
-    app = TorchscopeApp(replay())
+    app = TorchscopeApp(replay(), at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         await shown(pilot, app, 0)
         await pilot.press("question_mark")

@@ -19,8 +19,11 @@ pytest.importorskip("pytest_textual_snapshot")
 SIZE = (130, 36)
 
 
-def app() -> TorchscopeApp:
-    return TorchscopeApp(ScriptedSource(make_trace(3, 4, nan_step=1), mode="replay"))
+def app(at_origin: bool = False) -> TorchscopeApp:
+    """The synthetic recording; from its first step unless ``at_origin`` (a user's default)."""
+    return TorchscopeApp(
+        ScriptedSource(make_trace(3, 4, nan_step=1), mode="replay"), at_origin=at_origin
+    )
 
 
 async def until(pilot, cond, timeout: float = 10.0) -> None:
@@ -55,6 +58,16 @@ def on_row(name: str, step: int = 0):
 
 def test_main_screen(snap_compare):
     assert snap_compare(app(), terminal_size=SIZE, run_before=loaded())
+
+
+def test_a_recording_opens_paused_at_its_first_origin(snap_compare):
+    async def run_before(pilot) -> None:
+        a = pilot.app
+        await until(pilot, lambda: a.store.stepper.paused is not None)
+        await until(pilot, lambda: "NaN first appears" in a.screen_text())
+        await pilot.pause(0.3)  # the throttled detail refresh
+
+    assert snap_compare(app(at_origin=True), terminal_size=SIZE, run_before=run_before)
 
 
 def test_detail_of_a_backward_node_with_a_none_gradient(snap_compare):
@@ -198,7 +211,9 @@ def downgraded_app(system: str) -> TorchscopeApp:
             console.print(Quantised(update))
             return console.export_svg(title=title or self.title)
 
-    return DowngradedApp(ScriptedSource(make_trace(3, 4, nan_step=1), mode="replay"))
+    return DowngradedApp(
+        ScriptedSource(make_trace(3, 4, nan_step=1), mode="replay"), at_origin=False
+    )
 
 
 @pytest.mark.parametrize("system", ["256", "16"])

@@ -447,22 +447,27 @@ async def test_replay_still_refuses_what_needs_the_job():
 
 @sync
 async def test_a_recording_steps_like_a_live_job(tmp_path):
-    """In a recording, a nan breakpoint and c land on the NaN's origin; s / S move one event;
-    a name breakpoint, then c, lands on its next hit and C back on the one before; n goes to
-    the next step's first event."""
+    """A recording with alerts opens paused at its first origin; a nan breakpoint and c land
+    on it again; s / S move one event; a name breakpoint, then c, lands on its next hit and C
+    back on the one before; n goes to the next step's first event."""
     from test_tui_replay_stepping import NAN_STEP, record
 
     path = record(tmp_path / "run.tsc")
     app = TorchscopeApp(FileSource(path))
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: app.main.timeline.row_count() > 0, timeout=60, what="open")
-        await add_breakpoint(pilot, app, "nan")
-        await pilot.press("c")
-        await until(pilot, lambda: paused(app) is not None, timeout=60, what="at the origin")
+        await until(pilot, lambda: paused(app) is not None, timeout=60, what="opened paused")
         assert paused_name(app) == "torch.sqrt" and app.main.current_step == NAN_STEP
+        assert paused(app)["reason"] == "origin"
         await until(pilot, lambda: "NaN first appears: torch.sqrt" in app.screen_text())
         origin = paused(app)["event"]["seq"]
         tl = app.main.timeline
+        await until(pilot, lambda: tl.current_row() is not None and tl.current_row().seq == origin)
+        await pilot.press("S", "S")
+        await until(pilot, lambda: paused(app)["event"]["seq"] != origin, what="back")
+        await add_breakpoint(pilot, app, "nan")
+        await pilot.press("c")
+        await until(pilot, lambda: paused(app)["event"]["seq"] == origin, what="at the origin")
+        assert paused_name(app) == "torch.sqrt" and app.main.current_step == NAN_STEP
         await until(pilot, lambda: tl.current_row() is not None and tl.current_row().seq == origin)
         await pilot.press("s")
         await until(pilot, lambda: paused(app)["event"]["seq"] != origin, what="one step")

@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
         tui.add_argument(
             "--max-events", type=int, default=250_000, help="events kept in memory (default 250k)"
         )
+        tui.add_argument(
+            "--from-start",
+            action="store_true",
+            help="open a recording at its first step (default: paused at its first NaN/Inf "
+            "origin, when it has one)",
+        )
         if name == "tui":
             tui.add_argument(
                 "--wait",

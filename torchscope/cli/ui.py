@@ -21,7 +21,13 @@ def cmd_tui(args: argparse.Namespace) -> int:
     except SourceError as exc:
         return fail(str(exc))
     follow = follows_job(args.targets, sources)
-    return run_tui(sources, first=first, follow_job=follow, max_events=args.max_events)
+    return run_tui(
+        sources,
+        first=first,
+        follow_job=follow,
+        max_events=args.max_events,
+        at_origin=not args.from_start,
+    )
 
 
 def cmd_tui_web(args: argparse.Namespace) -> int:

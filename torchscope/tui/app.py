@@ -87,6 +87,7 @@ class TorchscopeApp(App[int]):
         max_events: int = 250_000,
         tick_hz: float = 30.0,
         max_apply: int = 20_000,
+        at_origin: bool = True,
     ) -> None:
         super().__init__()
         sources = [source] if isinstance(source, EventSource) else list(source)
@@ -101,7 +102,11 @@ class TorchscopeApp(App[int]):
         self._align: tuple[int, int, tuple | None, bool] | None = None
         self.tick_hz = tick_hz
         self.max_apply = max_apply
-        self.main = MainScreen(live=any(lane.live for lane in self.lanes))
+        #: a recording with alerts opens paused at its first NaN/Inf origin (``--from-start``:
+        #: at its first step)
+        self.main = MainScreen(
+            live=any(lane.live for lane in self.lanes), at_origin=at_origin
+        )
         self.waiting: dict[tuple[int, int], tuple[str, ReplyHandler | None, bool]] = {}
         self.sent: list[tuple[str, dict[str, Any]]] = []  # every command sent (tests)
         self.stop_event = threading.Event()

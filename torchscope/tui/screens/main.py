@@ -95,8 +95,9 @@ class Location:
 class MainScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = bindings("main")  # all of them in keys.py
 
-    def __init__(self, *, live: bool = False) -> None:
+    def __init__(self, *, live: bool = False, at_origin: bool = True) -> None:
         super().__init__(id="main")
+        self.at_origin = at_origin
         self.values: ValuesView | None = None
         self._pending: tuple[Any, PendingRow] | None = None
         self.current_step: int | None = None
@@ -117,6 +118,9 @@ class MainScreen(Screen[None]):
         self._replay: tuple[EventStore, ReplayCursor] | None = None
         self._replay_wait: tuple[str, int] | None = None
         self._replay_landing: Landed | None = None  # landed in a step still loading
+        # stores whose recording was opened at its first NaN/Inf origin (or that the user
+        # moved in before one was counted): each recording opens there once
+        self._opened: set[int] = set()
 
     @property
     def tapp(self) -> TorchscopeApp:
@@ -377,6 +381,8 @@ class MainScreen(Screen[None]):
             loc, self.pending = self.pending, None
             self._land(loc)
         if not self.live:
+            if ch.alerts_added:
+                self._open_at_first_origin()
             self._replay_loaded(ch)
         if ch.progress is not None:
             self._count_progress = ch.progress
@@ -1353,6 +1359,21 @@ class MainScreen(Screen[None]):
             self.notify(landed.note, timeout=4)
         self._show_detail()
         self.refresh_status()
+
+    def _open_at_first_origin(self) -> None:
+        """A recording with alerts opens paused at its first NaN/Inf origin: once per
+        recording, and only while the user has not gone anywhere yet (no jump, no pause)."""
+        key = id(self.store)
+        if key in self._opened or not self.at_origin:
+            return
+        if self.history or self.store.stepper.paused is not None:
+            self._opened.add(key)
+            return
+        landed = self._cursor().open()
+        if landed is None:
+            return
+        self._opened.add(key)
+        self._replay_landed(landed)
 
     def _replay_loaded(self, ch: Changes) -> None:
         """A step the cursor waited for came (or was given up): the same move again."""
