@@ -215,7 +215,7 @@ async def test_search_finds_an_aten_call_unfolding_its_row_and_ctrl_n_goes_to_th
         # a search for a module finds the row, not each of its calls again (they have its module)
         await pilot.press("escape", "slash", *"fc")
         await until(pilot, lambda: main.search is not None and main.search.pattern == "fc")
-        assert main._matches() == [(0, -1), (3, -1)]  # F.linear, AddmmBackward0 (its op's)
+        assert main.matches() == [(0, -1), (3, -1)]  # F.linear, AddmmBackward0 (its op's)
 
 
 @sync

@@ -122,7 +122,7 @@ async def test_e_exports_the_step_to_json_lines_with_a_default_path(tmp_path, mo
         main = app.main
         await until(pilot, lambda: main.current_step == 0 and main.timeline.row_count() > 0)
         await pilot.press("e")
-        assert main.filter.display and main.filter.mode == "export"
+        assert main.filter.display and main.filter.mode.name == "export"
         default = tmp_path / "torchscope-step0.jsonl"
         assert main.filter.value == str(default)
         await pilot.press("enter")

@@ -103,7 +103,7 @@ async def test_slash_in_the_graph_searches_its_nodes_and_ctrl_n_moves():
         want = [n["id"] for n in graph_node_ids() if n["name"] == "GeluBackward0"]
         assert len(want) == 3
         await pilot.press("slash")
-        assert main.filter.mode == "graph" and main.center == "graph"
+        assert main.filter.mode.name == "graph" and main.center == "graph"
         await pilot.press(*"gelu")
         assert graph.current_node_id() in want
         await pilot.press("enter")
@@ -139,7 +139,7 @@ async def test_bar_in_the_graph_keeps_only_the_matching_nodes_and_esc_brings_all
         main, graph = app.main, app.main.graph
         await graph_open(pilot, app)
         await pilot.press("vertical_line")
-        assert main.filter.mode == "graph-filter" and main.center == "graph"
+        assert main.filter.mode.name == "graph-filter" and main.center == "graph"
         await pilot.press(*"accumulate", "enter")
         assert app.focused is graph and graph.node_filter is not None
         params = [n for n in graph_node_ids() if n["name"] == "AccumulateGrad"]

@@ -74,8 +74,8 @@ async def show(pilot, app: TorchscopeApp, step: int, seq: int) -> None:
         assert app.main.run_command(f":{step}") is None
     await until(pilot, lambda: app.main.current_step == step, what=f"step {step}")
     await until(pilot, lambda: app.store.data(step) is not None, what=f"step {step} loaded")
-    app.main._select_in_timeline(OP, seq)
-    app.main._show_detail()
+    app.main.select_in_timeline(OP, seq)
+    app.main.show_detail()
     await until(
         pilot,
         lambda: (r := app.main.timeline.current_row()) is not None and r.seq == seq,

@@ -46,7 +46,7 @@ async def test_search_moves_between_matches_and_keeps_every_row():
         matches = gelu_rows(app)
         assert len(matches) >= 3
         await pilot.press("slash", *"gelu")
-        assert app.focused is main.filter and main.filter.mode == "search"
+        assert app.focused is main.filter and main.filter.mode.name == "search"
         assert tl.cursor == matches[0] and tl.row_count() == total  # moved, nothing hidden
         await pilot.press("enter")
         assert app.focused is tl and not main.filter.display

@@ -49,7 +49,7 @@ async def search(pilot, app: TorchscopeApp, text: str) -> None:
     await pilot.press("escape", "slash", *text)
     await until(
         pilot,
-        lambda: main.filter.mode == "search" and main.filter.value == text,
+        lambda: main.filter.mode.name == "search" and main.filter.value == text,
         what=f"search /{text}/ typed",
     )
 
@@ -76,10 +76,10 @@ async def test_a_search_for_the_shown_name_finds_the_rows_shown_so():
             await search(pilot, app, text)
             await until(pilot, lambda: tl.cursor == norms[0], what=f"/{text}/ at a layer_norm")
             assert "no match" not in main.filter.border_title
-            assert [i for i, _ in main._matches()] == norms
+            assert [i for i, _ in main.matches()] == norms
         # the full name matches too, anchored within that field
         await search(pilot, app, r"^torch\.nn\.functional\.layer_norm$")
-        await until(pilot, lambda: [i for i, _ in main._matches()] == norms, what="full name")
+        await until(pilot, lambda: [i for i, _ in main.matches()] == norms, what="full name")
         # the filter keeps the rows shown as F.layer_norm, and only those
         await pilot.press("escape")
         await keep(pilot, app, "F.layer_norm")
@@ -119,9 +119,9 @@ async def test_the_source_matches_as_shown_and_as_the_full_path():
         line2x = where(app, lambda r: source_cell(r.source).startswith("train.py:2"))
         assert line21 and len(line2x) > len(line21)
         await search(pilot, app, "^train.py:2")
-        await until(pilot, lambda: [i for i, _ in main._matches()] == line2x, what="^train.py:2")
+        await until(pilot, lambda: [i for i, _ in main.matches()] == line2x, what="^train.py:2")
         await search(pilot, app, r"^train\.py:21$")
-        await until(pilot, lambda: [i for i, _ in main._matches()] == line21, what="line 21")
+        await until(pilot, lambda: [i for i, _ in main.matches()] == line21, what="line 21")
         full = rows(app)[line21[0]].source
         assert full != "train.py:21" and full.endswith("/train.py:21")
         await pilot.press("escape")
@@ -143,7 +143,7 @@ async def test_a_pattern_across_two_fields_matches_nothing():
                 lambda: "no match" in main.filter.border_title,
                 what=f"/{text}/: no match",
             )
-            assert main._matches() == [] and tl.row_count() == total
+            assert main.matches() == [] and tl.row_count() == total
         await pilot.press("escape")
         await keep(pilot, app, r"linear\sblocks")
         assert tl.row_count() == 0
@@ -160,7 +160,7 @@ async def test_the_prompt_says_which_fields_are_searched_and_bad_regexes_are_tol
         await shown(pilot, app)
         for key, mode in (("slash", "search"), ("vertical_line", "filter")):
             await pilot.press(key)
-            await until(pilot, lambda m=mode: main.filter.display and main.filter.mode == m)
+            await until(pilot, lambda m=mode: main.filter.display and main.filter.mode.name == m)
             assert "name · module · source" in main.filter.placeholder
             assert "name · module · source" in main.filter.border_title
             await pilot.press("(")

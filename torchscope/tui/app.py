@@ -422,7 +422,7 @@ class TorchscopeApp(App[int]):
         step = main.current_step
         graph = main.center == "graph"
         if graph:
-            main._show_timeline_from_graph()
+            main.show_timeline()
         row = main.timeline.current_row()
         key = row_key(old.store, old.store.data(step), row) if step is not None else None
         follow = main.follow
@@ -443,7 +443,7 @@ class TorchscopeApp(App[int]):
             else:  # the nearest step this lane has
                 target = min(store.order, key=lambda s: (abs(s - step), s))
         if not follow or target != store.newest_step:
-            main._set_follow(False)
+            main.set_follow(False)
         if target is None:
             main.timeline.set_step(store, None, None, "waiting for events…")
         else:
@@ -470,15 +470,15 @@ class TorchscopeApp(App[int]):
         if key is not None:
             row = find_key(self.store, data, key)
             if row is not None:
-                main._select_in_timeline(row.kind, row.seq)
+                main.select_in_timeline(row.kind, row.seq)
             else:
                 self.notify(
                     f"{describe_key(key)} is not in step {step} of {self.label(self.lane)}",
                     timeout=3,
                 )
-        main._show_detail()
+        main.show_detail()
         if graph:
-            main._show_graph()
+            main.show_graph()
 
     def action_toggle_scope(self) -> None:
         if self.screen is not self.main:

@@ -13,40 +13,19 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol
 
 from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import Input
 
-MODES = {
-    # mode: (title, placeholder)
-    "search": (
-        "/ search name · module · source · enter: keep · ctrl+n/ctrl+p: next/prev match · "
-        "esc: clear",
-        "regex (any case), each field on its own: name · module · source",
-    ),
-    "filter": (
-        "| filter name · module · source · enter: keep · esc: clear",
-        "regex (any case), each field on its own: name · module · source — only matches stay",
-    ),
-    "command": (
-        "go to · enter: go · esc: close",
-        ":12 step 12 · :#1234 event seq 1234 · :node 57 backward node id 57",
-    ),
-    "graph": (
-        "search the graph · enter: keep · ctrl+n/ctrl+p: next/prev node · esc: clear",
-        "regex (any case) over node name, node id, parameter, op, module, source",
-    ),
-    "graph-filter": (
-        "filter the graph · enter: keep · esc: clear",
-        "regex (any case) over node name, node id, parameter, op, module, source",
-    ),
-    "export": (
-        "export to JSON lines · enter: write · esc: cancel",
-        "file to write (JSON lines, one event a line)",
-    ),
-}
+
+class Mode(Protocol):
+    """What the box needs of a prompt mode (``torchscope.tui.screens.prompt_modes``)."""
+
+    name: str
+    title: str
+    placeholder: str
 
 
 class FilterInput(Input):
@@ -60,18 +39,18 @@ class FilterInput(Input):
         pass
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(placeholder=MODES["filter"][1], id=id)
-        self.mode = "filter"
+        super().__init__(id=id)
+        self.mode: Any = None  # a Mode once opened
 
-    def set_mode(self, mode: str) -> None:
+    def set_mode(self, mode: Mode) -> None:
         self.mode = mode
-        self.placeholder = MODES[mode][1]
+        self.placeholder = mode.placeholder
         self.ok()
 
     def ok(self) -> None:
         """Back to the mode's own title (after an error)."""
         self.remove_class("-invalid")
-        self.border_title = MODES[self.mode][0]
+        self.border_title = self.mode.title if self.mode is not None else ""
 
     def error(self, text: str) -> None:
         """A one-line error in the box's title."""
