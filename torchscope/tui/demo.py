@@ -39,6 +39,7 @@ def demo_source(steps: int = STEPS, nan_step: int = NAN_STEP) -> FakeJob:
         phase=BEFORE,
         reason="demo: paused at the start of step 1",
         breakpoints=[{"nan": "nan"}],
+        ends=True,
     )
 
 

@@ -9,8 +9,10 @@ events: ``pause`` stops before the next op or node, ``step`` at the next "after"
 (name, module and line conditions before the event, value conditions after it). Every pause
 and resume is emitted as a ``pause``/``resume`` event, every command gets the reply a job
 sends (``{"state": ...}``, ``inspect`` values, ``arm``'s holder, or a refusal;
-``refuse={cmd: message}`` makes it refuse a command). ``received`` records the commands, in
-order.
+``refuse={cmd: message}`` makes it refuse a command; ``history`` answers with the points
+given as ``history=``; with ``ends=True`` the session ends once the script ran out, as a
+finished job's does). ``received`` records the commands, in order (``queries`` the history
+asked for as the UI connects).
 """
 
 from __future__ import annotations
@@ -78,11 +80,17 @@ class FakeJob(ScriptedSource):
         breakpoints: Iterable[dict] = (),
         refuse: dict[str, str] | None = None,
         status: dict[str, Any] | None = None,
+        history: list[dict[str, Any]] | None = None,
+        ends: bool = False,
     ) -> None:
         events = [e if isinstance(e, Event) else Event(e) for e in events]
         super().__init__(events, status=status)
         self.script = events
+        self.history = list(history or ())  # the run's points (StepPoint.to_wire) so far
+        self.ends = ends  # the job ends (the session says so) once its script ran out
+        self._ended = False
         self.received: list[tuple[str, dict[str, Any]]] = []
+        self.queries: list[tuple[str, dict[str, Any]]] = []
         self.refuse = dict(refuse or {})  # cmd -> the error a job would answer it with
         self.pos = 0  # index of the next event to deliver
         self.point: tuple[str, int] | None = None  # (phase, index into script) while paused
@@ -119,7 +127,7 @@ class FakeJob(ScriptedSource):
             if self._phase == BEFORE:
                 self._emit_upto(index)
             else:
-                self._emit_upto(index + 1)
+                self._emit_upto(self._after(index))
             first = self._reason.split()
             if first[:1] == ["breakpoint"] and first[1:2] and first[1].isdigit():
                 bp = self.breakpoints.get(int(first[1]))
@@ -136,6 +144,10 @@ class FakeJob(ScriptedSource):
             except queue.Empty:
                 for step in self._take_requests():
                     self._load(step, inbox)
+                continue
+            if cmd == "history":  # asked by the UI on its own as it connects: a query that
+                self.queries.append((cmd, fields))  # neither the keys sent nor moves the job
+                inbox.put("reply", token, cmd, fields, self._history(fields.get("since")))
                 continue
             self.received.append((cmd, fields))
             try:
@@ -210,13 +222,28 @@ class FakeJob(ScriptedSource):
                 skip_before = False
                 reason = self._should_pause(AFTER, ev)
                 if reason is not None:
-                    self._emit_upto(i + 1)
+                    self._emit_upto(self._after(i))
                     self._pause(AFTER, i, reason)
                     return
             i += 1
         self._emit_upto(len(self.script))
         if self.job_mode != "pause":
             self.job_mode = "run"
+        if self.ends and self._inbox is not None and not self._ended:
+            self._ended = True  # the script ran out: the job's process is gone
+            self._inbox.status(connected=False, state="ended")
+
+    def _after(self, index: int) -> int:
+        """Where the events a job sends once ``index`` ran end: the event, and the alerts
+        that name it (a job says what an op made before it pauses after it)."""
+        end = index + 1
+        seq = self.script[index].get("seq")
+        while end < len(self.script):
+            ev = self.script[end]
+            if ev.get("kind") != "alert" or ev.get("event_seq") != seq:
+                break
+            end += 1
+        return end
 
     def _should_pause(self, phase: str, ev: dict) -> str | None:
         mode = self.job_mode
@@ -303,6 +330,10 @@ class FakeJob(ScriptedSource):
         elif cmd not in ("state", "break_list"):
             raise ValueError(f"command '{cmd}' is not supported by this job")
         return {"state": self.state()}
+
+    def _history(self, since: int | None) -> dict[str, Any]:
+        points = [p for p in self.history if since is None or p["step"] > since]
+        return {"points": points, "buckets": []}
 
     def _inspect(self, group: str, index: int, start: int = 0, count: int = 1000) -> dict:
         if self.point is None or self._pause_event is None:
