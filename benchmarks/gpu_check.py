@@ -14,10 +14,15 @@ weights; fp32, and bf16 under autocast), it:
   (c) checks that traced losses and final parameters are bit-identical to untraced ones
       (two untraced runs are compared first: a baseline that differs from itself is
       reported as such, not blamed on the tracer);
+  (d) counts the syncs of the dormant agent's run history (``serve()``: every step's loss,
+      copied to the host in batches behind CUDA events: expected 0 per step) and of the watch
+      with the history's per-module norms (``serve(watch="nan")``: expected 1 per step, the
+      watch's own read, shared by the norms), over more steps than one batch of the history;
 
 and prints one Markdown table. Exit status 1 if the tracer caused any sync (in an op, a
 backward node, the hook installation or the step boundary; the places are listed) or changed
-a loss; 0 otherwise. On a machine without CUDA it prints one line saying
+a loss, or if the history synced or the watch with module norms synced more than once a step;
+0 otherwise. On a machine without CUDA it prints one line saying
 it skipped and exits 0.
 """
 
@@ -48,6 +53,8 @@ from workloads import MLP, TinyLM  # noqa: E402
 
 import torchscope  # noqa: E402
 from torchscope.tracer.armed import session as session_mod  # noqa: E402
+from torchscope.tracer.history import HistoryCollector  # noqa: E402
+from torchscope.tracer.watch.nan_watch import NanWatch  # noqa: E402
 
 BUDGET_S = 270.0  # leave room under the 5 minutes for start-up and the table
 
@@ -69,6 +76,9 @@ class Row:
     baseline_deterministic: bool | None = None
     identical: bool | None = None
     note: str = ""
+    agent_syncs: dict[str, Counter] = field(default_factory=dict)  # (d): config -> place -> n
+    agent_steps: int = 0
+    agent_missing: dict[str, int] = field(default_factory=dict)  # (d): steps with no loss
 
 
 # -- workloads ---------------------------------------------------------------------------
@@ -181,16 +191,20 @@ def sync_watch(found: Counter):
     stack is shared (one thread runs at a time there: the caller waits in backward)."""
     T = session_mod.Tracer
     patches = {
-        "before_op": lambda name, *a: f"op {name} (before)",
-        "after_op": lambda pending, *a: f"op {pending[0]}",
-        "on_grad": lambda info, *a: f"node {info['name']}",
-        "on_grad_pre": lambda info, *a: f"node {info['name']} (pre-hook)",
-        "run_backward": lambda call, *a: f"{call}: hook installation / graph event",
-        "boundary": lambda step, *a: "step boundary (flush)",
+        (T, "before_op"): lambda name, *a: f"op {name} (before)",
+        (T, "after_op"): lambda pending, *a: f"op {pending[0]}",
+        (T, "on_grad"): lambda info, *a: f"node {info['name']}",
+        (T, "on_grad_pre"): lambda info, *a: f"node {info['name']} (pre-hook)",
+        (T, "run_backward"): lambda call, *a: f"{call}: hook installation / graph event",
+        (T, "boundary"): lambda step, *a: "step boundary (flush)",
+        # (d): the dormant agent's history and the watch's check (with the module norms)
+        (HistoryCollector, "backward_begins"): lambda *a: "history: backward()",
+        (HistoryCollector, "step_ends"): lambda *a: "history: step boundary",
+        (NanWatch, "check"): lambda *a: "watch: check",
     }
-    saved = {name: getattr(T, name) for name in patches}
-    for name, label in patches.items():
-        setattr(T, name, _labelled(saved[name], label))
+    saved = {key: getattr(*key) for key in patches}
+    for (cls, name), label in patches.items():
+        setattr(cls, name, _labelled(saved[(cls, name)], label))
 
     def show(message, category, filename, lineno, file=None, line=None):
         if "synchroniz" in str(message):
@@ -207,8 +221,8 @@ def sync_watch(found: Counter):
             finally:
                 torch.cuda.set_sync_debug_mode("default")
     finally:
-        for name, method in saved.items():
-            setattr(T, name, method)
+        for (cls, name), method in saved.items():
+            setattr(cls, name, method)
 
 
 def count_syncs(step: Callable[[], torch.Tensor], row: Row, steps: int) -> None:
@@ -223,6 +237,60 @@ def count_syncs(step: Callable[[], torch.Tensor], row: Row, steps: int) -> None:
             torch.cuda.synchronize()
         row.syncs[key] = found
     row.sync_steps = steps
+
+
+# -- (d) the dormant agent's history ---------------------------------------------------------
+AGENT_CONFIGS: dict[str, dict[str, Any]] = {
+    "dormant (history)": {},
+    "watch nan + module norms": {"watch": "nan"},
+}
+# Syncs per step each may make, by the place it is counted in: the history none; the watch its
+# one read (the module norms ride in it).
+AGENT_ALLOWED = {"dormant (history)": ("history", 0), "watch nan + module norms": ("watch", 1)}
+
+
+def count_agent_syncs(step: Callable[[], torch.Tensor], row: Row, steps: int = 70) -> None:
+    """Over more than two of the history's 32-step batches: its copies start and are read."""
+    from torchscope.tracer.agent import Agent, ServeOptions
+
+    for key, options in AGENT_CONFIGS.items():
+        found: Counter = Counter()
+        agent = Agent(ServeOptions(quiet=True, live=False, **options)).start()
+        try:
+            for _ in range(2):  # the watch finds the top-level modules on its first step
+                step()
+            torch.cuda.synchronize()
+            with sync_watch(found):
+                for _ in range(steps):
+                    step()
+            torch.cuda.synchronize()
+        finally:
+            agent.stop()
+        points = list(agent.history.history.points)
+        row.agent_missing[key] = max(0, steps - len(points)) + sum(p.loss is None for p in points)
+        row.agent_syncs[key] = found
+    row.agent_steps = steps
+
+
+def agent_table(rows: list[Row]) -> list[str]:
+    lines = [
+        "| workload | precision | "
+        + " | ".join(
+            f"{k}: syncs per step by it (expected {AGENT_ALLOWED[k][1]})" for k in AGENT_CONFIGS
+        )
+        + " |",
+        "|---|---|" + "---:|" * len(AGENT_CONFIGS),
+    ]
+    for r in rows:
+        if not r.agent_syncs:
+            continue
+        cells = []
+        for key in AGENT_CONFIGS:
+            prefix, _ = AGENT_ALLOWED[key]
+            n = sum(v for p, v in r.agent_syncs[key].items() if p.startswith(prefix))
+            cells.append(f"{n / max(r.agent_steps, 1):g}")
+        lines.append(f"| {r.job.name} | {r.job.precision} | " + " | ".join(cells) + " |")
+    return lines
 
 
 # -- (c) bit-identical losses --------------------------------------------------------------
@@ -332,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             _model, step = job.build()
             row.events = count_events(step)
             count_syncs(step, row, steps=2)
+            count_agent_syncs(step, row)
             time_blocks(step, row, args.rounds, args.steps)
             del _model, step
             gc.collect()
@@ -348,6 +417,16 @@ def main(argv: list[str] | None = None) -> int:
                 failures.append(f"{label}: {n / row.sync_steps:g} host sync(s) per step in {place}")
         if row.identical is False and row.baseline_deterministic:
             failures.append(f"{label}: traced losses or parameters differ from untraced ones")
+        for key, (prefix, allowed) in AGENT_ALLOWED.items():
+            found = row.agent_syncs.get(key, Counter())
+            n = sum(v for p, v in found.items() if p.startswith(prefix))
+            if n > allowed * row.agent_steps:
+                places = ", ".join(p for p in found if p.startswith(prefix))
+                failures.append(
+                    f"{label}: {key}: {n / row.agent_steps:g} host sync(s) per step ({places})"
+                )
+            if row.agent_missing.get(key):
+                failures.append(f"{label}: {key}: {row.agent_missing[key]} steps have no loss")
 
     gpu = torch.cuda.get_device_name()
     print(f"## torchscope on {gpu}\n")
@@ -359,6 +438,11 @@ def main(argv: list[str] | None = None) -> int:
         f"seed (losses and final parameters); {time.monotonic() - start:.0f} s.\n"
     )
     print("\n".join(table(rows)))
+    print(
+        "\nThe dormant agent (torchscope.serve()), host syncs per step made by its run history "
+        "and by the watch with the history's per-module norms:\n"
+    )
+    print("\n".join(agent_table(rows)))
     other = [
         f"{r.job.name} ({r.job.precision}): {place}: {n}"
         for r in rows

@@ -26,7 +26,7 @@ def app(at_origin: bool = False) -> TorchscopeApp:
     )
 
 
-async def until(pilot, cond, timeout: float = 10.0) -> None:
+async def until(pilot, cond, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, "timed out"

@@ -564,8 +564,8 @@ async def test_live_source_asks_state_on_connect_pings_and_relays_refusals():
         await until(pilot, lambda: ("continue", {}) in FakeClient.calls)
         await pilot.press("q")
     names = {c for c, _ in FakeClient.calls}
-    # arm on connect (the UI holds the job traced), disarm on quit (it lets go)
-    assert names == {"state", "arm", "ping", "break_add", "continue", "disarm"}
+    # arm on connect (the UI holds the job traced) and ask its run's history, disarm on quit
+    assert names == {"state", "arm", "history", "ping", "break_add", "continue", "disarm"}
     assert FakeClient.calls[-1] == ("disarm", {})
 
 

@@ -19,8 +19,16 @@ def sync(fn):
     return run
 
 
-async def until(pilot, cond, timeout: float = 10.0, what: str = "") -> None:
-    """Let the app run until ``cond()`` holds; fail with ``what`` after ``timeout`` seconds."""
+#: How long a condition may take before a test fails. A condition that holds returns at once,
+#: so this costs nothing when things work; it is long because a loaded CI machine (two
+#: CPU-burning processes beside the suite) makes a file's count pass or a render take seconds.
+WAIT = 60.0
+
+
+async def until(pilot, cond, timeout: float = WAIT, what: str = "") -> None:
+    """Let the app run until ``cond()`` holds; fail with ``what`` after ``timeout`` seconds
+    (never less than :data:`WAIT`: a shorter limit only makes a loaded machine fail)."""
+    timeout = max(timeout, WAIT)
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:

@@ -3,7 +3,8 @@ each goes (:func:`main`). The command bodies live by what they act on:
 
 - :mod:`~torchscope.cli.run`: ``run``, a script under the agent;
 - :mod:`~torchscope.cli.live`: ``ls``, ``record``, ``watch``, ``attach``: a running job
-  (:mod:`~torchscope.cli.attach`: how ``attach`` gets into one);
+  (:mod:`~torchscope.cli.attach`: how ``attach`` gets into one;
+  :mod:`~torchscope.cli.history`: ``history``, its loss and gradient-norm history);
 - :mod:`~torchscope.cli.ui`: ``tui``, ``replay``, ``tui --web``, ``demo``: the terminal UI
   (:mod:`~torchscope.cli.web`: its browser server);
 - :mod:`~torchscope.cli.files`: ``dump``, ``diff``, ``export``: trace files;
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from torchscope import __version__
 from torchscope.cli.common import Parser, UsageError, fail, seconds
 from torchscope.cli.files import cmd_diff, cmd_dump, cmd_export
+from torchscope.cli.history import FORMATS, cmd_history
 from torchscope.cli.live import cmd_attach, cmd_ls, cmd_record, cmd_watch
 from torchscope.cli.run import cmd_run, parse_run
 from torchscope.cli.ui import cmd_demo, cmd_tui, cmd_tui_web
@@ -106,6 +108,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     watch.add_argument("--off", action="store_true", help="stop watching")
     watch.add_argument("--timeout", type=seconds, default=2.0, help="seconds to wait for the job")
+    history = sub.add_parser(
+        "history", help="a running job's loss (and, with the watch, gradient norm) per step"
+    )
+    history.add_argument(
+        "target", nargs="?", help="pid or control endpoint (default: the only one)"
+    )
+    history.add_argument(
+        "--format", choices=FORMATS, default="table", help="table (default), csv or jsonl"
+    )
+    history.add_argument("--since", type=int, metavar="STEP", help="only the steps after STEP")
+    history.add_argument("--last", type=int, metavar="N", help="only the newest N steps")
+    history.add_argument("--timeout", type=seconds, default=2.0, help="seconds to wait for the job")
     ls = sub.add_parser("ls", help="list live torchscope sessions on this machine")
     ls.add_argument("--timeout", type=seconds, default=0.5, help="seconds to wait for each session")
     record = sub.add_parser("record", help="record a live session into a trace file")
@@ -200,6 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_attach(args)
         if args.command == "watch":
             return cmd_watch(args)
+        if args.command == "history":
+            return cmd_history(args)
         build_parser().print_help()
         return 0 if not argv else 2
     except UsageError as exc:

@@ -9,13 +9,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from torchscope.cli.common import fail
+
+if TYPE_CHECKING:
+    from torchscope.protocol.events import Event
 
 
 # -- dump ------------------------------------------------------------------------------------
 def cmd_dump(args: argparse.Namespace) -> int:
-    from torchscope.analysis.render import aten_log, render
+    from torchscope.analysis.render import aten_log
     from torchscope.protocol.output import drop_stdout
     from torchscope.protocol.tracefile import TraceFileError, TraceReader
 
@@ -35,7 +40,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
                 events = iter(fold_alerts(events))
         out = sys.stdout
         try:
-            lines = aten_log(events) if args.aten else render(events, args.format)
+            lines = aten_log(events) if args.aten else _render(events, args.format)
             for line in lines:
                 out.write(line + "\n")
             out.flush()
@@ -57,6 +62,20 @@ def cmd_dump(args: argparse.Namespace) -> int:
         if reader.damaged:
             print(f"torchscope: {args.file}: {reader.damaged}", file=sys.stderr)
     return 0
+
+
+def _render(events: Iterable[Event], fmt: str) -> Iterator[str]:
+    """``render``'s lines, with ``history`` events (the run's loss per step) in words."""
+    from torchscope.analysis.render import TEXT_HEADER, render, text_line
+    from torchscope.cli.history import history_event_text
+    from torchscope.protocol.events import HISTORY
+
+    if fmt != "text":
+        yield from render(events, fmt)
+        return
+    yield TEXT_HEADER
+    for ev in events:
+        yield history_event_text(ev) if ev.get("kind") == HISTORY else text_line(ev)
 
 
 # -- diff ------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import contextlib
 import os
 import re
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torchscope.cli.common import fail
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     """Live sessions on this machine, the ranks of a torchrun job grouped under it; each is
-    asked for its step (briefly)."""
+    asked for its step and its latest loss (briefly)."""
     from torchscope.protocol import endpoints as ep
     from torchscope.protocol.runtime import EndpointError
 
@@ -29,8 +29,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         print("no running torchscope sessions (start one with `torchscope run SCRIPT`)")
         return 0
     print(
-        f"{'PID':>7} {'RANK':>4} {'STEP':>6} {'TRACING':<8} {'STARTED':<19} {'SCRIPT':<28} "
-        "ENDPOINTS"
+        f"{'PID':>7} {'RANK':>4} {'STEP':>6} {'TRACING':<8} {'LOSS':>11} {'STARTED':<19} "
+        f"{'SCRIPT':<28} ENDPOINTS"
     )
     for ranks in ep.group_by_job(records):
         if len(ranks) > 1 or ranks[0].job is not None:
@@ -49,22 +49,25 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def _ls_row(rec: SessionRecord, timeout: float) -> None:
     import datetime
 
+    from torchscope.cli.history import latest_loss
     from torchscope.protocol.client import SessionClient, SessionRefused, SessionUnreachable
     from torchscope.protocol.runtime import EndpointError
 
     step = tracing = "?"
+    loss = "-"
     try:
         with SessionClient() as client:
             hello = client.connect(rec, timeout=timeout)
             step = str(hello.get("step"))
             tracing = hello.get("tracing") or "traced"  # a trace(live=True) block
+            loss = latest_loss(client, timeout)
     except (SessionUnreachable, SessionRefused, EndpointError):
         pass
     started = datetime.datetime.fromtimestamp(rec.started).strftime("%Y-%m-%d %H:%M:%S")
     rank = "-" if rec.rank is None else str(rec.rank)
     script = os.path.basename(rec.script or "") or "?"
     print(
-        f"{rec.pid:>7} {rank:>4} {step:>6} {tracing:<8} {started:<19} {script:<28} "
+        f"{rec.pid:>7} {rank:>4} {step:>6} {tracing:<8} {loss:>11} {started:<19} {script:<28} "
         f"events {rec.events}  control {rec.control}"
     )
 
@@ -123,6 +126,9 @@ def cmd_record(args: argparse.Namespace) -> int:
     progress = _Progress(enabled=not args.quiet)
     steps = set()
     written = 0
+    # The run's history so far (steps before the recording included), then its new points
+    # as the job sends them, then what came after the last one: a replay shows the whole run.
+    seen = _RunHistoryEvents(client, args.timeout)
     done = False  # the job let go of this recording's hold (its N steps are recorded)
     last_ping = time.monotonic()
     old_term = signal.signal(signal.SIGTERM, _interrupt)
@@ -131,8 +137,10 @@ def cmd_record(args: argparse.Namespace) -> int:
         if session and not any(e.get("kind") == SESSION for e in events):
             writer.write([session])  # a file opens with who the job is, as --record's do
             written += 1
+        events = [*events, *seen.ask()]
         while True:
             if events:
+                seen.note(events)
                 writer.write(events)
                 written += len(events)
                 for e in events:
@@ -154,6 +162,12 @@ def cmd_record(args: argparse.Namespace) -> int:
         pass
     finally:
         signal.signal(signal.SIGTERM, old_term)
+        if not client.ended:
+            with contextlib.suppress(Exception):
+                tail = seen.ask()
+                if tail:
+                    writer.write(tail)
+                    written += len(tail)
         if holder is not None and not done and not client.ended:
             with contextlib.suppress(Exception):
                 client.request("disarm", timeout=1.0)  # the job goes dormant again
@@ -167,6 +181,54 @@ def cmd_record(args: argparse.Namespace) -> int:
         f"{ended}{missed}"
     )
     return 0
+
+
+class _RunHistoryEvents:
+    """The job's ``history`` (the command) as events for a recording: everything at first;
+    at the end, the steps since then that no live ``history`` event brought (a point closed
+    before the job saw this recorder subscribe is sent to nobody)."""
+
+    def __init__(self, client: Any, timeout: float) -> None:
+        self._client = client
+        self._timeout = max(timeout, 10.0)
+        self._asked = False
+        self._since: int | None = None  # the newest step of the first reply
+        self._written: set[int] = set()  # steps written after it
+
+    def ask(self) -> list[dict[str, Any]]:
+        from torchscope.protocol.client import SessionRefused, SessionUnreachable
+        from torchscope.protocol.events import HISTORY, Event
+
+        first, self._asked = not self._asked, True
+        try:
+            reply = self._client.request("history", timeout=self._timeout, since=self._since)
+        except (SessionRefused, SessionUnreachable):  # a job that keeps no history
+            return []
+        points = [p for p in reply.get("points") or () if p.get("step") not in self._written]
+        buckets = reply.get("buckets") or []
+        if first:
+            self._since = points[-1]["step"] if points else -1
+        else:
+            self.note_points(points)
+        if not points and not buckets:
+            return []
+        event = Event(kind=HISTORY, seq=reply.get("seq", 0), step=reply.get("step"), points=points)
+        if buckets:
+            event["buckets"] = buckets
+        return [event]
+
+    def note(self, events: list[dict[str, Any]]) -> None:
+        from torchscope.protocol.events import HISTORY
+
+        for e in events:
+            if e.get("kind") == HISTORY and self._since is not None:
+                self.note_points(e.get("points") or ())
+
+    def note_points(self, points: Any) -> None:
+        for p in points:
+            step = p.get("step") if isinstance(p, dict) else None
+            if isinstance(step, int) and step > (self._since or -1):
+                self._written.add(step)
 
 
 def _interrupt(signum: int, frame: object) -> None:

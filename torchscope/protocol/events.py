@@ -20,7 +20,10 @@ PAUSE = "pause"  # the job stopped at an op or node (step-through)
 RESUME = "resume"  # ... and went on: "by" says what let it go (continue, step, lease, ...)
 TRACING = "tracing"  # an attached job armed or went dormant: "state", who holds it
 ATEN = "aten"  # one aten call under an op or a backward node (the aten level, when asked)
-KINDS = (SESSION, STEP, OP, GRAD, GRAPH, ALERT, ERROR, PAUSE, RESUME, TRACING, ATEN)
+# The run's loss and gradient norms, traced or not: new ``points`` (and folded ``buckets``) of
+# a torchscope.protocol.history.RunHistory.
+HISTORY = "history"
+KINDS = (SESSION, STEP, OP, GRAD, GRAPH, ALERT, ERROR, PAUSE, RESUME, TRACING, ATEN, HISTORY)
 
 # What an attached job is doing (session events, hello, heartbeats, ``ls``).
 DORMANT = "dormant"  # counting steps only: no mode, no hooks
@@ -193,6 +196,7 @@ _kind(ERROR, where=_STR_OR_NONE, message=_STR_OR_NONE)
 _kind(PAUSE)
 _kind(RESUME)
 _kind(TRACING, state=_STR_OR_NONE, holders=_LIST_OR_NONE, released=_LIST_OR_NONE)
+_kind(HISTORY, points=_MAPS, buckets=_MAPS)
 
 # A tensor summary: shape (integers or null), dtype, device, stats {min, max, mean, std, norm,
 # nan, inf} (numbers or null), values (numbers), and a few flags.

@@ -308,9 +308,25 @@ register_command(
             # A hold beside the client's own (a UI asking one step at the aten level, or
             # eager-checked) instead of one that replaces it.
             "also": Bool(default=False),
+            # Hold from this step on (a point picked in the UI's plot); dormant before it.
+            "at_step": Int(0, 2**62, default=None, nullable=True),
+            # Hold from the first step boundary after this holds on the run's history:
+            # gradnorm>X, loss>X, loss<X, nonfinite (protocol/history.parse_condition).
+            "when": Str(64, default=None, nullable=True),
         }
     ),
     _ARMED,
+)
+# The run's history (protocol/history.py, tracer/history.py): every point and bucket, or the
+# points after ``since`` (no buckets), at most ``max_points`` of the newest (0: ``latest`` only).
+register_command(
+    "history",
+    fields(
+        {
+            "since": Int(-1, 2**62, default=None, nullable=True),
+            "max_points": Int(0, 2**31, default=None, nullable=True),
+        }
+    ),
 )
 register_command("disarm", fields(), _ARMED)
 # Every rank of a torchrun job, as its ranks registered themselves in the job's c10d store:

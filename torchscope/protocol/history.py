@@ -13,12 +13,25 @@ two (so a job of any length costs at most about ``2 * keep`` records).
 from __future__ import annotations
 
 import math
+import re
+from array import array
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-HISTORY = "history"  # event kind: a batch of points and buckets (``points``, ``buckets``)
+from torchscope.protocol.events import HISTORY
+
+__all__ = [
+    "HISTORY",
+    "Bucket",
+    "Condition",
+    "ModuleValues",
+    "RunHistory",
+    "Series",
+    "StepPoint",
+    "parse_condition",
+]
 
 
 @dataclass
@@ -142,11 +155,14 @@ class Bucket:
 class RunHistory:
     """The run's points, newest ``keep`` at full resolution, older ones folded into buckets."""
 
-    def __init__(self, keep: int = 100_000, bucket: int = 100) -> None:
-        if keep < 1 or bucket < 1:
+    def __init__(self, keep: int = 100_000, bucket: int = 100, module_keep: int = 10_000) -> None:
+        if keep < 1 or bucket < 1 or module_keep < 0:
             raise ValueError("keep and bucket must be positive")
         self.keep = keep
         self.bucket = bucket
+        # Per-module values cost one number per module and step: only the newest
+        # ``module_keep`` steps keep them (older points keep loss and global norm).
+        self.module_keep = module_keep
         self.points: deque[StepPoint] = deque()
         self.buckets: list[Bucket] = []
         self.span = bucket  # steps per bucket; doubles each time the buckets halve
@@ -155,13 +171,33 @@ class RunHistory:
         return len(self.points)
 
     def add(self, point: StepPoint) -> None:
-        """Append a step (or update it when it is the newest one again)."""
-        if self.points and self.points[-1].step == point.step:
-            self.points[-1] = point
+        """Append a step, or replace the point of a step already held (a live event that
+        repeats part of a reply); an older step not held (folded already) is left out."""
+        if self.points and point.step <= self.points[-1].step:
+            for i in range(len(self.points) - 1, -1, -1):
+                if self.points[i].step == point.step:
+                    self.points[i] = point
+                    return
+                if self.points[i].step < point.step:
+                    return
             return
         self.points.append(point)
-        if len(self.points) > self.keep:
+        n = len(self.points)
+        if n > self.module_keep:
+            old = self.points[n - self.module_keep - 1]
+            old.module_norms = old.update_ratios = None
+        if n > self.keep:
             self._fold(self.points.popleft())
+
+    def discard_from(self, step: int) -> int:
+        """Drop the full-resolution points numbered ``step`` or later (the job renumbered its
+        steps: micro-batches counted before its first optimizer step, a resumed job's
+        ``torchscope.step(n)``); returns how many went."""
+        n = 0
+        while self.points and self.points[-1].step >= step:
+            self.points.pop()
+            n += 1
+        return n
 
     def update(self, step: int, **values: Any) -> StepPoint | None:
         """Set fields of a step still at full resolution (the watch's norms arrive after the
@@ -200,11 +236,19 @@ class RunHistory:
 
     def since(self, step: int) -> Iterator[StepPoint]:
         """Points with ``step`` greater than ``step``, oldest first."""
-        for p in self.points:
-            if p.step > step:
-                yield p
+        # From the newest end: a UI asks for the few points it has not seen yet.
+        newer = []
+        for p in reversed(self.points):
+            if p.step <= step:
+                break
+            newer.append(p)
+        return reversed(newer)
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self, since: int | None = None) -> dict[str, Any]:
+        """Plain data for a reply or a ``history`` event: every point and bucket, or (``since``)
+        only the points after that step and no buckets."""
+        if since is not None:
+            return {"points": [p.to_wire() for p in self.since(since)], "buckets": []}
         return {
             "points": [p.to_wire() for p in self.points],
             "buckets": [b.to_wire() for b in self.buckets],
@@ -231,3 +275,73 @@ def _float_map(d: Any) -> dict[str, float] | None:
         return None
     out = {str(k): float(v) for k, v in d.items() if isinstance(v, (int, float))}
     return out or None
+
+
+class ModuleValues(Mapping[str, float]):
+    """One number per module for one step, read-only: the module names are shared by every
+    step that has the same modules and the numbers sit in a flat array, about eight times less
+    memory than a dict of floats (a 100-module model over 10k steps: ~9 MB)."""
+
+    __slots__ = ("_index", "names", "values")
+
+    def __init__(self, names: tuple[str, ...], values: Any, index: dict[str, int] | None = None):
+        self.names = names
+        self.values = values if isinstance(values, array) else array("d", values)
+        self._index = index if index is not None else {n: i for i, n in enumerate(names)}
+
+    def __getitem__(self, key: str) -> float:
+        return self.values[self._index[key]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __repr__(self) -> str:
+        return f"ModuleValues({dict(self)!r})"
+
+
+# -- arm-on-condition ------------------------------------------------------------------------
+_CONDITION = re.compile(r"\s*(?:(loss|gradnorm)\s*([<>])\s*(\S+)|(nonfinite))\s*")
+CONDITION_FORMS = "gradnorm>X, loss>X, loss<X or nonfinite"
+
+
+@dataclass(frozen=True)
+class Condition:
+    """When an ``arm`` with ``when`` takes effect: tested on each new point of the history, at
+    step boundaries (never per op). ``gradnorm`` needs the watch (its norm); ``nonfinite``
+    holds for a NaN/Inf loss or gradient norm."""
+
+    text: str
+    metric: str  # "loss", "gradnorm" or "nonfinite"
+    op: str = ""  # ">" or "<"
+    value: float = 0.0
+
+    def holds(self, point: StepPoint) -> bool:
+        if self.metric == "nonfinite":
+            return any(
+                x is not None and not math.isfinite(x) for x in (point.loss, point.grad_norm)
+            )
+        x = point.loss if self.metric == "loss" else point.grad_norm
+        if x is None or math.isnan(x):
+            return False
+        return x > self.value if self.op == ">" else x < self.value
+
+
+def parse_condition(text: str) -> Condition:
+    """``gradnorm>1e3``, ``loss>X``, ``loss<X``, ``gradnorm<X`` or ``nonfinite``; a bad one
+    raises ValueError with one line."""
+    m = _CONDITION.fullmatch(text) if isinstance(text, str) else None
+    if m is None:
+        raise ValueError(f"{text!r} is not a condition (one of: {CONDITION_FORMS})")
+    if m.group(4):
+        return Condition(text.strip(), "nonfinite")
+    metric, op, number = m.group(1), m.group(2), m.group(3)
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a condition: {number!r} is not a number") from None
+    if math.isnan(value):
+        raise ValueError(f"{text!r}: compare with a number, not nan (for NaN: nonfinite)")
+    return Condition(text.strip(), metric, op, value)

@@ -8,7 +8,10 @@ nothing: no mode on the stack, no module or node hooks, no events. It keeps
 - the control endpoint and the registry entry (``torchscope ls``, ``tui PID``, ``record PID``),
   served by the publisher's thread, which wakes a few times a second, never per step;
 - the stepper (breakpoints and pauses outlive an armed period: a breakpoint set on a dormant
-  job hits in its next traced step).
+  job hits in its next traced step);
+- the run's history (:mod:`~torchscope.tracer.history`): every step's loss, and with the watch
+  its gradient norms, traced or not, for a UI that attaches late (the ``history`` command,
+  live ``history`` events while someone reads the stream, ``arm`` ``when=`` conditions).
 
 Tracing is *held* (see :mod:`~torchscope.tracer.holders`). At every step boundary, on the
 training thread, the agent arms (starts a :class:`~torchscope.tracer.armed.session.Tracer`)
@@ -33,12 +36,15 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchscope.protocol.events import ARMING, DORMANT, TRACED, TRACING, Event
+from torchscope.protocol.codec import MAX_MESSAGE_BYTES, pack
+from torchscope.protocol.events import ARMING, DORMANT, HISTORY, TRACED, TRACING, Event
+from torchscope.protocol.history import parse_condition
 from torchscope.tracer import backward_calls
 from torchscope.tracer.armed.aten import aten_scope
 from torchscope.tracer.armed.modules import is_fsdp2
 from torchscope.tracer.armed.session import DrivenBy, Tracer, current_tracer, session_event
 from torchscope.tracer.clock import StepClock
+from torchscope.tracer.history import HistoryCollector
 from torchscope.tracer.holders import COMMAND_LINE, UI, Holders, StepHold
 from torchscope.tracer.outputs import Outputs
 from torchscope.tracer.rank_checks import RankChecks, rank_alert
@@ -84,6 +90,8 @@ class ServeOptions:
     quiet: bool = False
     watch: str | None = None  # "nan", "gradnorm:X": the always-on NaN watch (tracer/watch/)
     on_nan: str = "continue"  # what the watch does after a detection: continue, pause, stop
+    # The run's loss history (tracer/history.py) and, with the watch, its norms per module.
+    history: bool = True
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def held_steps(self) -> StepSelection | None:
@@ -121,6 +129,8 @@ class Agent:
         self._no_periods = False  # the store failed once: UI-armed ranks trace ungated
         self._watch_listening: backward_calls.Listening | None = None
         self._blocked_said = False
+        self.history = HistoryCollector(lambda: self.clock.owner)
+        self._history_listening: backward_calls.Listening | None = None
 
     @property
     def stepper(self) -> Stepper | None:
@@ -175,6 +185,9 @@ class Agent:
         if opts.live:
             self._start_publisher(session)
         self.clock.install()
+        if opts.history:
+            # A listener in the wrapper the clock has just installed: no hook of its own.
+            self._history_listening = backward_calls.listen(self.history)
         self._handle_sigterm()
         # A forked child (a DataLoader worker) is not the job: it drops what the agent holds.
         ref = weakref.ref(self)
@@ -217,10 +230,11 @@ class Agent:
                 "disarm": self._cmd_disarm,
                 "detach": self._cmd_detach,
                 "watch": self._cmd_watch,
+                "history": self._cmd_history,
             }
         )
         publisher.on_request = self._contact
-        publisher.on_tick = self._expire_leases
+        publisher.on_tick = self._on_tick
 
     def _handle_sigterm(self) -> None:
         """SIGTERM (schedulers, ``timeout``) would kill the job with no cleanup: the trace
@@ -284,6 +298,7 @@ class Agent:
     def _start_watch(self) -> None:
         from torchscope.tracer.steps import parse_watch
         from torchscope.tracer.watch.nan_watch import NanWatch
+        from torchscope.tracer.watch.norms import ModuleNorms
 
         self.watch = NanWatch(
             gradnorm=parse_watch(self.options.watch or "nan"),
@@ -295,6 +310,15 @@ class Agent:
             on_unreproduced=self._trace_after_unreproduced,
             backward_checks=True,  # a job that updates by hand is checked after backward()
         ).install()
+        watch = self.watch
+        if not self.options.history:
+            return
+
+        def modules() -> list:
+            # The watched top-level modules; on the first step, found as the step runs.
+            return [*watch.roots, *(c.module for c in getattr(watch, "_calls", ()))]
+
+        watch.norms = ModuleNorms(self.history.watch_norms, modules)
 
     def _replay_tracer(self, step: int) -> Tracer:
         """The tracer a watch replay records into: this job's file and UIs, its numbering."""
@@ -346,6 +370,11 @@ class Agent:
         if self.watch is not None:
             with contextlib.suppress(Exception):
                 self.watch.remove()
+        if self._history_listening is not None:
+            self._history_listening.remove()
+            self._history_listening = None
+        self.history.finish()
+        self._send_history(every=0.0)
         self.ranks.last_word()
         if self._watch_listening is not None:
             self._watch_listening.remove()
@@ -368,6 +397,10 @@ class Agent:
             self.tracer.abandon()
         self.tracer = None
         self.clock.remove()
+        if self._history_listening is not None:
+            self._history_listening.remove()
+            self._history_listening = None
+        self.history.drop()
         if self.watch is not None:
             with contextlib.suppress(Exception):
                 self.watch.remove()
@@ -389,6 +422,7 @@ class Agent:
                 ranks.share_endpoint(self.publisher.record.to_dict())
         with contextlib.suppress(Exception):
             ranks.match_arrivals()
+        self._history_at_boundary(step)
         if self.tracer is not None and self.tracer.modules.has_ddp:
             with contextlib.suppress(Exception):
                 roots = self.tracer.modules.ddp_roots()
@@ -416,8 +450,45 @@ class Agent:
                 self.traced_steps += 1
                 self.tracer.gate(hold.gated, scope or "")
                 self.tracer.set_eager_check(self.options.eager_check or hold.eager_check)
+            self.history.traced(self.tracer is not None)
+            self._send_history()
         except Exception as exc:  # never into the job
             self._say(f"internal error at a step boundary: {type(exc).__name__}: {exc}")
+
+    # -- the run's history (training thread, at step boundaries) --------------------------------
+    def _history_at_boundary(self, step: int) -> None:
+        """The step before ``step`` gets its point; holds waiting on a condition are tested
+        on the points that arrived (only here, never per op)."""
+        history = self.history
+        added = history.step_ends(step) if self.options.history else []
+        if not self.holders:
+            history.eager = False
+            return
+        try:
+            if added:
+                for holder in self.holders.note(added):
+                    cond = holder.condition.text if holder.condition else "?"
+                    self._say(
+                        f"{cond} at step {holder.fired_at}: tracing from step {step} "
+                        f"(held by: {holder.label})"
+                    )
+            # A condition waiting on the loss: copy device values every step (still no wait).
+            history.eager = self.holders.conditional()
+        except Exception as exc:
+            self._say(f"internal error testing a condition: {type(exc).__name__}: {exc}")
+
+    def _send_history(self, every: float = 1.0) -> None:
+        """New points as a live ``history`` event, in batches, while someone reads."""
+        points = self.history.take_unsent(every=every)
+        if points:
+            self.emit(
+                Event(
+                    kind=HISTORY,
+                    seq=self.next_seq(),
+                    step=self.clock.step,
+                    points=[p.to_wire() for p in points],
+                )
+            )
 
     def steps_seen(self) -> tuple[int, int]:
         """(steps that ran, of them traced), once the job ended: every step that ended, and
@@ -533,7 +604,8 @@ class Agent:
     def _tracing_state(self) -> str:
         if self.tracer is not None:
             return TRACED
-        return ARMING if self.holders else DORMANT
+        # A hold that waits for a condition leaves the job dormant until it holds.
+        return ARMING if self.holders and self.holders.ready() else DORMANT
 
     # -- holders (control thread) ------------------------------------------------------------
     def _contact(self, client: bytes, cmd: str) -> None:
@@ -548,10 +620,42 @@ class Agent:
     def _expire_leases(self) -> None:
         self.holders.expire(self.options.lease)
 
+    def _on_tick(self) -> None:
+        """Four times a second on the publisher's thread: leases, and the history's cadence
+        (device values copied at the next boundary; points kept for events while read)."""
+        self._expire_leases()
+        history = self.history
+        history.flush_soon = True
+        publisher = self.publisher
+        history.sending = publisher is not None and publisher.subscribed
+
+    def _cmd_history(self, args: dict[str, Any], client: bytes) -> dict[str, Any]:
+        """The run's history (``RunHistory.to_wire()``: ``points``, ``buckets``), or the points
+        after ``since``; with ``latest``, ``pending`` (values still on the device: they come
+        at the next boundaries, in live ``history`` events), ``step`` and a ``seq`` for a
+        recording."""
+        history = self.history
+        history.flush_soon = True
+        reply = history.wire(args.get("since"), args.get("max_points"))
+        reply.update(step=self.clock.step, seq=self.next_seq())
+        return _fit_reply(reply)
+
     def _cmd_arm(self, args: dict[str, Any], client: bytes) -> dict[str, Any]:
         by = args.get("by") or UI
         aten = args.get("aten")
         aten_scope(aten)  # a bad pattern is refused in one line (ValueError)
+        when = args.get("when")
+        condition = None
+        if when is not None:
+            try:
+                condition = parse_condition(when)
+            except ValueError as exc:
+                raise ValueError(f"when: {exc}") from None
+            if condition.metric == "gradnorm" and self.watch is None and not self._watch_request:
+                raise ValueError(
+                    f"when: {when!r} needs the gradient norm, which only the watch "
+                    "computes (torchscope watch PID, or run --watch nan)"
+                )
         holder = self.holders.add(
             by,
             client=client,
@@ -559,6 +663,8 @@ class Agent:
             aten=aten,
             eager_check=bool(args.get("eager_check")),
             also=bool(args.get("also")),
+            from_step=args.get("at_step"),
+            condition=condition,
         )
         if by == UI and self.stepper is not None:
             self.stepper.contact(client)
@@ -597,6 +703,22 @@ class Agent:
         if self.options.quiet and not force:
             return
         say(text)
+
+
+def _fit_reply(reply: dict[str, Any]) -> dict[str, Any]:
+    """Keep a ``history`` reply decodable by the client's limit: module norms go from the
+    older points first, then the oldest points (``truncated`` says so)."""
+    limit = MAX_MESSAGE_BYTES // 2
+    points = reply["points"]
+    if len(pack(reply)) <= limit:
+        return reply
+    for p in points[: max(0, len(points) - 1000)]:
+        p.pop("module_norms", None)
+        p.pop("update_ratios", None)
+    reply["truncated"] = True
+    while points and len(pack(reply)) > limit:
+        points = reply["points"] = points[len(points) // 2 :]
+    return reply
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:

@@ -7,6 +7,12 @@ at every step boundary whether anyone holds the new step. A holder that goes (``
 ``q`` in the UI, its lease running out, its steps done) takes its breakpoints with it, and
 the last UI to go takes the pauses held for a UI.
 
+A client's hold may wait before it takes a step: until a step number (``at_step``: a point
+picked in the UI's plot) or until a condition holds on the run's history (``when``:
+``loss>X``, ``gradnorm>1e3``, ``nonfinite``), tested on each new history point at the step
+boundaries, never per op. A waiting hold is the client's like any other: it goes when its
+owner goes (``disarm``, the lease).
+
 The table is shared by the control thread (requests, leases) and the training thread (step
 boundaries): every method takes its lock.
 """
@@ -20,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchscope.protocol.history import Condition, StepPoint
 from torchscope.tracer.stepper import Stepper
 from torchscope.tracer.steps import StepSelection
 
@@ -39,14 +46,24 @@ class Holder:
     aten: str | None = None  # the aten level it asks for: "" everywhere, else a module regex
     eager_check: bool = False  # compiled modules' calls also run eagerly, compared
     last_contact: float = field(default_factory=time.monotonic)
+    from_step: int | None = None  # takes no step before this one (arm at_step)
+    condition: Condition | None = None  # takes no step before this holds (arm when)
+    fired_at: int | None = None  # the step whose history point met the condition
 
     @property
     def is_ui(self) -> bool:
         """A UI: what pauses and says continue (a recorder does neither)."""
         return self.client is not None and self.label == UI
 
+    @property
+    def waiting(self) -> bool:
+        """Not yet holding anything: its step or its condition has not come."""
+        return self.condition is not None and self.fired_at is None
+
     def takes(self, step: int) -> bool | None:
         """Whether it holds ``step`` traced; None when it is done and goes."""
+        if self.waiting or (self.from_step is not None and step < self.from_step):
+            return False  # nothing counted yet: ``next N`` starts when it does
         if self.steps is not None:
             if step in self.steps:
                 return True
@@ -64,6 +81,11 @@ class Holder:
             out["steps"] = self.steps.text
         if self.remaining is not None:
             out["remaining"] = self.remaining
+        if self.from_step is not None:
+            out["at_step"] = self.from_step
+        if self.condition is not None:
+            out["when"] = self.condition.text
+            out["fired_at"] = self.fired_at
         return out
 
 
@@ -102,6 +124,8 @@ class Holders:
         aten: str | None = None,
         eager_check: bool = False,
         also: bool = False,
+        from_step: int | None = None,
+        condition: Condition | None = None,
     ) -> Holder:
         """A new holder; a client's new request replaces its old one (``also``: one more
         beside it, for a few steps: a UI asking one step at the aten level)."""
@@ -118,9 +142,37 @@ class Holders:
                 remaining=remaining,
                 aten=aten,
                 eager_check=eager_check,
+                from_step=from_step,
+                condition=condition,
             )
             self._holders[holder.id] = holder
         return holder
+
+    def conditional(self) -> bool:
+        """Whether a hold waits for a condition (the agent then reads the history's values
+        without waiting for a batch)."""
+        with self._lock:
+            return any(h.waiting for h in self._holders.values())
+
+    def note(self, points: list[StepPoint]) -> list[Holder]:
+        """New points of the run's history, at a step boundary: the holds whose condition
+        holds for one of them take steps from now on. Returns those."""
+        fired = []
+        with self._lock:
+            for holder in self._holders.values():
+                if not holder.waiting:
+                    continue
+                for p in points:
+                    if holder.condition.holds(p):  # type: ignore[union-attr]
+                        holder.fired_at = p.step
+                        fired.append(holder)
+                        break
+        return fired
+
+    def ready(self) -> bool:
+        """Someone holds (or is about to hold) the job traced: not only holds that wait."""
+        with self._lock:
+            return any(not h.waiting for h in self._holders.values())
 
     def at_boundary(self, step: int) -> StepHold:
         """Each holder says whether it takes ``step``; those done with their steps go."""

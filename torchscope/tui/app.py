@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+from textual import on
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.worker import Worker
@@ -46,6 +47,7 @@ from torchscope.tui.replay_stepping import ReplayBreakpoints
 from torchscope.tui.screens.breakpoints import BreakpointsScreen
 from torchscope.tui.screens.compare import CompareScreen, CompareSpec
 from torchscope.tui.screens.help import HelpScreen
+from torchscope.tui.screens.history import ArmAtStep, ArmWhen
 from torchscope.tui.screens.main import MainScreen
 from torchscope.tui.sources import CommandRefused, EventSource, LiveSource
 from torchscope.tui.store import EventStore, Inbox, RateMeter
@@ -104,9 +106,7 @@ class TorchscopeApp(App[int]):
         self.max_apply = max_apply
         #: a recording with alerts opens paused at its first NaN/Inf origin (``--from-start``:
         #: at its first step)
-        self.main = MainScreen(
-            live=any(lane.live for lane in self.lanes), at_origin=at_origin
-        )
+        self.main = MainScreen(live=any(lane.live for lane in self.lanes), at_origin=at_origin)
         self.waiting: dict[tuple[int, int], tuple[str, ReplyHandler | None, bool]] = {}
         self.sent: list[tuple[str, dict[str, Any]]] = []  # every command sent (tests)
         self.stop_event = threading.Event()
@@ -208,6 +208,37 @@ class TorchscopeApp(App[int]):
         if bar:
             self.refresh_bar()
 
+    def _ask_history(self, lane: Lane) -> None:
+        """A live job just said hello: ask for its run's history so far (steps before the
+        attach, their loss and gradient norms); the store takes the reply."""
+        after = lane.store.history.latest()
+        fields = {"since": after.step} if after is not None else {}
+        try:
+            token = lane.source.command("history", **fields)
+        except CommandRefused:
+            return
+        self.waiting[(lane.index, token)] = ("history", None, True)
+
+    @on(ArmAtStep)
+    def _arm_at_step(self, message: ArmAtStep) -> None:
+        self._arm_from_history({"at_step": message.step}, f"arm at step {message.step:,}")
+
+    @on(ArmWhen)
+    def _arm_when(self, message: ArmWhen) -> None:
+        self._arm_from_history({"when": message.condition}, f"arm when {message.condition}")
+
+    def _arm_from_history(self, fields: dict[str, Any], text: str) -> None:
+        if not self.can_command():
+            return
+
+        def answered(ok: bool, payload: Any) -> None:
+            if ok:
+                self.notify(f"asked the job: {text}", timeout=3)
+            else:
+                self.notify(f"{text}: refused: {payload}", severity="warning", timeout=6)
+
+        self.command("arm", then=answered, quiet=True, **fields)
+
     def _new_session(self, lane: Lane) -> None:
         lane.fresh_store()
         if lane is self.lane:
@@ -241,6 +272,8 @@ class TorchscopeApp(App[int]):
                     self.notify(f"{self.label(lane)}: {err}", severity="error", timeout=8)
             if changes.paused_changed:
                 self._lane_paused(lane)
+            if changes.session and lane.live:
+                self._ask_history(lane)
             for reply in changes.replies:
                 self._answered(lane, *reply)
             if changes.loaded or changes.evicted or changes.steps_changed:

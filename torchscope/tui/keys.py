@@ -267,6 +267,15 @@ KEYS: tuple[Key, ...] = (
         label="maximise",
         short="max",
     ),
+    Key(
+        "H",
+        "the run's history: loss and |g| over every step (per-module norms with the "
+        "watch); arm the job at a step or when a condition holds",
+        MOVING,
+        "history",
+        label="history",
+        short="hist",
+    ),
     # -- finding -------------------------------------------------------------------------------
     Key(
         "/",

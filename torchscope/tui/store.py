@@ -42,6 +42,7 @@ from torchscope.protocol.events import (
     SESSION,
     Event,
 )
+from torchscope.protocol.history import HISTORY, Bucket, RunHistory, StepPoint
 from torchscope.tui.format import is_check, short_name, source_cell
 from torchscope.tui.stepping import StepperView
 
@@ -56,10 +57,12 @@ __all__ = [
     "Changes",
     "EventStore",
     "FieldPattern",
+    "HistoryIndex",
     "Inbox",
     "NameMatch",
     "PendingRow",
     "Row",
+    "SeriesIndex",
     "StepData",
     "StepInfo",
     "make_item",
@@ -617,10 +620,12 @@ class Changes:
     paused_changed: bool = False
     breakpoints_changed: bool = False
     replies: list[tuple] = field(default_factory=list)
+    history: bool = False  # the run's history (loss, gradient norms per step) changed
 
     def __bool__(self) -> bool:
         return bool(
-            self.paused_changed
+            self.history
+            or self.paused_changed
             or self.breakpoints_changed
             or self.replies
             or self.steps_added
@@ -678,6 +683,11 @@ class EventStore:
         self._partial: dict[int, StepInfo] = {}  # steps streaming in: their counts so far
         #: steps streaming in: (parts done, parts in all, events so far)
         self.loading: dict[int, tuple[int, int, int]] = {}
+        #: The run's history (``history`` events, a live job's ``history`` reply): every step's
+        #: loss and gradient norms, traced or not; ``history_index`` is it as flat arrays.
+        self.history = RunHistory()
+        self.history_index = HistoryIndex()
+        self.history_version = 0
 
     # -- reading -----------------------------------------------------------------------------
     def __contains__(self, step: int) -> bool:
@@ -755,6 +765,9 @@ class EventStore:
                 self._counts(item[1], item[2], ch, item[3] if len(item) > 3 else None)
             elif tag == "overview":
                 self._overview(item[1], item[2], ch)
+            elif tag == HISTORY:  # a source's history batch (a file's count pass)
+                if isinstance(item[1], dict):
+                    self._take_history(item[1], ch)
             elif tag == "status":
                 ch.status.update(item[1])
                 if "complete" in item[1]:
@@ -770,6 +783,8 @@ class EventStore:
                     paused, bps = self.stepper.on_state(item[4].get("state"))
                     ch.paused_changed |= paused
                     ch.breakpoints_changed |= bps
+                    if item[2] == HISTORY:  # the whole history, asked for on attach
+                        self._take_history(item[4], ch)
                 ch.replies.append(item)
             elif tag == "progress":
                 ch.progress = (item[1], item[2], item[3])
@@ -855,6 +870,9 @@ class EventStore:
                 if kind == SESSION:
                     self.session = item
                     ch.session = True
+                    continue
+                if kind == HISTORY:  # not a step's event: the run's points (no step row)
+                    self._take_history(item, ch)
                     continue
                 if self.live and kind in (PAUSE, RESUME):
                     stepper = self.stepper
@@ -998,6 +1016,9 @@ class EventStore:
                     self.session = item
                     ch.session = True
                 continue
+            if type(item) is not tuple and item.get("kind") == HISTORY:
+                self._take_history(item, ch)
+                continue
             self._count(fresh, item, ch)
             self._place(data, item)
         self.resident_events += _resident_rows(data) - before
@@ -1122,6 +1143,63 @@ class EventStore:
         norms = [steps[s].grad_norm for s in self.order]
         return losses, norms
 
+    # -- the run's history -------------------------------------------------------------------
+    def take_history(self, wire: dict) -> Changes:
+        """Take a ``history`` event's (or reply's) ``points`` and ``buckets`` (tests, and
+        callers on the UI thread)."""
+        ch = Changes()
+        self._take_history(wire, ch)
+        return ch
+
+    def _take_history(self, wire: dict, ch: Changes) -> None:
+        points = [
+            StepPoint.from_wire(p)
+            for p in wire.get("points") or ()
+            if isinstance(p, dict) and type(p.get("step")) is int
+        ]
+        buckets = [
+            Bucket.from_wire(b)
+            for b in wire.get("buckets") or ()
+            if isinstance(b, dict) and type(b.get("first")) is int and type(b.get("last")) is int
+        ]
+        if (not points and not buckets) or self._holds(points, buckets):
+            return  # nothing, or seen already (a recording's step loaded again)
+        hist = self.history
+        newest = hist.points[-1].step if hist.points else None
+        last_bucket = hist.buckets[-1].last if hist.buckets else None
+        in_order = all(points[i].step < points[i + 1].step for i in range(len(points) - 1))
+        if (
+            in_order
+            and (newest is None or not points or points[0].step >= newest)
+            and (last_bucket is None or not buckets or buckets[0].first > last_bucket)
+            and (not buckets or not hist.points or buckets[-1].last < hist.points[0].step)
+        ):
+            # The usual case, a live job's new steps: appended (RunHistory folds the oldest).
+            hist.buckets.extend(buckets)
+            for p in points:
+                hist.add(p)
+            dirty = points[0].step if points else None
+        else:
+            # Out of order: the whole history (the attach reply, a recording's step loaded
+            # again) overlapping what live events brought. Merged by step, the newer word on
+            # a step winning, into a fresh history.
+            self.history = hist = _merged_history(hist, points, buckets)
+            self.history_index = HistoryIndex()
+            dirty = None
+        self.history_index.sync(hist, dirty)
+        self.history_version += 1
+        self.overview_version += 1  # the step list's scale and sparkline read the history too
+        ch.history = True
+        ch.steps_added = True  # the step list has rows for the history's steps
+
+    def _holds(self, points: list[StepPoint], buckets: list[Bucket]) -> bool:
+        """Whether the history has these points (equal) and buckets (by range) already."""
+        index = self.history_index
+        if any(index.point(p.step) != p for p in points):
+            return False
+        held = {(b.first, b.last) for b in index.buckets} if buckets else set()
+        return all((b.first, b.last) in held for b in buckets)
+
     def mark_loading(self, step: int) -> None:
         info = self.steps.get(step)
         if info is not None and step not in self._data:
@@ -1153,6 +1231,208 @@ def _resident_rows(data: StepData) -> int:
 
 def _alert_key(ev: Event) -> tuple[int, int]:
     return (_step_of(ev), ev.get("seq") if type(ev.get("seq")) is int else 0)
+
+
+def _merged_history(old: RunHistory, points: list[StepPoint], buckets: list[Bucket]) -> RunHistory:
+    """``old`` and a batch that overlaps it, as one history in step order: a step's point
+    from the batch replaces the one held; buckets are kept once each (by their range), and
+    none that covers steps held at full resolution."""
+    by_step = {p.step: p for p in old.points}
+    by_step.update((p.step, p) for p in points)
+    first = min(by_step) if by_step else None
+    seen: dict[tuple[int, int], Bucket] = {}
+    for b in (*old.buckets, *buckets):
+        if first is None or b.last < first:
+            seen.setdefault((b.first, b.last), b)
+    out = RunHistory(keep=old.keep, bucket=old.bucket)
+    out.buckets = sorted(seen.values(), key=lambda b: b.first)
+    for step in sorted(by_step):
+        out.add(by_step[step])
+    return out
+
+
+class SeriesIndex:
+    """One series of the history (loss, a gradient norm) as flat lists, step order: ``xs``
+    and ``ys`` the steps with a finite value and those values, ``bad_xs``/``bad_ys`` the
+    steps whose value is NaN or Inf. Plain lists so a plot's column costs two bisects and a
+    ``min``/``max`` over a slice (C loops), not a Python loop over its points."""
+
+    __slots__ = ("bad_xs", "bad_ys", "xs", "ys")
+
+    def __init__(self) -> None:
+        self.xs: list[int] = []
+        self.ys: list[float] = []
+        self.bad_xs: list[int] = []
+        self.bad_ys: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self.xs) + len(self.bad_xs)
+
+    def append(self, step: int, value: float | None) -> None:
+        if value is None:
+            return
+        if math.isfinite(value):
+            self.xs.append(step)
+            self.ys.append(value)
+        else:
+            self.bad_xs.append(step)
+            self.bad_ys.append(value)
+
+    def drop_before(self, step: int) -> None:
+        k = bisect.bisect_left(self.xs, step)
+        del self.xs[:k], self.ys[:k]
+        k = bisect.bisect_left(self.bad_xs, step)
+        del self.bad_xs[:k], self.bad_ys[:k]
+
+    def drop_from(self, step: int) -> None:
+        k = bisect.bisect_left(self.xs, step)
+        del self.xs[k:], self.ys[k:]
+        k = bisect.bisect_left(self.bad_xs, step)
+        del self.bad_xs[k:], self.bad_ys[k:]
+
+    def value_at(self, step: int) -> float | None:
+        """The value at ``step`` (NaN/Inf included), None when it has none."""
+        for xs, ys in ((self.xs, self.ys), (self.bad_xs, self.bad_ys)):
+            i = bisect.bisect_left(xs, step)
+            if i < len(xs) and xs[i] == step:
+                return ys[i]
+        return None
+
+    def span(self, a: int, b: int) -> tuple[float, float] | None:
+        """min and max of the finite values of steps ``a`` <= step < ``b``, or None."""
+        i = bisect.bisect_left(self.xs, a)
+        j = bisect.bisect_left(self.xs, b, lo=i)
+        if i == j:
+            return None
+        if j - i == 1:
+            return self.ys[i], self.ys[i]
+        part = self.ys[i:j]
+        return min(part), max(part)
+
+    def bad_in(self, a: int, b: int) -> bool:
+        """Whether a step ``a`` <= step < ``b`` has a NaN or Inf value."""
+        i = bisect.bisect_left(self.bad_xs, a)
+        return i < len(self.bad_xs) and self.bad_xs[i] < b
+
+
+class HistoryIndex:
+    """The store's :class:`RunHistory` as flat arrays for the step list, the plot and the
+    heatmap: ``points`` (a list, indexable where the history's deque is not), ``steps``,
+    the ``loss`` and ``grad_norm`` series and, built on first use, one series per module
+    (``module_series``). Kept in step with the history incrementally (new steps appended,
+    the oldest dropped as the history folds them), so a live job's history events cost what
+    they bring, not the 100k steps held."""
+
+    def __init__(self) -> None:
+        self.points: list[StepPoint] = []
+        self.steps: list[int] = []
+        # step - (its index since the first step ever held): equal values mark a run of
+        # consecutive steps, so the step list finds runs by bisection (see ``run_end``)
+        self._runs: list[int] = []
+        self._dropped = 0
+        self.loss = SeriesIndex()
+        self.grad_norm = SeriesIndex()
+        self.buckets: list[Bucket] = []
+        self.version = 0
+        self._modules: dict[str, SeriesIndex] | None = None
+        self._modules_upto = 0  # points read into the module series
+        # the newest steps that keep per-module values in the history (RunHistory's
+        # module_keep): the module series keep no more, or a long live session would hold
+        # every module's norm for every step the UI ever saw
+        self.module_keep: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    @property
+    def first_step(self) -> int | None:
+        """The oldest step the history covers (a bucket's, else a point's)."""
+        if self.buckets:
+            return self.buckets[0].first
+        return self.steps[0] if self.steps else None
+
+    @property
+    def last_step(self) -> int | None:
+        if self.steps:
+            return self.steps[-1]
+        return self.buckets[-1].last if self.buckets else None
+
+    def point(self, step: int) -> StepPoint | None:
+        i = bisect.bisect_left(self.steps, step)
+        return self.points[i] if i < len(self.steps) and self.steps[i] == step else None
+
+    def run_end(self, i: int, hi: int) -> int:
+        """The end (exclusive, at most ``hi``) of the run of consecutive steps at ``i``."""
+        return bisect.bisect_right(self._runs, self._runs[i], lo=i, hi=hi)
+
+    def sync(self, hist: RunHistory, dirty_from: int | None = None) -> None:
+        """Catch up with ``hist``: drop what it folded, re-read steps from ``dirty_from`` on
+        (points replaced or updated), append the new ones."""
+        self.version += 1
+        self.buckets = hist.buckets
+        self.module_keep = getattr(hist, "module_keep", None)
+        if not hist.points:
+            self._truncate(0)
+            return
+        first = hist.points[0].step
+        if self.steps and self.steps[0] < first:
+            k = bisect.bisect_left(self.steps, first)
+            del self.points[:k], self.steps[:k], self._runs[:k]
+            self._dropped += k
+            for s in (self.loss, self.grad_norm, *(self._modules or {}).values()):
+                s.drop_before(first)
+            self._modules_upto = max(0, self._modules_upto - k)
+        if dirty_from is not None and self.steps and dirty_from <= self.steps[-1]:
+            self._truncate(bisect.bisect_left(self.steps, dirty_from))
+        last = self.steps[-1] if self.steps else None
+        fresh: list[StepPoint] = []
+        for p in reversed(hist.points):
+            if last is not None and p.step <= last:
+                break
+            fresh.append(p)
+        fresh.reverse()
+        base = self._dropped
+        for p in fresh:
+            step = p.step
+            self._runs.append(step - base - len(self.steps))
+            self.points.append(p)
+            self.steps.append(step)
+            self.loss.append(step, p.loss)
+            self.grad_norm.append(step, p.grad_norm)
+
+    def _truncate(self, k: int) -> None:
+        if k >= len(self.steps):
+            return
+        step = self.steps[k]
+        del self.points[k:], self.steps[k:], self._runs[k:]
+        for s in (self.loss, self.grad_norm, *(self._modules or {}).values()):
+            s.drop_from(step)
+        self._modules_upto = min(self._modules_upto, k)
+
+    def module_series(self) -> dict[str, SeriesIndex]:
+        """Per-module gradient norms (module path -> series), in the order modules first
+        appear; read on first use (most views never need them) and kept up to date after."""
+        if self._modules is None:
+            self._modules = {}
+            self._modules_upto = 0
+        mods = self._modules
+        keep, steps = self.module_keep, self.steps
+        cutoff = steps[-keep] if keep is not None and 0 < keep < len(steps) else None
+        if keep == 0:
+            cutoff = steps[-1] + 1 if steps else None
+        if cutoff is not None:
+            self._modules_upto = max(self._modules_upto, bisect.bisect_left(steps, cutoff))
+            for s in mods.values():
+                s.drop_before(cutoff)
+        for p in islice(self.points, self._modules_upto, None):
+            if p.module_norms:
+                for name, value in p.module_norms.items():
+                    s = mods.get(name)
+                    if s is None:
+                        s = mods[name] = SeriesIndex()
+                    s.append(p.step, value)
+        self._modules_upto = len(self.points)
+        return mods
 
 
 class Inbox:

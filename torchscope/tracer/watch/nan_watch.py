@@ -215,6 +215,8 @@ class NanWatch:
         self._listening: backward_calls.Listening | None = None
         self._error = ReportOnce("the NaN watch", "the job continues")
         self.last_replay: Any = None  # the replay object of the last detection (tests, UI)
+        # watch/norms.ModuleNorms: per-module norms in the check's one read, for the history
+        self.norms: Any = None
         self._bad_run: dict[str, Any] | None = None  # the detection of the current bad stretch
         # In a job with no optimizer, check each step when its backward() ends (the agent's
         # watch: such a job calls no before_update() of its own).
@@ -568,9 +570,16 @@ class NanWatch:
             if not grads and not values:
                 return None
             self.steps_checked += 1
+            norms = self.norms
             with torch.no_grad(), torch._C.DisableTorchFunction():
-                total = _total_norms(grads, values)
-                grad_norm, loss_norm = total.tolist()  # the step's one host sync
+                if norms is None:
+                    total = _total_norms(grads, values)
+                    grad_norm, loss_norm = total.tolist()  # the step's one host sync
+                else:  # the same totals, with each module's norm in the same read
+                    row = norms.totals(params, grads, values).tolist()
+                    grad_norm, loss_norm = row[0], row[1]
+            if norms is not None:
+                norms.took(self.step, row)
             what = None
             bad: list[int] = []
             in_loss = False

@@ -36,6 +36,7 @@ from torchscope.tui.format import plural, short_name
 from torchscope.tui.keys import Hint, bindings, hint
 from torchscope.tui.replay_stepping import Landed, ReplayCursor
 from torchscope.tui.screens import prompt_modes
+from torchscope.tui.screens.history import HistoryScreen
 from torchscope.tui.screens.navigation import Location, Navigation
 from torchscope.tui.screens.pause_marks import PauseMarks
 from torchscope.tui.screens.stepping_keys import SteppingKeys
@@ -969,6 +970,21 @@ class MainScreen(Navigation, PauseMarks, SteppingKeys, ValuesActions, Screen[Non
         if len(preview) > 60:
             preview = preview[:59] + "…"
         self.notify(f"copied {what}: {preview}", timeout=4)
+
+    # -- H: the run's history (screens/history.py) ------------------------------------------
+    def action_history(self) -> None:
+        """The run's history (loss, |g|, per-module norms); from it, arm a live job."""
+        now = self.tapp.status.get("step") if self.live else None
+        steps = self.steps
+        row = steps.row_step(steps.cursor) if steps.cursor >= 0 else None
+        self.app.push_screen(
+            HistoryScreen(
+                self.store,
+                live=self.live,
+                job_step=now if type(now) is int else None,
+                step=row,
+            )
+        )
 
     # -- misc --------------------------------------------------------------------------------
     def action_stat_mode(self) -> None:

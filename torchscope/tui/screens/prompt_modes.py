@@ -251,4 +251,3 @@ class ExportPath(PromptMode):
 MODES: dict[str, type[PromptMode]] = {
     m.name: m for m in (TimelineSearch, TimelineFilter, GraphSearch, GraphFilter, GoTo, ExportPath)
 }
-

@@ -10,7 +10,11 @@ source as the events stream in (``sources.LiveOverview``, the same counter).
 
 Where traced steps are not consecutive (152 then 164: the job ran untraced between, dormant
 or attached later), a dim row between them says so (``… 11 steps not traced``, shorter where
-the panel is narrow); the cursor passes over it.
+the panel is narrow); the cursor passes over it. With the run's history (a ``history`` reply
+on attach, ``history`` events after, a recording's), the steps it has get rows of their own
+instead, dim and marked not traced, with their loss and |g|; the steps it folded (older than
+its ~100k at full resolution) one row per bucket, their range and min-max. Gap rows are left
+for steps nothing knows about.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from __future__ import annotations
 import bisect
 import math
 
+from torchscope.protocol.history import Bucket, StepPoint
 from torchscope.tui.format import SPARK
-from torchscope.tui.store import EVICTED, LOADING, ON_DISK, EventStore
+from torchscope.tui.store import EVICTED, LOADING, ON_DISK, EventStore, HistoryIndex
 from torchscope.tui.widgets.virtual_list import Cell, VirtualList, fit, rfit
 
 #: Below this width the overview columns push out the op and node counts.
@@ -103,8 +108,23 @@ def _count(n: int, counted: bool) -> str:
     return text if counted else text + "…"
 
 
+# Row segments (see StepList._layout): a run of traced steps (indices a..b into store.order),
+# a run of consecutive history-only steps (indices a..b into the history index's points),
+# one gap row (a: how many steps have no row), one bucket row (a: index into the buckets).
+TRACED, HISTORY_ROWS, GAP, BUCKET = range(4)
+Segment = tuple[int, int, int]  # (kind, a, b)
+
+
 class StepList(VirtualList):
-    """One line per step; ``Highlighted`` says which step the cursor is on."""
+    """One line per step; ``Highlighted`` says which step the cursor is on.
+
+    With a run history (``store.history_index``) the list holds the whole run: the traced
+    steps (``store.order``), a row per step the history has that was not traced here (its
+    loss and |g|, marked not traced), a row per bucket the history folded (a range of old
+    steps, min-max), and gap rows only where neither says anything. Rows are found through
+    runs (segments) and bisection, never one Python object per row, so 100k history steps
+    cost a few runs.
+    """
 
     HEADER_LINES = 1
 
@@ -113,76 +133,182 @@ class StepList(VirtualList):
         self.store: EventStore | None = None
         self._overview_at = -1  # store.overview_version the scale below was taken at
         self._norm_scale: tuple[float, float] | None = None
-        # Gaps: indices i into store.order with order[i] more than one past order[i - 1]
-        # (a row before each), and the row of each gap, for the order they were found in
-        self._gaps: list[int] = []
-        self._gap_rows: list[int] = []
-        self._gaps_of: tuple[int, int, int, int] | None = None
+        self._segs: list[Segment] = []
+        self._starts: list[int] = []  # the first row of each segment
+        self._traced: list[tuple[int, int]] = []  # (order index a, first row) of TRACED segs
+        self._rows = 0
+        self._layout_of: tuple | None = None
 
     @property
     def has_overview(self) -> bool:
-        return self.store is not None and self.store.overview_version > 0
+        store = self.store
+        return store is not None and (store.overview_version > 0 or bool(store.history_index))
 
     def norm_scale(self) -> tuple[float, float] | None:
         store = self.store
         if store is not None and store.overview_version != self._overview_at:
             self._overview_at = store.overview_version
-            self._norm_scale = _scale(store.overview()[1])
+            scale = _scale(store.overview()[1])
+            ys = store.history_index.grad_norm.ys
+            if ys:  # the whole run's norms: a spike before the attach sets the scale too
+                lo, hi = min(0.0, min(ys)), max(ys)
+                if scale is not None:
+                    lo, hi = min(lo, scale[0]), max(hi, scale[1])
+                scale = (lo, hi)
+            self._norm_scale = scale
         return self._norm_scale
 
     def sparkline(self, width: int) -> str:
-        """The gradient norms (else the losses) across all steps, for the panel's subtitle."""
+        """The gradient norms (else the losses) across all steps, for the panel's subtitle:
+        the run's history where there is one, else the traced steps'."""
         if not self.has_overview or self.store is None:
             return ""
+        index = self.store.history_index
+        if index:
+            label = "|g|" if index.grad_norm else "loss"
+            attr = "grad_norm" if index.grad_norm else "loss"
+            values: list[float | None] = [getattr(p, attr) for p in index.points]
+            return f"{label} {spark_across(values, width - len(label) - 1)}"
         losses, norms = self.store.overview()
         label, values = ("|g|", norms) if any(v is not None for v in norms) else ("loss", losses)
         return f"{label} {spark_across(values, width - len(label) - 1)}"
 
     def bind_store(self, store: EventStore) -> None:
         self.store = store
+        self._layout_of = None
 
-    def _layout(self) -> list[int]:
-        """Where the gaps are (found again when the steps changed)."""
-        order = self.store.order if self.store is not None else []
-        key = (id(order), len(order), order[0] if order else 0, order[-1] if order else 0)
-        if key != self._gaps_of:
-            self._gaps_of = key
-            self._gaps = [
-                i for i in range(1, len(order)) if order[i - 1] >= 0 and order[i] > order[i - 1] + 1
-            ]
-            self._gap_rows = [g + j for j, g in enumerate(self._gaps)]
-        return self._gaps
+    # -- the rows ------------------------------------------------------------------------------
+    def _layout(self) -> list[Segment]:
+        """The row segments (built again when the steps or the history changed)."""
+        store = self.store
+        order = store.order if store is not None else []
+        index = store.history_index if store is not None else None
+        key = (
+            id(order),
+            len(order),
+            order[0] if order else 0,
+            order[-1] if order else 0,
+            id(index),
+            index.version if index is not None else -1,
+        )
+        if key != self._layout_of:
+            self._layout_of = key
+            self._build(order, index)
+        return self._segs
+
+    def _build(self, order: list[int], index: HistoryIndex | None) -> None:
+        segs: list[Segment] = []
+        steps = index.steps if index is not None else []
+        buckets = index.buckets if index is not None else []
+        n_points = len(steps)
+        prev: int | None = None  # the last step that has a row (or a bucket) so far
+        pi = 0  # next history point without a row
+
+        def gap_to(step: int) -> None:
+            if prev is not None and prev >= 0 and step > prev + 1:
+                segs.append((GAP, step - prev - 1, 0))
+
+        def points_before(limit: int | None) -> None:
+            nonlocal pi, prev
+            j = n_points if limit is None else bisect.bisect_left(steps, limit, lo=pi)
+            while pi < j:
+                end = index.run_end(pi, j) if index is not None else j
+                gap_to(steps[pi])
+                segs.append((HISTORY_ROWS, pi, end))
+                prev = steps[end - 1]
+                pi = end
+
+        ti = bi = 0
+        while ti < len(order) or bi < len(buckets):
+            if bi < len(buckets) and (ti >= len(order) or buckets[bi].first <= order[ti]):
+                b = buckets[bi]
+                points_before(b.first)
+                gap_to(b.first)
+                segs.append((BUCKET, bi, 0))
+                prev = b.last if prev is None else max(prev, b.last)
+                bi += 1
+                continue
+            step = order[ti]
+            points_before(step)
+            if pi < n_points and steps[pi] == step:
+                pi += 1  # traced: its own row (which falls back on the point's values)
+            gap_to(step)
+            last = segs[-1] if segs else None
+            if last is not None and last[0] == TRACED and last[2] == ti and prev == step - 1:
+                segs[-1] = (TRACED, last[1], ti + 1)
+            else:
+                segs.append((TRACED, ti, ti + 1))
+            prev = step if prev is None else max(prev, step)
+            ti += 1
+        points_before(None)
+        starts, traced, row = [], [], 0
+        for kind, a, b in segs:
+            starts.append(row)
+            if kind == TRACED:
+                traced.append((a, row))
+            row += b - a if kind in (TRACED, HISTORY_ROWS) else 1
+        self._segs, self._starts, self._traced, self._rows = segs, starts, traced, row
 
     def row_count(self) -> int:
         if self.store is None:
             return 0
-        return len(self.store.order) + len(self._layout())
+        self._layout()
+        return self._rows
 
-    def _entry(self, index: int) -> tuple[int, bool]:
-        """Row ``index`` -> (index into store.order, whether it is the gap row before it)."""
-        gaps = self._layout()
-        k = bisect.bisect_right(self._gap_rows, index)  # gap rows at or before it
-        if k and self._gap_rows[k - 1] == index:
-            return gaps[k - 1], True
-        return index - k, False
+    def _entry(self, index: int) -> tuple[int, int]:
+        """Row ``index`` -> (segment number, offset in it); call with 0 <= index < rows."""
+        k = bisect.bisect_right(self._starts, index) - 1
+        return k, index - self._starts[k]
 
     def _row_of(self, i: int) -> int:
         """The row of store.order[i]."""
-        return i + bisect.bisect_right(self._layout(), i)
+        self._layout()
+        k = bisect.bisect_right(self._traced, i, key=lambda t: t[0]) - 1
+        a, row = self._traced[k]
+        return row + i - a
+
+    def _seg_at(self, index: int) -> tuple[Segment, int] | None:
+        if self.store is None or not 0 <= index < self.row_count():
+            return None
+        k, off = self._entry(index)
+        return self._segs[k], off
 
     def gap_at(self, index: int) -> int | None:
         """How many steps were not traced, when row ``index`` is a gap row."""
-        if self.store is None or not 0 <= index < self.row_count():
-            return None
-        i, gap = self._entry(index)
-        order = self.store.order
-        return order[i] - order[i - 1] - 1 if gap else None
+        at = self._seg_at(index)
+        return at[0][1] if at is not None and at[0][0] == GAP else None
 
     def step_at(self, index: int) -> int | None:
-        if self.store is None or not 0 <= index < self.row_count():
+        """The traced step of row ``index`` (None for a gap, history or bucket row)."""
+        at = self._seg_at(index)
+        if at is None or at[0][0] != TRACED or self.store is None:
             return None
-        i, gap = self._entry(index)
-        return None if gap else self.store.order[i]
+        return self.store.order[at[0][1] + at[1]]
+
+    def history_at(self, index: int) -> StepPoint | None:
+        """The history's point of row ``index`` when it is a step that was not traced."""
+        at = self._seg_at(index)
+        if at is None or at[0][0] != HISTORY_ROWS or self.store is None:
+            return None
+        return self.store.history_index.points[at[0][1] + at[1]]
+
+    def bucket_at(self, index: int) -> Bucket | None:
+        """The history's bucket (old steps folded) of row ``index``."""
+        at = self._seg_at(index)
+        if at is None or at[0][0] != BUCKET or self.store is None:
+            return None
+        return self.store.history_index.buckets[at[0][1]]
+
+    def row_step(self, index: int) -> int | None:
+        """The step row ``index`` is about, traced or not (a bucket's first step)."""
+        step = self.step_at(index)
+        if step is not None:
+            return step
+        point = self.history_at(index)
+        if point is not None:
+            return point.step
+        bucket = self.bucket_at(index)
+        return bucket.first if bucket is not None else None
 
     def move_cursor(self, index: int, *, user: bool = False, center: bool = False) -> None:
         """As VirtualList's, passing over gap rows (on in the direction of travel)."""
@@ -229,13 +355,59 @@ class StepList(VirtualList):
             text += f"   {rfit('ops', 6)} {rfit('nodes', 6)}{aten}"
         return [(text, None)]
 
+    def _values(self, loss: float | None, norm: float | None) -> list[Cell]:
+        """The loss, |g| and bar cells."""
+        bad = self.cstyle("error")
+        return [
+            (  # blank until known: the root of the step's backward (see store.LOSS_KNOWN)
+                rfit("" if loss is None else short_num(loss, 6), 6) + " ",
+                bad if loss is not None and not math.isfinite(loss) else None,
+            ),
+            (
+                rfit(short_num(norm, 6), 6),
+                bad if norm is not None and not math.isfinite(norm) else None,
+            ),
+            (
+                bar(norm, self.norm_scale()) + " ",
+                bad if norm is not None and not math.isfinite(norm) else self.cstyle("accent"),
+            ),
+        ]
+
+    def _history_row(self, point: StepPoint, width: int) -> list[Cell]:
+        """A step the history has and this UI never traced: its values, dim, marked."""
+        dim = self.cstyle("dim")
+        cells: list[Cell] = [(rfit(str(point.step), 5) + " ", dim)]
+        cells += self._values(point.loss, point.grad_norm)
+        if width >= WIDE:
+            cells.append((fit("not traced", 14), dim))
+        else:
+            cells.append(("○", dim))  # not traced, where the words do not fit
+        return cells
+
+    def _bucket_row(self, b: Bucket, width: int) -> list[Cell]:
+        """Old steps the history folded: their range, loss and |g| min-max."""
+        parts = [f"{b.first}..{b.last}"]
+        for label, series in (("loss", b.loss), ("|g|", b.grad_norm)):
+            if series.lo is not None or series.hi is not None:
+                parts.append(f"{label} {short_num(series.lo, 6)}..{short_num(series.hi, 6)}")
+        bad = any(
+            x is not None and not math.isfinite(x)
+            for x in (b.loss.hi, b.loss.last, b.grad_norm.hi, b.grad_norm.last)
+        )
+        return [(fit("▤ " + " ".join(parts), width), self.cstyle("error" if bad else "dim"))]
+
     def render_row(self, index: int, width: int) -> list[Cell]:
-        missing = self.gap_at(index)
-        if missing is not None:
-            return [(" " + gap_text(missing, width - 1), self.cstyle("dim"))]
-        step = self.step_at(index)
-        if step is None or self.store is None:
+        at = self._seg_at(index)
+        if at is None or self.store is None:
             return []
+        (kind, a, _b), off = at
+        if kind == GAP:
+            return [(" " + gap_text(a, width - 1), self.cstyle("dim"))]
+        if kind == HISTORY_ROWS:
+            return self._history_row(self.store.history_index.points[a + off], width)
+        if kind == BUCKET:
+            return self._bucket_row(self.store.history_index.buckets[a], width)
+        step = self.store.order[a + off]
         info = self.store.steps[step]
         state = info.state
         mark = ""
@@ -251,21 +423,12 @@ class StepList(VirtualList):
         ]
         if self.has_overview:
             loss, norm = info.loss, info.grad_norm
-            bad = self.cstyle("error")
-            cells += [
-                (  # blank until known: the root of the step's backward (see store.LOSS_KNOWN)
-                    rfit("" if loss is None else short_num(loss, 6), 6) + " ",
-                    bad if loss is not None and not math.isfinite(loss) else None,
-                ),
-                (
-                    rfit(short_num(norm, 6), 6),
-                    bad if norm is not None and not math.isfinite(norm) else None,
-                ),
-                (
-                    bar(norm, self.norm_scale()) + " ",
-                    bad if norm is not None and not math.isfinite(norm) else self.cstyle("accent"),
-                ),
-            ]
+            if loss is None or norm is None:  # the history knows what the trace did not show
+                point = self.store.history_index.point(step)
+                if point is not None:
+                    loss = point.loss if loss is None else loss
+                    norm = point.grad_norm if norm is None else norm
+            cells += self._values(loss, norm)
         if not self.has_overview or width >= WIDE:
             cells += [
                 (rfit(_count(info.n_ops, info.counted), 6) + " ", None),
