@@ -376,10 +376,12 @@ async def test_help_screen_and_quit_leave_the_job_alone():
         await pilot.press("q")
     assert app.return_code == 0
     assert calls[:4] == ["connect", "snapshot", "state", "arm"]
-    # Reads, the hold on tracing (arm, the lease's pings) and letting go of it when quitting
-    # (disarm): no command that pauses or steps the job.
+    # Reads (the run's history among them), the hold on tracing (arm, the lease's pings) and
+    # letting go of it when quitting (disarm): no command that pauses or steps the job.
     assert calls[-2:] == ["disarm", "close"]
-    assert set(calls) == {"connect", "snapshot", "state", "arm", "ping", "disarm", "close"}
+    assert set(calls) == {
+        "connect", "snapshot", "state", "arm", "history", "ping", "disarm", "close"
+    }  # fmt: skip
 
 
 @sync

@@ -5,6 +5,7 @@ step traced more closely; ``b`` / ``B`` breakpoints. A mixin of
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -128,7 +129,9 @@ class SteppingKeys:
         if landed is None:
             return
         self._opened.add(key)
-        self._replay_landed(landed)
+        # no toast: the status bar tells the origin's story, and nothing covers the screen
+        # the user has not looked at yet
+        self._replay_landed(dataclasses.replace(landed, note=""))
 
     def _replay_loaded(self, ch: Changes) -> None:
         """A step the cursor waited for came (or was given up): the same move again."""
