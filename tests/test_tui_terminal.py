@@ -48,7 +48,7 @@ def test_replay_in_a_real_terminal(tmp_path: Path) -> None:
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "from torchscope.tui import run_tui, FileSource\n"
-        f"rc = run_tui(FileSource({str(trace)!r}))\n"
+        f"rc = run_tui(FileSource({str(trace)!r}), at_origin=False)\n"
         f"open({str(done)!r}, 'w').write(str(rc))\n"
     )
     script = tmp_path / "ui.py"
@@ -90,3 +90,39 @@ def test_replay_in_a_real_terminal(tmp_path: Path) -> None:
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
     assert os.path.exists(trace)
+
+
+def test_a_recording_opens_at_its_origin_and_steps_both_ways_in_a_real_terminal(
+    tmp_path: Path,
+) -> None:
+    """What a user types: ``torchscope tui FILE`` opens paused at the NaN's origin; ``S``
+    steps back; a ``nan`` breakpoint made in ``B``, then ``c``, lands on the origin again."""
+    trace = tmp_path / "t.tsc"
+    with TraceWriter(trace) as w:
+        w.write(make_trace(3, 3, nan_step=1))
+    session = f"tstui-{uuid.uuid4().hex[:8]}"
+    env = f"env -u COLUMNS -u LINES PYTHONPATH={ROOT} TERM=xterm-256color"
+    done = tmp_path / "rc"
+    command = f"{env} {sys.executable} -m torchscope tui {trace}; echo $? > {done}"
+    tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "40", f"sh -c '{command}'")
+    keys = ("send-keys", "-t", session)
+    try:
+        wait_for(session, "⏸ NaN first appears: F.linear · blocks.1.fc", timeout=60)
+        tmux(*keys, "S")
+        wait_for(session, "⏸ step back: F.layer_norm · blocks.0.norm", timeout=60)
+        tmux(*keys, "B")
+        wait_for(session, "Breakpoints", timeout=60)
+        tmux(*keys, "nan", "Enter")
+        wait_for(session, "1 breakpoint", timeout=60)
+        tmux(*keys, "Escape")
+        time.sleep(0.3)  # the breakpoint screen closes before c reaches the main screen
+        tmux(*keys, "c")
+        wait_for(session, "⏸ NaN first appears: F.linear · blocks.1.fc", timeout=60)
+        tmux(*keys, "q")
+        deadline = time.monotonic() + 30
+        while not done.exists() or not done.read_text().strip():
+            assert time.monotonic() < deadline, screen(session)
+            time.sleep(0.1)
+        assert done.read_text().strip() == "0"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
