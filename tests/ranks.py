@@ -118,3 +118,27 @@ class Output:
         for reader in self._readers:
             reader.join(timeout)
         return self.out, self.err
+
+
+# DDP with gradient clipping, 6 steps; rank 1 alone makes one bad value at step 4 (JOB_BAD:
+# batch, batch_inf, param, collective), written by the loop's own code on the line that says so.
+ONE_NAN_JOB = JOBS / "ddp_one_nan.py"
+
+
+def bad_line(bad: str) -> int:
+    """The line of ONE_NAN_JOB that writes JOB_BAD's bad value (its origin)."""
+    wanted = {
+        "batch": 'x[0, 0] = float("nan")',
+        "batch_inf": 'x[0, 0] = float("inf")',
+        "param": 'model.module[0].weight[0, 0] = float("nan")',
+        "collective": 'scale[0] = float("nan")',
+    }[bad]
+    lines = ONE_NAN_JOB.read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if wanted in line)
+
+
+def rank_alerts(path_of: Callable[[int], Path]) -> dict[int, list]:
+    """Each rank's alert events as recorded (rank -> list), from its trace file."""
+    import torchscope
+
+    return {r: [dict(e) for e in torchscope.load(path_of(r)).of_kind("alert")] for r in (0, 1)}

@@ -13,12 +13,15 @@ import pytest
 from ranks import (
     JOBS,
     NAN_JOB,
+    ONE_NAN_JOB,
     STEADY_JOB,
     Output,
+    bad_line,
     ended_well,
     finish,
     job_ranks,
     kill,
+    rank_alerts,
     torchrun,
 )
 
@@ -111,16 +114,17 @@ def test_a_nan_made_on_one_rank_is_reported_where_it_arrives_with_that_ranks_ori
     }
     assert [(a["step"], a["name"]) for a in alerts[1]][:1] == [(2, "Tensor.__setitem__")]
     (arrived,) = [a for a in alerts[0] if "arrives through" in a["message"]]
-    assert arrived["step"] == 2
+    assert arrived["step"] == 2 and arrived["where"] == "arrival"
     assert arrived["message"].startswith(
         "NaN arrives through torch.distributed.all_reduce from another rank"
     )
-    (origin,) = [a for a in alerts[0] if a.get("where") == "rank"]
-    assert origin["step"] == 2 and origin["name"] == "rank 1"
-    assert origin["message"].startswith(
-        "the NaN that arrived here at step 2 was made on rank 1: NaN first appears in "
-        "Tensor.__setitem__ (forward) at "
-    )
+    assert "origin" not in arrived  # never an origin of rank 0's own
+    (link,) = [a for a in alerts[0] if a.get("from_rank") is not None]
+    assert link["step"] == 2 and link["name"] == "rank 1" and link["arrival"] == arrived["arrival"]
+    (made,) = [a for a in alerts[1] if a.get("origin") and a["where"] != "consequences"]
+    assert link["linked_origin"] == made["origin"]
+    assert link["message"] == f"NaN arrived from rank 1: {made['message']}"
+    assert made["message"].startswith("NaN first appears in Tensor.__setitem__ (forward) at ")
 
 
 def test_ddp_replicas_that_drift_apart_are_an_alert_on_both_ranks(recorded) -> None:
@@ -345,3 +349,144 @@ def test_a_rank_armed_alone_waits_for_the_others_well_under_the_group_timeout(mo
     t0 = time.monotonic()
     assert periods.at_boundary(12, wanted=True) is False  # nobody else came: not gated
     assert time.monotonic() - t0 < 1.0  # a third of the group's timeout, not 10 s
+
+
+# -- one bad value, one origin in the whole job (issue 23) ------------------------------------
+
+
+def _one_nan(tmp: Path, bad: str, *options: str) -> tuple[str, str, dict[int, list]]:
+    """ONE_NAN_JOB under ``torchscope run OPTIONS --record t.tsc``: (stdout, stderr, each
+    rank's alerts as recorded)."""
+    job = torchrun(
+        "-m", "torchscope", "run", *options, "--record", "t.tsc", str(ONE_NAN_JOB),
+        cwd=tmp, env={"JOB_BAD": bad},
+    )  # fmt: skip
+    try:
+        ((out, err),) = finish(job, timeout=80)
+    finally:
+        kill(job)
+    assert ended_well(job, err), err[-3000:]
+    assert sum(line.startswith("rank ") for line in out.splitlines()) == 12  # 2 ranks x 6
+    return out, err, rank_alerts(lambda r: tmp / f"t.rank{r}.tsc")
+
+
+@pytest.mark.parametrize("bad", ["batch", "batch_inf", "param", "collective"])
+def test_one_bad_value_on_rank_1_has_one_origin_in_the_job_named_alike_on_rank_0(
+    tmp_path: Path, bad: str
+) -> None:
+    """Rank 1's loop writes one NaN (or Inf) at step 4, into its batch, a weight, or a
+    tensor it all-reduces: across both files exactly one origin, on rank 1, at that write;
+    rank 0 has an arrival linked to it in the same words, no origin of its own; what
+    follows (the NaN weights of step 5 on both ranks, rank 1's averaged gradients) is counted
+    under it, not listed."""
+    from torchscope.analysis.trace import fold_alerts, job_origins
+
+    _, _, alerts = _one_nan(tmp_path, bad, "--quiet")
+    noun = "Inf" if bad == "batch_inf" else "NaN"
+    (origin,) = job_origins(alerts)
+    assert (origin["rank"], origin["step"], origin["name"]) == (1, 4, "Tensor.__setitem__")
+    assert origin["message"] == (
+        f"{noun} first appears in Tensor.__setitem__ (forward) at {ONE_NAN_JOB}:{bad_line(bad)}"
+    )
+    # No rank names an origin of its own but rank 1, once.
+    made = [
+        a for r in (0, 1) for a in alerts[r] if a.get("origin") and a["where"] != "consequences"
+    ]
+    assert [a["origin"] for a in made] == [origin["origin"]]
+    assert not [a for a in alerts[1] if a.get("arrived") or a.get("from_rank") is not None]
+    # Rank 0: one line, the arrival at step 4, in rank 1's words; never "rank 0" blamed.
+    (shown,) = fold_alerts(alerts[0])
+    assert shown["where"] == "arrival" and shown["step"] == 4 and "origin" not in shown
+    assert shown["message"] == f"NaN arrived from rank 1: {origin['message']}"
+    assert shown["from_rank"] == 1 and shown["linked_origin"] == origin["origin"]
+    assert not any("rank 0" in a["message"] for r in (0, 1) for a in alerts[r])
+    # Counted under the origin across ranks: the arrival and the 4 weights gone NaN there,
+    # the 4 weights here.
+    assert origin["arrivals"] == [{"rank": 0, "step": 4, "message": shown["message"]}]
+    assert (origin["consequences"], shown["consequences"]) == (4, 4)
+    assert origin["job_consequences"] == 9
+
+
+def test_a_nan_breakpoint_pauses_once_in_the_whole_job_at_the_origin(tmp_path: Path) -> None:
+    """``--break-on nan`` with the NaN written into rank 1's batch: rank 1 pauses there, once
+    (then goes on: no UI); rank 0, where it only arrives, and the knock-on NaN after it
+    (clip_grad_norm_'s _foreach_norm, the NaN weights of step 5) never pause."""
+    _, err, _ = _one_nan(tmp_path, "batch", "--quiet", "--break-on", "nan", "--lease", "1")
+    import torchscope
+
+    pauses = {
+        r: [e for e in torchscope.load(tmp_path / f"t.rank{r}.tsc").events if e["kind"] == "pause"]
+        for r in (0, 1)
+    }
+    assert pauses[0] == [], pauses[0]
+    assert [(p["step"], p["event"]["name"]) for p in pauses[1]] == [(4, "Tensor.__setitem__")]
+    paused = [line for line in err.splitlines() if ": paused at " in line]
+    assert len(paused) == 1 and paused[0].startswith("torchscope[rank 1]: paused at "), err[-3000:]
+
+
+def test_the_nan_watch_on_rank_0_links_the_origin_rank_1_names(tmp_path: Path) -> None:
+    """``--watch nan`` (nothing traced until a step goes bad): rank 1's replay names the
+    origin; rank 0's replay is finite, so the NaN arrived: rank 0 links rank 1's origin, in
+    its words, on stderr and in its file (no "origin unknown", no full tracing after it)."""
+    from torchscope.analysis.trace import fold_alerts, job_origins
+
+    _, err, alerts = _one_nan(tmp_path, "batch", "--watch", "nan")
+    (origin,) = job_origins(alerts)
+    assert origin["rank"] == 1 and origin["step"] == 4
+    said = f"torchscope[rank 0]: NaN arrived from rank 1: {origin['message']}"
+    assert said in err.splitlines(), err[-3000:]
+    assert "origin unknown" not in err and "tracing the next" not in err
+    (shown,) = fold_alerts(alerts[0])
+    assert shown["step"] == 4 and shown["from_rank"] == 1
+    assert shown["message"] == f"NaN arrived from rank 1: {origin['message']}"
+    assert [a["rank"] for a in origin["arrivals"]] == [0]
+
+
+def test_a_link_folds_into_its_arrival_and_the_job_counts_consequences_across_ranks() -> None:
+    """What a reader makes of the alerts (no job needed): the link the rank checks emit is
+    folded into rank 0's arrival (or, under the watch, into its report of that step), the
+    arrival's own consequences stay counted under it, and ``job_origins`` adds the arrival
+    and those to the origin's count; the UI lists the arrival apart from origins."""
+    from torchscope.analysis.trace import fold_alerts, job_origins
+    from torchscope.tui.widgets.alert_list import alert_label, group_alerts, is_arrival
+
+    words = "NaN first appears in Tensor.__setitem__ (forward) at job.py:27"
+    rank1 = [
+        {"kind": "alert", "seq": 9, "step": 4, "what": "nan", "where": "forward",
+         "origin": "1:9", "event_seq": 8, "name": "Tensor.__setitem__", "message": words},
+        {"kind": "alert", "seq": 20, "step": 5, "what": "nan", "where": "consequences",
+         "origin": "1:9", "consequences": 4, "consequence_steps": [5, 5],
+         "first_consequences": [], "message": "4 consequences"},
+    ]  # fmt: skip
+    arrival = {
+        "kind": "alert", "seq": 7, "step": 4, "what": "nan", "where": "arrival",
+        "arrival": "0:7", "arrived": True, "event_seq": 6,
+        "name": "torch.distributed.ddp_gradient_sync from another rank",
+        "message": "NaN arrives through torch.distributed.ddp_gradient_sync from another rank",
+    }  # fmt: skip
+    link = {
+        "kind": "alert", "seq": 8, "step": 4, "what": "nan", "where": "arrival",
+        "event_seq": None, "name": "rank 1", "arrival": "0:7", "from_rank": 1,
+        "linked_origin": "1:9", "origin_step": 4, "message": f"NaN arrived from rank 1: {words}",
+    }  # fmt: skip
+    tally = {
+        "kind": "alert", "seq": 21, "step": 5, "what": "nan", "where": "consequences",
+        "arrival": "0:7", "consequences": 3, "consequence_steps": [5, 5],
+        "first_consequences": [], "message": "3 consequences",
+    }  # fmt: skip
+    (shown,) = fold_alerts([arrival, link, tally])
+    assert shown["message"] == f"NaN arrived from rank 1: {words}" and "origin" not in shown
+    assert shown["name"] == "torch.distributed.ddp_gradient_sync (from rank 1)"
+    assert (shown["from_rank"], shown["linked_origin"], shown["consequences"]) == (1, "1:9", 3)
+    assert is_arrival(shown) and alert_label(shown).split()[:3] == ["4", "NaN", "arr"]
+    assert [g[0]["seq"] for g in group_alerts([arrival, link, tally])] == [7]
+    # Under the watch nothing is traced: the link names the watch's report of the step.
+    watched = {
+        "kind": "alert", "seq": 5, "step": 4, "what": "nan", "where": "watch",
+        "event_seq": None, "name": "the gradients", "message": "NaN in the gradients",
+    }  # fmt: skip
+    (report,) = fold_alerts([watched, {**link, "arrival": None}])
+    assert report["message"] == f"NaN arrived from rank 1: {words}" and report["from_rank"] == 1
+    (origin,) = job_origins({0: [arrival, link, tally], 1: rank1})
+    assert (origin["rank"], origin["consequences"], origin["job_consequences"]) == (1, 4, 8)
+    assert origin["arrivals"] == [{"rank": 0, "step": 4, "message": link["message"]}]

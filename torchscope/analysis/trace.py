@@ -15,7 +15,7 @@ from typing import Any
 from torchscope.protocol.events import ALERT, ERROR, GRAD, GRAPH, OP, SESSION, STEP, Event
 from torchscope.protocol.tracefile import TraceReader
 
-__all__ = ["CONSEQUENCES", "Trace", "fold_alerts", "load_trace"]
+__all__ = ["CONSEQUENCES", "Trace", "fold_alerts", "job_origins", "load_trace"]
 
 # ``where`` of an alert that updates the count of an earlier origin's consequences (the
 # tracer's step-end tally): folded into that origin by ``fold_alerts``.
@@ -27,28 +27,81 @@ def is_tally(alert: Event) -> bool:
     return alert.get("where") == CONSEQUENCES
 
 
+def is_link(alert: Event) -> bool:
+    """A NaN/Inf that arrived here from another rank, linked to that rank's origin (the rank
+    checks' ``where: "arrival"`` alert naming ``from_rank``): folded into the arrival."""
+    return alert.get("from_rank") is not None
+
+
 def fold_alerts(alerts: Iterable[Event]) -> list[Event]:
     """One alert per origin: each origin (a copy) with the latest count of its consequences
     folded in (``consequences``, ``consequence_steps``, ``first_consequences``; 0 and empty
     for an origin with none). An update whose origin is not among ``alerts`` (a step range
     that starts after it) stands on its own. Alerts of recordings made before origins had ids
-    pass unchanged."""
+    pass unchanged.
+
+    A NaN/Inf that arrived from another rank (``where: "arrival"``, an ``arrival`` id, no
+    ``origin``) is one alert too, with its consequences here; the link to the origin the
+    other rank named, when it came, is folded into it: its message becomes that link's
+    ("NaN arrived from rank 1: <that rank's words>"), with ``from_rank``, ``linked_origin``
+    and ``origin_step``. A link whose arrival is not among ``alerts`` stands on its own."""
     out: list[Event] = []
     by_origin: dict[Any, Event] = {}
+    watched: dict[Any, Event] = {}  # step -> the NaN watch's report of it
     for alert in alerts:
-        origin = by_origin.get(alert.get("origin")) if is_tally(alert) else None
-        if origin is not None:
-            for key in ("consequences", "consequence_steps", "first_consequences"):
-                origin[key] = alert.get(key)
-            continue
+        if is_tally(alert):
+            head = by_origin.get(alert.get("origin") or alert.get("arrival"))
+            if head is not None:
+                for key in ("consequences", "consequence_steps", "first_consequences"):
+                    head[key] = alert.get(key)
+                continue
+        elif is_link(alert):
+            # The arrival it links: this rank's arrival alert, or (under the NaN watch, which
+            # traces nothing) the watch's report of that step.
+            head = by_origin.get(alert.get("arrival")) or watched.get(alert.get("step"))
+            if head is not None:
+                through = str(head.get("name")).replace(" from another rank", "")
+                for key in ("message", "from_rank", "linked_origin", "origin_step"):
+                    head[key] = alert.get(key)
+                head["name"] = f"{through} (from rank {alert['from_rank']})"
+                continue
         alert = Event(alert)
-        if alert.get("origin") is not None and not is_tally(alert):
+        if alert.get("where") == "watch":
+            watched[alert.get("step")] = alert
+        ident = alert.get("origin") or alert.get("arrival")
+        if ident is not None and not is_tally(alert) and not is_link(alert):
             alert.setdefault("consequences", 0)
             alert.setdefault("consequence_steps", None)
             alert.setdefault("first_consequences", [])
-            by_origin[alert["origin"]] = alert
+            by_origin[ident] = alert
         out.append(alert)
     return out
+
+
+def job_origins(alerts_by_rank: dict[int, Iterable[Event]]) -> list[Event]:
+    """The NaN/Inf origins of a whole multi-rank job, from every rank's alerts (each rank's
+    recording): one per origin, on the rank that made it, with ``arrivals`` (``{rank, step,
+    message}`` of each rank it reached, linked to it) and ``job_consequences``: its own
+    consequences plus, on every rank it reached, the arrival and the consequences there.
+    Arrivals whose origin no rank named, and alerts of other kinds, are left out."""
+    folded = {r: fold_alerts(a) for r, a in alerts_by_rank.items()}
+    origins: dict[Any, Event] = {}
+    for rank, alerts in sorted(folded.items()):
+        for a in alerts:
+            if a.get("origin") is not None and a.get("what") in ("nan", "inf"):
+                o = Event(a)
+                o["rank"] = rank
+                o["arrivals"] = []
+                o["job_consequences"] = int(o.get("consequences") or 0)
+                origins[o["origin"]] = o
+    for rank, alerts in sorted(folded.items()):
+        for a in alerts:
+            o = origins.get(a.get("linked_origin"))
+            if o is None:
+                continue
+            o["arrivals"].append({"rank": rank, "step": a.get("step"), "message": a["message"]})
+            o["job_consequences"] += 1 + int(a.get("consequences") or 0)
+    return list(origins.values())
 
 
 class Trace:

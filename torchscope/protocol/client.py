@@ -63,6 +63,10 @@ MAX_FRAMES_PER_RECV = 10_000
 MAX_RECV_SECONDS = 0.2
 # A job bound to one of these hosts listens on every interface; "hello" names it as bound.
 ANY_HOSTS = frozenset({"0.0.0.0", "::", "*", ""})
+# ``HOST:PORT`` of a SOCKS5 proxy (``ssh -N -D 1080 LOGIN``) that every connection to a
+# public tcp endpoint goes through: one tunnel from a laptop reaches every rank of a cluster
+# job by its own address (host names are resolved at the far end). Loopback and ipc: direct.
+ENV_SOCKS = "TORCHSCOPE_SOCKS_PROXY"
 
 
 class SessionUnreachable(ConnectionError):
@@ -224,6 +228,9 @@ class SessionClient:
             s.setsockopt(zmq.IPV6, 1)
         if keys is not None:
             security.configure_client(s, keys)
+        proxy = os.environ.get(ENV_SOCKS, "").strip()
+        if proxy and curve_endpoint is not None and ep.is_public_tcp(curve_endpoint):
+            s.setsockopt(zmq.SOCKS_PROXY, proxy.encode())
         return s
 
     def close(self) -> None:

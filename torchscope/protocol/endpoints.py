@@ -133,7 +133,7 @@ def default_endpoints(pid: int | None = None, rank: int | None = None) -> tuple[
     if bind.startswith("tcp://"):
         host, port = split_tcp(bind)
         hostpart = f"[{host}]" if ":" in host else host
-        if port in (None, "", "*"):
+        if port in (None, "", "*", "0"):  # 0: any free port, as bind(2) means it
             control_port = "*"
         elif port.isdigit():
             control_port = str(int(port) + (rank or 0))

@@ -21,10 +21,25 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from torchscope.analysis.trace import CONSEQUENCES
 from torchscope.protocol.events import ALERT, Event
-from torchscope.tracer.ranks import RankFingerprints, RankOrigins, job_store
+from torchscope.tracer.ranks import RankFingerprints, RankOrigins, job_store, say_line, speaker
 
 ORIGIN_LOOKUPS = 20  # step boundaries to look for another rank's origin of an arrival
+
+# The agent's checks (one agent per process): the NaN watch, which reports outside any
+# tracer, tells it of a NaN/Inf that arrived from another rank (``note_watch_arrival``).
+_current: RankChecks | None = None
+
+
+def note_watch_arrival(step: int, what: str) -> bool:
+    """The watch found NaN/Inf at ``step`` that this rank's replay does not make: linked to
+    the origin another rank publishes, as full tracing links it. False outside a job."""
+    checks = _current
+    if checks is None or checks._rank_origins() is None:
+        return False
+    checks.note_arrival(step, what, None, say=True)
+    return True
 
 
 def rank_alert(seq: int, step: int, what: str, where: str, name: str, message: str) -> Event:
@@ -42,6 +57,37 @@ def rank_alert(seq: int, step: int, what: str, where: str, name: str, message: s
     )
 
 
+def link_alert(
+    seq: int,
+    step: int,
+    what: str,
+    rank: int,
+    at: int,
+    origin: dict[str, Any],
+    arrival: str | None,
+) -> Event:
+    """A NaN/Inf that arrived here at ``step`` (``arrival``: this rank's arrival alert),
+    linked to the origin ``rank`` published (made at its step ``at``): named in that rank's
+    own words, never as an origin of this rank. Readers fold it into the arrival
+    (``torchscope.analysis.trace.fold_alerts``)."""
+    noun = "NaN" if what == "nan" else "Inf"
+    return Event(
+        kind=ALERT,
+        seq=seq,
+        step=step,
+        what=what,
+        where="arrival",
+        event_seq=None,
+        name=f"rank {rank}",
+        source=None,
+        message=f"{noun} arrived from rank {rank}: {origin['message']}",
+        arrival=arrival,
+        from_rank=rank,
+        linked_origin=origin.get("origin"),
+        origin_step=at,
+    )
+
+
 class RankChecks:
     def __init__(self, emit: Callable[[Event], None], next_seq: Callable[[], int]) -> None:
         self._emit = emit
@@ -52,8 +98,10 @@ class RankChecks:
         self._fp_params: tuple[list, list] | None = None  # (DDP roots, their parameters)
         self._endpoint_shared = False
         self.rank_records: list[str] | None = None  # every rank's session record (JSON)
-        # step -> (what, lookups left): NaN/Inf that arrived here through a collective
-        self._arrivals: dict[int, tuple[str, int]] = {}
+        # step -> (what, lookups left, arrival alert id, say it): NaN/Inf that arrived here
+        self._arrivals: dict[int, tuple[str, int, str | None, bool]] = {}
+        global _current
+        _current = self
 
     # -- endpoints ---------------------------------------------------------------------------
     def share_endpoint(self, record: dict[str, Any]) -> None:
@@ -90,43 +138,49 @@ class RankChecks:
     def on_alert(self, alert: Event) -> None:
         """An alert of this rank: an origin is published for the other ranks; a value that
         arrived through a collective is matched with theirs at the next step boundaries."""
+        if alert.get("where") == CONSEQUENCES:
+            return
         origins = self._rank_origins()
         if origins is None:
             return
         if alert.get("arrived"):
-            with self._lock:
-                self._arrivals.setdefault(alert["step"], (alert["what"], ORIGIN_LOOKUPS))
-        else:
-            origins.publish(alert["step"], alert["message"])
+            self.note_arrival(alert["step"], alert["what"], alert.get("arrival"))
+        elif alert.get("origin") is not None:
+            origins.publish(
+                alert["step"],
+                {"origin": alert["origin"], "what": alert["what"], "message": alert["message"]},
+            )
+
+    def note_arrival(
+        self, step: int, what: str, arrival: str | None = None, say: bool = False
+    ) -> None:
+        """NaN/Inf arrived here at ``step`` from another rank (``arrival``: the id of this
+        rank's arrival alert, which the link names; ``say``: the link also goes to stderr,
+        as the watch reports there): linked to that rank's origin at the next boundaries."""
+        with self._lock:
+            self._arrivals.setdefault(step, (what, ORIGIN_LOOKUPS, arrival, say))
 
     def match_arrivals(self) -> None:
         """At a step boundary: the origins other ranks have published for the steps where a
-        NaN/Inf arrived here, as one alert each (no waiting: asked again at later steps)."""
+        NaN/Inf arrived here, as one link alert each (no waiting: asked again at later steps;
+        the last time, an origin of an earlier step on that rank counts)."""
         if not self._arrivals:
             return
         origins = self._rank_origins()
         with self._lock:
             pending = dict(self._arrivals)
-        for step, (what, left) in pending.items():
-            found = origins.find(step) if origins is not None else []
+        for step, (what, left, arrival, say) in pending.items():
+            found = origins.find(step, earlier=left <= 1) if origins is not None else []
             with self._lock:
                 if found or left <= 1:
                     self._arrivals.pop(step, None)
                 else:
-                    self._arrivals[step] = (what, left - 1)
-            for rank, message in found:
-                noun = "NaN" if what == "nan" else "Inf"
-                self._emit(
-                    rank_alert(
-                        self._next_seq(),
-                        step,
-                        what,
-                        "rank",
-                        f"rank {rank}",
-                        f"the {noun} that arrived here at step {step} was made on rank {rank}: "
-                        f"{message}",
-                    )
-                )
+                    self._arrivals[step] = (what, left - 1, arrival, say)
+            for rank, at, origin in found[:1]:  # one origin per arrival: the lowest rank's
+                alert = link_alert(self._next_seq(), step, what, rank, at, origin, arrival)
+                self._emit(alert)
+                if say:
+                    say_line(f"{speaker()}: {alert['message']}")
 
     # -- DDP replicas --------------------------------------------------------------------------
     def check_replicas(self, step: int, roots: list[Any]) -> None:

@@ -25,6 +25,7 @@ not gated: a meeting that one rank never attends would hang the other.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -109,29 +110,59 @@ def pg_timeout_seconds() -> float | None:
 class RankOrigins:
     """Where a NaN/Inf was made, shared between ranks through the job's c10d store.
 
-    A rank that finds an origin writes it under the step; a rank where the value only
-    arrived (through a collective) looks for the others' origins of that step at its next
-    step boundaries, without waiting: the other rank may deliver its alert later.
+    A rank that finds an origin writes it under the step (its id, kind and words, as JSON:
+    the other ranks name it in the same words); a rank where the value only arrived (through
+    a collective) looks for the others' origins of that step at its next step boundaries,
+    without waiting: the other rank may deliver its alert later. An origin of an earlier step
+    counts too (a weight made NaN there, read by later collectives): each rank also keeps the
+    steps it published under one key, ``origin-steps/<rank>``.
     """
 
     def __init__(self, store: Any, rank: int, world: int) -> None:
         self.store, self.rank, self.world = store, rank, world
-        self._published: set[int] = set()
+        self._published: list[int] = []
 
-    def publish(self, step: int, message: str) -> None:
+    def publish(self, step: int, origin: dict[str, Any]) -> None:
+        """``origin``: the origin alert's ``origin`` id, ``what`` and ``message``."""
         if step in self._published:
             return  # the first origin of a step is the one that matters
-        self._published.add(step)
-        self.store.set(f"torchscope/origin/{step}/{self.rank}", message)
+        self._published.append(step)
+        self.store.set(f"torchscope/origin/{step}/{self.rank}", json.dumps(origin))
+        self.store.set(f"torchscope/origin-steps/{self.rank}", json.dumps(self._published))
 
-    def find(self, step: int) -> list[tuple[int, str]]:
-        """Origins other ranks published for ``step`` so far: (rank, message)."""
+    def find(self, step: int, earlier: bool = False) -> list[tuple[int, int, dict[str, Any]]]:
+        """Origins other ranks published for ``step`` so far: (rank, its step, origin); with
+        ``earlier``, a rank that has none for ``step`` gives its latest one before it."""
         out = []
         for r in range(self.world):
-            key = f"torchscope/origin/{step}/{r}"
-            if r != self.rank and self.store.check([key]):
-                out.append((r, self.store.get(key).decode(errors="replace")))
+            if r == self.rank:
+                continue
+            at = step
+            if not self.store.check([f"torchscope/origin/{step}/{r}"]):
+                if not earlier:
+                    continue
+                before = [s for s in self._steps_of(r) if s < step]
+                if not before:
+                    continue
+                at = max(before)
+            raw = self.store.get(f"torchscope/origin/{at}/{r}").decode(errors="replace")
+            try:
+                origin = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(origin, dict) and isinstance(origin.get("message"), str):
+                out.append((r, at, origin))
         return out
+
+    def _steps_of(self, rank: int) -> list[int]:
+        key = f"torchscope/origin-steps/{rank}"
+        if not self.store.check([key]):
+            return []
+        try:
+            steps = json.loads(self.store.get(key).decode(errors="replace"))
+        except ValueError:
+            return []
+        return [s for s in steps if type(s) is int] if isinstance(steps, list) else []
 
 
 class RankFingerprints:

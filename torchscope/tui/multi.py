@@ -26,6 +26,7 @@ from typing import Any
 
 from torchscope.analysis.align import keyed
 from torchscope.protocol.events import ATEN, GRAD, OP
+from torchscope.protocol.runtime import split_tcp
 from torchscope.tui.replay_stepping import ReplayBreakpoints
 from torchscope.tui.sources import EventSource, FileSource, LiveSource, SourceError, open_source
 from torchscope.tui.stepping import pause_key
@@ -47,6 +48,7 @@ __all__ = [
     "Lane",
     "check_files",
     "describe_key",
+    "dialable",
     "expand_targets",
     "find_key",
     "follows_job",
@@ -282,12 +284,41 @@ def _ranks_through_the_job(record: Any) -> list[Any] | None:
 
     try:
         with SessionClient() as client:
-            client.connect(record, timeout=2.0)
+            hello = client.connect(record, timeout=2.0)
             listed = client.request("ranks")["ranks"]
         ranks = [ep.SessionRecord.from_dict(r) for r in listed]
     except Exception:
         return None
+    reached = hello.get("rank")
+    for r in ranks:
+        if r.rank == reached and record.control:
+            # The rank asked: as this UI reached it (a name, an address, a tunnel), not as
+            # it bound itself (tcp://0.0.0.0:PORT).
+            r.control = record.control
+        else:
+            r.control = dialable(r.control, r.host)
+        if r.events is not None:
+            r.events = dialable(r.events, r.host)
     return sorted(ranks, key=lambda r: r.rank or 0) or None
+
+
+_ANY_HOSTS = frozenset({"0.0.0.0", "::", "*", ""})
+
+
+def dialable(endpoint: str, host: str) -> str:
+    """A rank's endpoint as another machine dials it: one bound on every interface
+    (``TORCHSCOPE_BIND=tcp://0.0.0.0:5555``, what a multi-node job binds) says
+    ``tcp://0.0.0.0:PORT``, which means nothing elsewhere; it becomes PORT on the host name
+    that rank's machine gave (the one the cluster resolves, through a SOCKS tunnel too)."""
+    if not endpoint.startswith("tcp://") or not host:
+        return endpoint
+    try:
+        bound, port = split_tcp(endpoint)
+    except Exception:
+        return endpoint
+    if bound not in _ANY_HOSTS or port is None:
+        return endpoint
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 def follows_job(targets: list[str] | None, sources: list[EventSource]) -> bool:

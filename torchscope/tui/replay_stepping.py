@@ -228,7 +228,8 @@ def _origin_alerts(alerts: Iterable[Event]) -> Iterator[Event]:
     traced ops): what a live ``nan``/``inf`` breakpoint stops at. Not the eager checks, nor
     the step-end counts of an origin's consequences."""
     for a in alerts:
-        if is_check(a) or a.get("where") == CONSEQUENCES:
+        # An arrival (another rank made the value: ``where: "arrival"``) is no origin here.
+        if is_check(a) or a.get("where") in (CONSEQUENCES, "arrival"):
             continue
         if type(a.get("event_seq")) is int and type(a.get("step")) is int:
             yield a

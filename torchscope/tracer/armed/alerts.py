@@ -16,6 +16,11 @@
   each step end an alert with ``where: "consequences"`` and the same id gives that origin's
   running count and its first few consequences (a file cannot rewrite the origin's event;
   readers fold the latest count into it: see ``torchscope.analysis.trace.fold_alerts``).
+- A value that arrives non-finite through a collective (finite before it on this rank; DDP's
+  averaged gradient of a parameter whose local gradient was finite) was made on another
+  rank: an *arrival* (``where: "arrival"``, an ``arrival`` id, no ``origin`` id), never an
+  origin of this rank and never a ``nan`` breakpoint's stop; the rank checks link it to the
+  origin that rank published (``rank_checks``). Its consequences here are counted under it.
 - With the aten level on, an origin op or node is named down to the aten call in it that made
   the value: the first of its calls whose outputs are not finite while the inputs it knows are.
 
@@ -134,6 +139,10 @@ class AlertDetector:
         # The origin this step's NaN/Inf are put down to: the step's first origin, or the one
         # its first consequence came from; else the latest origin of the run.
         self._step_blame: str | None = None
+        self._blame_step = -1  # the step _step_blame belongs to
+        # (origin id, step) of the last step that had one: what a parameter that enters
+        # non-finite right after it is put down to, when its own gradient looked finite.
+        self._prev_blame: tuple[str, int] | None = None
         self._last_origin: str | None = None
         # Parameter name -> (origin id, step) of its latest traced gradient that held NaN/Inf:
         # the optimizer writes that into the parameter, which the next step reads.
@@ -142,6 +151,8 @@ class AlertDetector:
     def check(self, event: Event) -> list[Event]:
         kind = event["kind"]
         if kind == STEP:
+            if self._step_blame is not None:
+                self._prev_blame = (self._step_blame, self._blame_step)
             self._tainted.clear()
             self._reported_inputs.clear()
             self.origins.clear()
@@ -162,7 +173,9 @@ class AlertDetector:
                 return []  # nearly every op: nothing bad on either side
             inputs = event.get("inputs") or []
             if event["name"] in SYNCED_GRADIENTS:
-                self._note_synced_gradients(event)  # the averaged gradients: what is applied
+                # The averaged gradients (what is applied): NaN/Inf there that this rank's own
+                # gradient of the parameter did not hold came from another rank.
+                return self._synced_gradients(event)
             if event["name"] in VIEW_OPS and inputs and inputs[0] and inputs[0].get("external"):
                 # A view of memory from outside the traced ops (data, or a buffer a library
                 # fills next, as FSDP's gathered parameters): nothing is computed here, so
@@ -238,7 +251,7 @@ class AlertDetector:
                 label = f"input {i} of {event['name']} (from outside the traced ops)"
                 out.append(self._alert(event, what, "input", label))
             elif param in self._reported_params:
-                self._blame(self._reported_params[param])
+                self._blame(self._reported_params[param], event["step"])
             elif not self._parameter_consequence(event, what, param):
                 alert = self._alert(event, what, "input", f"parameter {param}")
                 self._reported_params[param] = alert["origin"]
@@ -246,10 +259,10 @@ class AlertDetector:
         return out
 
     # -- consequences ------------------------------------------------------------------------
-    def _blame(self, origin: str | None) -> None:
+    def _blame(self, origin: str | None, step: int) -> None:
         """This step's NaN/Inf are put down to ``origin`` unless an earlier one was found."""
-        if self._step_blame is None:
-            self._step_blame = origin
+        if self._step_blame is None and origin is not None:
+            self._step_blame, self._blame_step = origin, step
 
     def _note_gradient(self, param: str, grads: list | None, step: int) -> None:
         """AccumulateGrad of ``param`` ran: whether the gradient the optimizer will apply
@@ -260,29 +273,49 @@ class AlertDetector:
         elif param in self._bad_grads and self._bad_grads[param][1] < step:
             del self._bad_grads[param]
 
-    def _note_synced_gradients(self, event: Event) -> None:
-        """DDP's (or FSDP's) gradients after the ranks averaged them: what is applied."""
-        for s in event.get("outputs") or []:
-            if s and s.get("param") is not None and _bad(s):
-                self._note_gradient(s["param"], [s], event["step"])
+    def _synced_gradients(self, event: Event) -> list[Event]:
+        """DDP's (or FSDP's) gradients after the ranks averaged them: what is applied. A
+        parameter whose local gradient of this step (its AccumulateGrad) already held NaN/Inf
+        is this rank's own doing, under the step's origin; one whose local gradient was finite
+        got it from another rank: one arrival for the op, which the others' origin links."""
+        step = event["step"]
+        bad = [
+            s for s in event.get("outputs") or [] if s and s.get("param") is not None and _bad(s)
+        ]
+        foreign = [s for s in bad if (self._bad_grads.get(s["param"]) or (None, -1))[1] != step]
+        alerts = []
+        if foreign:
+            alerts.append(self._alert(event, _worst(foreign) or "nan", "arrival", event["name"]))
+        for s in bad:
+            if s in foreign or s["param"] not in self._bad_grads:
+                self._note_gradient(s["param"], [s], step)
+        return alerts
 
     def _parameter_consequence(self, event: Event, what: str, param: str) -> bool:
         """A parameter that enters non-finite right after a traced step whose gradient of it
         was not finite: the optimizer wrote that gradient into it. Counted under the origin
         of the gradient, not an alert; False when it is not such a consequence."""
-        found = self._bad_grads.get(param)
-        if found is None or found[0] is None or event["step"] - found[1] > 1:
-            return False
-        origin, grad_step = found
-        tally = self._tallies[origin]
         noun = "NaN" if what == "nan" else "Inf"
+        found = self._bad_grads.get(param)
+        if found is not None and found[0] is not None and event["step"] - found[1] <= 1:
+            origin, grad_step = found
+            how = f"written by the optimizer from the {noun} gradient of step {grad_step}"
+        elif self._prev_blame is not None and event["step"] - self._prev_blame[1] <= 1:
+            # Its own gradient looked finite when recorded, but the step before had NaN/Inf:
+            # code after backward (clip_grad_norm_'s NaN total norm scaling every gradient)
+            # or the update spread it into this parameter.
+            origin, grad_step = self._prev_blame
+            how = f"written after the NaN/Inf of step {grad_step}"
+        else:
+            return False
+        tally = self._tallies[origin]
+        kind = "arrival" if tally.origin.get("arrival") else "origin"
         message = (
-            f"{noun} enters as parameter {param} \u2014 written by the optimizer from the "
-            f"{noun} gradient of step {grad_step} (consequence of the origin at step "
-            f"{tally.origin['step']})"
+            f"{noun} enters as parameter {param} \u2014 {how} (consequence of the {kind} at "
+            f"step {tally.origin['step']})"
         )
         self._reported_params[param] = origin
-        self._blame(origin)
+        self._blame(origin, event["step"])
         tally.add(event, f"parameter {param}", message)
         return True
 
@@ -303,7 +336,6 @@ class AlertDetector:
             step=hi,
             what=head["what"],
             where=CONSEQUENCES,
-            origin=head["origin"],
             event_seq=None,
             name=head["name"],
             module=head.get("module", ""),
@@ -312,23 +344,25 @@ class AlertDetector:
             consequence_steps=[lo, hi],
             first_consequences=list(tally.first),
             message=(
-                f"{n} consequence{'s' * (n != 1)} ({steps}) of the {noun} origin at step "
-                f"{head['step']}: {head['message']}"
+                f"{n} consequence{'s' * (n != 1)} ({steps}) of the {noun} {tally.key} at "
+                f"step {head['step']}: {head['message']}"
             ),
+            **{tally.key: tally.ident},
         )
 
     def _alert(
         self, event: Event, what: str, where: str, label: str, call: Event | None = None
     ) -> Event:
-        self.origins.setdefault(event["seq"], what)
         source = event.get("source")
         at = f" at {source}" if source else ""
         noun = "NaN" if what == "nan" else "Inf"
         verb = "enters as" if where == "input" else "first appears in"
-        arrived = label.startswith("torch.distributed.")
-        if arrived:
-            # Finite here, not after the collective: it came from another rank.
-            verb, label = "arrives through", f"{label} from another rank"
+        # Finite here before a collective, not after it: made on another rank. Not an origin
+        # (no ``origin`` id, no ``nan`` breakpoint stop): an arrival, linked to that rank's
+        # origin by the rank checks.
+        arrived = where == "arrival" or label.startswith("torch.distributed.")
+        if not arrived:
+            self.origins.setdefault(event["seq"], what)
         named = label
         if call is not None:  # "aten.mm.default inside AddmmBackward0 (node 57, created by ...)"
             named = f"{call['name']} inside {label}"
@@ -337,29 +371,36 @@ class AlertDetector:
                 by = f", created by {made_by}" if made_by else ""
                 named += f" (node {event.get('node_id')}{by})"
         seq = self.next_seq()
-        origin = f"{self._rank}:{seq}"
+        ident = f"{self._rank}:{seq}"
+        if arrived:
+            where, label = "arrival", f"{label} from another rank"
+            message = f"{noun} arrives through {label}{at}"
+        else:
+            message = f"{noun} {verb} {named} ({where}){at}"
         alert = Event(
             kind=ALERT,
             seq=seq,
             step=event["step"],
             what=what,
             where=where,
-            origin=origin,
             event_seq=event["seq"],
             name=label,
             module=event.get("module", ""),
             source=source,
             node_id=event.get("node_id"),
             param=event.get("param"),
-            message=f"{noun} {verb} {named} ({where}){at}",
+            message=message,
         )
+        if arrived:
+            alert["arrival"] = ident
+            alert["arrived"] = True
+        else:
+            alert["origin"] = ident
         if call is not None:
             alert["aten"], alert["aten_seq"] = call["name"], call["seq"]
-        if arrived:
-            alert["arrived"] = True
-        self._tallies[origin] = _Tally(alert)
-        self._last_origin = origin
-        self._blame(origin)
+        self._tallies[ident] = _Tally(alert)
+        self._last_origin = ident
+        self._blame(ident, event["step"])
         if self.on_alert is not None:
             with contextlib.suppress(Exception):  # sharing never costs the alert itself
                 self.on_alert(alert)
@@ -367,10 +408,13 @@ class AlertDetector:
 
 
 class _Tally:
-    """The consequences found so far of one origin."""
+    """The consequences found so far of one origin (or arrival)."""
 
     def __init__(self, origin: Event) -> None:
         self.origin = origin
+        # "origin", or "arrival" for a value another rank made: the field naming it
+        self.key = "arrival" if origin.get("arrival") else "origin"
+        self.ident: str = origin[self.key]
         self.count = 0
         self.steps: list[int] = []  # [first, last] step with a consequence
         self.first: list[dict[str, Any]] = []  # the first few, in words
@@ -386,7 +430,7 @@ class _Tally:
                     "step": step,
                     "event_seq": event["seq"],
                     "name": name,
-                    "origin": self.origin["origin"],
+                    self.key: self.ident,
                     "message": message,
                 }
             )

@@ -89,6 +89,22 @@ UNINITIALIZED_OPS = frozenset(
 )
 
 
+# In-place writes that make masks: an Inf they write is meant (attention's -inf).
+_MASK_WRITES = frozenset({"Tensor.masked_fill_", "Tensor.fill_diagonal_"})
+
+
+def writes_a_value(name: str) -> bool:
+    """The user's code writes into a tensor it holds (``x[0] = inf``, ``x.fill_(inf)``,
+    ``x += inf``): an Inf written so is a value like any other, and where it first appears
+    is an origin (a batch or a weight corrupted by the loop's own code), unlike an Inf an
+    op makes from an infinite argument on purpose (``masked_fill(mask, -inf)``)."""
+    return (
+        writes_inputs(name, {})
+        and name not in _MASK_WRITES
+        and not name.startswith("torch.nn.init.")
+    )
+
+
 class ForwardRecorder(Recorder):
     """One op event per traced call, with the autograd nodes the call created tagged."""
 
@@ -186,7 +202,7 @@ class ForwardRecorder(Recorder):
             duration_us=(t1 - t0) / 1000,
             thread=THIS_THREAD.name,
         )
-        if has_inf_scalar(args, kwargs):
+        if has_inf_scalar(args, kwargs) and not writes_a_value(name):
             event["inf_arg"] = True  # an Inf it makes is on purpose (masked_fill(m, -inf))
         extra = extra or self.tag
         if extra:

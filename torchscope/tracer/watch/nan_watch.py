@@ -650,6 +650,11 @@ class NanWatch:
                     "this rank's replay is finite: under DDP the NaN/Inf most likely came from "
                     "another rank through the gradient all-reduce (see that rank's report)"
                 )
+                from torchscope.tracer.rank_checks import note_watch_arrival
+
+                # Linked to the origin the other rank publishes, as full tracing links it;
+                # tracing the next steps here would only see it arrive again.
+                det["arrived"] = note_watch_arrival(step, what)
             unplaced = det["outside_modules"] or not det["reproduced"]
             if self.keep_graph == "auto" and not self.keeping and unplaced:
                 self.keeping = True
@@ -660,7 +665,8 @@ class NanWatch:
             self.report(det["message"])
         except Exception as exc:
             self._error("reporting", exc)
-        if det["reproduced"] is False and not det["placed"] and self.on_unreproduced is not None:
+        unexplained = det["reproduced"] is False and not det["placed"] and not det.get("arrived")
+        if unexplained and self.on_unreproduced is not None:
             try:
                 self.on_unreproduced(det)
             except Exception as exc:
@@ -934,6 +940,12 @@ def describe(det: dict[str, Any], rank: int | None = None) -> str:
             + ("; ".join(det.get("notes") or []) or "the step's graph was not kept")
         )
     where = "the loss" if det.get("in_loss") and not det.get("bad_params") else "the gradients"
+    if det.get("arrived"):
+        return (
+            f"{who}: {noun} in {where} at step {step}, but the replay did not reproduce it: "
+            "this rank's replay is finite, so it came from another rank through the gradient "
+            "all-reduce; linked to that rank's origin when it names it"
+        )
     reasons = "; ".join(det.get("notes") or []) or "no replayed op or node made it"
     return (
         f"{who}: {noun} in {where} at step {step}, but the replay did not reproduce it "

@@ -23,12 +23,18 @@ def alert_label(alert: Event, cwd: str | None = None) -> str:
         mark = "✓" if check_passed(alert) else "≠"
         return f"{alert.get('step', '-')!s:>4} {mark} check {where} {name}: {check_text(alert)}"
     what = str(alert.get("what", "?")).upper().replace("NAN", "NaN").replace("INF", "Inf")
-    where = {"forward": "fwd", "backward": "bwd", "input": "in"}.get(
+    where = {"forward": "fwd", "backward": "bwd", "input": "in", "arrival": "arr"}.get(
         str(alert.get("where")), str(alert.get("where", "?"))[:3]
     )
     name = short_name(str(alert.get("name", "?")))
     src = short_source(alert.get("source"), cwd)
     return f"{alert.get('step', '-')!s:>4} {what:<3} {where} {name}" + (f"  {src}" if src else "")
+
+
+def is_arrival(alert: Event) -> bool:
+    """A NaN/Inf that another rank made and a collective brought here (linked, once that
+    rank named it, to its origin): listed, but not counted as an origin of this rank."""
+    return alert.get("where") == "arrival" or alert.get("from_rank") is not None
 
 
 def is_knock_on(alert: Event) -> bool:
@@ -130,12 +136,18 @@ class AlertList(OptionList):
             self.highlighted = 0
         nan = [g for g in groups if not is_check(g[0])]
         checks = len(groups) - len(nan)
+        arrived = sum(is_arrival(g[0]) for g in nan)
+        own = len(nan) - arrived
         total = sum(1 + knock_on_count(*g) for g in nan)
         parts = []
-        if total == len(nan) and total:
+        if total == len(nan) and total and not arrived:
             parts.append(str(total))
         elif total:
-            parts.append(f"{len(nan)} origin{'s' * (len(nan) != 1)} · {total}")
+            # Another rank's origin is counted there: here it is an arrival.
+            heads = [f"{own} origin{'s' * (own != 1)}"] if own else []
+            if arrived:
+                heads.append(f"{arrived} arrival{'s' * (arrived != 1)}")
+            parts.append(f"{', '.join(heads)} · {total}")
         if checks:
             parts.append(f"{checks} check{'s' * (checks != 1)}")
         self.border_subtitle = " · ".join(parts)
