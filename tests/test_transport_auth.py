@@ -122,8 +122,10 @@ def test_without_the_session_keys_nothing_gets_through(
         closing.append(stranger)
         t0 = time.monotonic()
         with pytest.raises(SessionUnreachable, match="no torchscope session of yours") as err:
-            stranger.connect(control, timeout=0.5)
-        assert "\n" not in str(err.value) and time.monotonic() - t0 < 1.0
+            stranger.connect(control, timeout=20)
+        # said at once (no keys to try), not after waiting out the timeout: a loaded machine
+        # may take a second or two, never twenty
+        assert "\n" not in str(err.value) and time.monotonic() - t0 < 20
         with pytest.raises(SessionUnreachable):
             stranger.connect(events, timeout=0.5)
         # And it cannot simply force its way in without CURVE.
