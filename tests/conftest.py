@@ -4,7 +4,10 @@ must keep running, and proving things, without it."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +80,29 @@ def _tracer_isolation(request: pytest.FixtureRequest):
     if len(optim_mod._global_optimizer_pre_hooks) != opt_pre_hooks:
         problems.append("optimizer step pre-hooks left behind")
     assert not problems, "; ".join(problems)
+
+
+@pytest.fixture(scope="session")
+def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/seed_grads.py recorded, run from the repository (its source lines resolve)."""
+    pytest.importorskip("torch")
+    path = tmp_path_factory.mktemp("seed") / "seed.tsc"
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchscope",
+            "run",
+            "--quiet",
+            "--record",
+            str(path),
+            "examples/seed_grads.py",
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return path

@@ -7,11 +7,7 @@ example shows where both its gradients go without scrolling."""
 from __future__ import annotations
 
 import math
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from textual.geometry import Region
@@ -21,10 +17,8 @@ from torchscope.tui.app import TorchscopeApp
 from torchscope.tui.sources import FileSource, ScriptedSource
 from torchscope.tui.synthetic import make_trace
 
-ROOT = Path(__file__).resolve().parents[1]
 SIZES = [(80, 24), (120, 40)]
 KEYS = {"min", "max", "mean", "std", "norm", "value", "NaN", "Inf"}
-EXAMPLE = "examples/seed_grads.py"
 GUTTER = re.compile(r"^(?:▶| ) +\d+ │")
 
 
@@ -98,23 +92,6 @@ def small_tensors_trace() -> list:
     op["outputs"] = [out]
     op["inputs"] = [first, second, *op["inputs"][2:]]
     return trace
-
-
-@pytest.fixture(scope="module")
-def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """examples/seed_grads.py recorded, run from the repository (its source lines resolve)."""
-    pytest.importorskip("torch")
-    path = tmp_path_factory.mktemp("seed") / "seed.tsc"
-    res = subprocess.run(
-        [sys.executable, "-m", "torchscope", "run", "--quiet", "--record", str(path), EXAMPLE],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    return path
 
 
 @pytest.mark.parametrize("size", SIZES)

@@ -7,10 +7,6 @@ module tree with each module's gradient norm (heat bar) and its sparkline over t
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from tui_pilot import SIZE, sync, until
@@ -24,9 +20,7 @@ from torchscope.tui.store import EventStore
 from torchscope.tui.synthetic import make_trace
 from torchscope.tui.widgets import graph_tree
 
-ROOT = Path(__file__).resolve().parents[1]
 TRACE = make_trace(3, 3, nan_step=1)
-EXAMPLE = "examples/seed_grads.py"
 
 
 def replay(trace=TRACE) -> ScriptedSource:
@@ -144,23 +138,6 @@ async def test_a_large_graph_opens_with_its_branches_closed():
         graph.move_cursor(closed[0])
         await pilot.press("right")
         assert closed[0].is_expanded and closed[0].children
-
-
-@pytest.fixture(scope="module")
-def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """examples/seed_grads.py recorded."""
-    pytest.importorskip("torch")
-    path = tmp_path_factory.mktemp("seed") / "seed.tsc"
-    res = subprocess.run(
-        [sys.executable, "-m", "torchscope", "run", "--quiet", "--record", str(path), EXAMPLE],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    return path
 
 
 @sync

@@ -471,15 +471,7 @@ class MainScreen(Navigation, PauseMarks, SteppingKeys, ValuesActions, Screen[Non
         data = store.data(step)
         message = ""
         if data is None:
-            info = store.steps[step]
-            source = self.tapp.source
-            if info.state in (ON_DISK, LOADING) or (
-                info.state == EVICTED and source.can_reload and info.state != LOADING
-            ):
-                if info.state != LOADING:
-                    store.mark_loading(step)
-                    source.request_step(step)
-                    self.steps.refresh_rows()
+            if self.request_step(step):
                 message = f"loading step {step}…"
             else:
                 message = (
@@ -500,6 +492,22 @@ class MainScreen(Navigation, PauseMarks, SteppingKeys, ValuesActions, Screen[Non
         self.refresh_title()
         self._update_progress()
         self.refresh_status()
+
+    def request_step(self, step: int) -> bool:
+        """Ask the source for a step that is not in memory (a step already loading is not
+        asked again). False when it cannot come back: evicted from a live job's stream."""
+        store, source = self.store, self.tapp.source
+        info = store.info(step)
+        if info is None:
+            return False
+        if info.state == LOADING:
+            return True
+        if info.state == ON_DISK or (info.state == EVICTED and source.can_reload):
+            store.mark_loading(step)
+            source.request_step(step)
+            self.steps.refresh_rows()
+            return True
+        return False
 
     def action_prev_step(self) -> None:
         self._step_by(-1)

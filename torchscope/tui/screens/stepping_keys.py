@@ -17,7 +17,6 @@ from torchscope.tui.stepping import (
     spec_text,
 )
 from torchscope.tui.store import (
-    LOADING,
     Changes,
 )
 
@@ -86,12 +85,8 @@ class SteppingKeys:
         if isinstance(answer, NeedStep):
             # Load that step, then make the same move again (apply_changes, when it arrives).
             self._replay_wait = (key, answer.step)
-            store, source = self.store, self.tapp.source
-            info = store.info(answer.step)
-            if info is not None and info.state != LOADING:
-                store.mark_loading(answer.step)
-                source.request_step(answer.step)
-            store.pin({s for s in (self.current_step, answer.step) if s is not None})
+            self.request_step(answer.step)
+            self.store.pin({s for s in (self.current_step, answer.step) if s is not None})
             self.status_bar.note(f"looking in step {answer.step}…")
         elif isinstance(answer, Stay):
             self._replay_wait = None
