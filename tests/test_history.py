@@ -277,6 +277,78 @@ def test_the_history_command_answers_all_since_and_latest():
     unpack(pack(everything))  # plain data
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["host", "device-batches"])
+def test_a_recording_holds_every_point_once_even_with_no_ui_and_no_ticks(
+    tmp_path, monkeypatch, batched
+):
+    """live=False: no publisher, no ticks; the file alone reads the history (from step 0,
+    before and after its traced window), through the armed tracer and around it; values read
+    as an accelerator's are (in batches, a batch late) arrive all the same."""
+    from torchscope.protocol.tracefile import TraceReader
+
+    if batched:
+        monkeypatch.setattr(HistoryCollector, "host_devices", ())
+    path = tmp_path / "w.tsc"
+    a, _ = agent(record=str(path), steps="10-12")
+    try:
+        losses = train(40)
+    finally:
+        a.stop()
+    assert losses == train(40)
+    with TraceReader(path) as reader:
+        events = list(reader.iter_events())
+    history = [e for e in events if e["kind"] == HISTORY]
+    points = [p for e in history for p in e["points"]]
+    assert [p["step"] for p in points] == list(range(40))
+    assert [p["loss"] for p in points] == losses
+    assert [p["step"] for p in points if p.get("traced")] == traced_steps(events) == [10, 11, 12]
+    assert all(e["step"] is None and len(e["points"]) <= a.history.batch for e in history)
+
+
+def test_a_dormant_recording_keeps_no_history_in_the_snapshot_ring(tmp_path):
+    """Dormant with no UI reading, the history goes to the file only: the publisher's ring
+    (snapshots) would hold thousands of copies over a long run; a UI asks for the history
+    when it attaches, and gets it whole."""
+    pytest.importorskip("zmq")
+    from torchscope.protocol.client import SessionClient
+    from torchscope.protocol.tracefile import TraceReader
+
+    path = tmp_path / "d.tsc"
+    a = Agent(ServeOptions(record=str(path), steps="3-4", quiet=True)).start()
+    try:
+        losses = train(80)
+        with SessionClient() as ui:
+            ui.connect(a.publisher.record.control, timeout=10)
+            snap = ui.snapshot()
+            reply = ui.request("history", timeout=10)
+    finally:
+        a.stop()
+    assert not [e for e in snap["events"] if e["kind"] == HISTORY]
+    assert [p["loss"] for p in reply["points"]] == losses
+    with TraceReader(path) as reader:
+        history = [e for e in reader.iter_events() if e["kind"] == HISTORY]
+    assert [p["loss"] for e in history for p in e["points"]] == losses
+
+
+def test_history_off_keeps_nothing_and_refuses_conditions(tmp_path):
+    from torchscope.protocol.tracefile import TraceReader
+
+    path = tmp_path / "off.tsc"
+    a, _ = agent(record=str(path), history=False)
+    try:
+        train(10)
+        with pytest.raises(ValueError, match="does not keep"):
+            a._cmd_arm({"when": "loss>1"}, b"ui")
+        reply = a._cmd_history({"since": None, "max_points": None}, b"ui")
+    finally:
+        a.stop()
+    with TraceReader(path) as reader:
+        events = list(reader.iter_events())
+    assert len(a.history.history) == 0 and reply["points"] == [] and reply["latest"] is None
+    assert not [e for e in events if e["kind"] == HISTORY]
+    assert traced_steps(events) == list(range(10))  # the recording itself is unchanged
+
+
 # -- holds that wait -------------------------------------------------------------------------
 def test_arm_at_a_future_step_holds_from_that_step():
     a, events = agent()

@@ -100,6 +100,7 @@ def serve(
     quiet: bool = False,
     watch: str | None = None,
     on_nan: str = "continue",
+    history: bool = True,
 ) -> Agent:
     """Make this job attachable: ``torchscope tui PID`` or ``torchscope record PID`` can arm it.
 
@@ -115,6 +116,14 @@ def serve(
     replays a bad step traced to name its origin; ``on_nan`` is then ``"continue"``,
     ``"pause"`` or ``"stop"`` (raises ``torchscope.tracer.watch.WatchStop`` from
     ``optimizer.step()``, before the update).
+
+    ``history`` (on by default) keeps the run's history: every step's loss (the root of the
+    step's top-level ``backward()``), traced or not, and with ``watch`` the global and
+    per-module gradient norms, in bounded memory and with no host sync per step. A UI that
+    attaches late shows the whole run (its step list, the ``H`` plot), ``torchscope history
+    PID`` prints it, ``arm`` conditions (``when="loss>X"``) test it, and a ``record`` file
+    carries it as ``history`` events (``torchscope dump FILE --kind history``).
+    ``history=False`` keeps none of it: no loss is read at all.
     """
     import atexit
 
@@ -148,6 +157,7 @@ def serve(
         quiet=quiet,
         watch=watch,
         on_nan=on_nan,
+        history=bool(history),
     )
     agent = start_agent(options)
     atexit.register(agent.stop)

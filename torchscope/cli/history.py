@@ -162,7 +162,8 @@ def _csv(points: list[dict[str, Any]], buckets: list[dict[str, Any]]) -> Iterato
 
 def history_event_text(ev: dict[str, Any]) -> str:
     """One ``dump`` line for a ``history`` event."""
-    head = f"{ev.get('seq', '?'):>7} {ev.get('step', '-')!s:>5} "
+    step = ev.get("step")
+    head = f"{ev.get('seq', '?'):>7} {'-' if step is None else step!s:>5} "
     points = [p for p in ev.get("points") or () if isinstance(p, dict)]
     buckets = [b for b in ev.get("buckets") or () if isinstance(b, dict)]
     parts = []

@@ -212,7 +212,9 @@ class _RunHistoryEvents:
             self.note_points(points)
         if not points and not buckets:
             return []
-        event = Event(kind=HISTORY, seq=reply.get("seq", 0), step=reply.get("step"), points=points)
+        # no step: a history event is not one of a step's events (a step number would make the
+        # replay's step list show an empty traced step)
+        event = Event(kind=HISTORY, seq=reply.get("seq", 0), step=None, points=points)
         if buckets:
             event["buckets"] = buckets
         return [event]

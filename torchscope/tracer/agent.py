@@ -11,7 +11,8 @@ nothing: no mode on the stack, no module or node hooks, no events. It keeps
   job hits in its next traced step);
 - the run's history (:mod:`~torchscope.tracer.history`): every step's loss, and with the watch
   its gradient norms, traced or not, for a UI that attaches late (the ``history`` command,
-  live ``history`` events while someone reads the stream, ``arm`` ``when=`` conditions).
+  live ``history`` events while someone reads the stream and into the trace file, ``arm``
+  ``when=`` conditions).
 
 Tracing is *held* (see :mod:`~torchscope.tracer.holders`). At every step boundary, on the
 training thread, the agent arms (starts a :class:`~torchscope.tracer.armed.session.Tracer`)
@@ -182,6 +183,8 @@ class Agent:
         if opts.record is not None:
             outputs.open_file(opts.record, session, lambda text: self._say(text, force=True))
             outputs.writer.write([session])
+            # The file reads every point of the run's history, from step 0, traced or not.
+            self.history.sending = True
         if opts.live:
             self._start_publisher(session)
         self.clock.install()
@@ -374,7 +377,6 @@ class Agent:
             self._history_listening.remove()
             self._history_listening = None
         self.history.finish()
-        self._send_history(every=0.0)
         self.ranks.last_word()
         if self._watch_listening is not None:
             self._watch_listening.remove()
@@ -382,6 +384,10 @@ class Agent:
         try:
             self._disarm(ended=True)
             self.clock.remove()
+            # The last points after the armed period's last events, straight to the file and
+            # the UIs (through the tracer they would make the step after the loop's last
+            # update a traced step).
+            self._send_history(every=0.0)
         finally:
             self.outputs.close()
             if _agent is self:
@@ -428,6 +434,10 @@ class Agent:
                 roots = self.tracer.modules.ddp_roots()
                 ranks.check_replicas(step, [m for m in roots if not is_fsdp2(m)])
         try:
+            # Before the new step opens: sent through an armed tracer after it opened, the
+            # event would be the new step's first and make it a traced step of its own (the
+            # code after the loop's last update, a step nothing else of which is traced).
+            self._send_history()
             hold = self.holders.at_boundary(step)
             # Ranks armed by UIs meet in the periods they agree on (tracer/ranks.py).
             scope = self._agreed_period(step, hold.by_ui and not hold.gated)
@@ -451,7 +461,6 @@ class Agent:
                 self.tracer.gate(hold.gated, scope or "")
                 self.tracer.set_eager_check(self.options.eager_check or hold.eager_check)
             self.history.traced(self.tracer is not None)
-            self._send_history()
         except Exception as exc:  # never into the job
             self._say(f"internal error at a step boundary: {type(exc).__name__}: {exc}")
 
@@ -478,17 +487,33 @@ class Agent:
             self._say(f"internal error testing a condition: {type(exc).__name__}: {exc}")
 
     def _send_history(self, every: float = 1.0) -> None:
-        """New points as a live ``history`` event, in batches, while someone reads."""
+        """New points as a live ``history`` event, in batches, while someone reads (a UI, a
+        recording)."""
         points = self.history.take_unsent(every=every)
-        if points:
-            self.emit(
-                Event(
-                    kind=HISTORY,
-                    seq=self.next_seq(),
-                    step=self.clock.step,
-                    points=[p.to_wire() for p in points],
-                )
-            )
+        if not points:
+            return
+        event = Event(
+            kind=HISTORY,
+            seq=self.next_seq(),
+            # No step: the event belongs to no step (its points say which steps it covers).
+            # A step would widen the file chunk's step range in the index, and a replay would
+            # list a dormant step as a recorded one.
+            step=None,
+            points=[p.to_wire() for p in points],
+        )
+        tracer = self.tracer
+        if tracer is not None and tracer.pipeline is not None:
+            tracer.emit(event)  # in order after the step's events in flight
+            return
+        # Dormant, recording: the publisher would keep the event in its snapshot ring while
+        # no UI reads (a long dormant run: thousands of them, module norms and all), and a UI
+        # asks the agent for the whole history when it attaches anyway.
+        publisher = self.publisher
+        for sink in self.sinks:
+            if sink is publisher and not publisher.subscribed:
+                continue
+            with contextlib.suppress(Exception):
+                sink([event])
 
     def steps_seen(self) -> tuple[int, int]:
         """(steps that ran, of them traced), once the job ended: every step that ended, and
@@ -626,8 +651,17 @@ class Agent:
         self._expire_leases()
         history = self.history
         history.flush_soon = True
+        history.sending = self._history_read()
+
+    def _history_read(self) -> bool:
+        """Whether live ``history`` events have a reader: a recording (``--record``,
+        ``serve(record=...)``: the file carries every step's point, the steps before its
+        traced ones too) or a UI subscribed to the stream."""
+        writer = self.writer
+        if writer is not None and writer.stopped is None:
+            return True
         publisher = self.publisher
-        history.sending = publisher is not None and publisher.subscribed
+        return publisher is not None and publisher.subscribed
 
     def _cmd_history(self, args: dict[str, Any], client: bytes) -> dict[str, Any]:
         """The run's history (``RunHistory.to_wire()``: ``points``, ``buckets``), or the points
@@ -651,6 +685,12 @@ class Agent:
                 condition = parse_condition(when)
             except ValueError as exc:
                 raise ValueError(f"when: {exc}") from None
+            if not self.options.history:
+                # Conditions are tested on the history's points: none would ever come.
+                raise ValueError(
+                    f"when: {when!r} is tested on the run's history, which this job does "
+                    "not keep (served with history=False)"
+                )
             if condition.metric == "gradnorm" and self.watch is None and not self._watch_request:
                 raise ValueError(
                     f"when: {when!r} needs the gradient norm, which only the watch "

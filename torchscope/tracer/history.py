@@ -98,7 +98,7 @@ class HistoryCollector:
         self._last_sent = time.monotonic()
         self.flush_soon = False  # a UI asked, or a heartbeat passed: copy what is waiting
         self.eager = False  # a condition waits on the values: copy every step
-        self.sending = False  # someone reads the live stream: keep points for events
+        self.sending = False  # a UI reads the stream or a file records: keep points for events
         self._error = ReportOnce("the run's history", "the job continues")
 
     # -- backward() (backward_calls listener, training thread) --------------------------------

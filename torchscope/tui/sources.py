@@ -10,7 +10,9 @@ source's thread sends them and posts each reply, or the one-line refusal, to the
 
 - :class:`FileSource` replays a trace file. It never loads the whole file: the step list comes
   from the chunk index, a step's events are decoded when it is shown, and a background pass
-  fills in per-step counts and alerts chunk by chunk.
+  fills in per-step counts and alerts chunk by chunk, and hands over the run's history (its
+  ``history`` events) as it finds it, so the step list and the plot show every step's loss
+  before any step is loaded.
 - :class:`LiveSource` follows a running job through ``torchscope.protocol.client.SessionClient``.
 - :class:`ScriptedSource` feeds a list of events (optionally at a given rate), for tests.
 
@@ -31,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from torchscope.protocol.events import DORMANT, SESSION, Event
+from torchscope.protocol.events import DORMANT, HISTORY, SESSION, Event
 from torchscope.protocol.tracefile import TraceFileError, TraceReader
 from torchscope.tui import countpass
 from torchscope.tui.stepping import REPLAY_REFUSAL
@@ -234,7 +236,7 @@ class FileSource(EventSource):
         if self.count_pass == "process" and chunks and not self._start_counter(inbox):
             self.count_pass = "thread"  # no child process here: count on this thread
         if self.count_pass == "thread":
-            in_thread = countpass.passes(reader, each_chunk=True)
+            in_thread = count_passes(reader, each_chunk=True)
         while not stop.is_set():
             requests = self._take_requests()
             for step in requests:
@@ -250,7 +252,7 @@ class FileSource(EventSource):
                     in_thread = None
                     continue
                 if record is not None:
-                    _post_counts(inbox, record)
+                    _post_record(inbox, record)
                 if self.pass_pause:
                     stop.wait(self.pass_pause)  # leave the UI thread room
                 continue
@@ -270,7 +272,7 @@ class FileSource(EventSource):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "torchscope.tui.countpass", self.path],
+                [sys.executable, "-c", _COUNT_CHILD, self.path],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
@@ -288,7 +290,7 @@ class FileSource(EventSource):
                         inbox.put("error", f"counting steps: {record['error']}")
                         inbox.put("progress_done")
                         return
-                    _post_counts(inbox, record)
+                    _post_record(inbox, record)
             except Exception as exc:  # a broken pipe or record: counts stay partial
                 inbox.put("error", f"counting steps: {exc}")
                 inbox.put("progress_done")
@@ -386,6 +388,10 @@ class FileSource(EventSource):
                     events.append(e)
                 else:
                     others.add(s)
+                    if e.get("kind") == HISTORY:
+                        # The run's points, whatever step (or none) the event names: with
+                        # no count pass, the chunks loaded are the only ones decoded.
+                        events.append(e)
         return events, others
 
     @staticmethod
@@ -409,6 +415,91 @@ class FileSource(EventSource):
         """All events of one step, read directly (tests and tools; not used by the UI)."""
         with TraceReader(self.path) as reader:
             return list(reader.iter_events(step=step))
+
+
+# -- the count pass, with the run's history ---------------------------------------------------
+# The child runs this module's count_main rather than countpass's: the same records, and the
+# file's ``history`` events, which only a decoded chunk shows (the index says nothing of them).
+_COUNT_CHILD = (
+    "import sys; from torchscope.tui.sources import count_main; sys.exit(count_main(sys.argv[1:]))"
+)
+
+
+class _HistoryTap:
+    """The reader the count pass decodes through: it keeps the ``history`` events of the
+    chunks decoded, to go out with the next record (a few per chunk at most: the agent sends
+    one per batch of steps or per second)."""
+
+    def __init__(self, reader: TraceReader) -> None:
+        self._reader = reader
+        self.chunks = reader.chunks
+        self._found: list[dict[str, Any]] = []
+
+    def read_chunk(self, i: int) -> list[Event]:
+        events = self._reader.read_chunk(i)
+        self._found.extend(dict(e) for e in events if e.get("kind") == HISTORY)
+        return events
+
+    def take(self, record: dict[str, Any]) -> None:
+        """Move the events found into ``record["history"]``; they leave its counts: a step
+        (or the stepless -1) that only a ``history`` event names is no recorded step."""
+        found, self._found = self._found, []
+        record["history"] = found
+        counts = record.get("counts")
+        if not found or not isinstance(counts, dict):
+            return
+        for event in found:
+            c = counts.get(_step_of(event))
+            if isinstance(c, list) and len(c) > 4:
+                c[4] -= 1  # the "events" count (see countpass)
+        for step in [s for s, c in counts.items() if isinstance(c, list) and not any(c)]:
+            del counts[step]
+
+
+def count_passes(
+    reader: TraceReader, *, each_chunk: bool = False
+) -> Iterator[dict[str, Any] | None]:
+    """:func:`countpass.passes`, each record with ``history``: the ``history`` events of the
+    chunks decoded since the previous record, in file order."""
+    tap = _HistoryTap(reader)
+    for record in countpass.passes(tap, each_chunk=each_chunk):  # type: ignore[arg-type]
+        if record is not None:
+            tap.take(record)
+        yield record
+
+
+def count_main(argv: list[str]) -> int:
+    """The counting child (``FileSource``'s ``"process"`` pass): countpass's records on
+    stdout, each ``history`` event in a record of its own ahead of its counts (one event is
+    within the codec's limit; the first of a ``record PID`` file holds the whole run so far)."""
+    out = sys.stdout.buffer
+    if len(argv) != 1:
+        countpass.write_record(out, {"error": "usage: count_main FILE"})
+        return 2
+    try:
+        with TraceReader(argv[0]) as reader:
+            for record in count_passes(reader):
+                if record is None:
+                    continue
+                for event in record.pop("history"):
+                    countpass.write_record(out, {"history": [event]})
+                countpass.write_record(out, record)
+    except BrokenPipeError:  # the UI went away
+        return 0
+    except (TraceFileError, OSError) as exc:
+        countpass.write_record(out, {"error": str(exc)})
+        return 2
+    return 0
+
+
+def _post_record(inbox: Inbox, record: dict[str, Any]) -> None:
+    """A count pass record: its ``history`` events as the store's ``("history", wire)`` items
+    (the step list and the plot show them at once), then its counts, if it has any."""
+    for event in record.get("history") or ():
+        if isinstance(event, dict):
+            inbox.put(HISTORY, event)
+    if "done" in record:
+        _post_counts(inbox, record)
 
 
 def _post_counts(inbox: Inbox, record: dict[str, Any]) -> None:
