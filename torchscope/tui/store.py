@@ -378,7 +378,7 @@ class StepData:
         self.alert_seqs: set[int] = set()
         self.version = 0  # bumped on every change
         self.reorders = 0  # bumped when a row was inserted before the end of ``rows``
-        self._hay: list[tuple[str, ...]] = []  # filter fields per row, built on the first filter
+        self._hay: list[str] = []  # filter fields per row (lines), built on the first filter
         self._hay_reorders = 0
 
     def __len__(self) -> int:
@@ -416,16 +416,17 @@ class StepData:
         )
         return tuple(f for f in fields if f)
 
-    def haystacks(self) -> list[tuple[str, ...]]:
-        """``haystack`` of every row, in row order; kept once built (a filter typed key by
-        key over 100k rows then costs one regex search per row, nothing else)."""
+    def haystacks(self) -> list[str]:
+        """``haystack`` of every row as lines (one field a line: what ``FieldPattern`` searches
+        in one go), in row order; kept once built (a filter typed key by key over 100k rows
+        then costs one regex search per row, nothing else)."""
         hay = self._hay
         if self._hay_reorders != self.reorders or len(hay) > len(self.rows):
             hay.clear()
             self._hay_reorders = self.reorders
         if len(hay) < len(self.rows):
-            f = self.haystack
-            hay.extend(f(t) for t in self.rows[len(hay) :])
+            f, join = self.haystack, "\n".join
+            hay.extend(join(f(t)) for t in self.rows[len(hay) :])
         return hay
 
     # -- lookups ---------------------------------------------------------------------------
@@ -1546,36 +1547,32 @@ class RateMeter:
 
 
 class FieldPattern:
-    """A case-insensitive regex matched against each field of a row on its own (so ``^`` and
+    r"""A case-insensitive regex matched against each field of a row on its own (so ``^`` and
     ``$`` anchor within one field, and nothing matches across two): ``search`` takes one
-    text, or a row's fields (``StepData.haystack``) and matches when any field does. Has
-    ``re.Pattern``'s ``pattern``, ``flags`` and ``search``, so the graph panel and the aten
-    call match (``NameMatch``) use it as one. A row's verdict is kept per distinct fields
-    (a step has many rows and few distinct ones), so a filter over 100k rows costs about a
-    dict lookup a row."""
+    text, a row's fields (``StepData.haystack``), or those fields as lines
+    (``StepData.haystacks``), and matches when any field does. Has ``re.Pattern``'s
+    ``pattern``, ``flags`` and ``search``, so the graph panel and the aten call match
+    (``NameMatch``) use it as one.
 
-    __slots__ = ("_re", "_seen", "flags", "pattern")
+    Over many rows, ``prefilter`` (the same regex with ``re.MULTILINE``, over the fields as
+    lines) comes first: one C-level search a row, and it matches every row where a field
+    does (``^``/``$`` meet line ends where they meet field ends). Only the rows it keeps are
+    checked field by field, since it may also match across two lines (``\s``, ``[^x]``)."""
 
-    MAX_SEEN = 1 << 16  # verdicts kept; cleared when full
+    __slots__ = ("_field", "flags", "pattern", "prefilter")
 
     def __init__(self, text: str) -> None:
-        self._re = re.compile(text, re.IGNORECASE)
-        self.pattern = self._re.pattern
-        self.flags = self._re.flags
-        self._seen: dict[tuple[str, ...], bool] = {}
+        field = re.compile(text, re.IGNORECASE)
+        self._field = field.search
+        self.prefilter = re.compile(text, re.IGNORECASE | re.MULTILINE).search
+        self.pattern = field.pattern
+        self.flags = field.flags
 
-    def search(self, text: str | tuple[str, ...]) -> re.Match[str] | bool | None:
-        """For one text, ``re.Pattern.search``; for a row's fields, True when a field
-        matches, else None."""
-        if isinstance(text, str):
-            return self._re.search(text)
-        seen = self._seen
-        hit = seen.get(text)
-        if hit is None:
-            if len(seen) >= self.MAX_SEEN:
-                seen.clear()
-            hit = seen[text] = any(map(self._re.search, text))
-        return True if hit else None
+    def search(self, text: str | tuple[str, ...]) -> bool | None:
+        """For one text (several lines: each on its own), or a row's fields: True when
+        one matches, else None."""
+        fields = text.split("\n") if isinstance(text, str) else text
+        return True if any(map(self._field, fields)) else None
 
     def __eq__(self, other: object) -> bool:
         return (

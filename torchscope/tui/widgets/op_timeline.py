@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any, ClassVar
 
@@ -346,11 +346,11 @@ class OpTimeline(VirtualList):
         if data is None:
             return []
         hay = data.haystacks()
-        search = pattern.search
+        search, first = pattern.search, _prefilter(pattern)
         if self._view is None:
-            found = [(i, -1) for i, h in enumerate(hay) if search(h)]
+            found = [(i, -1) for i, h in enumerate(hay) if first(h) and search(h)]
         else:
-            found = [(j, -1) for j, i in enumerate(self._view) if search(hay[i])]
+            found = [(j, -1) for j, i in enumerate(self._view) if first(hay[i]) and search(hay[i])]
         if data.aten:
             found.extend(self._call_positions(NameMatch(pattern)))
             found.sort()
@@ -472,7 +472,7 @@ class OpTimeline(VirtualList):
             if data is not None:
                 self._seen = (len(data.rows), data.reorders)
             return
-        search = self.pattern.search
+        search, first = self.pattern.search, _prefilter(self.pattern)
         seen, reorders = self._seen
         if self._view is None or self._hits is None or reorders != data.reorders:
             self._view = []
@@ -487,7 +487,11 @@ class OpTimeline(VirtualList):
                     view.insert(j, i)
         hay = data.haystacks()
         rows, by_row = data.rows, self._hits.by_row
-        view.extend(i for i in range(seen, len(hay)) if search(hay[i]) or rows[i][SEQ] in by_row)
+        view.extend(
+            i
+            for i in range(seen, len(hay))
+            if (first(hay[i]) and search(hay[i])) or rows[i][SEQ] in by_row
+        )
         self._seen = (len(hay), data.reorders)
 
     # -- rows --------------------------------------------------------------------------------
@@ -1070,3 +1074,14 @@ class OpTimeline(VirtualList):
             parts.insert(0, "⚠")
             style = self.cstyle("warning") if style is None else style
         return " ".join(parts), style
+
+
+def _prefilter(pattern: Any) -> Callable[[str], Any]:
+    """A fast first check over a row's fields as lines: ``FieldPattern.prefilter`` (one C call,
+    true wherever a field may match), or nothing to skip for a plain pattern."""
+    first = getattr(pattern, "prefilter", None)
+    return first if first is not None else _always
+
+
+def _always(text: str) -> bool:
+    return True
