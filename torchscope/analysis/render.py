@@ -142,6 +142,32 @@ def consequences_text(alert: Event) -> str:
     return text
 
 
+def job_origin_text(origin: Event, cwd: str | None = None) -> str:
+    """One origin of a multi-rank job (an item of ``job_origins``) in one line: the origin's
+    own words (its source path shortened against ``cwd``), the rank that made it, the ranks
+    it reached, and its consequences counted across ranks and steps. The same text wherever
+    it is shown, so that every rank's view names it alike::
+
+        Inf first appears in Tensor.__setitem__ (forward) at job.py:14 · rank 1
+        · reached ranks 0, 1 · +9 consequences over steps 4-5   (one line)
+    """
+    words = str(origin.get("message") or "?")
+    source = origin.get("source")
+    if isinstance(source, str) and source:
+        words = words.replace(source, short_source(source, cwd))
+    rank = origin.get("rank")
+    parts = [words, f"rank {rank}"]
+    reached = sorted({rank, *(a.get("rank") for a in origin.get("arrivals") or ())} - {None})
+    if len(reached) > 1:
+        parts.append(f"reached ranks {', '.join(map(str, reached))}")
+    n = int(origin.get("job_consequences") or 0)
+    if n:
+        lo, hi = origin.get("job_consequence_steps") or (None, None)
+        steps = "" if lo is None else f" at step {lo}" if lo == hi else f" over steps {lo}-{hi}"
+        parts.append(f"+{n} consequence{'s' * (n != 1)}{steps}")
+    return " · ".join(parts)
+
+
 def _holder_text(holder: Any) -> str:
     if not isinstance(holder, dict):
         return str(holder)

@@ -83,9 +83,13 @@ def job_origins(alerts_by_rank: dict[int, Iterable[Event]]) -> list[Event]:
     recording): one per origin, on the rank that made it, with ``arrivals`` (``{rank, step,
     message}`` of each rank it reached, linked to it) and ``job_consequences``: its own
     consequences plus, on every rank it reached, the arrival and the consequences there.
+    ``job_consequence_steps`` is ``[first, last]`` of the steps those fall in (None for none),
+    and ``job_first_consequences`` the first few of them, each with its ``rank``: the
+    origin's own listed ones, then each arrival (``where: "arrival"``) and its listed ones.
     Arrivals whose origin no rank named, and alerts of other kinds, are left out."""
     folded = {r: fold_alerts(a) for r, a in alerts_by_rank.items()}
     origins: dict[Any, Event] = {}
+    steps: dict[Any, list[int]] = {}  # origin -> the steps of its consequences, every rank
     for rank, alerts in sorted(folded.items()):
         for a in alerts:
             if a.get("origin") is not None and a.get("what") in ("nan", "inf"):
@@ -93,7 +97,11 @@ def job_origins(alerts_by_rank: dict[int, Iterable[Event]]) -> list[Event]:
                 o["rank"] = rank
                 o["arrivals"] = []
                 o["job_consequences"] = int(o.get("consequences") or 0)
+                o["job_first_consequences"] = [
+                    {**c, "rank": rank} for c in o.get("first_consequences") or ()
+                ]
                 origins[o["origin"]] = o
+                steps[o["origin"]] = _steps_of(o, counted=False)
     for rank, alerts in sorted(folded.items()):
         for a in alerts:
             o = origins.get(a.get("linked_origin"))
@@ -101,7 +109,33 @@ def job_origins(alerts_by_rank: dict[int, Iterable[Event]]) -> list[Event]:
                 continue
             o["arrivals"].append({"rank": rank, "step": a.get("step"), "message": a["message"]})
             o["job_consequences"] += 1 + int(a.get("consequences") or 0)
+            o["job_first_consequences"].append(
+                {
+                    "rank": rank,
+                    "step": a.get("step"),
+                    "where": "arrival",
+                    "name": a.get("name"),
+                    "event_seq": a.get("event_seq"),
+                    "message": a["message"],
+                }
+            )
+            o["job_first_consequences"].extend(
+                {**c, "rank": rank} for c in a.get("first_consequences") or ()
+            )
+            steps[o["origin"]] += _steps_of(a, counted=True)
+    for ident, o in origins.items():
+        span = steps[ident]
+        o["job_consequence_steps"] = [min(span), max(span)] if span else None
     return list(origins.values())
+
+
+def _steps_of(alert: Event, *, counted: bool) -> list[int]:
+    """The steps of an origin's or arrival's consequences (the tally's ``[first, last]``),
+    and, when the alert itself is ``counted`` as one (an arrival), its own step."""
+    out = [s for s in alert.get("consequence_steps") or () if type(s) is int]
+    if counted and type(alert.get("step")) is int:
+        out.append(alert["step"])
+    return out
 
 
 class Trace:

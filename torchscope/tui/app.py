@@ -37,9 +37,11 @@ from torchscope.protocol.breakpoints import BreakpointError
 from torchscope.tui.keys import Hint, bindings, hint
 from torchscope.tui.multi import (
     STEPPING,
+    JobAlerts,
     Lane,
     describe_key,
     find_key,
+    job_alerts,
     lane_labels,
     row_key,
 )
@@ -51,6 +53,7 @@ from torchscope.tui.screens.history import ArmAtStep, ArmWhen
 from torchscope.tui.screens.main import MainScreen
 from torchscope.tui.sources import CommandRefused, EventSource, LiveSource
 from torchscope.tui.store import EventStore, Inbox, RateMeter
+from torchscope.tui.widgets.alert_list import AlertList
 from torchscope.tui.widgets.source_bar import SourceBar
 
 #: Called with (ok, result or one-line refusal) when a command's answer arrives.
@@ -274,6 +277,8 @@ class TorchscopeApp(App[int]):
                 self._lane_paused(lane)
             if changes.session and lane.live:
                 self._ask_history(lane)
+            if not shown and (changes.alerts_added or changes.session) and self.multi:
+                self.main.refresh_alerts()  # the job's view of the alerts holds every rank's
             for reply in changes.replies:
                 self._answered(lane, *reply)
             if changes.loaded or changes.evicted or changes.steps_changed:
@@ -446,8 +451,21 @@ class TorchscopeApp(App[int]):
             return
         self.select_lane((self.current + delta) % len(self.lanes))
 
-    def select_lane(self, index: int) -> None:
-        """Show lane ``index``, at the same step and on the same op where it has them."""
+    def job_alerts(self) -> JobAlerts | None:
+        """Every rank's alerts when the lanes are the ranks of one job (the alerts list's job
+        view); else None."""
+        return job_alerts(self.lanes, self.current)
+
+    @on(AlertList.JumpToLane)
+    def _jump_to_lane(self, message: AlertList.JumpToLane) -> None:
+        """An origin another rank made: show that rank's lane, then its event (no alignment
+        with the op left: the jump says where to land)."""
+        self.select_lane(message.lane, align=False)
+        self.main.jump_to_alert(message.alert)
+
+    def select_lane(self, index: int, *, align: bool = True) -> None:
+        """Show lane ``index``, at the same step and (``align``) on the same op where it has
+        them."""
         if index == self.current or not 0 <= index < len(self.lanes):
             return
         main = self.main
@@ -481,8 +499,9 @@ class TorchscopeApp(App[int]):
             main.timeline.set_step(store, None, None, "waiting for events…")
         else:
             main.show_step(target)
-            self._align = (index, target, key if target == step else None, graph)
-            self._land_aligned()
+            if align:
+                self._align = (index, target, key if target == step else None, graph)
+                self._land_aligned()
         main.refresh_status()
         self.refresh_bar()
 

@@ -9,6 +9,8 @@ two recordings: :mod:`torchscope.analysis.align`).
   file (globs expanded), and for a pid or the one running session, every rank of its job
   (``endpoints.job_sessions``).
 - :func:`lane_labels`: what the source bar calls each lane ("rank 1", "B.tsc").
+- :func:`job_alerts`: every rank's alerts, for the alerts list's view of the whole job (each
+  NaN/Inf origin once, alike on every rank's lane).
 - :func:`row_key` / :func:`find_key`: an event's alignment key in a store, and the row with
   that key in another store's step.
 
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchscope.analysis.align import keyed
-from torchscope.protocol.events import ATEN, GRAD, OP
+from torchscope.protocol.events import ATEN, GRAD, OP, Event
 from torchscope.protocol.runtime import split_tcp
 from torchscope.tui.replay_stepping import ReplayBreakpoints
 from torchscope.tui.sources import EventSource, FileSource, LiveSource, SourceError, open_source
@@ -45,6 +47,7 @@ from torchscope.tui.store import (
 
 __all__ = [
     "STEPPING",
+    "JobAlerts",
     "Lane",
     "check_files",
     "describe_key",
@@ -52,8 +55,10 @@ __all__ = [
     "expand_targets",
     "find_key",
     "follows_job",
+    "job_alerts",
     "lane_labels",
     "open_sources",
+    "rank_lanes",
     "row_key",
 ]
 
@@ -162,15 +167,55 @@ class Lane:
         return True
 
 
+@dataclass(frozen=True)
+class JobAlerts:
+    """What the alerts list shows of a multi-rank job: every rank's alerts (each lane's
+    store's, as they are now), which lane shows each rank, where each rank's job ran (its
+    sources' paths are shortened against it), and the rank of the lane shown."""
+
+    alerts: dict[int, list[Event]]
+    lanes: dict[int, int]  # rank -> lane index
+    cwds: dict[int, str | None]
+    rank: int
+
+    def key(self) -> tuple:
+        """Changes when what the job view shows may have: a lane's alerts grew or were
+        replaced (a new run), another rank is shown, a rank's session came. The stores only
+        add alerts, so their counts say it without comparing them."""
+        lists = tuple((r, id(a), len(a)) for r, a in sorted(self.alerts.items()))
+        return (self.rank, lists, tuple(sorted(self.cwds.items())))
+
+
+def job_alerts(lanes: list[Lane], current: int) -> JobAlerts | None:
+    """The job view of the alerts when the lanes are ranks of one job, lane ``current``
+    shown; None otherwise (one source, recordings side by side)."""
+    by_rank = rank_lanes(lanes)
+    if by_rank is None or not 0 <= current < len(lanes):
+        return None
+    shown = lanes[current].rank
+    if shown is None:
+        return None
+    cwds = {}
+    for r, lane in by_rank.items():
+        cwd = lane.session_value("cwd")
+        cwds[r] = cwd if isinstance(cwd, str) else None
+    return JobAlerts(
+        alerts={r: lane.store.alerts for r, lane in by_rank.items()},
+        lanes={r: lane.index for r, lane in by_rank.items()},
+        cwds=cwds,
+        rank=shown,
+    )
+
+
 # -- labels ------------------------------------------------------------------------------------
 def _file_of(lane: Lane) -> str | None:
     path = getattr(lane.source, "path", None) or lane.status.get("file")
     return str(path) if path else None
 
 
-def lane_labels(lanes: list[Lane]) -> list[str]:
-    """``rank N`` when the lanes are distinct ranks of one job; else the files' names (their
-    shortest distinct tails); else the sources' own labels."""
+def rank_lanes(lanes: list[Lane]) -> dict[int, Lane] | None:
+    """``{rank: lane}`` when the lanes are distinct ranks of one job (several of them, each
+    naming its rank, in one job or each a file); None otherwise."""
     ranks = [lane.rank for lane in lanes]
     worlds = {lane.world_size for lane in lanes}
     jobs = {lane.session_value("job") for lane in lanes}
@@ -182,7 +227,15 @@ def lane_labels(lanes: list[Lane]) -> list[str]:
         and worlds != {1}
         and same_job
     ):
-        return [f"rank {r}" for r in ranks]
+        return {lane.rank: lane for lane in lanes if lane.rank is not None}
+    return None
+
+
+def lane_labels(lanes: list[Lane]) -> list[str]:
+    """``rank N`` when the lanes are distinct ranks of one job; else the files' names (their
+    shortest distinct tails); else the sources' own labels."""
+    if rank_lanes(lanes) is not None:
+        return [f"rank {lane.rank}" for lane in lanes]
     files = [_file_of(lane) for lane in lanes]
     if all(files):
         return _short_names([str(f) for f in files])

@@ -176,7 +176,7 @@ class MainScreen(Navigation, PauseMarks, SteppingKeys, ValuesActions, Screen[Non
         self.steps.bind_store(self.store)
         self.set_class(self.store.has_aten, "-aten")
         self.steps.refresh_rows()
-        self.alerts.set_alerts(self.store.alerts)  # the old run's alerts went with its store
+        self.refresh_alerts()  # the old run's alerts went with its store
         if self.center == "graph":
             self.center = "timeline"
         self.detail.show_message("select an op or a backward node")
@@ -365,7 +365,7 @@ class MainScreen(Navigation, PauseMarks, SteppingKeys, ValuesActions, Screen[Non
                 if info is not None and info.state == EVICTED and store.data(step) is None:
                     self.show_step(step)
         if ch.alerts_added:
-            self.alerts.set_alerts(store.alerts)
+            self.refresh_alerts()
         if self.pending is not None and self.pending.step in ch.loaded:
             loc, self.pending = self.pending, None
             self._land(loc)
@@ -745,6 +745,11 @@ class MainScreen(Navigation, PauseMarks, SteppingKeys, ValuesActions, Screen[Non
         if 0 <= index < len(self.alerts.alerts):
             origin = self.alerts.alerts[index]
             self.detail.show_alert(origin, self.alerts.knock_on_of(origin))
+
+    def refresh_alerts(self) -> None:
+        """The alerts list: this lane's alerts, or with the ranks of a job open, the job's
+        view (each origin once, every rank's alerts)."""
+        self.alerts.set_alerts(self.store.alerts, self.tapp.job_alerts())
 
     def on_alert_list_jump(self, event: AlertList.Jump) -> None:
         self.jump_to_alert(event.alert)

@@ -1,19 +1,27 @@
 """Where NaN/Inf first appeared, across all steps, and the eager checks of compiled calls
 (``what: "eager_check"``: compiled against eager, not NaN/Inf origins; listed as checks, with
-their message). Enter (or a click) jumps to the op or node."""
+their message). Enter (or a click) jumps to the op or node.
+
+With the ranks of one job open (``torchscope tui 'r.rank*.tsc'``), every rank's lane lists
+the job's origins (``job_origins``), each once and in the same words, with its consequences
+counted across ranks and steps; a rank it reached lists its arrival under it, linked to it.
+Enter on an origin another rank made shows that rank's lane at the origin's event."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from torchscope.analysis.trace import fold_alerts
+from torchscope.analysis.render import job_origin_text
+from torchscope.analysis.trace import fold_alerts, job_origins
 from torchscope.protocol.events import Event
 from torchscope.tui.format import check_passed, check_text, is_check, short_name, short_source
+from torchscope.tui.multi import JobAlerts
 
 
 def alert_label(alert: Event, cwd: str | None = None) -> str:
@@ -87,75 +95,246 @@ def group_label(origin: Event, knock_on: list[Event], cwd: str | None = None) ->
     return label
 
 
+@dataclass
+class AlertRow:
+    """One line of the list: what it says, what the detail shows of it (and the knock-on
+    alerts listed there), and the alert whose event enter goes to, in which lane."""
+
+    key: tuple  # the same line across updates: it keeps its place (and the cursor)
+    label: str
+    shown: Event
+    knock_on: list[Event]
+    target: Event
+    lane: int | None = None  # the lane whose events ``target`` names; None: the shown one
+
+
+def _step_order(alert: Event) -> tuple[int, float]:
+    step = alert.get("step")
+    return (0, step) if type(step) is int else (1, 0)
+
+
+def _through(arrival: Event) -> str:
+    """What brought an arrival here (``torch.distributed.ddp_gradient_sync``): its name,
+    without the rank the link named (folded into it as `` (from rank N)``)."""
+    name = str(arrival.get("name") or "?").replace(" from another rank", "")
+    return name.split(" (from rank ", 1)[0]
+
+
+def _what(alert: Event) -> str:
+    return str(alert.get("what", "?")).upper().replace("NAN", "NaN").replace("INF", "Inf")
+
+
+def _ranked(consequence: dict[str, Any]) -> Event:
+    """A consequence of a job origin as the detail lists it: named with its rank (the
+    detail counts the ones with the same name and step together)."""
+    name = str(consequence.get("name") or "?")
+    if consequence.get("where") == "arrival":
+        name = f"arrival through {short_name(_through(Event(consequence)))}"
+    elif name.startswith("parameter "):
+        name = "parameters"
+    return Event({**consequence, "name": f"rank {consequence.get('rank')}: {name}"})
+
+
+def job_rows(job: JobAlerts) -> tuple[list[AlertRow], str]:
+    """The list of lane ``job.rank`` in a multi-rank job, and its subtitle: the job's origins
+    (each in the same words on every lane, counted across ranks and steps), under each the
+    arrivals here linked to it, and this rank's other alerts (checks, arrivals whose origin
+    no open rank named), in step order."""
+    origins = job_origins(job.alerts)
+    named = {o["origin"] for o in origins}
+    arrivals: dict[Any, list[tuple[Event, list[Event]]]] = {}
+    rest: list[tuple[Event, list[Event]]] = []
+    for head, knock_on in group_alerts(job.alerts.get(job.rank, [])):
+        if head.get("linked_origin") in named:
+            arrivals.setdefault(head["linked_origin"], []).append((head, knock_on))
+        elif head.get("origin") not in named:  # this rank's own origins are among the job's
+            rest.append((head, knock_on))
+    entries: list[tuple[tuple, list[AlertRow]]] = []
+    for o in origins:
+        rows = [_origin_row(o, job)]
+        for head, knock_on in arrivals.get(o["origin"], []):
+            label = (
+                f"{head.get('step', '-')!s:>4} ↳ {_what(head)} arrived here via "
+                f"{short_name(_through(head))} · from rank {o['rank']}'s origin above, "
+                "counted there"
+            )
+            key = ("arrival", head.get("arrival") or head.get("seq"))
+            shown = _in_words_of(head, o, job)
+            rows.append(AlertRow(key, label, shown, knock_on, head))
+        entries.append(((*_step_order(o), 0), rows))
+    for head, knock_on in rest:
+        label = group_label(head, knock_on, job.cwds.get(job.rank))
+        row = AlertRow(("seq", head.get("seq")), label, head, knock_on, head)
+        entries.append(((*_step_order(head), 1), [row]))
+    entries.sort(key=lambda e: e[0])  # stable: the job's origins, then this rank's, by step
+    rows = [row for _, group in entries for row in group]
+    # The subtitle counts bad values across the job: each origin with its consequences
+    # everywhere (an arrival here is one of them), and this rank's other alerts.
+    nan = [(h, k) for h, k in rest if not is_check(h)]
+    arrived = sum(is_arrival(h) for h, _ in nan)
+    own = len(origins) + len(nan) - arrived
+    total = sum(1 + int(o["job_consequences"]) for o in origins)
+    total += sum(1 + knock_on_count(h, k) for h, k in nan)
+    checks = len(rest) - len(nan)
+    heads = [f"{own} origin{'s' * (own != 1)}"] if own or not arrived else []
+    if arrived:
+        heads.append(f"{arrived} arrival{'s' * (arrived != 1)}")
+    parts = [f"job: {', '.join(heads)} · {total}"] if total else []
+    if checks:
+        parts.append(f"{checks} check{'s' * (checks != 1)}")
+    return rows, " · ".join(parts)
+
+
+def _origin_row(origin: Event, job: JobAlerts) -> AlertRow:
+    """A job origin's line: the same on every rank's lane (its own rank's paths, its count
+    across the job); enter goes to its event in the lane of the rank that made it."""
+    rank = origin["rank"]
+    text = job_origin_text(origin, job.cwds.get(rank))
+    shown = Event(origin)
+    shown["message"] = text
+    shown["consequences"] = origin["job_consequences"]
+    shown["consequence_steps"] = origin["job_consequence_steps"]
+    if rank != job.rank:
+        # The detail links events of the lane shown; this one is in another rank's.
+        shown["event_seq"] = None
+    knock_on = sorted((_ranked(c) for c in origin["job_first_consequences"]), key=_step_order)
+    label = f"{origin.get('step', '-')!s:>4} {text}"
+    return AlertRow(
+        ("origin", origin["origin"]), label, shown, knock_on, origin, lane=job.lanes.get(rank)
+    )
+
+
+def _in_words_of(arrival: Event, origin: Event, job: JobAlerts) -> Event:
+    """An arrival as the detail shows it: its link quotes the origin's words, whose source
+    path is shortened here as in the origin's line."""
+    source = origin.get("source")
+    message = arrival.get("message")
+    if not isinstance(source, str) or not source or not isinstance(message, str):
+        return arrival
+    shown = Event(arrival)
+    shown["message"] = message.replace(source, short_source(source, job.cwds.get(origin["rank"])))
+    return shown
+
+
+def plain_rows(alerts: list[Event], cwd: str | None = None) -> tuple[list[AlertRow], str]:
+    """The list of one source (or of recordings side by side), and its subtitle: one line
+    per origin of ``alerts`` with its knock-on count, one per eager check (source paths
+    shortened against ``cwd``)."""
+    groups = group_alerts(alerts)
+    rows = [AlertRow(("seq", o.get("seq")), group_label(o, k, cwd), o, k, o) for o, k in groups]
+    nan = [g for g in groups if not is_check(g[0])]
+    checks = len(groups) - len(nan)
+    arrived = sum(is_arrival(g[0]) for g in nan)
+    own = len(nan) - arrived
+    total = sum(1 + knock_on_count(*g) for g in nan)
+    parts = []
+    if total == len(nan) and total and not arrived:
+        parts.append(str(total))
+    elif total:
+        # Another rank's origin is counted there: here it is an arrival.
+        heads = [f"{own} origin{'s' * (own != 1)}"] if own else []
+        if arrived:
+            heads.append(f"{arrived} arrival{'s' * (arrived != 1)}")
+        parts.append(f"{', '.join(heads)} · {total}")
+    if checks:
+        parts.append(f"{checks} check{'s' * (checks != 1)}")
+    return rows, " · ".join(parts)
+
+
 class AlertList(OptionList):
     """One line per origin: step, NaN/Inf, forward/backward, op or node, source, and how
     many knock-on alerts followed from it (counted under it, not listed). One line per eager
-    check: ✓ (within tolerance) or ≠, forward/backward, the compiled call, its message."""
+    check: ✓ (within tolerance) or ≠, forward/backward, the compiled call, its message. With
+    the ranks of a job open: the job's origins, alike on every rank (``job_rows``)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("k", "cursor_up", "Up", show=False),
         Binding("j", "cursor_down", "Down", show=False),
     ]
 
+    #: How often the job view looks at the other ranks' alerts: the app tells the shown
+    #: lane's widgets of that lane's changes only, and another rank's origin or link may
+    #: come (its file's count pass, a live rank) while this lane is shown.
     class Jump(Message):
         def __init__(self, alert: Event) -> None:
             super().__init__()
             self.alert = alert
 
+    class JumpToLane(Message):
+        """An origin another rank made: its event is in that rank's lane (the app shows it,
+        then jumps there)."""
+
+        def __init__(self, lane: int, alert: Event) -> None:
+            super().__init__()
+            self.lane = lane
+            self.alert = alert
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, markup=False)
-        self.alerts: list[Event] = []  # the origins, one per line
+        self.rows: list[AlertRow] = []
+        self.alerts: list[Event] = []  # what the detail shows of each line
         self.groups: list[tuple[Event, list[Event]]] = []
+        self._given: list[Event] = []
         self._seen: list[Event] = []
+        self._job_key: tuple | None = None  # what the job view last showed
+        self._job: JobAlerts | None = None
         self.cwd: str | None = None
 
-    def set_alerts(self, alerts: list[Event]) -> None:
-        """Show ``alerts`` (the store's list, sorted), grouped by origin."""
-        if alerts == self._seen:
-            return
-        groups = group_alerts(alerts)
-        old = self.groups
-        # Origins are folded copies, made anew each time: the same origin has the same seq.
-        same_prefix = len(groups) >= len(old) and all(
-            g[0].get("seq") == o[0].get("seq") for g, o in zip(groups, old, strict=False)
+    def set_alerts(self, alerts: list[Event], job: JobAlerts | None = None) -> None:
+        """Show ``alerts`` (the shown lane's store's list, sorted), grouped by origin; with
+        ``job`` (the ranks of one job open: ``multi.job_alerts``), the job's view: each
+        origin once, alike on every rank's lane."""
+        self._given, self._job = alerts, job
+        self._refresh()
+
+    def _refresh(self) -> None:
+        job = self._job
+        if job is not None:
+            key = job.key()
+            if key == self._job_key:
+                return
+            self._job_key, self._seen = key, []
+            rows, subtitle = job_rows(job)
+        else:
+            alerts = self._given
+            if self._job_key is None and alerts == self._seen:
+                return
+            self._job_key, self._seen = None, list(alerts)
+            rows, subtitle = plain_rows(alerts, self.cwd)
+        self._show(rows)
+        self.border_subtitle = subtitle
+
+    def _show(self, rows: list[AlertRow]) -> None:
+        old = self.rows
+        # Rows are made anew each time: the same line has the same key.
+        same_prefix = len(rows) >= len(old) and all(
+            r.key == o.key for r, o in zip(rows, old, strict=False)
         )
         if not same_prefix:
             self.clear_options()
             old = []
-        for i, (origin, knock_on) in enumerate(groups):
-            label = group_label(origin, knock_on, self.cwd)
+        for i, row in enumerate(rows):
             if i < len(old):
-                if knock_on_count(*old[i]) != knock_on_count(origin, knock_on):
-                    self.replace_option_prompt_at_index(i, label)
+                if old[i].label != row.label:
+                    self.replace_option_prompt_at_index(i, row.label)
             else:
-                self.add_option(Option(label))
-        self.groups = groups
-        self.alerts = [g[0] for g in groups]
-        self._seen = list(alerts)
+                self.add_option(Option(row.label))
+        self.rows = rows
+        self.groups = [(r.shown, r.knock_on) for r in rows]
+        self.alerts = [r.shown for r in rows]
         if self.alerts and self.highlighted is None:
             self.highlighted = 0
-        nan = [g for g in groups if not is_check(g[0])]
-        checks = len(groups) - len(nan)
-        arrived = sum(is_arrival(g[0]) for g in nan)
-        own = len(nan) - arrived
-        total = sum(1 + knock_on_count(*g) for g in nan)
-        parts = []
-        if total == len(nan) and total and not arrived:
-            parts.append(str(total))
-        elif total:
-            # Another rank's origin is counted there: here it is an arrival.
-            heads = [f"{own} origin{'s' * (own != 1)}"] if own else []
-            if arrived:
-                heads.append(f"{arrived} arrival{'s' * (arrived != 1)}")
-            parts.append(f"{', '.join(heads)} · {total}")
-        if checks:
-            parts.append(f"{checks} check{'s' * (checks != 1)}")
-        self.border_subtitle = " · ".join(parts)
 
     def knock_on_of(self, origin: Event) -> list[Event]:
         return next((k for o, k in self.groups if o is origin), [])
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
-        if 0 <= event.option_index < len(self.alerts):
-            self.post_message(self.Jump(self.alerts[event.option_index]))
+        if not 0 <= event.option_index < len(self.rows):
+            return
+        row = self.rows[event.option_index]
+        job = self._job
+        if row.lane is None or job is None or row.lane == job.lanes.get(job.rank):
+            self.post_message(self.Jump(row.target))
+        else:
+            self.post_message(self.JumpToLane(row.lane, row.target))
