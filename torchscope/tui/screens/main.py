@@ -724,7 +724,7 @@ class MainScreen(Navigation, PauseMarks, SteppingKeys, ValuesActions, Screen[Non
 
     # -- alerts ------------------------------------------------------------------------------
     def action_alerts(self) -> None:
-        if not self.store.alerts:
+        if not self.alerts.rows:  # this lane's, or the job's when its ranks are open
             self.notify("no alerts: no NaN/Inf has appeared", timeout=3)
         self.alerts.focus()
 
