@@ -35,6 +35,7 @@ class ServeKeywords(TypedDict, total=False):
     quiet: bool
     watch: str | None
     on_nan: str
+    history: bool
 
 
 class ServedJob:
