@@ -44,9 +44,11 @@ def one_inf(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, l
     return tmp, rank_alerts(lambda r: tmp / f"r.rank{r}.tsc")
 
 
-def open_ranks(tmp: Path) -> TorchscopeApp:
-    # The count pass on the sources' threads: every step's alerts, without child processes.
-    return TorchscopeApp([FileSource(tmp / f"r.rank{r}.tsc", count_pass="thread") for r in (0, 1)])
+def open_ranks(tmp: Path, at_origin: bool = False) -> TorchscopeApp:
+    """Both ranks' files; from rank 0's first step unless ``at_origin`` (a user's default).
+    The count pass on the sources' threads: every step's alerts, without child processes."""
+    sources = [FileSource(tmp / f"r.rank{r}.tsc", count_pass="thread") for r in (0, 1)]
+    return TorchscopeApp(sources, at_origin=at_origin)
 
 
 def detail_text(app: TorchscopeApp) -> str:
@@ -121,6 +123,31 @@ async def test_each_rank_lists_the_job_origin_once_alike_and_enter_shows_it_on_r
         )
         assert app.main.timeline.current_row().name == "Tensor.__setitem__"
         assert shown(app) == [line]
+
+
+@sync
+async def test_the_ranks_of_a_job_open_paused_at_the_origin_on_the_rank_that_made_it(
+    one_inf: tuple[Path, dict[int, list[dict]]],
+) -> None:
+    """Rank 0's recording holds only the arrival: the job opens on rank 1's lane, paused at
+    the origin, the status bar telling its story."""
+    tmp, alerts = one_inf
+    (origin,) = job_origins(alerts)
+    app = open_ranks(tmp, at_origin=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(
+            pilot,
+            lambda: app.current == 1 and app.store.stepper.paused is not None,
+            what="rank 1's lane, paused",
+        )
+        paused = app.store.stepper.paused
+        assert paused["event"]["seq"] == origin["event_seq"] and paused["reason"] == "origin"
+        await until(
+            pilot,
+            lambda: "⏸ Inf first appears: Tensor.__setitem__" in app.screen_text(),
+            what="the story",
+        )
+        assert app.main.current_step == 4
 
 
 @sync
@@ -237,7 +264,8 @@ async def test_the_shown_lane_takes_the_origin_another_rank_names_later(tmp_path
     its file's count pass after rank 0's): then rank 0's list, shown all along, becomes the
     job's origin with the arrival under it, without the user going anywhere."""
     paths = [rank_file(tmp_path, 0, rank0_alerts()), rank_file(tmp_path, 1, [])]
-    app = TorchscopeApp([FileSource(p, count_pass="thread") for p in paths])
+    # (from the first step: opening at the origin would show rank 1's lane once it comes)
+    app = TorchscopeApp([FileSource(p, count_pass="thread") for p in paths], at_origin=False)
     async with app.run_test(size=SIZE) as pilot:
         listed = app.main.query_one(AlertList)
         # (once both ranks' sessions are read: the job view)

@@ -43,9 +43,10 @@ from torchscope.tui.multi import (
     find_key,
     job_alerts,
     lane_labels,
+    rank_lanes,
     row_key,
 )
-from torchscope.tui.replay_stepping import ReplayBreakpoints
+from torchscope.tui.replay_stepping import ReplayBreakpoints, first_origin
 from torchscope.tui.screens.breakpoints import BreakpointsScreen
 from torchscope.tui.screens.compare import CompareScreen, CompareSpec
 from torchscope.tui.screens.help import HelpScreen
@@ -279,6 +280,8 @@ class TorchscopeApp(App[int]):
                 self._ask_history(lane)
             if not shown and (changes.alerts_added or changes.session) and self.multi:
                 self.main.refresh_alerts()  # the job's view of the alerts holds every rank's
+                if changes.alerts_added and not lane.live:
+                    self.main.open_at_first_origin()  # the job's origin may be on this rank
             for reply in changes.replies:
                 self._answered(lane, *reply)
             if changes.loaded or changes.evicted or changes.steps_changed:
@@ -450,6 +453,24 @@ class TorchscopeApp(App[int]):
             self.notify("one source open (several: torchscope tui A.tsc B.tsc)", timeout=3)
             return
         self.select_lane((self.current + delta) % len(self.lanes))
+
+    def origin_lane(self) -> int | None:
+        """The lane of the job's first NaN/Inf origin (the earliest step, then the lowest
+        rank) when the lanes are recorded ranks of one job and it is not the shown one."""
+        if self.main.live:
+            return None
+        ranks = rank_lanes(self.lanes)
+        if ranks is None:
+            return None
+        firsts = []
+        for rank, lane in ranks.items():
+            landed = first_origin(lane.store)
+            if landed is not None:
+                firsts.append((landed.position.step, rank, lane.index))
+        if not firsts:
+            return None
+        lane = min(firsts)[2]
+        return None if lane == self.current else lane
 
     def job_alerts(self) -> JobAlerts | None:
         """Every rank's alerts when the lanes are the ranks of one job (the alerts list's job

@@ -371,7 +371,7 @@ class MainScreen(Navigation, PauseMarks, SteppingKeys, ValuesActions, Screen[Non
             self._land(loc)
         if not self.live:
             if ch.alerts_added:
-                self._open_at_first_origin()
+                self.open_at_first_origin()
             self._replay_loaded(ch)
         if ch.progress is not None:
             self._count_progress = ch.progress

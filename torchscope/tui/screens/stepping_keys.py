@@ -111,9 +111,11 @@ class SteppingKeys:
         self.show_detail()
         self.refresh_status()
 
-    def _open_at_first_origin(self) -> None:
+    def open_at_first_origin(self) -> None:
         """A recording with alerts opens paused at its first NaN/Inf origin: once per
-        recording, and only while the user has not gone anywhere yet (no jump, no pause)."""
+        recording, and only while the user has not gone anywhere yet (no jump, no pause). The
+        ranks of a job open at the job's origin, on the rank that made it (another rank's
+        recording holds only its arrival)."""
         key = id(self.store)
         if key in self._opened or not self.at_origin:
             return
@@ -122,6 +124,11 @@ class SteppingKeys:
             return
         landed = self._cursor().open()
         if landed is None:
+            other = self.tapp.origin_lane()
+            if other is not None:
+                self._opened.add(key)
+                self.tapp.select_lane(other, align=False)
+                self.open_at_first_origin()
             return
         self._opened.add(key)
         # no toast: the status bar tells the origin's story, and nothing covers the screen
