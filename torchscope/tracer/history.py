@@ -169,10 +169,7 @@ class HistoryCollector:
                 self._tensors.append(device_value)
             else:
                 self._add(point, added)
-            if self._copy is not None and self._copy.ready():
-                copy, self._copy = self._copy, None
-                for p in copy.deliver():
-                    self._add(p, added)
+            self._take_copy(added, wait=False)
             due = len(self._waiting) >= self.batch or self.flush_soon or self.eager
             if self._waiting and self._copy is None and due:
                 self.flush_soon = False
@@ -197,6 +194,19 @@ class HistoryCollector:
         self._waiting = [self._waiting[i] for i in keep]
         self._tensors = [self._tensors[i] for i in keep]
         self._unsent = [p for p in self._unsent if p.step < step]
+
+    def _take_copy(self, added: list[StepPoint], *, wait: bool) -> None:
+        """The copy in flight, delivered once it has landed (``wait``: waiting for it, at the
+        job's end only; called with the lock held)."""
+        copy = self._copy
+        if copy is None or not (wait or copy.ready()):
+            return
+        if wait:
+            for e in copy.events:
+                e.synchronize()
+        self._copy = None
+        for p in copy.deliver():
+            self._add(p, added)
 
     def _start_copy(self, added: list[StepPoint]) -> None:
         """Stack the waiting device values per device and start their copies to the host
@@ -231,20 +241,10 @@ class HistoryCollector:
         added: list[StepPoint] = []
         try:
             with self.lock:
-                if self._copy is not None:
-                    for e in self._copy.events:
-                        e.synchronize()
-                    copy, self._copy = self._copy, None
-                    for p in copy.deliver():
-                        self._add(p, added)
+                self._take_copy(added, wait=True)
                 if self._waiting:
                     self._start_copy(added)
-                    if self._copy is not None:
-                        for e in self._copy.events:
-                            e.synchronize()
-                        copy, self._copy = self._copy, None
-                        for p in copy.deliver():
-                            self._add(p, added)
+                    self._take_copy(added, wait=True)
         except Exception as exc:
             self._error("at the job's end", exc)
         return added
