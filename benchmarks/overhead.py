@@ -374,6 +374,28 @@ def event_counts(w: Workload) -> dict[str, int]:
     return counts
 
 
+def block_arguments(
+    description: str | None, workloads: list[str], argv: list[str] | None
+) -> argparse.Namespace:
+    """The command line of a benchmark timed in interleaved blocks of steps (watch.py,
+    history.py): ``--steps``, ``--repeats``, ``--warmup``, ``--quick``, ``--workload``."""
+    p = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawTextHelpFormatter
+    )
+    p.add_argument("--steps", type=int, default=None, help="timed steps per block (10; quick 3)")
+    p.add_argument("--repeats", type=int, default=None, help="rounds (20; quick 2)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up steps per row (3; quick 1)")
+    p.add_argument("--quick", action="store_true", help="a short run (a smoke test)")
+    p.add_argument("--workload", choices=workloads, default="all")
+    args = p.parse_args(argv)
+    args.steps = args.steps or (3 if args.quick else 10)
+    args.repeats = args.repeats or (2 if args.quick else 20)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    if args.steps < 2 or args.repeats < 1:
+        p.error("need --steps >= 2 and --repeats >= 1")
+    return args
+
+
 def measure(
     workloads: list[Workload], configs: list[Config], steps: int, repeats: int, warmup: int, record
 ) -> dict[tuple[str, str], Result]:

@@ -23,7 +23,6 @@ holds per step between ``backward()`` and the check, measured on the workload's 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import os
@@ -41,7 +40,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from attach import serving  # noqa: E402
-from overhead import Config, assert_clean, measure, table  # noqa: E402
+from overhead import Config, assert_clean, block_arguments, measure, table  # noqa: E402
 from workloads import WORKLOADS, Workload  # noqa: E402
 
 import torchscope  # noqa: E402
@@ -132,18 +131,7 @@ def _kib(n: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--steps", type=int, default=None, help="timed steps per block (10; quick 3)")
-    p.add_argument("--repeats", type=int, default=None, help="rounds (20; quick 2)")
-    p.add_argument("--warmup", type=int, default=None, help="warm-up steps per row (3; quick 1)")
-    p.add_argument("--quick", action="store_true", help="a short run (a smoke test)")
-    p.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
-    args = p.parse_args(argv)
-    args.steps = args.steps or (3 if args.quick else 10)
-    args.repeats = args.repeats or (2 if args.quick else 20)
-    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
-    if args.steps < 2 or args.repeats < 1:
-        p.error("need --steps >= 2 and --repeats >= 1")
+    args = block_arguments(__doc__, [*WORKLOADS, "all"], argv)
 
     torch.set_num_threads(1)
     start = time.perf_counter()
