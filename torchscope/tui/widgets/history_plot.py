@@ -35,10 +35,10 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.reactive import reactive
 from textual.strip import Strip
-from textual.widget import Widget
 
 from torchscope.protocol.history import Bucket, StepPoint
 from torchscope.tui.store import HistoryIndex, SeriesIndex
+from torchscope.tui.widgets.history_frame import HistoryFrame
 from torchscope.tui.widgets.step_list import short_num
 
 #: Bits of the braille dots, by (x, y) in the 2x4 cell (Unicode's numbering: 1-3 then 7 down
@@ -180,7 +180,7 @@ def axis_text(start: int, end: int, width: int) -> str:
 SERIES = (("loss", "loss"), ("|g|", "grad_norm"))
 
 
-class HistoryPlot(Widget, can_focus=True):
+class HistoryPlot(HistoryFrame):
     """Loss and global gradient norm over the run (see the module's docstring)."""
 
     DEFAULT_CSS = """
@@ -263,11 +263,8 @@ class HistoryPlot(Widget, can_focus=True):
         id: str | None = None,
         classes: str | None = None,
     ) -> None:
-        super().__init__(name=name, id=id, classes=classes)
-        self.index = index if index is not None else HistoryIndex()
+        super().__init__(index, name=name, id=id, classes=classes)
         self._whole = True  # the view is the whole run (and grows with it)
-        self._frame_key: tuple | None = None
-        self._frame: list[Strip] = []
         self._drag: tuple[int, tuple[int, int]] | None = None  # (x, view) at mouse down
         self._dragged = False
         self.draw_ms = 0.0  # the last frame's cost (shown nowhere; measured by tests)
@@ -502,24 +499,8 @@ class HistoryPlot(Widget, can_focus=True):
             return text
         return f"step {step:,} · no values"
 
-    def render_line(self, y: int) -> Strip:
-        width, height = self.size
-        key = (
-            width,
-            height,
-            self.view,
-            self.cursor,
-            self.log_mode,
-            id(self.index),
-            self.index.version,
-            self.has_focus,
-        )
-        if key != self._frame_key:
-            self._frame_key = key
-            self._frame = self.frame(width, height)
-        if 0 <= y < len(self._frame):
-            return self._frame[y]
-        return Strip.blank(width, self.rich_style)
+    def frame_key(self) -> tuple:
+        return (self.view, self.cursor, self.log_mode, self.has_focus)
 
     def on_focus(self) -> None:
         self.refresh()

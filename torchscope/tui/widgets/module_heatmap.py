@@ -25,9 +25,9 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.reactive import reactive
 from textual.strip import Strip
-from textual.widget import Widget
 
 from torchscope.tui.store import HistoryIndex, SeriesIndex
+from torchscope.tui.widgets.history_frame import HistoryFrame
 from torchscope.tui.widgets.step_list import short_num
 from torchscope.tui.widgets.virtual_list import fit
 
@@ -117,7 +117,7 @@ def colour_of(t: float, lo: float, hi: float) -> str:
     return PALETTE[max(0, min(len(PALETTE) - 1, i))]
 
 
-class ModuleHeatmap(Widget, can_focus=True):
+class ModuleHeatmap(HistoryFrame):
     """Modules by steps, coloured by log gradient norm (see the module's docstring)."""
 
     DEFAULT_CSS = """
@@ -176,11 +176,8 @@ class ModuleHeatmap(Widget, can_focus=True):
         id: str | None = None,
         classes: str | None = None,
     ) -> None:
-        super().__init__(name=name, id=id, classes=classes)
-        self.index = index if index is not None else HistoryIndex()
+        super().__init__(index, name=name, id=id, classes=classes)
         self._blow: tuple[tuple[int, int], BlowUp | None] | None = None
-        self._frame_key: tuple | None = None
-        self._frame: list[Strip] = []
 
     def set_index(self, index: HistoryIndex) -> None:
         self.index = index
@@ -223,15 +220,8 @@ class ModuleHeatmap(Widget, can_focus=True):
         self.post_message(self.BlowUpSelected(self, found.step, found.module))
 
     # -- drawing -------------------------------------------------------------------------------
-    def render_line(self, y: int) -> Strip:
-        width, height = self.size
-        key = (width, height, self.view, self.cursor, self.top, id(self.index), self.index.version)
-        if key != self._frame_key:
-            self._frame_key = key
-            self._frame = self.frame(width, height)
-        if 0 <= y < len(self._frame):
-            return self._frame[y]
-        return Strip.blank(width, self.rich_style)
+    def frame_key(self) -> tuple:
+        return (self.view, self.cursor, self.top)
 
     def cells(
         self, width: int
