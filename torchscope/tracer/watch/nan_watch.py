@@ -829,14 +829,26 @@ def _norm_of(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
         groups.setdefault((t.device, t.dtype), []).append(t)
     parts = []
     for (dev, dtype), ts in groups.items():
-        if dtype in (torch.float32, torch.float64):
-            norms = torch._foreach_norm(ts)
-        elif dtype.is_floating_point:
-            norms = torch._foreach_norm(ts, dtype=torch.float32)
-        else:
+        norms = _foreach_norms(ts, dtype)
+        if norms is None:
             continue
         part = torch.linalg.vector_norm(torch.stack(norms)).float()
         parts.append(part if dev == device else part.to(device))
+    return _combined(parts, device)
+
+
+def _foreach_norms(ts: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor] | None:
+    """Each tensor's L2 norm, in one fused call (half precisions reduced in float32); None
+    for a dtype that has none (integers, bool)."""
+    if dtype in (torch.float32, torch.float64):
+        return torch._foreach_norm(ts)
+    if dtype.is_floating_point:
+        return torch._foreach_norm(ts, dtype=torch.float32)
+    return None
+
+
+def _combined(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The L2 norm of several parts' norms (0 without any), on ``device``."""
     if not parts:
         return torch.zeros((), device=device)
     return torch.linalg.vector_norm(torch.stack(parts)) if len(parts) > 1 else parts[0]

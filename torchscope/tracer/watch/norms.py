@@ -31,7 +31,13 @@ from torch import nn
 from torchscope.protocol.history import ModuleValues
 from torchscope.tracer.errors import ReportOnce
 from torchscope.tracer.watch.capture import replay_target
-from torchscope.tracer.watch.nan_watch import _dense, _norm_of, _total_norms
+from torchscope.tracer.watch.nan_watch import (
+    _combined,
+    _dense,
+    _foreach_norms,
+    _norm_of,
+    _total_norms,
+)
 
 OTHER = "(other)"
 
@@ -139,12 +145,8 @@ class ModuleNorms:
         parts = []
         modules = torch.zeros(len(plan.names), device=device)
         for dev, dtype, pos, mods in plan.groups:
-            ts = [_dense(grads[i]) for i in pos]
-            if dtype in (torch.float32, torch.float64):
-                norms = torch._foreach_norm(ts)
-            elif dtype.is_floating_point:
-                norms = torch._foreach_norm(ts, dtype=torch.float32)
-            else:
+            norms = _foreach_norms([_dense(grads[i]) for i in pos], dtype)
+            if norms is None:
                 continue
             stacked = torch.stack(norms)
             # As nan_watch._norm_of does, so the total is the same number the check uses.
@@ -154,11 +156,7 @@ class ModuleNorms:
                 0, mods, stacked.float().square()
             )
             modules += sq if dev == device else sq.to(device)
-        if not parts:
-            total = torch.zeros((), device=device)
-        else:
-            total = torch.linalg.vector_norm(torch.stack(parts)) if len(parts) > 1 else parts[0]
-        loss = _norm_of(values, device)
+        total, loss = _combined(parts, device), _norm_of(values, device)
         return torch.cat([torch.stack([total, loss]), modules])
 
     def took(self, step: int, row: list[float]) -> None:
