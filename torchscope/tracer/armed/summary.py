@@ -9,12 +9,13 @@ non-blocking copy per batch instead of one sync per tensor; on the CPU the copy 
 from __future__ import annotations
 
 import math
-import sys
 import threading
 import weakref
 from typing import Any
 
 import torch
+
+from torchscope.tracer.shards import local_shard, placements
 
 _FAST_DTYPES = (torch.float32, torch.float64)
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -69,10 +70,8 @@ def tensor_meta(t: torch.Tensor) -> dict[str, Any]:
 
 def _local_shard(t: torch.Tensor) -> tuple[torch.Tensor, str] | None:
     """A DTensor's local tensor and its placements (``Shard(dim=0)``), or None for others."""
-    dtensor = sys.modules.get("torch.distributed.tensor")  # never imported here: no DTensor
-    if dtensor is None or not isinstance(t, dtensor.DTensor):
-        return None
-    return t._local_tensor, ", ".join(map(repr, t.placements))
+    local = local_shard(t)
+    return None if local is None else (local, placements(t))
 
 
 def _stat_view(t: torch.Tensor, keep_half: bool) -> tuple[torch.Tensor | None, str | None]:

@@ -83,6 +83,7 @@ from torchscope.tracer import backward_calls
 from torchscope.tracer.clock import StepClock, an_optimizer_exists
 from torchscope.tracer.errors import ReportOnce
 from torchscope.tracer.ranks import say_line
+from torchscope.tracer.shards import local_shard
 from torchscope.tracer.watch.capture import (
     Backward,
     Call,
@@ -812,7 +813,12 @@ def _params_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 def _dense(t: torch.Tensor) -> torch.Tensor:
     """Values whose L2 norm is ``t``'s: a sparse tensor's stored values, a complex tensor's
-    real and imaginary parts (``foreach_norm`` takes no real dtype for complex input)."""
+    real and imaginary parts (``foreach_norm`` takes no real dtype for complex input). A
+    DTensor (FSDP2) gives its local shard: the figures are this rank's (the whole would take
+    a collective, which hangs the job if the ranks' checks ever disagree)."""
+    local = local_shard(t)
+    if local is not None:
+        t = local
     if t.is_sparse:
         t = t._values()
     if t.is_complex():
