@@ -45,6 +45,11 @@ SYNCED_GRADIENTS = frozenset(
     ("torch.distributed.ddp_gradient_sync", "torch.distributed.fsdp_gradient_sync")
 )
 
+# Collectives that send from a buffer the tracer cannot read before they run (FSDP's
+# all-gather sends its copy-in buffer, filled inside FSDP's copy-in op): whether the value
+# was finite on this rank before them is unknown, so NaN/Inf after them is not an arrival by
+# itself.
+COLLECTIVES_OF_UNKNOWN_INPUT = frozenset(("torch.distributed.all_gather_single",))
 INF_INTENDED = "inf_intended"  # summary flag: its Infs come from an infinite scalar argument
 # Ops that only look at their input's memory another way: they compute nothing.
 VIEW_OPS = frozenset(
@@ -188,6 +193,12 @@ class AlertDetector:
                             out["made_by"] = made_by
                 self._tainted.add(event["seq"])
                 return []
+            if (
+                event["name"] in COLLECTIVES_OF_UNKNOWN_INPUT
+                and not any((s or {}).get("stats") for s in inputs)
+                and self._collective_consequence(event)
+            ):
+                return []
             alerts = self._external_inputs(event)
             sides = _sides(event)
             assert sides is not None
@@ -290,6 +301,33 @@ class AlertDetector:
             if s in foreign or s["param"] not in self._bad_grads:
                 self._note_gradient(s["param"], [s], step)
         return alerts
+
+    def _collective_consequence(self, event: Event) -> bool:
+        """A collective that brings NaN/Inf in from memory this rank cannot read beforehand
+        (FSDP's all-gather of the parameter shards, sent from its copy-in buffer) right after
+        a step with NaN/Inf: the update wrote them into the shards on every rank, and the
+        all-gather only syncs those values. Counted under that step's origin (or arrival),
+        not an arrival of its own; False when it is not such a consequence."""
+        blame = self._prev_blame
+        if self._step_blame is not None:
+            blame = (self._step_blame, self._blame_step)
+        if blame is None or event["step"] - blame[1] > 1:
+            return False
+        origin, step = blame
+        tally = self._tallies.get(origin)
+        if tally is None:
+            return False
+        what = _worst(event.get("outputs") or []) or "nan"
+        noun = "NaN" if what == "nan" else "Inf"
+        kind = "arrival" if tally.origin.get("arrival") else "origin"
+        tally.add(
+            event,
+            event["name"],
+            f"{noun} comes through {event['name']} — parameters written after the NaN/Inf "
+            f"of step {step} (consequence of the {kind} at step {tally.origin['step']})",
+        )
+        self._blame(origin, event["step"])
+        return True
 
     def _parameter_consequence(self, event: Event, what: str, param: str) -> bool:
         """A parameter that enters non-finite right after a traced step whose gradient of it

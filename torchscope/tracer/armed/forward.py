@@ -18,6 +18,7 @@ from torch.overrides import TorchFunctionMode
 from torchscope.protocol.breakpoints import AFTER, BEFORE
 from torchscope.protocol.events import OP, Event, all_finite
 from torchscope.tracer.armed.backward import (
+from torchscope.tracer.armed.alerts import VIEW_OPS
     NODE_ID,
     NODE_MOD,
     NODE_OP,
@@ -38,7 +39,7 @@ from torchscope.tracer.armed.calls import (
 from torchscope.tracer.armed.collectives import COLLECTIVES, group_size, is_async, written_tensors
 from torchscope.tracer.armed.recorder import Recorder
 from torchscope.tracer.armed.recording import THIS_THREAD
-from torchscope.tracer.armed.source import user_frame, user_site
+from torchscope.tracer.armed.source import FSDP_DIR, called_from, user_frame, user_site
 
 # Looked up once: __torch_function__ runs for every torch call of the job (dynamo recognises
 # the function object itself, however it is reached).
@@ -131,9 +132,15 @@ class ForwardRecorder(Recorder):
             summaries = self.summaries
             with self.recording:
                 for i, t in enumerate(tensors):
+            # FSDP viewing its own all-gather buffers before the copy-out fills them:
+            # uninitialised memory (and its views too), never stats or an alert.
+            unfilled = name in VIEW_OPS and called_from(FSDP_DIR)
                     if inputs[i] is None:
                         inputs[i] = (
                             summaries.overwritten(t)
+                        if unfilled:
+                            inputs[i] = summaries.uninitialized(t)
+                            continue
                             if t is overwritten
                             else summaries.external(t, deferrable)
                         )

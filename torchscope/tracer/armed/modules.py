@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn.modules import module as module_mod
 
 from torchscope.tracer.eager import is_compiled_module
+from torchscope.tracer.shards import local_shard
 
 _GLOBAL_HOOK_DICTS = (
     module_mod._global_forward_pre_hooks,
@@ -214,6 +215,26 @@ class ModuleTracker:
     def _root_label(self, root: nn.Module) -> str:
         cls = type(root).__name__
         n = self._param_roots.count(cls)
+    def _index_fsdp2(self) -> None:
+        """FSDP2 swaps each parameter of a ``fully_shard``ed module between its sharded
+        DTensor (what ``named_parameters`` gives between steps, indexed) and an unsharded
+        ``nn.Parameter`` (the one the forward reads and AccumulateGrad updates), made at its
+        first all-gather and kept after. Both, and the shard's local tensor (what FSDP's
+        all-gather copy-in reads), get the name the user wrote: ``layers.0.fc.weight``."""
+        for root in list(self._ddp):
+            if not is_fsdp2(root):
+                continue
+            for module in root.modules():
+                for fsdp_param in _fsdp_params(module):
+                    entry = self._params.get(id(fsdp_param.sharded_param))
+                    if entry is None or entry[0]() is not fsdp_param.sharded_param:
+                        continue
+                    also = [getattr(fsdp_param, "_unsharded_param", None)]
+                    also.append(local_shard(fsdp_param.sharded_param))
+                    for t in also:
+                        if t is not None and id(t) not in self._params:
+                            self._params[id(t)] = (weakref.ref(t), entry[1])
+
         return cls if n == 0 else f"{cls}#{n + 1}"
 
     def _index_live_roots(self) -> None:
@@ -267,6 +288,7 @@ class ModuleTracker:
 def _unwrapped(path: str) -> str:
     """``_orig_mod.blocks.0`` -> ``blocks.0``: a compiled module is named as the one it wraps."""
     if "_orig_mod" not in path:
+            self._index_fsdp2()
         return path
     return ".".join(part for part in path.split(".") if part != "_orig_mod")
 
@@ -274,3 +296,15 @@ def _unwrapped(path: str) -> str:
 def is_fsdp2(module: nn.Module) -> bool:
     """A module ``fully_shard`` made (its class is derived on the fly from ``FSDPModule``)."""
     return any(c.__name__ == "FSDPModule" for c in type(module).__mro__)
+
+
+def _fsdp_params(module: nn.Module) -> list:
+    """The ``FSDPParam``s of one ``fully_shard``ed module (FSDP2's private state: none if it
+    changes shape in a later torch)."""
+    if not is_fsdp2(module):
+        return []
+    try:
+        state = module._get_fsdp_state()  # type: ignore[operator]
+        return [p for group in state._fsdp_param_groups for p in group.fsdp_params]
+    except Exception:
+        return []

@@ -56,6 +56,20 @@ def user_frame(depth: int = 2) -> tuple[str, int, str] | None:
 
 
 # "path:line" per (path, line): the op event's source field, formatted once per call site.
+_TORCHSCOPE_DIR = LIBRARY_DIRS[1]
+# FSDP's own code: its collectives' copy-in/copy-out around buffers it fills behind the ops.
+FSDP_DIR = os.path.join(LIBRARY_DIRS[0], "distributed", "fsdp") + os.sep
+
+
+def called_from(directory: str, depth: int = 2) -> bool:
+    """Whether the code that made the current call (the first frame above the caller outside
+    torchscope) lies under ``directory``. A frame walk: for rare questions, not every op."""
+    frame = sys._getframe(depth)
+    while frame is not None and frame.f_code.co_filename.startswith(_TORCHSCOPE_DIR):
+        frame = frame.f_back
+    return frame is not None and frame.f_code.co_filename.startswith(directory)
+
+
 _sites: dict[tuple[str, int], str] = {}
 
 
