@@ -45,6 +45,16 @@ SYNCED_GRADIENTS = frozenset(
     ("torch.distributed.ddp_gradient_sync", "torch.distributed.fsdp_gradient_sync")
 )
 
+# Ops whose kernel updates running statistics (buffers passed after the activations) in
+# place from the activations, in training mode.
+RUNNING_STATS_OPS = frozenset(
+    (
+        "torch.nn.functional.batch_norm",
+        "torch.nn.functional.instance_norm",
+        "torch.batch_norm",
+        "torch.instance_norm",
+    )
+)
 # Collectives that send from a buffer the tracer cannot read before they run (FSDP's
 # all-gather sends its copy-in buffer, filled inside FSDP's copy-in op): whether the value
 # was finite on this rank before them is unknown, so NaN/Inf after them is not an arrival by
@@ -152,6 +162,9 @@ class AlertDetector:
         # Parameter name -> (origin id, step) of its latest traced gradient that held NaN/Inf:
         # the optimizer writes that into the parameter, which the next step reads.
         self._bad_grads: dict[str, tuple[str | None, int]] = {}
+        # (module, input index) -> the origin id whose NaN/Inf a normalisation's kernel wrote
+        # into those running statistics (BatchNorm's buffers stay bad, step after step).
+        self._running: dict[tuple[str, int], str | None] = {}
 
     def check(self, event: Event) -> list[Event]:
         kind = event["kind"]
@@ -258,6 +271,8 @@ class AlertDetector:
                 continue
             self._reported_inputs.add(id(s))
             param = s.get("param")
+            if param is None and self._running_stats_consequence(event, i, what):
+                continue
             if param is None:
                 label = f"input {i} of {event['name']} (from outside the traced ops)"
                 out.append(self._alert(event, what, "input", label))
@@ -301,6 +316,37 @@ class AlertDetector:
             if s in foreign or s["param"] not in self._bad_grads:
                 self._note_gradient(s["param"], [s], step)
         return alerts
+
+    def _running_stats_consequence(self, event: Event, i: int, what: str) -> bool:
+        """A normalisation's running statistics (BatchNorm's ``running_mean`` and
+        ``running_var``: buffers, inputs after the activations, never parameters) that hold
+        NaN/Inf because the kernel wrote them in place from non-finite activations, in this
+        call or an earlier one of the same module: counted under the origin of those
+        activations, as the parameters an update writes are. False when they are not such a
+        consequence (NaN statistics loaded from outside are still an input alert)."""
+        if i == 0 or event["name"] not in RUNNING_STATS_OPS:
+            return False
+        key = (event.get("module", ""), i)
+        inputs = event.get("inputs") or []
+        origin = self._running.get(key)
+        if _bad(inputs[0]) is not None:  # written from these activations just now
+            origin = self._step_blame or self._last_origin
+            self._running[key] = origin
+        tally = self._tallies.get(origin) if origin is not None else None
+        if tally is None:
+            return False
+        noun = "NaN" if what == "nan" else "Inf"
+        kind = "arrival" if tally.origin.get("arrival") else "origin"
+        module = event.get("module") or "the model"
+        tally.add(
+            event,
+            f"input {i} of {event['name']}",
+            f"{noun} in the running statistics of {module} (input {i} of {event['name']}) "
+            f"— written by the kernel from non-finite activations (consequence of the "
+            f"{kind} at step {tally.origin['step']})",
+        )
+        self._blame(origin, event["step"])
+        return True
 
     def _collective_consequence(self, event: Event) -> bool:
         """A collective that brings NaN/Inf in from memory this rank cannot read beforehand
