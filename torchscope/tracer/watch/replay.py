@@ -191,7 +191,7 @@ class Replay:
             det["reproduced"] = False
             return
         if any(_is_fsdp(c.target) for c in self.calls):
-            notes.append("FSDP: the replay would run collectives, so it is not done")
+            notes.append(_fsdp_note(det))
             det["reproduced"] = False
             return
         self._note_changed_inputs()
@@ -579,3 +579,18 @@ def _first_line(exc: BaseException, limit: int = 160) -> str:
     text = str(exc)
     text = text.splitlines()[0] if text else type(exc).__name__
     return text if len(text) <= limit else text[: limit - 1] + "…"
+def _fsdp_note(det: dict[str, Any]) -> str:
+    """What a rank can say of a NaN/Inf under FSDP without replaying (a replay would run the
+    all-gathers alone and hang the job): whether its own loss shows it came from here."""
+    note = "FSDP: the replay would run collectives, so it is not done"
+    if det.get("in_loss"):
+        return (
+            f"{note}; this rank's loss is non-finite, so its own forward made it: "
+            "torchscope run --record names the op and line"
+        )
+    return (
+        f"{note}; this rank's loss is finite: it most likely came from another rank through "
+        "FSDP's gradient reduce-scatter, see that rank's report"
+    )
+
+
