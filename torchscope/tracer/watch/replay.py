@@ -571,14 +571,6 @@ def _pipeline_of(tracer: Any) -> Any:
     return pipeline
 
 
-def _is_fsdp(module: torch.nn.Module) -> bool:
-    return any(type(m).__module__.startswith("torch.distributed.fsdp") for m in module.modules())
-
-
-def _first_line(exc: BaseException, limit: int = 160) -> str:
-    text = str(exc)
-    text = text.splitlines()[0] if text else type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 def _fsdp_note(det: dict[str, Any]) -> str:
     """What a rank can say of a NaN/Inf under FSDP without replaying (a replay would run the
     all-gathers alone and hang the job): whether its own loss shows it came from here."""
@@ -594,3 +586,11 @@ def _fsdp_note(det: dict[str, Any]) -> str:
     )
 
 
+def _is_fsdp(module: torch.nn.Module) -> bool:
+    return any(type(m).__module__.startswith("torch.distributed.fsdp") for m in module.modules())
+
+
+def _first_line(exc: BaseException, limit: int = 160) -> str:
+    text = str(exc)
+    text = text.splitlines()[0] if text else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
