@@ -17,8 +17,8 @@ from torch.overrides import TorchFunctionMode
 
 from torchscope.protocol.breakpoints import AFTER, BEFORE
 from torchscope.protocol.events import OP, Event, all_finite
-from torchscope.tracer.armed.backward import (
 from torchscope.tracer.armed.alerts import VIEW_OPS
+from torchscope.tracer.armed.backward import (
     NODE_ID,
     NODE_MOD,
     NODE_OP,
@@ -130,17 +130,17 @@ class ForwardRecorder(Recorder):
             if overwrites_first_input(name):  # nn.init passes its tensor as tensor=...
                 overwritten = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
             summaries = self.summaries
-            with self.recording:
-                for i, t in enumerate(tensors):
             # FSDP viewing its own all-gather buffers before the copy-out fills them:
             # uninitialised memory (and its views too), never stats or an alert.
             unfilled = name in VIEW_OPS and called_from(FSDP_DIR)
+            with self.recording:
+                for i, t in enumerate(tensors):
                     if inputs[i] is None:
-                        inputs[i] = (
-                            summaries.overwritten(t)
                         if unfilled:
                             inputs[i] = summaries.uninitialized(t)
                             continue
+                        inputs[i] = (
+                            summaries.overwritten(t)
                             if t is overwritten
                             else summaries.external(t, deferrable)
                         )

@@ -212,9 +212,6 @@ class ModuleTracker:
                 seen.add(id(p))
                 self._params[id(p)] = (weakref.ref(p), prefix + _unwrapped(name))
 
-    def _root_label(self, root: nn.Module) -> str:
-        cls = type(root).__name__
-        n = self._param_roots.count(cls)
     def _index_fsdp2(self) -> None:
         """FSDP2 swaps each parameter of a ``fully_shard``ed module between its sharded
         DTensor (what ``named_parameters`` gives between steps, indexed) and an unsharded
@@ -235,6 +232,9 @@ class ModuleTracker:
                         if t is not None and id(t) not in self._params:
                             self._params[id(t)] = (weakref.ref(t), entry[1])
 
+    def _root_label(self, root: nn.Module) -> str:
+        cls = type(root).__name__
+        n = self._param_roots.count(cls)
         return cls if n == 0 else f"{cls}#{n + 1}"
 
     def _index_live_roots(self) -> None:
@@ -279,6 +279,7 @@ class ModuleTracker:
         ):
             self._searched.add(id(t))  # parameters are few: at most one search each
             self._index_live_roots()
+            self._index_fsdp2()
             entry = self._params.get(id(t))
             if entry is not None and entry[0]() is t:
                 return entry[1]
@@ -288,7 +289,6 @@ class ModuleTracker:
 def _unwrapped(path: str) -> str:
     """``_orig_mod.blocks.0`` -> ``blocks.0``: a compiled module is named as the one it wraps."""
     if "_orig_mod" not in path:
-            self._index_fsdp2()
         return path
     return ".".join(part for part in path.split(".") if part != "_orig_mod")
 

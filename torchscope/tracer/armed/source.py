@@ -55,7 +55,6 @@ def user_frame(depth: int = 2) -> tuple[str, int, str] | None:
     return None
 
 
-# "path:line" per (path, line): the op event's source field, formatted once per call site.
 _TORCHSCOPE_DIR = LIBRARY_DIRS[1]
 # FSDP's own code: its collectives' copy-in/copy-out around buffers it fills behind the ops.
 FSDP_DIR = os.path.join(LIBRARY_DIRS[0], "distributed", "fsdp") + os.sep
@@ -70,6 +69,7 @@ def called_from(directory: str, depth: int = 2) -> bool:
     return frame is not None and frame.f_code.co_filename.startswith(directory)
 
 
+# "path:line" per (path, line): the op event's source field, formatted once per call site.
 _sites: dict[tuple[str, int], str] = {}
 
 
