@@ -1,0 +1,97 @@
+"""FSDP2 (``fully_shard``) on 2 gloo ranks: the watch and the recordings on DTensor parameters.
+
+Healthy: no internal error, losses bit-identical to the plain job, AccumulateGrad rows named as
+the user wrote the parameters, no stats of FSDP's unfilled buffers. A NaN on rank 1: the watch
+stops the job (exit 3) and says which rank made it; a recording holds one origin in the job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ranks import JOBS, ended_well, finish, kill, rank_alerts, torchrun
+
+pytest.importorskip("torch")
+
+JOB = JOBS / "fsdp2_nan.py"
+SQRT_LINE = next(
+    i for i, line in enumerate(JOB.read_text().splitlines(), 1) if "torch.sqrt" in line
+)
+SHORT = {"JOB_PG_TIMEOUT": "10"}  # a hang fails fast
+BAD = {**SHORT, "JOB_BAD": "1"}
+
+
+def _losses(out: str) -> list[str]:
+    return sorted(line for line in out.splitlines() if line.startswith("rank "))
+
+
+def _run(tmp: Path, env: dict[str, str], *options: str) -> tuple[int | None, str, str]:
+    """The job under ``torchscope run OPTIONS`` (plain without any): (exit code, out, err)."""
+    args = ("-m", "torchscope", "run", *options) if options else ()
+    proc = torchrun(*args, str(JOB), cwd=tmp, env=env)
+    try:
+        ((out, err),) = finish(proc, timeout=90)
+    finally:
+        kill(proc)
+    return proc.returncode, out, err
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    code, out, err = _run(tmp_path_factory.mktemp("plain"), SHORT)
+    assert code == 0 or "terminate called" in err, err[-3000:]
+    return _losses(out)
+
+
+@pytest.mark.parametrize("options", [("--watch", "nan"), ("--record", "t.tsc")])
+def test_a_healthy_fsdp2_job_is_unchanged_and_the_tracer_reports_no_error(tmp_path, plain, options):
+    proc = torchrun("-m", "torchscope", "run", "--quiet", *options, str(JOB), cwd=tmp_path,
+                    env=SHORT)  # fmt: skip
+    try:
+        ((out, err),) = finish(proc, timeout=90)
+    finally:
+        kill(proc)
+    assert ended_well(proc, err), err[-3000:]
+    assert "internal error" not in err, err[-3000:]
+    assert _losses(out) == plain  # bit-identical
+    if "--record" not in options:
+        return
+    import torchscope
+
+    for rank in (0, 1):
+        trace = torchscope.load(tmp_path / f"t.rank{rank}.tsc")
+        assert list(trace.of_kind("alert")) == []
+        names = {e.get("param") for e in trace.events if e.get("node") == "AccumulateGrad"}
+        assert {"layers.0.fc.weight", "layers.2.norm.bias", "head.weight"} <= names, names
+        for e in trace.events:  # FSDP's unfilled buffers: no stats, so no garbage ones
+            for side in ("inputs", "outputs", "grad_inputs", "grad_outputs"):
+                for s in e.get(side) or []:
+                    stats = (s or {}).get("stats") or {}
+                    assert not stats.get("nan") and not stats.get("inf"), (e["name"], s)
+                    assert (stats.get("norm") or 0.0) < 1e30, (e.get("name"), s)
+
+
+def test_the_watch_stops_a_nan_on_one_rank_and_says_which_rank_made_it(tmp_path):
+    code, out, err = _run(tmp_path, BAD, "--watch", "nan", "--on-nan", "stop")
+    assert code != 0 and "exitcode  : 3" in err, err[-3000:]
+    assert "internal error" not in err, err[-3000:]
+    assert "rank 1 step 6" not in out  # stopped before the bad update
+    (made,) = [line for line in err.splitlines() if line.startswith("torchscope[rank 1]: NaN")]
+    assert "step 6" in made and "its own forward made it" in made, made
+    (came,) = [line for line in err.splitlines() if line.startswith("torchscope[rank 0]: NaN")]
+    assert "from another rank" in came, came
+
+
+def test_a_recording_holds_one_origin_in_the_job_on_the_rank_that_made_it(tmp_path):
+    from torchscope.analysis.trace import CONSEQUENCES, job_origins
+
+    _, _, err = _run(tmp_path, BAD, "--quiet", "--record", "t.tsc")
+    assert "internal error" not in err, err[-3000:]
+    alerts = rank_alerts(lambda r: tmp_path / f"t.rank{r}.tsc")
+    own = {r: [a for a in alerts[r] if a["where"] != CONSEQUENCES] for r in (0, 1)}
+    (origin,) = own[1]  # no arrival back on the rank that made it
+    assert origin["name"] == "torch.sqrt" and origin["step"] == 6
+    assert origin["source"].endswith(f"fsdp2_nan.py:{SQRT_LINE}")
+    assert all(a.get("arrival") for a in own[0]), [a["message"] for a in own[0]]
+    assert not any("outside the traced ops" in a["message"] for r in (0, 1) for a in own[r])
+    assert len(job_origins(alerts)) == 1
