@@ -94,18 +94,26 @@ def _top_module(p: dict[str, Any]) -> str:
 
 
 def _table(points: list[dict[str, Any]], buckets: list[dict[str, Any]]) -> Iterator[str]:
-    yield f"{'STEP':>12} {'LOSS':>13} {'GRAD NORM':>13} {'TRACED':<6} LARGEST MODULE NORM"
+    # A loss scaler's columns only in a job that has one: the scale, and its skipped updates.
+    scaler = any(p.get("scale") is not None for p in points)
+    head = f"{'SCALE':>10} {'UPDATE':<8} " if scaler else ""
+    yield f"{'STEP':>12} {'LOSS':>13} {'GRAD NORM':>13} {head}{'TRACED':<6} LARGEST MODULE NORM"
     for b in buckets:
         lo, hi, last = _series(b.get("loss"))
         glo, ghi, glast = _series(b.get("grad_norm"))
         steps = f"{b.get('first')}-{b.get('last')}"
         grad = f"  |g| {_num(glo)}..{_num(ghi)} (last {_num(glast)})" if glast is not None else ""
-        yield f"{steps:>12} loss {_num(lo)}..{_num(hi)} (last {_num(last)}){grad}"
+        skips = f"  {b['skipped']} skipped by the scaler" if b.get("skipped") else ""
+        yield f"{steps:>12} loss {_num(lo)}..{_num(hi)} (last {_num(last)}){grad}{skips}"
     for p in points:
         traced = "yes" if p.get("traced") else ""
+        cols = ""
+        if scaler:
+            update = "skipped" if p.get("skipped") else ""
+            cols = f"{_num(p.get('scale')):>10} {update:<8} "
         yield (
             f"{p.get('step')!s:>12} {_num(p.get('loss')):>13} {_num(p.get('grad_norm')):>13} "
-            f"{traced:<6} {_top_module(p)}".rstrip()
+            f"{cols}{traced:<6} {_top_module(p)}".rstrip()
         )
     if not points and not buckets:
         yield "(no steps yet)"
@@ -137,7 +145,8 @@ def _csv(points: list[dict[str, Any]], buckets: list[dict[str, Any]]) -> Iterato
         if isinstance(norms, dict):
             modules.update(dict.fromkeys(map(str, norms)))
     head = ["step", "last_step", "loss", "loss_min", "loss_max", "grad_norm"]
-    head += ["grad_norm_min", "grad_norm_max", "traced", *(f"norm:{m}" for m in modules)]
+    head += ["grad_norm_min", "grad_norm_max", "traced", "scale", "skipped"]
+    head += [f"norm:{m}" for m in modules]
     buf = _Lines()
     out = csv.writer(buf, lineterminator="")
 
@@ -150,12 +159,14 @@ def _csv(points: list[dict[str, Any]], buckets: list[dict[str, Any]]) -> Iterato
     for b in buckets:
         lo, hi, last = _series(b.get("loss"))
         glo, ghi, glast = _series(b.get("grad_norm"))
-        yield row([b.get("first"), b.get("last"), last, lo, hi, glast, glo, ghi, ""])
+        yield row(
+            [b.get("first"), b.get("last"), last, lo, hi, glast, glo, ghi, "", "", b.get("skipped")]
+        )
     for p in points:
         norms = p.get("module_norms") if isinstance(p.get("module_norms"), dict) else {}
         yield row(
             [p.get("step"), p.get("step"), p.get("loss"), None, None, p.get("grad_norm")]
-            + [None, None, int(bool(p.get("traced")))]
+            + [None, None, int(bool(p.get("traced"))), p.get("scale"), int(bool(p.get("skipped")))]
             + [norms.get(m) for m in modules]
         )
 

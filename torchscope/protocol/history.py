@@ -43,7 +43,9 @@ class StepPoint:
     job passed it to ``backward``). ``grad_norm``: the global L2 norm of the gradients (the
     watch's). ``module_norms``: module path -> L2 norm of that module's own parameters'
     gradients. ``update_ratios``: module path -> ||update|| / ||weight|| for the step.
-    ``traced``: whether the step was traced in full.
+    ``traced``: whether the step was traced in full. Under a loss scaler: ``scale``, the scale
+    the step ran with, and ``skipped``, whether the scaler skipped its update (inf/NaN in the
+    scaled gradients).
     """
 
     step: int
@@ -52,6 +54,8 @@ class StepPoint:
     module_norms: dict[str, float] | None = None
     update_ratios: dict[str, float] | None = None
     traced: bool = False
+    scale: float | None = None
+    skipped: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"step": self.step, "loss": self.loss}
@@ -63,6 +67,10 @@ class StepPoint:
             out["update_ratios"] = dict(self.update_ratios)
         if self.traced:
             out["traced"] = True
+        if self.scale is not None:
+            out["scale"] = self.scale
+        if self.skipped:
+            out["skipped"] = True
         return out
 
     @classmethod
@@ -74,6 +82,8 @@ class StepPoint:
             module_norms=_float_map(d.get("module_norms")),
             update_ratios=_float_map(d.get("update_ratios")),
             traced=bool(d.get("traced", False)),
+            scale=_float_or_none(d.get("scale")),
+            skipped=bool(d.get("skipped", False)),
         )
 
 
@@ -116,31 +126,38 @@ class Series:
 
 @dataclass
 class Bucket:
-    """Steps ``first``..``last`` (inclusive) folded: min/max/last of loss and gradient norm."""
+    """Steps ``first``..``last`` (inclusive) folded: min/max/last of loss and gradient norm,
+    and how many of them a loss scaler skipped."""
 
     first: int
     last: int
     loss: Series = field(default_factory=Series)
     grad_norm: Series = field(default_factory=Series)
+    skipped: int = 0
 
     def add(self, p: StepPoint) -> None:
         self.last = max(self.last, p.step)
         self.loss.add(p.loss)
         self.grad_norm.add(p.grad_norm)
+        self.skipped += p.skipped
 
     def merge(self, other: Bucket) -> None:
         self.first = min(self.first, other.first)
         self.last = max(self.last, other.last)
         self.loss.merge(other.loss)
         self.grad_norm.merge(other.grad_norm)
+        self.skipped += other.skipped
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        out = {
             "first": self.first,
             "last": self.last,
             "loss": self.loss.to_wire(),
             "grad_norm": self.grad_norm.to_wire(),
         }
+        if self.skipped:
+            out["skipped"] = self.skipped
+        return out
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Bucket:
@@ -149,6 +166,7 @@ class Bucket:
             last=int(d["last"]),
             loss=Series.from_wire(d.get("loss")),
             grad_norm=Series.from_wire(d.get("grad_norm")),
+            skipped=_count(d.get("skipped")),
         )
 
 
@@ -262,6 +280,10 @@ class RunHistory:
         for p in d.get("points") or ():
             if isinstance(p, dict) and isinstance(p.get("step"), int):
                 self.add(StepPoint.from_wire(p))
+
+
+def _count(x: Any) -> int:
+    return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else 0
 
 
 def _float_or_none(x: Any) -> float | None:

@@ -44,7 +44,7 @@ from torchscope.tracer import backward_calls
 from torchscope.tracer.armed.aten import aten_scope
 from torchscope.tracer.armed.modules import is_fsdp2
 from torchscope.tracer.armed.session import DrivenBy, Tracer, current_tracer, session_event
-from torchscope.tracer.clock import StepClock
+from torchscope.tracer.clock import BY_SCALER, StepClock
 from torchscope.tracer.history import HistoryCollector
 from torchscope.tracer.holders import COMMAND_LINE, UI, Holders, StepHold
 from torchscope.tracer.outputs import Outputs
@@ -131,7 +131,7 @@ class Agent:
         self._watch_listening: backward_calls.Listening | None = None
         self._blocked_said = False
         self.history = HistoryCollector(lambda: self.clock.owner)
-        self._history_listening: backward_calls.Listening | None = None
+        self._history_listening: Any = None  # HistoryCollector.listen()
 
     @property
     def stepper(self) -> Stepper | None:
@@ -189,8 +189,8 @@ class Agent:
             self._start_publisher(session)
         self.clock.install()
         if opts.history:
-            # A listener in the wrapper the clock has just installed: no hook of its own.
-            self._history_listening = backward_calls.listen(self.history)
+            # Listeners in the wrappers the clock has just installed: no hook of their own.
+            self._history_listening = self.history.listen()
         self._handle_sigterm()
         # A forked child (a DataLoader worker) is not the job: it drops what the agent holds.
         ref = weakref.ref(self)
@@ -469,7 +469,8 @@ class Agent:
         """The step before ``step`` gets its point; holds waiting on a condition are tested
         on the points that arrived (only here, never per op)."""
         history = self.history
-        added = history.step_ends(step) if self.options.history else []
+        skipped = self.clock.counted_by == BY_SCALER
+        added = history.step_ends(step, skipped=skipped) if self.options.history else []
         if not self.holders:
             history.eager = False
             return

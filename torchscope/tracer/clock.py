@@ -1,8 +1,11 @@
 """The job's step counter: where training steps begin and end, on the training thread.
 
-A step ends at ``optimizer.step()`` (global optimizer hooks), at ``torchscope.step()``, or, in a
-job that updates its weights by hand and has shown neither, after a top-level ``backward()``
-(optional: ``backward_steps``). Whoever listens (a tracer, the dormant agent) is told:
+A step ends at ``optimizer.step()`` (global optimizer hooks), at a loss scaler's ``step()``
+that skipped the update (``torch.amp.GradScaler`` after an overflow: the loop's iteration
+ended all the same), at ``torchscope.step()``, or, in a job that updates its weights by hand
+and has shown neither, after a top-level ``backward()`` (optional: ``backward_steps``).
+Steps are therefore the loop's iterations; ``skipped`` counts those without an update, so
+the optimizer's own count is ``step - skipped`` from a start at 0. Whoever listens (a tracer, the dormant agent) is told:
 
 - ``update_begins(args, kwargs)`` / ``update_ends()``: an optimizer update starts / ends without
   ending the step (the tracer leaves its mode during the update);
@@ -36,7 +39,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from torchscope.tracer import backward_calls
+from torchscope.tracer import backward_calls, scaler_calls
 
 
 class StepListener(Protocol):
@@ -53,6 +56,7 @@ class StepListener(Protocol):
 BY_OPTIMIZER = "optimizer"
 BY_BACKWARD = "backward"
 BY_CALL = "torchscope.step"
+BY_SCALER = "scaler"  # a GradScaler's step() that skipped the update
 
 
 class StepClock:
@@ -82,6 +86,10 @@ class StepClock:
         self._resume_hook: Any = None  # settles an update whose step() raised
         self._pending_hook: Any = None  # takes a boundary deferred after backward()
         self._backward: backward_calls.Listening | None = None
+        self._scaler: scaler_calls.Listening | None = None
+        self.skipped = 0  # steps whose scaler.step() skipped the update
+        self._updates = 0  # optimizer updates ended (to tell a skipped scaler step)
+        self._updates_at_scaler: int | None = None  # at the scaler.step() in progress
 
     # -- lifecycle -----------------------------------------------------------------------------
     def install(self) -> StepClock:
@@ -91,6 +99,7 @@ class StepClock:
                 register_optimizer_step_pre_hook(self._before_update),
                 register_optimizer_step_post_hook(self._after_update),
             ]
+            self._scaler = scaler_calls.listen(self)
         if self.backward_steps and self._backward is None:
             self._backward = backward_calls.listen(self)
         return self
@@ -101,6 +110,9 @@ class StepClock:
                 hook.remove()
         self._hooks = []
         self._resume_hook = self._pending_hook = None
+        if self._scaler is not None:
+            self._scaler.remove()
+            self._scaler = None
         if self._backward is not None:
             self._backward.remove()
             self._backward = None
@@ -151,6 +163,7 @@ class StepClock:
             self._depth -= 1
             return
         self._settle()
+        self._updates += 1
         if self.optimizer_steps:
             if not self._optimizer_seen:
                 self._optimizer_seen = True
@@ -172,6 +185,22 @@ class StepClock:
         if self._resume_hook is not None:
             self._resume_hook.remove()
             self._resume_hook = None
+
+    # -- a loss scaler's step() that skipped the update ------------------------------------------
+    def scaler_step_begins(self, scaler: Any, optimizer: Any) -> None:
+        if threading.get_ident() == self._owner:
+            self._updates_at_scaler = self._updates
+
+    def scaler_step_ends(self, scaler: Any, optimizer: Any, ok: bool) -> None:
+        if threading.get_ident() != self._owner:
+            return
+        before, self._updates_at_scaler = self._updates_at_scaler, None
+        if ok and before == self._updates and self.optimizer_steps:
+            # The scaler found inf/NaN in the scaled gradients and did not call step(): the
+            # iteration is over all the same. Counted, so steps stay the loop's iterations.
+            self._drop_pending()
+            self.skipped += 1
+            self.advance(BY_SCALER)
 
     # -- backward() as a step's end, for jobs without an optimizer ------------------------------
     def _counts_backward(self) -> bool:

@@ -6,8 +6,9 @@ gradient norms), traced or not, so a UI that attaches late sees what happened be
 roots, give no loss). Under gradient accumulation (several ``backward()`` in one step) it is
 the *last* micro-batch's root, not their sum or mean: it is the value a loop that prints
 ``loss.item()`` after its update shows. Under a loss scaler (``GradScaler``,
-``scaler.scale(loss).backward()``) it is the *scaled* value, as the job handed it to
-``backward``. A step with no such backward has no loss (None).
+``scaler.scale(loss).backward()``) it is the loss *before* scaling, as the job computed it,
+and the point also keeps the scale the step ran with and whether the scaler skipped its
+update (``scaler_calls``). A step with no such backward has no loss (None).
 
 Cost, per step, on the training thread: a reference to the root taken in ``backward()`` (the
 wrapper the step clock already installs; no extra hook) and, at the step boundary, one point.
@@ -36,9 +37,14 @@ from typing import Any
 import torch
 
 from torchscope.protocol.history import ModuleValues, RunHistory, StepPoint
+from torchscope.tracer import backward_calls, scaler_calls
 from torchscope.tracer.errors import ReportOnce
 
 _DisableTorchDispatch = torch._C._DisableTorchDispatch
+
+
+# A value of a point still on its device: (index into the waiting points, field, 0-d tensor).
+_DeviceValue = tuple[int, str, torch.Tensor]
 
 
 class _Copy:
@@ -46,18 +52,21 @@ class _Copy:
 
     __slots__ = ("events", "parts", "points")
 
-    def __init__(self, points: list[StepPoint], parts: list[tuple[list[int], Any]], events: list):
+    def __init__(
+        self, points: list[StepPoint], parts: list[tuple[list[tuple[int, str]], Any]], events: list
+    ):
         self.points = points  # the points waiting for these values, oldest first
-        self.parts = parts  # (indices into points, host or device tensor of their values)
+        # ((index into points, field) per value, host or device tensor of those values)
+        self.parts = parts
         self.events = events  # CUDA events recorded after the copies
 
     def ready(self) -> bool:
         return all(e.query() for e in self.events)
 
     def deliver(self) -> list[StepPoint]:
-        for idx, values in self.parts:
-            for i, v in zip(idx, values.tolist(), strict=True):
-                self.points[i].loss = float(v)
+        for where, values in self.parts:
+            for (i, name), v in zip(where, values.tolist(), strict=True):
+                setattr(self.points[i], name, float(v))
         return self.points
 
 
@@ -87,12 +96,15 @@ class HistoryCollector:
         self.lock = threading.Lock()
         self._owner = owner
         self._root: torch.Tensor | None = None  # the current step's last backward root
+        # The last ``scaler.scale(loss)``: (scaled, loss, scaler), until its backward() begins.
+        self._scaled: tuple[Any, torch.Tensor, Any] | None = None
+        self._scaler: Any = None  # the loss scaler of the current step's root
         self._grad_norm: float | None = None  # the watch's, for the current step
         self._module_norms: ModuleValues | None = None
         self._open: int | None = None  # the step being gathered
         self._traced = False  # whether it is traced
-        self._waiting: list[StepPoint] = []  # closed, their loss still on a device
-        self._tensors: list[torch.Tensor | None] = []  # ... and those values
+        self._waiting: list[StepPoint] = []  # closed, some value still on a device
+        self._tensors: list[_DeviceValue] = []  # ... and those values
         self._copy: _Copy | None = None
         self._unsent: list[StepPoint] = []  # added since the last live event
         self._last_sent = time.monotonic()
@@ -108,6 +120,10 @@ class HistoryCollector:
         roots = kwargs.get("tensors")
         if isinstance(roots, (tuple, list)):
             roots = roots[0] if len(roots) == 1 else None
+        scaled, self._scaled = self._scaled, None
+        self._scaler = None
+        if scaled is not None and roots is scaled[0]:
+            _, roots, self._scaler = scaled  # the loss before the scaler scaled it
         # No torch call here (a traced step's mode would see it): checked at the boundary.
         self._root = roots if isinstance(roots, torch.Tensor) else None
         return None
@@ -116,6 +132,15 @@ class HistoryCollector:
         if not ok and threading.get_ident() == self._owner():
             self._root = None
 
+    # -- the loss scaler (scaler_calls listener, training thread) ------------------------------
+    def loss_scaled(self, scaler: Any, outputs: Any, scaled: Any) -> None:
+        if threading.get_ident() == self._owner() and isinstance(outputs, torch.Tensor):
+            self._scaled = (scaled, outputs, scaler)
+
+    def listen(self) -> _Listenings:
+        """Listen to ``backward()`` and loss scaler calls; ``remove()`` the handle to stop."""
+        return _Listenings(backward_calls.listen(self), scaler_calls.listen(self))
+
     # -- the watch (training thread, in its check) ---------------------------------------------
     def watch_norms(self, step: int, grad_norm: float, modules: ModuleValues | None) -> None:
         """The watch checked the current step (again, under LBFGS: the last check wins)."""
@@ -123,17 +148,18 @@ class HistoryCollector:
         self._module_norms = modules
 
     # -- step boundaries (training thread) -----------------------------------------------------
-    def step_ends(self, new: int) -> list[StepPoint]:
-        """Step ``new`` begins: the step before it gets its point. Returns the points that
-        reached the history now (this one, or a batch whose values arrived)."""
+    def step_ends(self, new: int, *, skipped: bool = False) -> list[StepPoint]:
+        """Step ``new`` begins: the step before it gets its point (``skipped``: a loss scaler
+        skipped its update). Returns the points that reached the history now (this one, or
+        a batch whose values arrived)."""
         try:
-            return self._step_ends(new)
+            return self._step_ends(new, skipped)
         except Exception as exc:
             self._error("at a step boundary", exc)
             self._root = None
             return []
 
-    def _step_ends(self, new: int) -> list[StepPoint]:
+    def _step_ends(self, new: int, skipped: bool) -> list[StepPoint]:
         opened, self._open = self._open, new
         if opened is None:  # the first boundary: the step that begins now is the first
             return []
@@ -141,32 +167,38 @@ class HistoryCollector:
             return []  # numbered anew (torchscope.step(n)): the same step goes on
         closing = new - 1
         root, self._root = self._root, None
+        scaler, self._scaler = self._scaler, None
         point = StepPoint(
             closing,
             grad_norm=self._grad_norm,
             module_norms=self._module_norms,
             traced=self._traced,
+            skipped=skipped,
         )
         self._grad_norm = self._module_norms = None
-        device_value = None
-        if root is not None:
-            # Outside any mode (a traced step's would record these); nothing here makes a
-            # graph (the detached value requires no grad), so no grad-mode switch either.
-            with torch._C.DisableTorchFunction(), _DisableTorchDispatch():
-                if root.numel() == 1 and root.dtype.is_floating_point:
-                    if root.device.type in self.host_devices:
-                        point.loss = root.item()
-                    else:
-                        device_value = root.detach().reshape(())
+        on_device: list[tuple[str, torch.Tensor]] = []
+        # Outside any mode (a traced step's would record these); nothing here makes a
+        # graph (the detached value requires no grad), so no grad-mode switch either.
+        with torch._C.DisableTorchFunction(), _DisableTorchDispatch():
+            if root is not None and root.numel() == 1 and root.dtype.is_floating_point:
+                self._read(point, "loss", root.detach().reshape(()), on_device)
+            scale = scaler_calls.scale_of(scaler) if scaler is not None else None
+            if scale is not None:
+                # A copy: the scaler's update() changes its scale in place after this.
+                value = scale.reshape(())
+                if value.device.type not in self.host_devices:
+                    value = value.clone()
+                self._read(point, "scale", value, on_device)
         added: list[StepPoint] = []
         with self.lock:
             if closing < opened:
                 # Renumbered back (micro-batches counted as steps before the first
                 # optimizer step were one step): what was said of them goes.
                 self._forget_from(closing)
-            if device_value is not None or self._waiting:
+            if on_device or self._waiting:
+                i = len(self._waiting)
                 self._waiting.append(point)
-                self._tensors.append(device_value)
+                self._tensors.extend((i, name, t) for name, t in on_device)
             else:
                 self._add(point, added)
             self._take_copy(added, wait=False)
@@ -175,6 +207,15 @@ class HistoryCollector:
                 self.flush_soon = False
                 self._start_copy(added)
         return added
+
+    def _read(
+        self, point: StepPoint, name: str, value: torch.Tensor, on_device: list
+    ) -> None:
+        """A host value at once; a device value later, in the next batch's copy."""
+        if value.device.type in self.host_devices:
+            setattr(point, name, value.item())
+        else:
+            on_device.append((name, value))
 
     def traced(self, traced: bool) -> None:
         """Whether the step that just began is traced (asked after arming)."""
@@ -192,7 +233,8 @@ class HistoryCollector:
         self.history.discard_from(step)
         keep = [i for i, p in enumerate(self._waiting) if p.step < step]
         self._waiting = [self._waiting[i] for i in keep]
-        self._tensors = [self._tensors[i] for i in keep]
+        kept = set(keep)  # the points kept are the oldest: their indices stay
+        self._tensors = [v for v in self._tensors if v[0] in kept]
         self._unsent = [p for p in self._unsent if p.step < step]
 
     def _take_copy(self, added: list[StepPoint], *, wait: bool) -> None:
@@ -213,14 +255,13 @@ class HistoryCollector:
         (called with the lock held; no host sync on CUDA)."""
         points, tensors = self._waiting, self._tensors
         self._waiting, self._tensors = [], []
-        groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-        for i, t in enumerate(tensors):
-            if t is not None:
-                groups.setdefault((t.device, t.dtype), []).append(i)
+        groups: dict[tuple[torch.device, torch.dtype], list[_DeviceValue]] = {}
+        for v in tensors:
+            groups.setdefault((v[2].device, v[2].dtype), []).append(v)
         parts, events = [], []
         with torch._C.DisableTorchFunction(), _DisableTorchDispatch(), torch.no_grad():
-            for (device, _), idx in groups.items():
-                stacked = torch.stack([tensors[i] for i in idx])  # type: ignore[misc]
+            for (device, _), values in groups.items():
+                stacked = torch.stack([t for _, _, t in values])
                 if device.type == "cuda":
                     host = stacked.to("cpu", non_blocking=True)
                     event = torch.cuda.Event()
@@ -228,7 +269,7 @@ class HistoryCollector:
                     events.append(event)
                 else:
                     host = stacked.cpu()  # no events to wait on: one sync per batch
-                parts.append((idx, host))
+                parts.append(([(i, name) for i, name, _ in values], host))
         copy = _Copy(points, parts, events)
         if copy.ready():  # nothing in flight (or no device that could be)
             for p in copy.deliver():
@@ -295,3 +336,14 @@ class HistoryCollector:
             "latest": latest.to_wire() if latest is not None else None,
             "pending": self.pending(),
         }
+
+
+class _Listenings:
+    """The collector's listener handles, removed together."""
+
+    def __init__(self, *handles: Any) -> None:
+        self._handles = handles
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()

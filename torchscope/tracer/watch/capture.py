@@ -73,10 +73,32 @@ class Call:
 class Backward:
     """One top-level ``backward()`` of the step."""
 
-    __slots__ = ("grad_tensors", "inputs", "marks", "roots", "source", "user_retains", "values")
+    __slots__ = (
+        "grad_tensors",
+        "inputs",
+        "marks",
+        "roots",
+        "scale",
+        "scaler",
+        "source",
+        "unscaled",
+        "user_retains",
+        "values",
+    )
 
-    def __init__(self, roots: list[torch.Tensor], kwargs: dict[str, Any], user_retains: bool):
-        self.values = [r.detach() for r in roots]  # for the loss check: no graph reference
+    def __init__(
+        self,
+        roots: list[torch.Tensor],
+        kwargs: dict[str, Any],
+        user_retains: bool,
+        scaled: tuple[list[torch.Tensor], Any] | None = None,
+    ):
+        # Under a loss scaler (``scaler.scale(loss).backward()``): the loss as the job computed
+        # it, before scaling -- what the check reads, and where a replay starts from.
+        self.unscaled, self.scaler = scaled if scaled is not None else (None, None)
+        self.scale: Any = None  # the scale this backward ran with (a tensor), when scaled
+        # for the loss check: no graph reference
+        self.values = [r.detach() for r in (self.unscaled or roots)]
         self.roots: list[torch.Tensor] | None = None  # set while the watch keeps the graph
         self.grad_tensors = kwargs.get("grad_tensors")
         self.inputs = kwargs.get("inputs")
@@ -86,6 +108,7 @@ class Backward:
 
     def drop_graph(self) -> None:
         self.roots = None
+        self.unscaled = None
         self.grad_tensors = None
         self.inputs = None
         if self.marks is not None:

@@ -79,8 +79,8 @@ from torch._C._autograd import _get_sequence_nr
 from torch.nn.modules import module as module_mod
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from torchscope.tracer import backward_calls
-from torchscope.tracer.clock import StepClock, an_optimizer_exists
+from torchscope.tracer import backward_calls, scaler_calls
+from torchscope.tracer.clock import BY_SCALER, StepClock, an_optimizer_exists
 from torchscope.tracer.errors import ReportOnce
 from torchscope.tracer.ranks import say_line
 from torchscope.tracer.shards import local_shard
@@ -97,6 +97,8 @@ if TYPE_CHECKING:
     from torchscope.tracer.armed.session import Tracer
 
 POLICIES = ("continue", "pause", "stop")
+# A loss scaler that skips this many steps in a row is said once (its scale is collapsing).
+SKIPS_TO_SAY = 20
 NAN, INF, GRADNORM = "nan", "inf", "gradnorm"
 STOP_EXIT_CODE = 3  # what `torchscope run --on-nan stop` should exit with
 
@@ -198,6 +200,7 @@ class NanWatch:
         self._owner = threading.get_ident()
         self._lock = threading.Lock()
         self._step = 0
+        self._started_at = 0  # the step the watch was installed at
         self._depth = 0  # top-level module calls in progress (owner thread)
         self._replaying = False
         # Weak: a watch that outlives a model (a sweep building one per trial) must not keep
@@ -214,11 +217,24 @@ class NanWatch:
         self._closure_hook: Any = None
         self._closure_update = False  # an optimizer.step(closure) is in progress
         self._listening: backward_calls.Listening | None = None
+        self._scaling: scaler_calls.Listening | None = None
+        # The last ``scaler.scale(loss)`` of the step: (scaled, [loss], scaler), until the
+        # backward() it feeds begins.
+        self._scaled: tuple[torch.Tensor, list[torch.Tensor], Any] | None = None
+        # A step checked when its scaled backward() ended: its update (or the scaler's skip)
+        # ends it without another check.
+        self._checked_at_backward = False
+        self.scaler_overflows = 0  # non-finite scaled gradients that were the scaler's
+        self._skips = 0  # scaler skips in a row
+        self._last_scaled_loss: float | None = None  # the unscaled loss of the last check
+        self._last_scaler: weakref.ref | None = None
+        self._step_scale: float | None = None  # the scale of the step being checked
         self._error = ReportOnce("the NaN watch", "the job continues")
         self.last_replay: Any = None  # the replay object of the last detection (tests, UI)
         # watch/norms.ModuleNorms: per-module norms in the check's one read, for the history
         self.norms: Any = None
         self._bad_run: dict[str, Any] | None = None  # the detection of the current bad stretch
+        self._still_bad: dict[str, Any] | None = None  # set by a check that found it still bad
         # In a job with no optimizer, check each step when its backward() ends (the agent's
         # watch: such a job calls no before_update() of its own).
         self._hand_updates: bool | None = None if backward_checks else False
@@ -229,6 +245,7 @@ class NanWatch:
         if self.installed:
             return self
         self._owner = threading.get_ident()
+        self._started_at = self.step
         self._clock = StepClock(self).install()
         # After the clock's hook: it sees the job's own closure, the update this one wraps.
         self._closure_hook = register_optimizer_step_pre_hook(self._wrap_closure)
@@ -237,6 +254,7 @@ class NanWatch:
         else:
             self._discover()
         self._listening = backward_calls.listen(self)
+        self._scaling = scaler_calls.listen(self)
         self.installed = True
         return self
 
@@ -257,6 +275,11 @@ class NanWatch:
         if self._listening is not None:
             self._listening.remove()
             self._listening = None
+        if self._scaling is not None:
+            self._scaling.remove()
+            self._scaling = None
+        self._scaled = None
+        self._checked_at_backward = False
         self._end_step(count=False)
         self._end_run()
 
@@ -428,7 +451,7 @@ class NanWatch:
                 return None  # GradientEdge roots
             retain = kwargs.get("retain_graph")
             user_retains = bool(kwargs.get("create_graph")) if retain is None else bool(retain)
-            rec = Backward(roots, kwargs, user_retains)
+            rec = Backward(roots, kwargs, user_retains, self._take_scaled(roots))
             self._backwards.append(rec)
             self._current_backward = rec
             if not self.keeping:
@@ -458,10 +481,75 @@ class NanWatch:
             rec.drop_graph()
             with contextlib.suppress(ValueError):
                 self._backwards.remove(rec)
+        elif rec is not None and rec.scaler is not None:
+            # Under a loss scaler the step is checked now: the scaler may skip the update
+            # (no optimizer.step() to check at), and a NaN must be named in the step that
+            # made it, with that step's module state. "stop" raises from backward().
+            self._checked_at_backward = True
+            self._check_update(self._root_params(), ends_step=False)
         elif rec is not None and self._updates_by_hand():
             # No optimizer: the update is the job's own code, right after this. The
             # gradients are complete and the weights untouched, as at optimizer.step().
             self.before_update()
+
+    # -- the loss scaler (scaler_calls listener) -----------------------------------------------
+    def loss_scaled(self, scaler: Any, outputs: Any, scaled: Any) -> None:
+        if not self.installed or self._replaying or threading.get_ident() != self._owner:
+            return
+        if isinstance(scaled, torch.Tensor) and isinstance(outputs, torch.Tensor):
+            self._scaled = (scaled, [outputs], scaler)
+        else:
+            self._scaled = None  # several outputs scaled at once: read as the job passes them
+
+    def _take_scaled(self, roots: list[torch.Tensor]) -> tuple[list[torch.Tensor], Any] | None:
+        """The unscaled loss and its scaler, when ``roots`` is what the scaler returned."""
+        scaled, self._scaled = self._scaled, None
+        if scaled is None or len(roots) != 1 or roots[0] is not scaled[0]:
+            return None
+        return scaled[1], scaled[2]
+
+    def _scaled_backward(self) -> Backward | None:
+        """The step's last backward() when a loss scaler scaled its root, with its scale."""
+        rec = self._backwards[-1] if self._backwards else None
+        if rec is None or rec.scaler is None:
+            return None
+        if rec.scale is None:
+            rec.scale = scaler_calls.scale_of(rec.scaler)
+        return rec
+
+    def _note_scaled(self, rec: Backward, values: list[torch.Tensor]) -> None:
+        """What the skip line says later: the last loss and the scaler (no sync: read off
+        the loss already read, when it is one value)."""
+        self._last_scaler = weakref.ref(rec.scaler)
+        self._last_scaled_loss = None
+        if len(values) == 1 and values[0].numel() == 1 and values[0].device.type == "cpu":
+            with torch._C.DisableTorchFunction():
+                self._last_scaled_loss = float(values[0])
+
+    def _scaler_overflow(self, rec: Backward | None) -> bool:
+        """Whether the step's non-finite gradients are the loss scaler's: its loss is finite
+        and the same backward from the unscaled loss gives finite gradients (an fp16
+        overflow of the scaled values, which the scaler skips). Without the step's graph it
+        cannot be told; a scaled step is then taken to be the scaler's."""
+        if rec is None:
+            return False
+        if rec.roots is None or not rec.unscaled:
+            return True
+        from torchscope.tracer.watch.replay import _Untraced, graph_leaves
+
+        self._replaying = True  # the watch's own hooks stay out of it
+        try:
+            with _Untraced():
+                leaves = [t for t in graph_leaves(rec.roots) if t.requires_grad]
+            if not leaves:
+                return True
+            with torch._C.DisableTorchFunction():
+                grads = torch.autograd.grad(
+                    rec.unscaled, leaves, allow_unused=True, retain_graph=True
+                )
+                return all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
+        finally:
+            self._replaying = False
 
     def _compiled_roots(self) -> bool:
         """Whether a watched top-level module runs compiled (``torch.compile(model)`` or
@@ -488,6 +576,10 @@ class NanWatch:
         if not self.installed or self._replaying:
             return False
         self._hand_updates = False  # an optimizer ends the steps after all
+        if self._checked_at_backward:
+            self._checked_at_backward = False
+            self._end_step()  # checked when its scaled backward() ended
+            return False
         if _closure_of(args, kwargs) is not None:
             self._closure_update = True
             return False
@@ -500,6 +592,31 @@ class NanWatch:
     def boundary(self, step: int) -> None:
         # The watch numbers steps with step_of (the agent's clock), else its own counter.
         self._end_closure_update()
+        if self._checked_at_backward:  # the scaler skipped the update: the step ends here
+            self._checked_at_backward = False
+            self._end_step()
+        if self._clock is not None and self._clock.counted_by == BY_SCALER:
+            self._skips += 1
+            if self._skips == SKIPS_TO_SAY:
+                self._say_skips()
+        else:
+            self._skips = 0
+
+    def _say_skips(self) -> None:
+        """Once per stretch: the scaler has skipped many steps in a row (the classic AMP
+        failure: a NaN every step, the scale falling towards zero)."""
+        last = self._last_scaled_loss
+        loss = "" if last is None else f"; the loss is {last:.4g}"
+        scale = ""
+        scaler = self._last_scaler() if self._last_scaler is not None else None
+        if scaler is not None:
+            with contextlib.suppress(Exception):
+                scale = f" (its scale is now {scaler.get_scale():.3g})"
+        with contextlib.suppress(Exception):
+            self.report(
+                f"torchscope: the loss scaler skipped {self._skips} steps in a row{scale}"
+                f"{loss} (steps {self.step - self._skips}-{self.step - 1} made no update)"
+            )
 
     def _check_update(self, params: list[torch.Tensor], *, ends_step: bool = True) -> None:
         """The check before an update; ``WatchStop`` under "stop". ``ends_step``: the step's
@@ -507,9 +624,7 @@ class NanWatch:
         it again within the same step)."""
         stop: WatchStop | None = None
         try:
-            detection = self.check(params)
-            if detection is not None and self.on_nan == "stop":
-                stop = WatchStop(detection)
+            stop = self._stop(self.check(params))
         except Exception as exc:
             self._error("checking the step", exc)
         finally:
@@ -551,11 +666,32 @@ class NanWatch:
         """
         try:
             detection = self.check(params)
+            stop = self._stop(detection)
         finally:
             self._end_step()
-        if detection is not None and self.on_nan == "stop":
-            raise WatchStop(detection)
+        if stop is not None:
+            raise stop
         return detection
+
+    def _stop(self, detection: dict[str, Any] | None) -> WatchStop | None:
+        """Under "stop", what to raise before the update: every bad update is refused, the
+        first of a bad stretch and each one after it (a notebook that runs the stopped cell
+        again makes the same NaN: it must not reach the weights this time either)."""
+        if self.on_nan != "stop":
+            return None
+        if detection is not None:
+            return WatchStop(detection)
+        run = self._still_bad
+        if run is None:
+            return None
+        what = "a gradient norm above the limit" if run["what"] == GRADNORM else "NaN/Inf"
+        line = (
+            f"torchscope: still {what} at step {self.step} (first at step {run['step']}): "
+            "stopped before the update"
+        )
+        with contextlib.suppress(Exception):
+            self.report(line)
+        return WatchStop({**run, "message": line, "step": self.step})
 
     def check(self, params: Iterable[torch.Tensor] | None = None) -> dict[str, Any] | None:
         """Check the current gradients of ``params`` (default: the watched modules') and the
@@ -572,22 +708,37 @@ class NanWatch:
                 return None
             self.steps_checked += 1
             norms = self.norms
+            scaled = self._scaled_backward()
             with torch.no_grad(), torch._C.DisableTorchFunction():
                 if norms is None:
                     total = _total_norms(grads, values)
-                    grad_norm, loss_norm = total.tolist()  # the step's one host sync
                 else:  # the same totals, with each module's norm in the same read
-                    row = norms.totals(params, grads, values).tolist()
-                    grad_norm, loss_norm = row[0], row[1]
+                    total = norms.totals(params, grads, values)
+                if scaled is not None and scaled.scale is not None:
+                    # The scale in the same read: the gradients are scaled, the figures not.
+                    scale = scaled.scale.to(total.device, total.dtype).reshape(1)
+                    total = torch.cat([total, scale])
+                row = total.tolist()  # the step's one host sync
+            self._step_scale = None
+            if scaled is not None and scaled.scale is not None:
+                self._step_scale = row[-1]
+                row = _unscaled(row[:-1], row[-1])
+            grad_norm, loss_norm = row[0], row[1]
             if norms is not None:
                 norms.took(self.step, row)
+            if scaled is not None:
+                self._note_scaled(scaled, values)
             what = None
             bad: list[int] = []
             in_loss = False
             if not (math.isfinite(grad_norm) and math.isfinite(loss_norm)):
                 what, bad, in_loss = _confirm(grads, values)  # rare: a few more syncs
+                if what is not None and not in_loss and self._scaler_overflow(scaled):
+                    self.scaler_overflows += 1
+                    what = None  # the scaler's own: it skips the update and shrinks its scale
             if what is None and self.gradnorm is not None and grad_norm > self.gradnorm:
                 what = GRADNORM
+            self._still_bad = None
             run = self._bad_run
             if run is not None and (what is None or _category(what) != _category(run["what"])):
                 self._end_run()
@@ -600,6 +751,7 @@ class NanWatch:
                 if self.step != run["last_step"]:
                     run["repeats"] += 1
                     run["last_step"] = self.step
+                self._still_bad = run
                 return None
             det = self._detected(what, grad_norm, params, bad, in_loss)
             self._bad_run = det
@@ -634,6 +786,8 @@ class NanWatch:
             "message": "",
             "repeats": 0,
             "last_step": step,
+            "scale": self._step_scale,  # the loss scaler's, when one scaled the step
+            "optimizer_step": self._optimizer_step(step),
         }
         if what in (NAN, INF) and not self.replay_wanted():
             det["notes"].append("the step was traced live: its alert names the origin")
@@ -686,9 +840,22 @@ class NanWatch:
                     f"checked steps (to step {run['last_step']}; reported once)"
                 )
 
+    def _optimizer_step(self, step: int) -> int | None:
+        """The optimizer's own number for ``step`` when a loss scaler has skipped updates
+        (steps are the loop's iterations), else None. Known when the watch started at 0."""
+        clock = self._clock
+        if clock is None or not clock.skipped or self._started_at != 0:
+            return None
+        return step - clock.skipped
+
     def _root_params(self) -> list[torch.Tensor]:
+        """The watched modules' parameters (on the first step, while they are still being
+        found, those of the step's top-level calls so far)."""
         out, seen = [], set()
-        for m in self._live_roots():
+        modules = self._live_roots()
+        if self._discovering:
+            modules += [c.module for c in self._calls]
+        for m in modules:
             for p in m.parameters():
                 if id(p) not in seen:
                     seen.add(id(p))
@@ -801,6 +968,15 @@ def _grad_catcher(ref: weakref.ref, call: Call, i: int) -> Callable[[torch.Tenso
                 watch._error("capturing an output gradient", exc)
 
     return hook
+
+
+def _unscaled(row: list[float], scale: float) -> list[float]:
+    """A check's row read off scaled gradients, as the job's unscaled values: the total
+    gradient norm divided by the scale, the loss as it is, each module's sum of squares by
+    the scale squared."""
+    if not scale or not math.isfinite(scale):
+        return row
+    return [row[0] / scale, row[1], *(x / (scale * scale) for x in row[2:])]
 
 
 def _category(what: str) -> str:
@@ -916,7 +1092,7 @@ def _short(source: str | None) -> str | None:
 def describe(det: dict[str, Any], rank: int | None = None) -> str:
     """The one line a detection prints."""
     who = f"torchscope[rank {rank}]" if rank is not None else "torchscope"
-    step = det["step"]
+    step = _step_words(det)
     if det["what"] == GRADNORM:
         return f"{who}: gradient norm {det['grad_norm']:.4g} above the limit at step {step}"
     noun = "NaN" if det["what"] == NAN else "Inf"
@@ -924,6 +1100,7 @@ def describe(det: dict[str, Any], rank: int | None = None) -> str:
         noun = "NaN" if det.get("origin_what", det["what"]) == NAN else "Inf"
         source = _short(det.get("source"))
         at = f" at {source}" if source else ""
+        at = (f" in {det['module']}" if det.get("module") else "") + at
         if det.get("loop_forward"):
             site = _short(det.get("backward_source"))
             return (
@@ -971,6 +1148,12 @@ def describe(det: dict[str, Any], rank: int | None = None) -> str:
     )
 
 
+def _step_words(det: dict[str, Any]) -> str:
+    """``12``, or ``12 (optimizer step 5)`` when a loss scaler skipped updates before it."""
+    opt = det.get("optimizer_step")
+    return f"{det['step']}" if opt is None else f"{det['step']} (optimizer step {opt})"
+
+
 def _placed_line(det: dict[str, Any], who: str, noun: str) -> str:
     """A loop-code origin placed from the marks of the step's own backward (a compiled model
     keeps no graph to replay it over)."""
@@ -979,12 +1162,12 @@ def _placed_line(det: dict[str, Any], who: str, noun: str) -> str:
     how = "placed, not replayed (a compiled model keeps no graph to replay)"
     if det.get("loop_forward"):
         return (
-            f"{who}: {noun} first appears at step {det['step']} in the forward, outside the "
+            f"{who}: {noun} first appears at step {_step_words(det)} in the forward, outside the "
             "module calls (training-loop code: the loss is non-finite, the replayed modules' "
             f"outputs are not{at}); in the backward it first shows at {det['backward_node']} "
             f"— {how}"
         )
     return (
-        f"{who}: {noun} first appears at step {det['step']} in {det['origin']} (backward) "
+        f"{who}: {noun} first appears at step {_step_words(det)} in {det['origin']} (backward) "
         f"outside the module calls (training-loop code{at}) — {how}"
     )

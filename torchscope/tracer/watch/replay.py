@@ -38,7 +38,7 @@ import torch
 from torch.autograd.graph import get_gradient_edge
 from torch.optim import optimizer as optimizer_mod
 
-from torchscope.protocol.events import ALERT
+from torchscope.protocol.events import ALERT, ATEN
 from torchscope.tracer.armed.backward import NODE_ID, NODE_MOD, NODE_OP, NODE_SRC, node_name
 from torchscope.tracer.eager import rng_state, set_rng_state
 from torchscope.tracer.watch.capture import (
@@ -353,6 +353,9 @@ class Replay:
         grads: list[torch.Tensor] = []
         unit = False
         covered = bool(self.kept)
+        # Under a loss scaler the captured gradients are scaled: replayed as the unscaled
+        # loss would make them (an overflow of the scaled values is the scaler's, not a bug).
+        scale = self.det.get("scale")
         with _Untraced():
             for call, out, _lo, _hi in self.replayed:
                 for i, t in enumerate(tensors_in(out)):
@@ -366,6 +369,8 @@ class Replay:
                         unit = True
                     if g.shape != t.shape:
                         continue
+                    if scale and call.out_grads.get(i) is g:
+                        g = g / scale
                     outs.append(t)
                     grads.append(g)
             leaves = graph_leaves(outs) if outs else []
@@ -389,6 +394,8 @@ class Replay:
                 gt = rec.grad_tensors
                 if isinstance(gt, torch.Tensor):
                     gt = [gt]
+                if rec.unscaled:  # from the loss before the scaler scaled it
+                    roots, gt = rec.unscaled, None
             if not leaves:
                 continue
             self.det["backward_source"] = rec.source
@@ -453,10 +460,19 @@ class Replay:
         det["where"] = alert.get("where")
         det["origin"] = alert.get("name")
         det["aten"] = alert.get("aten")  # the kernel, when the replay saw the aten level
-        det["source"] = det.get("source") or alert.get("source")
+        # The kernel's own line where the replay saw one (inside a custom Function's
+        # backward: the line there that made the value), else the op's or node's.
+        det["source"] = det.get("source") or self._aten_source(alert) or alert.get("source")
         det["module"] = det.get("module") or alert.get("module") or None
         det["origin_what"] = alert.get("what")
         det["alert"] = alert
+
+    def _aten_source(self, alert: dict) -> str | None:
+        seq = alert.get("aten_seq")
+        if seq is None:
+            return None
+        call = next((e for e in self.events if e.get("seq") == seq and e.get("kind") == ATEN), None)
+        return call.get("source") if call is not None else None
 
     def _locate(self, alert: dict) -> bool:
         """Source and module of a node of the step's own (untraced) graph, through the
