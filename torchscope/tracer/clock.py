@@ -5,7 +5,9 @@ that skipped the update (``torch.amp.GradScaler`` after an overflow: the loop's 
 ended all the same), at ``torchscope.step()``, or, in a job that updates its weights by hand
 and has shown neither, after a top-level ``backward()`` (optional: ``backward_steps``).
 Steps are therefore the loop's iterations; ``skipped`` counts those without an update, so
-the optimizer's own count is ``step - skipped`` from a start at 0. Whoever listens (a tracer, the dormant agent) is told:
+the optimizer's own count is ``step - skipped`` from a start at 0.
+
+Whoever listens (a tracer, the dormant agent) is told:
 
 - ``update_begins(args, kwargs)`` / ``update_ends()``: an optimizer update starts / ends without
   ending the step (the tracer leaves its mode during the update);
