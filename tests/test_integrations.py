@@ -63,10 +63,12 @@ def origin_line(script: Path) -> int:
     return next(i for i, line in enumerate(lines, 1) if "# NaN origin" in line)
 
 
-def nan_line(script: Path, step: int) -> str:
+def nan_line(script: Path, step: int, module: str | None = None) -> str:
+    """The watch's line; ``module``: the submodule the op ran in (none: the model itself)."""
+    within = f"in {module} " if module else ""
     return (
         f"NaN first appears at step {step} in aten.sqrt.default inside torch.sqrt (forward) "
-        f"at {script}:{origin_line(script)} — replayed"
+        f"{within}at {script}:{origin_line(script)} — replayed"
     )
 
 
@@ -317,7 +319,7 @@ def test_hf_trainer_steps_are_numbered_by_the_global_step(hf):
 @needs("transformers")
 def test_hf_trainer_watch_finds_the_nan_and_changes_nothing(hf):
     runs, stderr = hf["runs"], hf["stderr"]
-    assert nan_line(hf["script"], 3) in stderr
+    assert nan_line(hf["script"], 3, "transformer.h.1") in stderr
     assert stderr.count("NaN first appears") == 1
     poisoned = runs["poisoned"]["losses"]
     assert "nan" not in poisoned[:6] and poisoned[6] == "nan"  # step 3's first micro-batch
