@@ -178,12 +178,21 @@ def test_a_served_job_is_renumbered_only_where_the_framework_counts_otherwise(mo
     from torchscope.integrations._serving import ServedJob
     from torchscope.tracer import agent as agent_mod
 
-    # A job already served (torchscope run): the callback keeps it and says its options wait.
-    running = SimpleNamespace(clock=FakeClock(0), options=SimpleNamespace(quiet=False))
+    # A job already served (torchscope run): the callback keeps it, switches the watch on,
+    # and says which of its options cannot change.
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # the callback chains its own
+    watch_requests = []
+    running = SimpleNamespace(
+        clock=FakeClock(0),
+        options=agent_mod.ServeOptions(),
+        watch_setting=lambda: (None, "continue"),
+        request_watch=lambda *args, **kw: watch_requests.append(args),
+    )
     monkeypatch.setattr(agent_mod, "_agent", running)
-    served = ServedJob({"watch": "nan"})
+    served = ServedJob({"watch": "nan", "record": "late.tsc"})
     assert served.start(global_step=0) is running
-    assert "already served; the callback's options are not applied" in capsys.readouterr().err
+    assert watch_requests == [("nan", "continue")]
+    assert "record cannot change while it runs" in capsys.readouterr().err
     served.follow(0)
     served.follow(0)
     assert running.clock.boundaries == []  # equal counts: no second boundary at a step

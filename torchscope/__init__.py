@@ -108,14 +108,22 @@ def serve(
     only counts steps (no mode, no hooks, near-zero cost) and serves a private control
     endpoint (see ``torchscope ls``). The options are those of ``torchscope run``: with
     ``steps``, ``record``, ``break_on`` or ``wait`` the job is armed for those steps, then goes
-    dormant again. Idempotent: a second call returns the running agent, unchanged. The agent
-    stops when the interpreter exits.
+    dormant again. The agent stops when the interpreter exits.
+
+    A second call (a notebook's later cell) returns the running agent and applies what can
+    change while it runs: ``watch`` and ``on_nan`` at once (turned on, off, or another
+    policy), the tracing options (``values``, ``aten``...) from the next traced step; it says
+    in one line on stderr which options cannot change (``record``, ``steps``, ``break_on``...).
+    Under ``torchscope run`` the command line's options hold; only the options this call sets
+    apply. The same options again change nothing.
 
     ``watch="nan"`` (or ``"gradnorm:X"``) checks every step before the update for NaN/Inf
     gradients and loss, for about one fused reduction and one host sync per step, and
     replays a bad step traced to name its origin; ``on_nan`` is then ``"continue"``,
     ``"pause"`` or ``"stop"`` (raises ``torchscope.tracer.watch.WatchStop`` from
-    ``optimizer.step()``, before the update).
+    ``optimizer.step()``, before the update). A stop that nothing catches ends the job as
+    ``torchscope run`` does: one line, exit code 3, no traceback; in a notebook the cell ends
+    with a one-line ``WatchStop`` error and the kernel goes on (the update was not made).
 
     ``history`` (on by default) keeps the run's history: every step's loss (the root of the
     step's top-level ``backward()``), traced or not, and with ``watch`` the global and
@@ -127,38 +135,32 @@ def serve(
     """
     import atexit
 
-    from torchscope.protocol.breakpoints import parse_break_spec
-    from torchscope.tracer.agent import ServeOptions, current_agent
+    from torchscope.tracer import job_end
+    from torchscope.tracer.agent import current_agent
     from torchscope.tracer.agent import serve as start_agent
-    from torchscope.tracer.armed.aten import aten_scope
-    from torchscope.tracer.steps import WATCH_POLICIES, parse_steps, parse_watch
+    from torchscope.tracer.served_again import serve_again, serve_options
 
-    running = current_agent()
-    if running is not None:
-        return running
-    parse_steps(steps)  # a bad spec fails here, with its one line
-    aten_scope(aten)
-    if watch is not None:
-        parse_watch(watch)
-    if on_nan not in WATCH_POLICIES:
-        raise ValueError(f"on_nan must be one of {', '.join(WATCH_POLICIES)}, not {on_nan!r}")
-    specs = [break_on] if isinstance(break_on, str) else list(break_on)
-    options = ServeOptions(
-        record=os.fspath(record) if record is not None else None,
+    options = serve_options(
         steps=steps,
-        values=values,
-        breakpoints=[parse_break_spec(b) for b in specs],
+        record=record,
+        break_on=break_on,
         wait=wait,
         hold=hold,
         lease=lease,
+        values=values,
         optimizer_ops=optimizer_ops,
         aten=aten,
         eager_check=eager_check,
         quiet=quiet,
         watch=watch,
         on_nan=on_nan,
-        history=bool(history),
+        history=history,
     )
+    job_end.install()  # a stop ends the job as `torchscope run` ends it
+    running = current_agent()
+    if running is not None:
+        serve_again(running, options)
+        return running
     agent = start_agent(options)
     atexit.register(agent.stop)
     if not quiet:

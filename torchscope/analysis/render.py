@@ -58,7 +58,9 @@ def shape_text(summary: dict | None) -> str:
 def short_source(source: str | None, cwd: str | None = None) -> str:
     if not source:
         return ""
-    path, _, line = source.rpartition(":")
+    path, sep, line = source.rpartition(":")
+    if not sep:  # no file: a notebook cell's "cell 4, line 11"
+        return source
     cwd = cwd or os.getcwd()
     if os.path.isabs(path) and path.startswith(cwd + os.sep):
         path = os.path.relpath(path, cwd)

@@ -257,6 +257,7 @@ def cmd_run(opts: RunOptions) -> int:
 
     from torchscope.protocol.tracefile import TraceFileError
     from torchscope.tracer.agent import Agent, ServeOptions
+    from torchscope.tracer.job_end import RUN_POLICY, report_stop
     from torchscope.tracer.watch.nan_watch import WatchStop
 
     script = os.path.abspath(opts.script) if opts.script else None
@@ -321,14 +322,7 @@ def cmd_run(opts: RunOptions) -> int:
         interrupted = exc
         code = 130
     except WatchStop as exc:  # --on-nan stop: reported, the file complete, the update not made
-        code = exc.exit_code
-        if not opts.quiet:
-            step = exc.detection.get("step")
-            print(
-                f"torchscope: stopped before the update of step {step} (--on-nan stop); "
-                f"exit code {code}",
-                file=sys.stderr,
-            )
+        code = report_stop(exc, RUN_POLICY, opts.quiet)
     except BaseException as exc:  # the script's own error: show it as Python would
         _print_user_traceback(exc)
         code = 1

@@ -52,17 +52,22 @@ class ServedJob:
         self.options = dict(options)
 
     def start(self, global_step: int) -> Agent:
-        """Serve this job (idempotent), numbering the current step ``global_step``."""
+        """Serve this job, numbering the current step ``global_step``. A job served already
+        (``torchscope run``, the script's own ``serve()``) takes the options this callback was
+        given where it can, and says which it cannot."""
         import torchscope
         from torchscope.tracer.agent import current_agent
 
         running = current_agent()
-        if running is not None and self.options and not running.options.quiet:
-            # `torchscope run` (or the script's own serve()) came first: its options hold.
-            from torchscope.tracer.ranks import say
+        if running is None:
+            agent = torchscope.serve(**self.options)
+        else:
+            from torchscope.tracer import job_end
+            from torchscope.tracer.served_again import serve_again, serve_options
 
-            say("this job is already served; the callback's options are not applied")
-        agent = running or torchscope.serve(**self.options)
+            job_end.install()
+            serve_again(running, serve_options(**self.options), only=self.options)
+            agent = running
         self.follow(global_step)
         return agent
 

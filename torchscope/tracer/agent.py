@@ -94,6 +94,8 @@ class ServeOptions:
     # The run's loss history (tracer/history.py) and, with the watch, its norms per module.
     history: bool = True
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Started by serve() (not the command line): a second serve() states the options anew.
+    by_serve: bool = False
 
     def held_steps(self) -> StepSelection | None:
         """The steps the command line holds traced (None: it holds none: dormant)."""
@@ -293,10 +295,24 @@ class Agent:
         spec = args.get("spec")
         if spec is not None:
             parse_watch(spec)  # StepSpecError (a ValueError): refused with its one line
-        self._watch_request = (spec, args.get("on_nan") or "continue")
-        if self._watch_listening is None:
-            self._watch_listening = backward_calls.listen(self)
+        self.request_watch(spec, args.get("on_nan") or "continue")
         return {"watch": spec, "step": self.clock.step}
+
+    def request_watch(self, spec: str | None, on_nan: str, now: bool = False) -> None:
+        """Switch the watch to ``spec`` (None: off) and ``on_nan`` at the job's next
+        ``backward()``; with ``now`` (``serve()`` called again) at once where the caller is the
+        training thread, as a first ``serve()`` installs it."""
+        self._watch_request = (spec, on_nan)
+        if now and threading.get_ident() == self.clock.owner:
+            self._apply_watch_request()
+        elif self._watch_listening is None:
+            self._watch_listening = backward_calls.listen(self)
+
+    def watch_setting(self) -> tuple[str | None, str]:
+        """(spec, on_nan) of the watch, as it is or as it will be at the next ``backward()``."""
+        if self._watch_request is not None:
+            return self._watch_request
+        return self.options.watch, self.options.on_nan
 
     def _start_watch(self) -> None:
         from torchscope.tracer.steps import parse_watch

@@ -10,6 +10,7 @@ from types import CodeType
 import torch
 
 import torchscope
+from torchscope.tracer.kernel import cell_of
 
 LIBRARY_DIRS = tuple(
     os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, torchscope)
@@ -73,6 +74,21 @@ def called_from(directory: str, depth: int = 2) -> bool:
 _sites: dict[tuple[str, int], str] = {}
 
 
+def site_text(filename: str, line: int) -> str:
+    """What an event's ``source`` says of a line: ``path:line``, or ``cell 4, line 11`` for a
+    notebook cell's code (see :func:`cell_site`)."""
+    return cell_site(filename, line) or f"{filename}:{line}"
+
+
+def cell_site(filename: str, line: int) -> str | None:
+    """``cell 4, line 11`` where ``filename`` is a notebook cell's (``In [4]``), else None. The
+    one place a cell's made-up file name (``/tmp/ipykernel_<pid>/<hash>.py``) becomes what
+    the user sees; never cached: the same cell's text run again keeps its file name under a
+    new number."""
+    cell = cell_of(filename)
+    return None if cell is None else f"cell {cell}, line {line}"
+
+
 def user_site(depth: int = 2) -> tuple[str, str] | None:
     """``("path:line", function)`` of the innermost user frame above the caller, or None: what
     an op event records, without formatting the same line again at every call."""
@@ -87,6 +103,9 @@ def user_site(depth: int = 2) -> tuple[str, str] | None:
             key = (code.co_filename, frame.f_lineno)
             site = _sites.get(key)
             if site is None:
+                cell = cell_site(*key)
+                if cell is not None:  # a notebook cell's: not kept (see cell_site)
+                    return cell, code.co_name
                 if len(_sites) > 100_000:  # generated code (exec) could make lines endless
                     _sites.clear()
                 site = _sites[key] = f"{key[0]}:{key[1]}"

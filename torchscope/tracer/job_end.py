@@ -1,0 +1,115 @@
+"""How a job that the NaN watch stopped (``on_nan="stop"``) ends: the same way wherever it runs.
+
+The watch raises :class:`~torchscope.tracer.watch.nan_watch.WatchStop` from
+``optimizer.step()``, before the update, and the job's code lets it through (a framework's
+``train()``/``fit()`` included). Then:
+
+- under ``torchscope run``: one line, exit code 3, no traceback (``cli/run.py``);
+- a plain script that called ``serve()`` (itself, or through a framework callback): the same
+  line and exit code, from ``sys.excepthook`` (the job's own hook still sees every other
+  error);
+- a notebook (any IPython shell): the kernel must live on, and the cell ends with a one-line
+  error instead of a traceback through the framework's loop; the next cell runs as usual.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Any, NoReturn
+
+# How each place names the policy that stopped the job.
+RUN_POLICY = "--on-nan stop"
+SERVE_POLICY = 'on_nan="stop"'
+
+_installed = False
+
+
+def stopped(exc: Any, policy: str) -> str:
+    """What the watch did (``exc``: a ``WatchStop``): ``stopped before the update of step 3
+    (on_nan="stop")``."""
+    return f"stopped before the update of step {exc.detection.get('step')} ({policy})"
+
+
+def report_stop(exc: Any, policy: str, quiet: bool) -> int:
+    """Say the one line (unless ``quiet``); the exit code the job ends with."""
+    code = int(exc.exit_code)
+    if not quiet:
+        print(f"torchscope: {stopped(exc, policy)}; exit code {code}", file=sys.stderr, flush=True)
+    return code
+
+
+def install() -> None:
+    """End a stopped job as ``torchscope run`` does, from here on (idempotent): in a notebook
+    with a one-line error for the cell, elsewhere with the line and exit code 3."""
+    global _installed
+    if _installed:
+        return
+    from torchscope.tracer.kernel import shell
+
+    ip = shell()
+    if ip is not None:
+        _installed = _in_shell(ip)
+        return
+    previous = sys.excepthook
+
+    def excepthook(etype: type[BaseException], value: BaseException, tb: Any) -> None:
+        if _is_stop(value):
+            _exit(report_stop(value, SERVE_POLICY, _quiet()))
+        previous(etype, value, tb)
+
+    sys.excepthook = excepthook
+    _installed = True
+
+
+def _in_shell(ip: Any) -> bool:
+    """IPython shows a custom handler's exceptions as it is told; only one such handler fits
+    in a shell: one the user set stays (and shows a WatchStop as it likes)."""
+    from torchscope.tracer.watch.nan_watch import WatchStop
+
+    if getattr(ip, "custom_exceptions", ()):
+        return False
+
+    def handler(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any = None):
+        cell = [f"WatchStop: torchscope {stopped(value, SERVE_POLICY)}: the update was not made"]
+        shell._showtraceback(etype, value, cell)  # the cell's error, as IPython shows any
+        return cell
+
+    try:
+        ip.set_custom_exc((WatchStop,), handler)
+    except Exception:
+        return False
+    return True
+
+
+def _is_stop(value: BaseException) -> bool:
+    from torchscope.tracer.watch.nan_watch import WatchStop
+
+    return isinstance(value, WatchStop)
+
+
+def _quiet() -> bool:
+    from torchscope.tracer.agent import current_agent
+
+    agent = current_agent()
+    return agent is not None and bool(agent.options.quiet)
+
+
+def _exit(code: int) -> NoReturn:
+    """Python ends a job that an exception stopped with status 1, whatever hook shows it. Do
+    what its exit does (wait for the job's threads, run the atexit handlers: the trace file's
+    index, the registry entry, the DataLoader workers), then leave with ``code``."""
+    import atexit
+    import threading
+
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        with contextlib.suppress(Exception):
+            shutdown()
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
