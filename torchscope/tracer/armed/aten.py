@@ -19,11 +19,14 @@ it is torchscope's, never recorded.
 from __future__ import annotations
 
 import re
+import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchscope.protocol.breakpoints import AFTER, BEFORE
@@ -35,6 +38,7 @@ from torchscope.tracer.armed.collectives import KERNEL_PREFIXES, WAIT_KERNEL, ke
 from torchscope.tracer.armed.modules import ModuleTracker
 from torchscope.tracer.armed.recorder import Recorder
 from torchscope.tracer.armed.recording import THIS_THREAD
+from torchscope.tracer.armed.source import _is_internal as is_internal
 
 _current_node = torch._C._current_autograd_node
 _is_compiling = torch.compiler.is_compiling
@@ -66,13 +70,43 @@ def aten_name(func: Any) -> str:
     return name
 
 
+_transform_labels: dict[tuple, str] = {}
+
+
 def transform_now() -> str | None:
-    """The torch.func transform the caller runs under (``vmap``, ``grad``, ``jvp``), or None.
-    Only visible above the dispatcher: a dispatch mode runs below the transforms."""
+    """The torch.func transforms the caller runs under, outermost first (``vmap``,
+    ``vmap(grad)`` for per-sample gradients), or None. Only visible above the dispatcher:
+    a dispatch mode runs below the transforms."""
     if _functorch_level() is None:
         return None
-    key = torch._C._functorch.peek_interpreter_stack().key()
-    return str(key).rsplit(".", 1)[-1].lower()
+    keys = tuple(i.key() for i in torch._C._functorch.get_interpreter_stack())
+    label = _transform_labels.get(keys)
+    if label is None:
+        names = [str(k).rsplit(".", 1)[-1].lower() for k in keys]
+        label = _transform_labels[keys] = "(".join(names) + ")" * (len(names) - 1)
+    return label
+
+
+_PythonBackward = torch.autograd.function.BackwardCFunction  # a custom Function's node
+_FUNCTION_FILE = torch.autograd.function.__file__  # calls a custom Function's backward
+_CHECKPOINT_FILE = torch.utils.checkpoint.__file__  # calls the function it re-runs
+
+
+def _line_inside(caller_file: str) -> str | None:
+    """``path:line`` of the user's line that made the current aten call, looking no further
+    out than the frames ``caller_file`` (torch's) calls: a custom Function's ``backward``, or
+    the function activation checkpointing re-runs. None when none of them is the user's (the
+    walk would otherwise reach the line that called ``backward()``). A frame walk: only for
+    those calls."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename == caller_file:
+            return None
+        if not is_internal(code):
+            return f"{code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
 
 
 def _recomputing(node_label: str) -> bool:
@@ -104,8 +138,20 @@ class AtenRecorder(Recorder):
         self.done_nodes = done_nodes  # nodes whose post-hook ran, in this backward call
         self.children: list[Event] | None = None  # calls of the forward op in progress
         self.transform: str | None = None  # the torch.func transform that op runs under
+        # ... and those the backward call in progress runs under (grad's own backward)
+        self.backward_transform: str | None = None
         self.autocasting = False  # ... and whether autocast was on for it
         self.op_name: str | None = None
+
+    def run_backward(self, run: Callable[..., Any], *call: Any) -> Any:
+        """``run(*call)``, a backward call, its nodes' calls labelled with the torch.func
+        transforms it runs under (per-sample gradients: ``vmap(grad)``)."""
+        outer = self.backward_transform
+        self.backward_transform = transform_now()
+        try:
+            return run(*call)
+        finally:
+            self.backward_transform = outer
 
     def begin_op(self, name: str) -> None:
         self.children = []
@@ -144,12 +190,21 @@ class AtenRecorder(Recorder):
         if not outs:
             return None  # sizes, scalars read out (item): nothing a summary could show
         node = _current_node()
+        label = None
         if node is None:
             md = None
             module = self.modules.current()
         else:
             md = node.metadata
             module = md.get(NODE_MOD, "")
+            label = node_name(node)
+            if md.get(NODE_ID) in self.done_nodes:
+                label = None  # the engine's sum after the node: no recompute there
+            elif _recomputing(label):
+                # Checkpointing re-runs the forward here: its module calls name the op's own
+                # module (the node that needed the values is only where it happens).
+                module = self.modules.innermost() or module
+                label = RECOMPUTE
         if not self._everywhere and not self.scope.search(module):
             return None
         name = aten_name(func)
@@ -172,11 +227,18 @@ class AtenRecorder(Recorder):
             nid = md.get(NODE_ID)
             event["source"] = md.get(NODE_SRC)
             event["node_id"] = nid
-            event["node"] = label = node_name(node)
+            event["node"] = node_name(node)
             if nid in self.done_nodes:
                 event["accumulate"] = True  # the engine summing a tensor's incoming gradients
-            elif _recomputing(label):
+            elif label is RECOMPUTE:
                 event["label"] = RECOMPUTE
+                event["source"] = _line_inside(_CHECKPOINT_FILE) or event["source"]
+            else:
+                if isinstance(node, _PythonBackward):
+                    # A custom Function's own backward: the line in it that made this call.
+                    event["source"] = _line_inside(_FUNCTION_FILE) or event["source"]
+                if self.backward_transform is not None:
+                    event["label"] = self.backward_transform
         ins = iter_tensors(args, kwargs)
         summaries = self.summaries
         collective = name.startswith(KERNEL_PREFIXES)

@@ -5,10 +5,13 @@ and the backward-call listener; imports nothing of torchscope.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch._functorch.autograd_function import custom_function_call as _custom_function_call
 from torch.overrides import resolve_name
 
 BACKWARD_CALLS: dict[Any, str] = {
@@ -65,8 +68,13 @@ def _resolve(func: Any) -> str | None:
     return None if name in _NOISE else name
 
 
-def op_name(func: Any) -> str | None:
-    """Qualified API name (``Tensor.mul``, ``torch.nn.functional.linear``) or None for noise."""
+def op_name(func: Any, args: tuple = ()) -> str | None:
+    """Qualified API name (``Tensor.mul``, ``torch.nn.functional.linear``) or None for noise.
+    ``args``: the call's, for the one function whose name depends on them."""
+    if func is _custom_function_call:
+        # Under torch.func a custom autograd.Function's apply reaches the mode as this one
+        # operator for every Function, the Function's class first: never cached.
+        return apply_name(args[0]) if args and isinstance(args[0], type) else "Function.apply"
     try:
         return op_names[func]
     except KeyError:
@@ -74,6 +82,11 @@ def op_name(func: Any) -> str | None:
         return name
     except TypeError:  # unhashable callable
         return _resolve(func)
+
+
+def apply_name(function_class: type) -> str:
+    """``ScaledTanh.apply``: what the user called."""
+    return function_class.__name__ + ".apply"
 
 
 _INPLACE_DUNDERS = frozenset(
@@ -127,6 +140,35 @@ def result_tensors(result: Any) -> list[torch.Tensor]:
     if isinstance(result, (list, tuple)):
         return [r for r in result if isinstance(r, torch.Tensor)]
     return []
+
+
+def nested_tensors(obj: Any, depth: int = 4) -> list[torch.Tensor]:
+    """Every tensor in a pytree-like value, in order, each once: lists, tuples, mappings
+    (a Hugging Face ``ModelOutput`` is an ``OrderedDict``) and dataclasses, ``depth`` levels
+    down. What a model's call returns (``{"loss": loss}``), not a torch call's result: that
+    one is a tensor or a flat sequence (``result_tensors``, on the hot path)."""
+    found: list[torch.Tensor] = []
+    seen: set[int] = set()
+
+    def walk(value: Any, left: int) -> None:
+        if isinstance(value, torch.Tensor):
+            if id(value) not in seen:
+                seen.add(id(value))
+                found.append(value)
+        elif left <= 0 or isinstance(value, (str, bytes)):
+            return
+        elif isinstance(value, Mapping):
+            for v in value.values():
+                walk(v, left - 1)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v, left - 1)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for f in dataclasses.fields(value):
+                walk(getattr(value, f.name, None), left - 1)
+
+    walk(obj, depth)
+    return found
 
 
 def has_inf_scalar(args: tuple, kwargs: dict) -> bool:

@@ -38,6 +38,7 @@ import torch
 from torch.utils._python_dispatch import _pop_mode, _push_mode
 
 from torchscope.protocol.events import Event
+from torchscope.tracer.armed.calls import nested_tensors
 from torchscope.tracer.armed.eager_check import EagerCheck
 from torchscope.tracer.armed.forward import ForwardRecorder
 from torchscope.tracer.armed.source import LIBRARY_DIRS
@@ -88,13 +89,17 @@ class CompiledCalls:
             stack.append(None)
             return
         pending = check = None
+        # A model takes and returns any nest of tensors (a Hugging Face model returns a
+        # ModelOutput, a dict): the op's inputs and outputs are every tensor in them.
+        inputs = ()
         try:
-            pending = self._forward.before_op(compiled_call_name(module), args, {})
+            inputs = tuple(nested_tensors(args))
+            pending = self._forward.before_op(compiled_call_name(module), inputs, {})
             if self.eager_check:
                 check = EagerCheck(self._emit_numbered, self._untraced, self._tagged)
         except Exception as exc:
             self._report_error("compiled call (before)", exc)
-        stack.append((pending, self._step_off(), check))
+        stack.append((pending, inputs, self._step_off(), check))
 
     def exit(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
         stack = self._stack()
@@ -103,12 +108,13 @@ class CompiledCalls:
         entry = stack.pop()
         if entry is None:
             return
-        pending, stepped_off, check = entry
+        pending, inputs, stepped_off, check = entry
         _push_back(*stepped_off)
         if pending is None or output is None:  # it raised: no outputs to record
             return
         try:
-            done = self._forward.after_op(pending, args, {}, output, extra={"compiled": True})
+            outputs = nested_tensors(output)
+            done = self._forward.after_op(pending, inputs, {}, outputs, extra={"compiled": True})
         except Exception as exc:
             self._report_error("compiled call (after)", exc)
             return

@@ -31,7 +31,7 @@ import torch
 from torch.func import functional_call
 
 from torchscope.protocol.events import ALERT, Event
-from torchscope.tracer.armed.calls import result_tensors
+from torchscope.tracer.armed.calls import nested_tensors
 from torchscope.tracer.eager import drew_random, eager_module, rng_state, set_rng_state
 
 EAGER_CHECK = "eager_check"
@@ -150,7 +150,7 @@ class EagerCheck:
             with self._quiet():
                 drew = drew_random(self._rng_before, rng_state())
                 set_rng_state(rng_after)
-        compiled_outs, eager_outs = result_tensors(output), result_tensors(eager)
+        compiled_outs, eager_outs = nested_tensors(output), nested_tensors(eager)
         with self._quiet():
             diffs = [
                 (f"output {i}", difference(c, e))

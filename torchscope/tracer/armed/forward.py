@@ -8,6 +8,7 @@ what an op event needs and nothing of the session but :class:`ArmedState`.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, NamedTuple, Protocol
 
@@ -28,6 +29,7 @@ from torchscope.tracer.armed.backward import (
 )
 from torchscope.tracer.armed.calls import (
     BACKWARD_CALLS,
+    apply_name,
     has_inf_scalar,
     iter_tensors,
     op_name,
@@ -45,6 +47,7 @@ from torchscope.tracer.armed.source import FSDP_DIR, called_from, user_frame, us
 # the function object itself, however it is reached).
 _is_compiling = torch.compiler.is_compiling
 _is_tracing = torch._C._is_tracing
+_functorch_level = torch._C._functorch.maybe_current_level
 
 
 class PendingOp(NamedTuple):
@@ -67,6 +70,8 @@ class AtenCalls(Protocol):
     def begin_op(self, name: str) -> None: ...
 
     def end_op(self, op: Event | None) -> None: ...
+
+    def run_backward(self, run: Any, *call: Any) -> Any: ...
 
 
 class BackwardCalls(Protocol):
@@ -322,7 +327,8 @@ class ForwardRecorder(Recorder):
 
 
 class ForwardMode(TorchFunctionMode):
-    """Hands every non-noise torch call to the recorder; never alters args or results."""
+    """Hands every non-noise torch call to the recorder; never alters args or results.
+    While one is on a stack, custom autograd Functions' ``apply`` calls come here too."""
 
     def __init__(self, recorder: ForwardRecorder, backward: BackwardCalls) -> None:
         super().__init__()
@@ -336,6 +342,20 @@ class ForwardMode(TorchFunctionMode):
         pauser = recorder.pauser
         self._stepper = pauser.stepper if pauser is not None else None
 
+    def __enter__(self) -> ForwardMode:
+        _custom_applies.mode_entered()
+        try:
+            return super().__enter__()
+        except BaseException:
+            _custom_applies.mode_left()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            _custom_applies.mode_left()
+
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         # Every torch call of the job comes through here, most of them noise (``p.grad``):
         # that path is one dict lookup.
@@ -346,13 +366,20 @@ class ForwardMode(TorchFunctionMode):
         try:
             name = op_names[func]
         except (KeyError, TypeError):
-            name = op_name(func)
+            name = op_name(func, args)
         if name is None or not self.enabled or _is_tracing():
             # Under torch.jit.trace our reductions would be recorded (and warned about) too.
             return func(*args, **kwargs) if kwargs else func(*args)
         if kwargs is None:
             kwargs = {}
         if func in BACKWARD_CALLS:
+            aten = self._recorder.aten
+            if aten is not None and _functorch_level() is not None:
+                # grad's own backward (torch.func): its kernels are batched by the same
+                # transforms as the forward's.
+                return aten.run_backward(
+                    self._run_backward, BACKWARD_CALLS[func], func, args, kwargs
+                )
             return self._run_backward(BACKWARD_CALLS[func], func, args, kwargs)
         try:
             pending = self._before_op(name, args, kwargs)
@@ -383,3 +410,73 @@ def _grad_fn(t: torch.Tensor) -> Any:
         return t.grad_fn
     except RuntimeError:
         return None
+
+
+class _CustomApplies:
+    """Routes ``apply`` of the job's custom autograd Functions to the forward mode.
+
+    A TorchFunctionMode never sees ``ScaledTanh.apply(x)`` in eager (only the ops inside its
+    forward), so the Function's backward node would belong to no op. While a forward mode is
+    entered somewhere, ``torch.autograd.Function.apply`` is a wrapper that hands the call to
+    this thread's mode (if it is on the stack and tracing) as the call ``ScaledTanh.apply``:
+    an op with its module and line, whose node (``ScaledTanhBackward``) is tagged as any op's.
+    The ops inside the forward are traced as before, under it. Torch's own Functions, and
+    calls under torch.func (which reach the mode as a named operator, see ``op_name``), go
+    straight through. The original is back once no mode is entered: a dormant job pays
+    nothing, and Dynamo, which traces ``apply`` itself, never sees the wrapper.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entered = 0
+        self._original: Any = None  # Function.__dict__["apply"] while ours is installed
+
+    def mode_entered(self) -> None:
+        with self._lock:
+            self._entered += 1
+            if self._entered == 1:
+                self._original = _Function.__dict__["apply"]
+                _Function.apply = classmethod(_traced_apply)  # type: ignore[method-assign]
+
+    def mode_left(self) -> None:
+        with self._lock:
+            self._entered -= 1
+            if self._entered == 0:
+                # Only ours goes: something the job installed over it meanwhile stays.
+                if getattr(_Function.__dict__["apply"], "__func__", None) is _traced_apply:
+                    _Function.apply = self._original  # type: ignore[method-assign]
+                self._original = None
+
+
+_custom_applies = _CustomApplies()
+_Function = torch.autograd.Function
+_plain_apply = _Function.apply.__func__  # type: ignore[attr-defined]
+_functorch_active = torch._C._are_functorch_transforms_active
+_INTERNAL_MODULES = ("torch.", "torchscope.")
+
+
+def _traced_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+    """``torch.autograd.Function.apply`` while a forward mode is entered (see above)."""
+    mode = None
+    if not cls.__module__.startswith(_INTERNAL_MODULES) and not _functorch_active():
+        mode = _tracing_mode()
+    if mode is None:
+        return _plain_apply(cls, *args, **kwargs)
+    apply = _plain_apply.__get__(cls)  # equal for every call of one class: a dict key
+    if apply not in op_names:
+        op_names[apply] = apply_name(cls)
+    return mode.__torch_function__(apply, (), args, kwargs)
+
+
+def _tracing_mode() -> ForwardMode | None:
+    """This thread's forward mode, when it is on the stack and tracing: not while it handles
+    a call (it is off the stack then), nor in a compiled call (stepped off)."""
+    if _is_compiling():
+        return None
+    n = torch._C._len_torch_function_stack()
+    while n:
+        n -= 1
+        mode = torch._C._get_function_stack_at(n)
+        if type(mode) is ForwardMode:
+            return mode if mode.enabled else None
+    return None

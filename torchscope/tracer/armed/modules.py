@@ -28,6 +28,7 @@ _GLOBAL_HOOK_DICTS = (
 # itself, however it is reached).
 _is_compiling = torch.compiler.is_compiling
 _get_ident = threading.get_ident
+_current_node = torch._C._current_autograd_node
 
 
 class ModuleCallListener(Protocol):
@@ -113,8 +114,10 @@ class ModuleTracker:
     def _enter(self, module: nn.Module, args: object) -> None:
         if _is_compiling():
             return  # inside a torch.compile graph: no Python state of ours may be traced
-        if self.owner is not None and _get_ident() != self.owner:
-            return  # another thread's model: not traced, and not named before ours
+        if self.owner is not None and _get_ident() != self.owner and _current_node() is None:
+            # Another thread's model: not traced, and not named before ours. (Inside a backward
+            # node it is ours: checkpointing re-running the forward on autograd's device thread.)
+            return
         stack = self._stack()
         name = self._names.get(module)
         if name is None:
@@ -265,6 +268,12 @@ class ModuleTracker:
     def current(self) -> str:
         stack = getattr(self._local, "stack", None)
         return stack[-1] if stack else ""
+
+    def innermost(self) -> str | None:
+        """The innermost module call open on this thread; None when none is (``current()``
+        says ``""`` then, the root's name too)."""
+        stack = getattr(self._local, "stack", None)
+        return stack[-1] if stack else None
 
     def param_name(self, t: torch.Tensor) -> str | None:
         entry = self._params.get(id(t))
