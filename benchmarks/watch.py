@@ -1,6 +1,12 @@
 """What the always-on NaN watch costs per training step, next to its peers, in one run.
 
-    python benchmarks/watch.py [--steps N] [--repeats R] [--quick] [--workload mlp|transformer]
+    python benchmarks/watch.py [--steps N] [--repeats R] [--quick]
+                               [--workload mlp|transformer|amp|fsdp2|all]
+
+``amp``: the MLP under fp16 autocast with a GradScaler. ``fsdp2``: the same MLP
+``fully_shard``ed per block and at the root, AdamW, on 2 gloo ranks (spawned processes): the
+untraced step against the watch (``NanWatch``, as ``run --watch nan`` starts it) in blocks
+alternating on both ranks, each rank timing its own; the figures are the watch's per rank.
 
 Rows (``benchmarks/overhead.py``'s method: one untimed warm-up block per row, then R rounds of
 one N-step block per row, the row order rotating every round, GC on, objects alive after setup
@@ -31,6 +37,7 @@ import statistics
 import sys
 import time
 import warnings
+from pathlib import Path
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 warnings.filterwarnings("ignore", message="Anomaly Detection has been enabled")
@@ -41,7 +48,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from attach import serving  # noqa: E402
 from overhead import Config, assert_clean, block_arguments, measure, table  # noqa: E402
-from workloads import WORKLOADS, Workload  # noqa: E402
+from workloads import MLP, WATCH_WORKLOADS, Workload  # noqa: E402
 
 import torchscope  # noqa: E402
 from torchscope.tracer.watch.capture import tensors_in  # noqa: E402
@@ -130,13 +137,87 @@ def _kib(n: float) -> str:
     return f"{n / 1024:,.0f} KiB" if n < 10 * 1024 * 1024 else f"{n / 1024**2:,.1f} MiB"
 
 
+def _fsdp2_rank(rank: int, port: int, steps: int, repeats: int, out: str) -> None:
+    """One rank of the FSDP2 workload: R rounds of an untraced and a watched N-step block
+    (order alternating by round, the same on both ranks: FSDP's collectives pair up)."""
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank))
+    os.environ["WORLD_SIZE"] = "2"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(60))
+    torch.manual_seed(0)
+    # The MLP's layers, one block (Linear, GELU, LayerNorm) per fully_shard, then the root.
+    layers = list(MLP(256, 8).net)
+    blocks = [torch.nn.Sequential(*layers[i : i + 3]) for i in range(0, len(layers), 3)]
+    model = torch.nn.Sequential(*blocks)
+    for b in blocks:
+        fully_shard(b)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 256), torch.randn(64, 256)
+
+    def block(watched: bool) -> float:
+        watch = NanWatch(report=_silent).install() if watched else None
+        try:
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+            return (time.perf_counter() - t0) / steps
+        finally:
+            if watch is not None:
+                watch.remove()
+
+    block(False), block(True)  # warm-up (the watch's first step finds the modules)
+    ratios, base = [], []
+    for r in range(repeats):
+        order = (False, True) if r % 2 == 0 else (True, False)
+        times = dict(zip(order, (block(w) for w in order), strict=True))
+        ratios.append(times[True] / times[False])
+        base.append(times[False])
+    with open(f"{out}.{rank}", "w") as f:
+        f.write(f"{statistics.median(base)} {statistics.median(ratios)}\n")
+    dist.destroy_process_group()
+
+
+def fsdp2_table(steps: int, repeats: int) -> list[str]:
+    """The FSDP2 workload's rows, from 2 spawned gloo ranks."""
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rank")
+        mp.spawn(_fsdp2_rank, args=(port, steps, repeats, out), nprocs=2, join=True)
+        rows = [Path(f"{out}.{r}").read_text().split() for r in (0, 1)]
+    lines = ["| rank | untraced step | watch nan: paired ratio |", "|---|---:|---:|"]
+    for r, (base, ratio) in enumerate(rows):
+        lines.append(f"| {r} | {float(base) * 1e3:.2f} ms | {float(ratio):.3f}x |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = block_arguments(__doc__, [*WORKLOADS, "all"], argv)
+    args = block_arguments(__doc__, [*WATCH_WORKLOADS, "fsdp2", "all"], argv)
 
     torch.set_num_threads(1)
     start = time.perf_counter()
-    names = list(WORKLOADS) if args.workload == "all" else [args.workload]
-    workloads = [WORKLOADS[n]() for n in names]
+    if args.workload == "fsdp2":
+        print("### fsdp2: MLP 8x(Linear 256, GELU, LayerNorm) fully_shard per block + root, ")
+        print("AdamW, batch 64, 2 gloo ranks (median over rounds of watched / untraced block)\n")
+        print("\n".join(fsdp2_table(args.steps, args.repeats)))
+        print(f"\nwhole run {time.perf_counter() - start:.0f} s")
+        return 0
+    names = list(WATCH_WORKLOADS) if args.workload == "all" else [args.workload]
+    workloads = [WATCH_WORKLOADS[n]() for n in names]
     configs = rows()
     assert_clean("start")
     gc.collect()

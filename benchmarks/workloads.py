@@ -57,6 +57,29 @@ def make_mlp(width: int = 256, depth: int = 8, batch: int = 64, seed: int = 0) -
     return Workload("mlp", desc, model, opt, step)
 
 
+def make_amp(width: int = 256, depth: int = 8, batch: int = 64, seed: int = 0) -> Workload:
+    """The MLP under fp16 autocast with a GradScaler: mixed precision as large runs train."""
+    torch.manual_seed(seed)
+    model = MLP(width, depth)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    x = torch.randn(batch, width)
+    y = torch.randn(batch, width)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(x).float(), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    desc = (
+        f"MLP {depth}x(Linear {width}, GELU, LayerNorm), batch {batch}, fp16 autocast, GradScaler"
+    )
+    return Workload("amp", desc, model, opt, step)
+
+
 # -- (b) transformer -------------------------------------------------------------------------
 class Block(nn.Module):
     """Pre-LN decoder block with hand-written causal attention (q @ k^T, softmax, @ v).
@@ -168,6 +191,8 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     "mlp": make_mlp,
     "transformer": make_transformer,
 }
+# The watch's benchmark adds mixed precision (and, in its own processes, FSDP2).
+WATCH_WORKLOADS: dict[str, Callable[[], Workload]] = {**WORKLOADS, "amp": make_amp}
 # overhead.py also runs the tiny-op workload (its per-event cost); the other scripts keep to
 # the two above.
 ALL_WORKLOADS: dict[str, Callable[[], Workload]] = {**WORKLOADS, "policy": make_policy}
