@@ -55,8 +55,12 @@ def install() -> None:
     previous = sys.excepthook
 
     def excepthook(etype: type[BaseException], value: BaseException, tb: Any) -> None:
-        if _is_stop(value):
-            _exit(report_stop(value, SERVE_POLICY, _quiet()))
+        try:
+            code = report_stop(value, SERVE_POLICY, _quiet()) if _is_stop(value) else None
+        except Exception:  # never in the way of the job's own error report
+            code = None
+        if code is not None:
+            _exit(code)
         previous(etype, value, tb)
 
     sys.excepthook = excepthook
