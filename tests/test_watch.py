@@ -223,30 +223,34 @@ def test_forward_origin_found_by_replay_as_full_tracing_finds_it():
 
 
 @pytest.mark.parametrize(
-    ("net", "loop", "node", "needle"),
+    ("net", "loop", "node", "needle", "kernel_line"),
     [
-        (NormNet, norm_loop, "SqrtBackward0", "torch.sqrt(h.pow(2)"),
-        # the tracer links no forward op to a custom Function's node: no line, either way
-        (DivGradNet, divgrad_loop, "DivGradBackward", None),
+        (NormNet, norm_loop, "SqrtBackward0", "torch.sqrt(h.pow(2)", None),
+        # a custom Function's node belongs to its apply call; the replay, at the aten level,
+        # also sees the line of its backward that made the value
+        (DivGradNet, divgrad_loop, "DivGradBackward", "DivGrad.apply(h, d)", "g / d"),
     ],
 )
 def test_backward_origin_inside_a_module_same_node_and_line_as_full_tracing(
-    net, loop, node, needle
+    net, loop, node, needle, kernel_line
 ):
     train(net, loop, 4, ctx=(tr := torchscope.trace()))
     full = first_alert(tr, 3, "backward")
     assert full.name == node
+    assert full.source == line_of(net.forward, needle)
     w, lines = watch()
     train(net, loop, 4, ctx=w)
     det = w.detections[0]
     assert (det["step"], det["origin_what"], det["reproduced"]) == (3, full.what, True)
-    assert (det["origin"], det["where"], det["source"]) == (full.name, "backward", full.source)
-    if needle is not None:
-        assert det["source"] == line_of(net.forward, needle)
+    assert (det["origin"], det["where"]) == (full.name, "backward")
+    if kernel_line is None:
+        assert det["source"] == full.source
+    else:
+        assert det["source"] == line_of(DivGrad.backward, kernel_line)
     assert det["outside_modules"] is False
     noun = "NaN" if full.what == "nan" else "Inf"
     kernel = f"{det['aten']} inside " if det["aten"] else ""
-    assert det["aten"] or node == "DivGradBackward"  # a custom Function's kernel is Python's
+    assert det["aten"]
     assert lines[0].startswith(
         f"torchscope: {noun} first appears at step 3 in {kernel}{node} (backward)"
     )

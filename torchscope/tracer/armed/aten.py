@@ -190,21 +190,20 @@ class AtenRecorder(Recorder):
         if not outs:
             return None  # sizes, scalars read out (item): nothing a summary could show
         node = _current_node()
-        label = None
+        md = nid = node_label = None
+        recompute = False
         if node is None:
-            md = None
             module = self.modules.current()
         else:
             md = node.metadata
+            nid = md.get(NODE_ID)
             module = md.get(NODE_MOD, "")
-            label = node_name(node)
-            if md.get(NODE_ID) in self.done_nodes:
-                label = None  # the engine's sum after the node: no recompute there
-            elif _recomputing(label):
+            node_label = node_name(node)
+            if nid not in self.done_nodes and _recomputing(node_label):
                 # Checkpointing re-runs the forward here: its module calls name the op's own
                 # module (the node that needed the values is only where it happens).
+                recompute = True
                 module = self.modules.innermost() or module
-                label = RECOMPUTE
         if not self._everywhere and not self.scope.search(module):
             return None
         name = aten_name(func)
@@ -224,13 +223,12 @@ class AtenRecorder(Recorder):
             thread=THIS_THREAD.name,
         )
         if md is not None:
-            nid = md.get(NODE_ID)
             event["source"] = md.get(NODE_SRC)
             event["node_id"] = nid
-            event["node"] = node_name(node)
+            event["node"] = node_label
             if nid in self.done_nodes:
                 event["accumulate"] = True  # the engine summing a tensor's incoming gradients
-            elif label is RECOMPUTE:
+            elif recompute:
                 event["label"] = RECOMPUTE
                 event["source"] = _line_inside(_CHECKPOINT_FILE) or event["source"]
             else:
