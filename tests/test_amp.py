@@ -87,6 +87,24 @@ def test_a_healthy_scaled_job_is_bit_identical_and_its_overflows_are_no_alarm(he
     assert "24 step(s) seen" in healthy["run"].stderr
 
 
+def test_a_recording_marks_the_scalers_overflows_and_holds_one_origin_per_real_nan(healthy):
+    import torchscope
+    from torchscope.analysis.trace import job_origins
+
+    alerts = torchscope.load(healthy["cwd"] / "amp.tsc").alerts
+    # Every overflow step's Inf is marked as the scaler's, none is an origin.
+    assert {a.step for a in alerts} == set(OVERFLOWS)
+    assert {a["where"] for a in alerts} == {"overflow"}
+    assert all("the loss scaler's overflow" in a["message"] for a in alerts)
+    assert job_origins({0: alerts}) == []
+    cwd = healthy["cwd"]
+    bad = run("--record", "bad.tsc", cwd=cwd, script_args=("--bad", "12"))
+    assert bad.returncode == 0, bad.stderr
+    (origin,) = job_origins({0: torchscope.load(cwd / "bad.tsc").alerts})
+    where = (origin["step"], origin["name"], origin["source"])
+    assert where == (12, "torch.log", origin_line("log"))
+
+
 def test_the_recorded_history_keeps_the_unscaled_loss_the_scale_and_the_skips(healthy):
     events = dump_jsonl(healthy["cwd"] / "amp.tsc", "history")
     points = {p["step"]: p for e in events for p in e.get("points", ())}

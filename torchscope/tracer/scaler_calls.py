@@ -30,11 +30,13 @@ import contextlib
 import functools
 import sys
 import threading
+import weakref
 from typing import Any
 
 _listeners: list[Any] = []
 _lock = threading.Lock()
 _depth = threading.local()
+_last = threading.local()  # .scaled: a weak reference to this thread's last scaled loss
 _originals: dict[tuple[type, str], Any] = {}  # (class, method name) -> the class's own function
 
 
@@ -75,6 +77,8 @@ def _wrap_scale(original: Any) -> Any:
             return original(self, outputs)
         with _nested():
             scaled = original(self, outputs)
+        with contextlib.suppress(TypeError):  # a list of tensors: not one root to know
+            _last.scaled = weakref.ref(scaled)
         _notify("loss_scaled", self, outputs, scaled)
         return scaled
 
@@ -158,6 +162,13 @@ def listen(listener: Any) -> Listening:
 
 def installed() -> bool:
     return bool(_originals)
+
+
+def is_scaled(roots: list[Any]) -> bool:
+    """Whether ``roots`` is the tensor this thread's last ``scaler.scale()`` returned (the
+    backward of a scaled loss: an overflow of its gradients is the scaler's to handle)."""
+    ref = getattr(_last, "scaled", None)
+    return ref is not None and len(roots) == 1 and ref() is roots[0]
 
 
 def scale_of(scaler: Any) -> Any:

@@ -229,7 +229,8 @@ def _origin_alerts(alerts: Iterable[Event]) -> Iterator[Event]:
     the step-end counts of an origin's consequences."""
     for a in alerts:
         # An arrival (another rank made the value: ``where: "arrival"``) is no origin here.
-        if is_check(a) or a.get("where") in (CONSEQUENCES, "arrival"):
+        # An overflow (a loss scaler's, which it skips) is no origin either.
+        if is_check(a) or a.get("where") in (CONSEQUENCES, "arrival", "overflow"):
             continue
         if type(a.get("event_seq")) is int and type(a.get("step")) is int:
             yield a

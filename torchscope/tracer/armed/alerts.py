@@ -23,6 +23,10 @@
   origin that rank published (``rank_checks``). Its consequences here are counted under it.
 - With the aten level on, an origin op or node is named down to the aten call in it that made
   the value: the first of its calls whose outputs are not finite while the inputs it knows are.
+- In the backward of a loss that a loss scaler (``GradScaler``) scaled, NaN/Inf first appearing
+  is most likely the scaled values overflowing fp16, which the scaler handles by skipping the
+  update: an *overflow* (``where: "overflow"``, an ``overflow`` id), not an origin. A ``nan``
+  or ``inf`` breakpoint still stops there, and says so.
 
 Every op downstream of an origin also has non-finite outputs, but its inputs are not finite
 either, so it is not reported.
@@ -141,6 +145,7 @@ class AlertDetector:
         # seq -> "nan"/"inf" for this step's events that were found to be origins (forward,
         # backward or where a bad input enters): what a `nan` breakpoint stops at.
         self.origins: dict[int, str] = {}
+        self.overflows: set[int] = set()  # those of them in a scaled loss's backward
         # Told of every alert made (a multi-rank job shares its origins with the other ranks).
         self.on_alert: Callable[[Event], None] | None = None
         # The aten level: this step's aten calls with non-finite outputs (they come just
@@ -174,6 +179,7 @@ class AlertDetector:
             self._tainted.clear()
             self._reported_inputs.clear()
             self.origins.clear()
+            self.overflows.clear()
             self._bad_calls.clear()
             self._op_names = None
             self._step_blame = None
@@ -445,8 +451,11 @@ class AlertDetector:
         # (no ``origin`` id, no ``nan`` breakpoint stop): an arrival, linked to that rank's
         # origin by the rank checks.
         arrived = where == "arrival" or label.startswith("torch.distributed.")
+        overflow = not arrived and where == "backward" and bool(event.get("scaled"))
         if not arrived:
             self.origins.setdefault(event["seq"], what)
+        if overflow:
+            self.overflows.add(event["seq"])
         named = label
         if call is not None:  # "aten.mm.default inside AddmmBackward0 (node 57, created by ...)"
             named = f"{call['name']} inside {label}"
@@ -459,6 +468,12 @@ class AlertDetector:
         if arrived:
             where, label = "arrival", f"{label} from another rank"
             message = f"{noun} arrives through {label}{at}"
+        elif overflow:
+            where = "overflow"
+            message = (
+                f"{noun} first appears in {named} (backward){at}: the loss scaler's overflow "
+                "(it skips this step's update)"
+            )
         else:
             message = f"{noun} {verb} {named} ({where}){at}"
         alert = Event(
@@ -482,6 +497,10 @@ class AlertDetector:
             alert["origin"] = ident
         if call is not None:
             alert["aten"], alert["aten_seq"] = call["name"], call["seq"]
+        if overflow:
+            del alert["origin"]
+            alert["overflow"] = ident  # nothing was written: no consequences to count
+            return alert
         self._tallies[ident] = _Tally(alert)
         self._last_origin = ident
         self._blame(ident, event["step"])

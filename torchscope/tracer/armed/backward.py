@@ -18,6 +18,7 @@ from torch.autograd.graph import get_gradient_edge
 
 from torchscope.protocol.breakpoints import AFTER, BEFORE
 from torchscope.protocol.events import GRAD, GRAPH, OP, Event
+from torchscope.tracer import scaler_calls
 from torchscope.tracer.armed.modules import is_fsdp2
 from torchscope.tracer.armed.recorder import Recorder
 from torchscope.tracer.armed.recording import THIS_THREAD, is_grad_enabled
@@ -189,6 +190,7 @@ class BackwardRecorder(Recorder):
         # with the aten level on: what runs under such a node is the engine's own summing).
         self.done_nodes: set[int] | None = None
         self.aten_scope: Any = None  # AtenScope: a scoped aten level's hooks on its nodes
+        self.scaled = False  # the backward in progress is of a loss scaler's scaled loss
 
     def begin_step(self) -> None:
         self.backward_index = 0
@@ -202,11 +204,16 @@ class BackwardRecorder(Recorder):
         if state.gated and call != "torch.autograd.grad":
             state.meet_ranks(f"{call}()")
         hooks = None
+        self.scaled = False
         try:
             # autograd.grad(..., is_grads_batched=True) runs the backward under vmap: the
             # hooks get batched gradients, whose numbers cannot be read there.
             batched = bool(kwargs.get("is_grads_batched"))
-            hooks = NodeHooks(self, call, root_tensors(call, args, kwargs), batched=batched)
+            roots = root_tensors(call, args, kwargs)
+            hooks = NodeHooks(self, call, roots, batched=batched)
+            # The backward of a loss the scaler scaled: its alerts say an overflow may be the
+            # scaler's (it skips the update), not a bug.
+            self.scaled = scaler_calls.is_scaled(roots)
             self.backward_index += 1
             if self.done_nodes is not None:
                 self.done_nodes.clear()
@@ -387,7 +394,7 @@ class BackwardRecorder(Recorder):
 
     def _grad_event(self, info: NodeInfo, go: list, gi: list | None) -> Event:
         """A node's grad event; a stub (no seq, no grad_inputs) before the node has run."""
-        return Event(
+        event = Event(
             kind=GRAD,
             seq=self.next_seq() if gi is not None else None,
             step=self.state.step_index,
@@ -402,6 +409,9 @@ class BackwardRecorder(Recorder):
             grad_outputs=go,
             thread=THIS_THREAD.name,
         )
+        if self.scaled:
+            event["scaled"] = True
+        return event
 
 
 def _ddp_world(ddp: Any) -> int | None:

@@ -65,6 +65,8 @@ class Pauser:
             reason = stepper.should_pause(phase, event, origin or self._origin_of)
             if reason is None:
                 return False
+            if event.get("seq") in pipeline.alerts.overflows:
+                reason += " at a loss scaler's overflow (the scaler skips this step's update)"
             pipeline.flush(wait=True)  # everything up to here reaches the UI and the file
             point = PausePoint(phase, event, tensors, thread_stack(self._owner), reason)
             step = self._state.step_index
