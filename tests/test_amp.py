@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tui_pilot import sync, until
 
 pytest.importorskip("torch")
 
@@ -170,3 +171,24 @@ def test_autocast_without_a_scaler_is_watched_as_a_plain_job(tmp_path, dtype):
         "torchscope: NaN first appears at step 5 in aten.log.default inside torch.log "
         f"(forward) in blocks.1 at {origin_line('log')} — replayed"
     )
+
+
+@sync
+async def test_the_ui_history_says_the_scale_and_the_skipped_updates(healthy):
+    from torchscope.tui.app import TorchscopeApp
+    from torchscope.tui.screens.history import HistoryScreen
+    from torchscope.tui.sources import FileSource
+
+    app = TorchscopeApp(FileSource(healthy["cwd"] / "amp.tsc"), at_origin=False)
+    job = {s["step"]: s for s in steps(healthy["plain"])}
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: len(app.store.history) == len(job), what="the history")
+        await pilot.press("H")
+        await until(pilot, lambda: isinstance(app.screen, HistoryScreen), what="H")
+        plot = app.screen.plot
+        for step in (OVERFLOWS[-1], OVERFLOWS[-1] + 1):
+            plot.cursor = step
+            await until(pilot, lambda s=step: plot.cursor == s, what=f"the cursor at {step}")
+            text = plot.readout()
+            assert f"scale {job[step]['scale']:g}" in text, text
+            assert ("update skipped by the scaler" in text) == job[step]["skipped"], text

@@ -2,7 +2,8 @@
 that several early steps overflow in fp16 and are skipped (normal AMP), and a bug that can be
 switched on in a submodule from one step on.
 
-    amp_nan.py [--dtype fp16|bf16] [--no-scaler] [--bad STEP] [--persist] [--bug log|sqrt]
+    amp_nan.py [--dtype fp16|bf16] [--no-scaler] [--bad STEP] [--persist]
+               [--bug log|sqrt|loop]
                [--steps N]
 
 Prints one JSON line per step: the loss as the job computed it, the scale, whether the scaler
@@ -21,7 +22,7 @@ parser.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
 parser.add_argument("--no-scaler", action="store_true")
 parser.add_argument("--bad", type=int, default=-1)
 parser.add_argument("--persist", action="store_true")
-parser.add_argument("--bug", default="log", choices=("log", "sqrt"))
+parser.add_argument("--bug", default="log", choices=("log", "sqrt", "loop"))
 parser.add_argument("--steps", type=int, default=24)
 args = parser.parse_args()
 
@@ -64,9 +65,11 @@ for step in range(args.steps):
     x = torch.randn(64, 16, generator=gen) * 10
     y = torch.randn(64, 1, generator=gen)
     on = step == args.bad or (args.persist and 0 <= args.bad <= step)
-    model.blocks[1].bug = args.bug if on else None
+    model.blocks[1].bug = args.bug if on and args.bug != "loop" else None
     with torch.autocast("cpu", dtype=dtype):
         loss = nn.functional.mse_loss(model(x).float(), y)
+    if on and args.bug == "loop":
+        loss = torch.sqrt(loss - 2.0)  # NaN origin in the loop's own code
     opt.zero_grad()
     scale = scaler.get_scale()
     scaler.scale(loss).backward()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import shlex
 import signal
 import threading
 import time
@@ -57,12 +58,14 @@ from torchscope.tracer.ranks import (
     say,
     say_line,
 )
-from torchscope.tracer.stepper import Stepper
+from torchscope.tracer.stepper import WATCH_OWNER, Stepper
 from torchscope.tracer.steps import ALL_STEPS, StepSelection, parse_steps
 from torchscope.tracer.watch.capture import REPLAY_ATEN
 
 _agent: Agent | None = None
-WATCH_TRACE_STEPS = 3  # steps traced in full after a NaN the replay could not reproduce
+# Steps traced in full after a NaN/Inf the watch could not place (it names the op and line
+# when it comes back in one of them; the tracing ends then).
+WATCH_TRACE_STEPS = 10
 STEPPING_COMMANDS = frozenset(
     "pause step next continue detach state break_list break_add break_enable break_delete "
     "inspect".split()
@@ -132,6 +135,7 @@ class Agent:
         self._no_periods = False  # the store failed once: UI-armed ranks trace ungated
         self._watch_listening: backward_calls.Listening | None = None
         self._blocked_said = False
+        self._catching: Any = None  # the hold tracing steps until a NaN/Inf comes back
         self.history = HistoryCollector(lambda: self.clock.owner)
         self._history_listening: Any = None  # HistoryCollector.listen()
 
@@ -326,6 +330,7 @@ class Agent:
             step_of=lambda: self.clock.step,
             report=self._watch_report,
             replay_wanted=lambda: self.tracer is None,
+            live_origin=self._live_origin,
             on_unreproduced=self._trace_after_unreproduced,
             backward_checks=True,  # a job that updates by hand is checked after backward()
         ).install()
@@ -353,6 +358,16 @@ class Agent:
         ).start()
         return tracer
 
+    def _live_origin(self) -> dict[str, Any] | None:
+        """The first NaN/Inf origin the armed tracer found in the current step, or None."""
+        pipeline = getattr(self.tracer, "pipeline", None)
+        if pipeline is None:
+            return None
+        with pipeline.lock:
+            pipeline.flush(wait=True)  # the step's events so far are checked
+            found = list(pipeline.alerts.step_origins)
+        return dict(found[0]) if found else None
+
     def _on_alert(self) -> Any:
         """Where an armed tracer's alerts go besides its sinks: the other ranks' checks."""
         return self.ranks.on_alert if self._multi_rank else None
@@ -362,6 +377,7 @@ class Agent:
             with contextlib.suppress(Exception):
                 say_line(text)  # already "torchscope: ..." (with its rank)
         det = self.watch.detections[-1] if self.watch and self.watch.detections else None
+        self._caught_live(det)
         if det is None or det.get("reproduced") or det.get("last_step") != det.get("step"):
             return  # a reproduced replay recorded its own alert; a "lasted" summary is a note
         self.emit(
@@ -376,9 +392,32 @@ class Agent:
         )
 
     def _trace_after_unreproduced(self, det: dict[str, Any]) -> None:
-        """The replay could not say where it came from: trace the next steps in full."""
-        self.holders.add("watch", remaining=WATCH_TRACE_STEPS)
-        self._say(f"tracing the next {WATCH_TRACE_STEPS} steps in full to catch it live")
+        """The replay could not say which op and line made it: most NaNs come back, so trace
+        the next steps in full to catch it live (until it does, or for a few steps). A job
+        that stops now gets the command that finds a one-off instead."""
+        if self.watch is not None and self.watch.on_nan == "stop":
+            argv = self.options.metadata.get("argv")
+            script = shlex.join(map(str, argv)) if argv else "SCRIPT"
+            self._say(
+                f"to name its op and line: torchscope run --record trace.tsc --steps "
+                f"{det['step']} {script} (the steps before it run dormant)"
+            )
+            return
+        if self._catching is not None and self.holders.holds(self._catching):
+            return  # already tracing to catch it
+        self._catching = self.holders.add("watch", remaining=WATCH_TRACE_STEPS)
+        self._say(
+            f"tracing the next {WATCH_TRACE_STEPS} steps in full to catch it live (it names "
+            "the op and line if it comes back)"
+        )
+
+    def _caught_live(self, det: dict[str, Any] | None) -> None:
+        """The tracing that waited for a NaN/Inf to come back named it: it ends."""
+        holder, self._catching = self._catching, None
+        if holder is not None and det is not None and det.get("traced_live"):
+            self.holders.end(holder)
+        elif holder is not None:
+            self._catching = holder
 
     def stop(self) -> None:
         """The job is done: the last traced events reach the file and the UIs, then bye."""
@@ -596,11 +635,24 @@ class Agent:
         tracer.start()
         self.tracer = tracer
         self.armed_periods += 1
+        self._watch_breakpoints()
         self._say_holders(f"tracing from step {step}")
+
+    def _watch_breakpoints(self) -> None:
+        """``on_nan="pause"`` in a traced step: the live tracer stops where the NaN/Inf first
+        appears, before the update, as the watch's replay would (breakpoints the watch owns,
+        gone when the tracing ends)."""
+        watch, stepper = self.watch, self.stepper
+        if watch is None or watch.on_nan != "pause" or stepper is None:
+            return
+        for what in ("nan", "inf"):
+            stepper.add_breakpoint({"nan": what}, owner=WATCH_OWNER)
 
     def _disarm(self, hold: StepHold | None = None, ended: bool = False) -> None:
         released = hold.released if hold is not None else []
         tracer, self.tracer = self.tracer, None
+        if self.stepper is not None:
+            self.stepper.release(WATCH_OWNER)  # the watch's pause points go with the tracer
         self.ranks.forget_parameters()
         if tracer is not None:
             tracer.stop()  # the armed period's last events are delivered first

@@ -194,6 +194,16 @@ class Holders:
         client_left = any(h.client is not None for h in gone)
         return StepHold(traced, gated, by_ui, [h.id for h in gone], client_left, aten, eager_check)
 
+    def holds(self, holder: Holder) -> bool:
+        """Whether ``holder`` still holds the job (it may have taken all its steps)."""
+        with self._lock:
+            return holder.id in self._holders
+
+    def end(self, holder: Holder) -> None:
+        """``holder`` has what it held the job for: it lets go (said at the next boundary)."""
+        with self._lock:
+            self._drop(holder)
+
     def release(self, client: bytes) -> int:
         """This client lets go: its hold, its breakpoints, and (the last UI) its pauses.
         Returns the id of the hold it had, or 0."""

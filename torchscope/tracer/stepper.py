@@ -82,6 +82,10 @@ _RESUMED_BY = {
 }
 
 
+# Owns the breakpoints of ``on_nan="pause"`` in traced steps (the NaN watch's pause points).
+WATCH_OWNER = "the NaN watch"
+
+
 class Stepper:
     def __init__(
         self,
@@ -224,6 +228,10 @@ class Stepper:
             self.paused = None
             self._refresh()
             return reason
+
+    def owner_of(self, reason: str) -> Any:
+        """Who owns the breakpoint a pause ``reason`` names (None for others)."""
+        return self._owner_of(reason)
 
     def _owner_of(self, reason: str) -> Any:
         if reason.startswith("breakpoint "):

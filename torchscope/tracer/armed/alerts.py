@@ -146,6 +146,7 @@ class AlertDetector:
         # backward or where a bad input enters): what a `nan` breakpoint stops at.
         self.origins: dict[int, str] = {}
         self.overflows: set[int] = set()  # those of them in a scaled loss's backward
+        self.step_origins: list[Event] = []  # this step's origin alerts, in order
         # Told of every alert made (a multi-rank job shares its origins with the other ranks).
         self.on_alert: Callable[[Event], None] | None = None
         # The aten level: this step's aten calls with non-finite outputs (they come just
@@ -180,6 +181,7 @@ class AlertDetector:
             self._reported_inputs.clear()
             self.origins.clear()
             self.overflows.clear()
+            self.step_origins.clear()
             self._bad_calls.clear()
             self._op_names = None
             self._step_blame = None
@@ -502,6 +504,8 @@ class AlertDetector:
             alert["overflow"] = ident  # nothing was written: no consequences to count
             return alert
         self._tallies[ident] = _Tally(alert)
+        if not arrived:
+            self.step_origins.append(alert)
         self._last_origin = ident
         self._blame(ident, event["step"])
         if self.on_alert is not None:

@@ -16,7 +16,7 @@ from torchscope.protocol.events import PAUSE, RESUME, Event
 from torchscope.tracer.armed.pipeline import EventPipeline
 from torchscope.tracer.armed.recording import ArmedState, ErrorReport
 from torchscope.tracer.armed.source import thread_stack
-from torchscope.tracer.stepper import PausePoint, Stepper
+from torchscope.tracer.stepper import WATCH_OWNER, PausePoint, Stepper
 
 
 class Pauser:
@@ -66,6 +66,8 @@ class Pauser:
             if reason is None:
                 return False
             if event.get("seq") in pipeline.alerts.overflows:
+                if stepper.owner_of(reason) == WATCH_OWNER:
+                    return False  # the watch knows the scaler skips it: no NaN to stop at
                 reason += " at a loss scaler's overflow (the scaler skips this step's update)"
             pipeline.flush(wait=True)  # everything up to here reaches the UI and the file
             point = PausePoint(phase, event, tensors, thread_stack(self._owner), reason)

@@ -143,6 +143,8 @@ class NanWatch:
         example: arm full tracing for the next steps).
     replay_wanted: ``f() -> bool``, asked at a detection; False skips the replay (the step
         was traced live already: its alert says where the value came from).
+    live_origin: ``f() -> alert or None``, asked when the step was traced live: the first
+        origin alert the live tracer found in it, which the report names ("traced live").
     backward_checks: in a job that held no optimizer when its first backward() ended, check
         each step when its backward() ends (gradients complete, weights not yet updated by
         the job's own code). Otherwise such a job calls ``before_update()`` itself.
@@ -165,6 +167,7 @@ class NanWatch:
         max_graphs: int = 1,
         on_unreproduced: Callable[[dict[str, Any]], None] | None = None,
         replay_wanted: Callable[[], bool] | None = None,
+        live_origin: Callable[[], dict[str, Any] | None] | None = None,
         backward_checks: bool = False,
     ) -> None:
         if keep_graph not in (True, False, "auto"):
@@ -185,6 +188,7 @@ class NanWatch:
         self.max_graphs = max_graphs
         self.on_unreproduced = on_unreproduced
         self.replay_wanted = replay_wanted or (lambda: True)
+        self.live_origin = live_origin or (lambda: None)
         self.detections: list[dict[str, Any]] = []
         self.steps_checked = 0
         self.installed = False
@@ -629,7 +633,7 @@ class NanWatch:
             self._error("checking the step", exc)
         finally:
             if ends_step:
-                self._end_step()
+                self._end_step(count=stop is None)  # a stopped update did not end its step
             else:
                 self._end_captures()
         if stop is not None:
@@ -664,11 +668,12 @@ class NanWatch:
         ``params``' gradients (default: the watched modules'), end the step, and apply the
         policy (``WatchStop`` under "stop"). Call it on the training thread, before the update.
         """
+        stop = None
         try:
             detection = self.check(params)
             stop = self._stop(detection)
         finally:
-            self._end_step()
+            self._end_step(count=stop is None)  # a stopped update did not end its step
         if stop is not None:
             raise stop
         return detection
@@ -745,7 +750,12 @@ class NanWatch:
                 run = None
             if what is None:
                 return None
-            if run is not None:
+            live = None
+            if run is not None and run.get("unexplained") and not self.replay_wanted():
+                # Traced live since a detection it could not place: named now if this step's
+                # tracer found where it comes from (a loss scaler kept the weights clean).
+                live = self._live_alert(run["step"])
+            if run is not None and live is None:
                 # Still bad (NaN weights stay NaN): counted, not replayed or reported again;
                 # once per step (LBFGS calls its closure, checked each time, several times).
                 if self.step != run["last_step"]:
@@ -753,7 +763,7 @@ class NanWatch:
                     run["last_step"] = self.step
                 self._still_bad = run
                 return None
-            det = self._detected(what, grad_norm, params, bad, in_loss)
+            det = self._detected(what, grad_norm, params, bad, in_loss, live)
             self._bad_run = det
             return det
         except Exception as exc:
@@ -761,7 +771,13 @@ class NanWatch:
             return None
 
     def _detected(
-        self, what: str, grad_norm: float, params: list, bad: list[int], in_loss: bool
+        self,
+        what: str,
+        grad_norm: float,
+        params: list,
+        bad: list[int],
+        in_loss: bool,
+        live: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         step = self.step
         det: dict[str, Any] = {
@@ -790,7 +806,7 @@ class NanWatch:
             "optimizer_step": self._optimizer_step(step),
         }
         if what in (NAN, INF) and not self.replay_wanted():
-            det["notes"].append("the step was traced live: its alert names the origin")
+            self._take_live_origin(det, live)
         elif what in (NAN, INF):
             from torchscope.tracer.watch.replay import Replay
 
@@ -820,13 +836,49 @@ class NanWatch:
             self.report(det["message"])
         except Exception as exc:
             self._error("reporting", exc)
-        unexplained = det["reproduced"] is False and not det["placed"] and not det.get("arrived")
+        # Not named down to its op and line: the replay did not reproduce it, or it came from
+        # the loop's own forward code, which is not re-run (most NaNs come back: catch it then).
+        unexplained = (
+            det["reproduced"] is False and not det["placed"] and not det.get("arrived")
+        ) or bool(det.get("loop_forward"))
+        det["unexplained"] = unexplained
         if unexplained and self.on_unreproduced is not None:
             try:
                 self.on_unreproduced(det)
             except Exception as exc:
                 self._error("on_unreproduced", exc)
         return det
+
+    def _live_alert(self, after: int = -1) -> dict[str, Any] | None:
+        """The live tracer's first origin alert of the current step (after step ``after``)."""
+        try:
+            alert = self.live_origin()
+        except Exception as exc:
+            self._error("reading the live tracer's origin", exc)
+            return None
+        if alert is None or alert.get("step") != self.step or self.step <= after:
+            return None
+        return alert
+
+    def _take_live_origin(self, det: dict[str, Any], alert: dict[str, Any] | None) -> None:
+        """The step was traced live: its tracer's first origin alert is the detection's origin
+        (one origin for one NaN, in the tracer's own words)."""
+        if alert is None:
+            alert = self._live_alert()
+        if alert is None:
+            det["notes"].append("the step was traced live and its tracer named no origin in it")
+            det["reproduced"] = False
+            return
+        det.update(
+            reproduced=True,
+            traced_live=True,
+            origin=alert.get("name"),
+            where=alert.get("where"),
+            source=alert.get("source"),
+            module=alert.get("module") or None,
+            origin_what=alert.get("what"),
+            aten=alert.get("aten"),
+        )
 
     def _end_run(self) -> None:
         """The steps after a detection are fine again (or bad in another way): say how long
@@ -1120,7 +1172,7 @@ def describe(det: dict[str, Any], rank: int | None = None) -> str:
             site = _short(det.get("backward_source"))
             text += " outside the module calls (training-loop code"
             text += f"; backward() at {site})" if site else ")"
-        text += " — replayed"
+        text += " — traced live" if det.get("traced_live") else " — replayed"
         if det.get("unit_gradient"):
             text += " (backward from a unit gradient: output gradients were above the capture cap)"
         return text

@@ -488,6 +488,10 @@ class HistoryPlot(HistoryFrame):
             parts = [f"step {step:,}", f"loss {short_num(p.loss, 9)}"]
             if p.grad_norm is not None or self.index.grad_norm:
                 parts.append(f"|g| {short_num(p.grad_norm, 9)}")
+            if p.scale is not None:  # a loss scaler's step: its scale, and whether it updated
+                parts.append(f"scale {short_num(p.scale, 9)}")
+                if p.skipped:
+                    parts.append("update skipped by the scaler")
             parts.append("traced" if p.traced else "not traced")
             return " · ".join(parts)
         b = self.bucket(step)
@@ -496,6 +500,8 @@ class HistoryPlot(HistoryFrame):
             for label, s in (("loss", b.loss), ("|g|", b.grad_norm)):
                 if s.lo is not None or s.hi is not None:
                     text += f" · {label} {short_num(s.lo)}..{short_num(s.hi)}"
+            if b.skipped:
+                text += f" · {b.skipped:,} skipped by the scaler"
             return text
         return f"step {step:,} · no values"
 
