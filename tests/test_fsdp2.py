@@ -77,9 +77,17 @@ def test_the_watch_stops_a_nan_on_one_rank_and_says_which_rank_made_it(tmp_path)
     assert "internal error" not in err, err[-3000:]
     assert "rank 1 step 6" not in out  # stopped before the bad update
     (made,) = [line for line in err.splitlines() if line.startswith("torchscope[rank 1]: NaN")]
-    assert "step 6" in made and "its own forward made it" in made, made
+    assert made == (
+        "torchscope[rank 1]: NaN in the loss at step 6: this rank's own forward made it (under "
+        "FSDP the step is not replayed: its collectives would run on this rank alone)"
+    )
     (came,) = [line for line in err.splitlines() if line.startswith("torchscope[rank 0]: NaN")]
-    assert "from another rank" in came, came
+    assert came.startswith(
+        "torchscope[rank 0]: NaN in the gradients at step 6 came from another rank through "
+        "FSDP's gradient reduce-scatter"
+    ), came
+    # The rank that made it gets the command that names the op and line.
+    assert "torchscope[rank 1]: to name its op and line: torchrun ... -m torchscope run " in err
 
 
 def test_a_recording_holds_one_origin_in_the_job_on_the_rank_that_made_it(tmp_path):

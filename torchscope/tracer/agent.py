@@ -398,10 +398,10 @@ class Agent:
         if self.watch is not None and self.watch.on_nan == "stop":
             argv = self.options.metadata.get("argv")
             script = shlex.join(map(str, argv)) if argv else "SCRIPT"
-            self._say(
-                f"to name its op and line: torchscope run --record trace.tsc --steps "
-                f"{det['step']} {script} (the steps before it run dormant)"
-            )
+            command = f"torchscope run --record trace.tsc --steps {det['step']} {script}"
+            if self._multi_rank:
+                command = f"torchrun ... -m {command}"
+            self._say(f"to name its op and line: {command} (the steps before it run dormant)")
             return
         if self._catching is not None and self.holders.holds(self._catching):
             return  # already tracing to catch it

@@ -814,8 +814,10 @@ class NanWatch:
             self.last_replay = replay
             replay.run()
             det["events"] = replay.events
-            if not det["reproduced"] and any(
-                type(m).__name__ == "DistributedDataParallel" for m in self._live_roots()
+            fsdp_arrival = det.get("fsdp") and not det.get("in_loss")
+            if not det["reproduced"] and (
+                fsdp_arrival
+                or any(type(m).__name__ == "DistributedDataParallel" for m in self._live_roots())
             ):
                 det["notes"].append(
                     "this rank's replay is finite: under DDP the NaN/Inf most likely came from "
@@ -1187,6 +1189,17 @@ def describe(det: dict[str, Any], rank: int | None = None) -> str:
             + ("; ".join(det.get("notes") or []) or "the step's graph was not kept")
         )
     where = "the loss" if det.get("in_loss") and not det.get("bad_params") else "the gradients"
+    if det.get("fsdp") and det.get("in_loss"):
+        return (
+            f"{who}: {noun} in the loss at step {step}: this rank's own forward made it (under "
+            "FSDP the step is not replayed: its collectives would run on this rank alone)"
+        )
+    if det.get("fsdp") and det.get("arrived"):
+        return (
+            f"{who}: {noun} in the gradients at step {step} came from another rank through "
+            "FSDP's gradient reduce-scatter (this rank's loss is finite); linked to that rank's "
+            "origin when it names it"
+        )
     if det.get("arrived"):
         return (
             f"{who}: {noun} in {where} at step {step}, but the replay did not reproduce it: "

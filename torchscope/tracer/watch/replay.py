@@ -191,6 +191,7 @@ class Replay:
             det["reproduced"] = False
             return
         if any(_is_fsdp(c.target) for c in self.calls):
+            det["fsdp"] = True  # said by the watch's line: whose forward made it
             notes.append(_fsdp_note(det))
             det["reproduced"] = False
             return
