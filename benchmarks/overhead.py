@@ -97,6 +97,7 @@ class Result:
     around: list[float] = field(default_factory=list)  # seconds to enter + leave, per block
     file_bytes: list[int] = field(default_factory=list)  # trace-file size per block
     counters: list[dict[str, int]] = field(default_factory=list)  # per block (agent rows)
+    full_gcs: int = 0  # full (oldest-generation) collections during the timed steps
 
 
 class _RecordTo:
@@ -132,18 +133,19 @@ while not c.ended and c.alive:
 print(n, flush=True)
 """
 
-# Frames the publisher encodes, counted at its one call of the codec (a counter per frame,
-# on the publisher's thread; nothing on the training thread).
+# Frames of events the publisher builds, counted at its one call of the codec for them (a
+# counter per frame, on the publisher's thread; the events themselves are encoded once each
+# by the sink, on the training thread).
 PACKED = [0]
-_pack = publisher_mod.pack
+_pack_frame = publisher_mod.pack_with_packed
 
 
-def _counting_pack(msg: Any) -> bytes:
+def _counting_pack(msg: Any, key: str, items: list[bytes]) -> bytes:
     PACKED[0] += 1
-    return _pack(msg)
+    return _pack_frame(msg, key, items)
 
 
-publisher_mod.pack = _counting_pack
+publisher_mod.pack_with_packed = _counting_pack
 
 
 @contextlib.contextmanager
@@ -326,6 +328,26 @@ CLOCK: list[Callable[[], float]] = [time.perf_counter]
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
+class FullCollections:
+    """Counts CPython's full collections (generation 2) while installed (``gc.callbacks``):
+    what a tool that keeps objects alive across steps makes the collector do, a fraction of
+    a second each in a process with torch loaded."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info.get("generation") == 2:
+            self.count += 1
+
+    def __enter__(self) -> FullCollections:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
 def run_block(w: Workload, cfg: Config, n: int, result: Result | None, record: _RecordTo) -> None:
     if cfg.controlled:
         # Everything alive now (setup, long-lived state) is parked out of the collector's way
@@ -341,10 +363,11 @@ def run_block(w: Workload, cfg: Config, n: int, result: Result | None, record: _
         entered = perf()
         for _ in range(cfg.untimed):
             w.step()
-        for _ in range(n):
-            t0 = perf()
-            w.step()
-            times.append(perf() - t0)
+        with FullCollections() as full:
+            for _ in range(n):
+                t0 = perf()
+                w.step()
+                times.append(perf() - t0)
         t_leave = perf()
     left = perf()
     size = record.collect() if cfg.key == "record" else None
@@ -353,6 +376,7 @@ def run_block(w: Workload, cfg: Config, n: int, result: Result | None, record: _
         result.times += times
         result.block_medians.append(statistics.median(times))
         result.around.append((entered - t_enter) + (left - t_leave))
+        result.full_gcs += full.count
         if size is not None:
             result.file_bytes.append(size)
         if cfg.last is not None:
@@ -419,8 +443,9 @@ def _ms(s: float) -> str:
 def table(w: Workload, configs: list[Config], results, steps: int) -> list[str]:
     lines = [
         f"| configuration | median ms/step | ratio | paired ratio | min ms | p25-p75 ms "
-        f"| enter+exit ms per {steps}-step block | ratio incl. enter+exit |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| enter+exit ms per {steps}-step block | ratio incl. enter+exit "
+        "| full collections per 1000 steps |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for cfg in configs:
         base_res = results[(w.name, cfg.base)]
@@ -436,7 +461,8 @@ def table(w: Workload, configs: list[Config], results, steps: int) -> list[str]:
         lines.append(
             f"| {cfg.label} | {_ms(med)} | {med / base:.2f}x | {paired:.2f}x "
             f"| {_ms(min(res.times))} "
-            f"| {_ms(q1)}-{_ms(q3)} | {_ms(around)} | {amortized:.2f}x |"
+            f"| {_ms(q1)}-{_ms(q3)} | {_ms(around)} | {amortized:.2f}x "
+            f"| {res.full_gcs / len(res.times) * 1000:.1f} |"
         )
     return lines
 

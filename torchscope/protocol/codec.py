@@ -25,14 +25,33 @@ def _refuse_ext(code: int, data: bytes) -> Any:
 _packers = threading.local()
 
 
-def pack(obj: Any) -> bytes:
+def _packer() -> msgpack.Packer:
     # One Packer per thread, reused: packb builds a new one (and its buffer) per call, which
     # doubles the cost of encoding a traced step's events. A Packer is not thread-safe, and
     # it empties its buffer after each call, also when the call raises.
     packer = getattr(_packers, "packer", None)
     if packer is None:
         packer = _packers.packer = msgpack.Packer(use_bin_type=True)
-    return packer.pack(obj)
+    return packer
+
+
+def pack(obj: Any) -> bytes:
+    return _packer().pack(obj)
+
+
+def pack_with_packed(msg: dict[str, Any], key: str, items: list[bytes]) -> bytes:
+    """``pack({**msg, key: [...]})`` where each element of the list is already encoded
+    (``items``: one ``pack()`` each): the list's bytes are joined, not decoded and packed
+    again. ``key`` must not be in ``msg``. Decodes as the plain message would."""
+    packer = _packer()
+    parts = [packer.pack_map_header(len(msg) + 1)]
+    for k, v in msg.items():
+        parts.append(packer.pack(k))
+        parts.append(packer.pack(v))
+    parts.append(packer.pack(key))
+    parts.append(packer.pack_array_header(len(items)))
+    parts.extend(items)
+    return b"".join(parts)
 
 
 def unpack(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:

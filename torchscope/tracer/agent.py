@@ -651,10 +651,12 @@ class Agent:
     def _disarm(self, hold: StepHold | None = None, ended: bool = False) -> None:
         released = hold.released if hold is not None else []
         tracer, self.tracer = self.tracer, None
-        if self.stepper is not None:
-            self.stepper.release(WATCH_OWNER)  # the watch's pause points go with the tracer
         self.ranks.forget_parameters()
         if tracer is not None:
+            if self.stepper is not None:
+                # The watch's pause points go with the tracer (added when it armed; a
+                # dormant step has none to release, and pays nothing for it).
+                self.stepper.release(WATCH_OWNER)
             tracer.stop()  # the armed period's last events are delivered first
             if ended:  # the last step, traced: did anything run in it?
                 self.last_step = "empty" if tracer.last_step_empty else "ran"

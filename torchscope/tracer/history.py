@@ -47,6 +47,17 @@ _DisableTorchDispatch = torch._C._DisableTorchDispatch
 _DeviceValue = tuple[int, str, torch.Tensor]
 
 
+def _plain(t: torch.Tensor | None) -> bool:
+    return t is None or type(t) is torch.Tensor
+
+
+def _modes_on() -> bool:
+    """Whether a torch-function or dispatch mode is on the stack (a traced step's, the
+    job's own): reading a value then needs them switched off. Two cheap calls, where
+    switching them off and on costs more than the read itself on a small step."""
+    return bool(torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack())
+
+
 class _Copy:
     """One batch of device values on its way to the host."""
 
@@ -177,18 +188,16 @@ class HistoryCollector:
         )
         self._grad_norm = self._module_norms = None
         on_device: list[tuple[str, torch.Tensor]] = []
-        # Outside any mode (a traced step's would record these); nothing here makes a
-        # graph (the detached value requires no grad), so no grad-mode switch either.
-        with torch._C.DisableTorchFunction(), _DisableTorchDispatch():
-            if root is not None and root.numel() == 1 and root.dtype.is_floating_point:
-                self._read(point, "loss", root.detach().reshape(()), on_device)
-            scale = scaler_calls.scale_of(scaler) if scaler is not None else None
-            if scale is not None:
-                # A copy: the scaler's update() changes its scale in place after this.
-                value = scale.reshape(())
-                if value.device.type not in self.host_devices:
-                    value = value.clone()
-                self._read(point, "scale", value, on_device)
+        if root is None and scaler is None:
+            pass  # no backward in the step: nothing to read
+        elif _plain(root) and not _modes_on():
+            self._read_values(point, root, scaler, on_device)  # the common case: no mode to leave
+        else:
+            # Outside any mode (a traced step's would record these) and any subclass's
+            # handler; nothing here makes a graph (values are read or detached), so no
+            # grad-mode switch either.
+            with torch._C.DisableTorchFunction(), _DisableTorchDispatch():
+                self._read_values(point, root, scaler, on_device)
         added: list[StepPoint] = []
         with self.lock:
             if closing < opened:
@@ -208,9 +217,24 @@ class HistoryCollector:
                 self._start_copy(added)
         return added
 
-    def _read(
-        self, point: StepPoint, name: str, value: torch.Tensor, on_device: list
+    def _read_values(
+        self, point: StepPoint, root: torch.Tensor | None, scaler: Any, on_device: list
     ) -> None:
+        """The step's loss and scale: host values read now, device values kept for a copy."""
+        if root is not None and root.numel() == 1 and root.dtype.is_floating_point:
+            if root.device.type in self.host_devices:
+                point.loss = root.item()  # one call: no detach or reshape to make first
+            else:
+                on_device.append(("loss", root.detach().reshape(())))
+        scale = scaler_calls.scale_of(scaler) if scaler is not None else None
+        if scale is not None:
+            # A copy: the scaler's update() changes its scale in place after this.
+            value = scale.reshape(())
+            if value.device.type not in self.host_devices:
+                value = value.clone()
+            self._read(point, "scale", value, on_device)
+
+    def _read(self, point: StepPoint, name: str, value: torch.Tensor, on_device: list) -> None:
         """A host value at once; a device value later, in the next batch's copy."""
         if value.device.type in self.host_devices:
             setattr(point, name, value.item())

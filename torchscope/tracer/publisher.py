@@ -1,8 +1,13 @@
 """Live stream of a traced job to UIs: an event sink plus one background thread with the sockets.
 
-The training thread only ever appends a list to a bounded deque (``__call__``): no packing, no
-socket calls, no waiting on a UI. One daemon thread owns every ZeroMQ socket (they are not
-thread-safe) and does the rest:
+The training thread encodes each event of a delivered batch (``__call__``: one msgpack call
+per event, which the frames and the snapshot ring need anyway) and appends the bytes to a
+bounded deque: no socket calls, no waiting on a UI. Encoded at once, events do not stay alive
+as dicts and lists in the queue (up to a quarter of a second while nobody reads) and in the
+ring (thousands of them): objects that live that long reach the collector's oldest
+generation, and there they make CPython run full collections, each a fraction of a second in
+a process with torch loaded. Bytes are not tracked by the collector at all. One daemon thread
+owns every ZeroMQ socket (they are not thread-safe) and does the rest:
 
 * XPUB (events): frames of at most ``frame_events`` events, sent with NOBLOCK. Each subscriber
   has its own queue (``sndhwm`` frames); when a UI stops reading, libzmq drops frames for that
@@ -12,11 +17,13 @@ thread-safe) and does the rest:
   ``frame`` (consecutive) and ``sent`` (events published up to and including this frame), so
   ``SessionClient.frames_lost`` / ``events_lost`` count its own gaps. ``dropped`` counts what
   every UI lost: events the job's side could not take (bounded queue, unencodable). Frames are
-  only packed when somebody is subscribed (XPUB tells us about subscriptions).
+  only built (the events' bytes joined) when somebody is subscribed (XPUB tells us about
+  subscriptions).
 * ROUTER (control): ``hello`` / ``snapshot`` / ``ping`` requests, each validated by
   :func:`torchscope.protocol.frames.parse_request`; a malformed request gets an error reply
   and bumps ``bad_requests``, nothing else happens.
-* a ring of the last ``ring`` events for snapshots, heartbeats every second, and "bye" at close.
+* a ring of the last ``ring`` events (encoded) for snapshots, heartbeats every second, and
+  "bye" at close.
 * every tcp socket is a CURVE server, and a ZAP authenticator (pyzmq ``zmq.auth``) in this
   thread's context admits only known client keys (see :mod:`torchscope.protocol.security`):
   on loopback, the session's own client key, written with the session's keys into a 0600
@@ -51,7 +58,7 @@ import zmq
 
 from torchscope.protocol import endpoints as ep
 from torchscope.protocol import security
-from torchscope.protocol.codec import MAX_MESSAGE_BYTES, pack
+from torchscope.protocol.codec import MAX_MESSAGE_BYTES, pack, pack_with_packed, unpack
 from torchscope.protocol.frames import (
     BYE,
     HEARTBEAT,
@@ -76,7 +83,7 @@ EVENTS_PER_TURN = 20_000  # events framed before looking at control again
 # How often the thread takes the queue while a UI reads (a frame's latency, at most).
 READER_TURN = 0.02
 # Queued by forget(): the ring drops what came before it. An empty batch, known by identity.
-_FORGET: list[Any] = []
+_FORGET: list[bytes] = []
 
 
 class EventPublisher:
@@ -145,7 +152,8 @@ class EventPublisher:
         # the sink (under _lock) and the publisher thread. Read anywhere.
         self.events_total = 0  # events handed to the sink
         self._dropped_queue = 0  # sink side: pushed out of the bounded queue
-        self._dropped_send = 0  # thread side: unencodable events (or a send error)
+        self._dropped_encode = 0  # sink side: events the codec cannot encode
+        self._dropped_send = 0  # thread side: a send error
         self.frames_sent = 0  # messages handed to the events socket
         # Events handed to the events socket; frames carry it as "sent", so each UI can tell
         # how many events it missed (libzmq drops per subscriber and does not say).
@@ -160,9 +168,9 @@ class EventPublisher:
         self.tracing_state: Callable[[], str | None] = lambda: None
 
         self._lock = threading.Lock()
-        self._pending: deque[list[Any]] = deque()
+        self._pending: deque[list[bytes]] = deque()  # batches of encoded events
         self._pending_count = 0
-        self._ring: deque[Any] = deque(maxlen=self.ring_size)
+        self._ring: deque[bytes] = deque(maxlen=self.ring_size)
         self._frame = 0  # number of the last message sent (or tried) on the events socket
         self._topics: set[bytes] = set()
         self._tokens: set[bytes] = set()
@@ -192,19 +200,24 @@ class EventPublisher:
 
     # -- training-thread side ------------------------------------------------------------------
     def __call__(self, events: list[Any]) -> None:
-        """Sink: queue ``events`` for the publisher thread. O(1) amortised, never blocks on I/O,
-        never raises. Safe to call from several threads (the tracer's watchdog flushes too)."""
+        """Sink: encode ``events`` and queue them for the publisher thread. One msgpack call per
+        event, never blocks on I/O, never raises. Safe to call from several threads (the
+        tracer's watchdog flushes too)."""
         if not self._accepting or not events:
             return
         try:
-            n = len(events)
+            total = len(events)
+            if total > self.max_pending:  # one giant batch: keep its newest part
+                events = events[-self.max_pending :]
+            packed = self._encoded(events)
+            n = len(packed)
             with self._lock:
-                self.events_total += n
-                if n > self.max_pending:  # one giant batch: keep its newest part
-                    self._dropped_queue += n - self.max_pending
-                    events = events[-self.max_pending :]
-                    n = len(events)
-                self._pending.append(events)
+                self.events_total += total
+                self._dropped_queue += total - len(events)
+                self._dropped_encode += len(events) - n
+                if not n:
+                    return
+                self._pending.append(packed)
                 self._pending_count += n
                 # Bounded: a publisher that cannot keep up loses the oldest events, counted.
                 forget = False
@@ -227,6 +240,20 @@ class EventPublisher:
                 self._wake_w.send(b"\0")
         except Exception:
             pass  # never into the job
+
+    def _encoded(self, events: list[Any]) -> list[bytes]:
+        """Each event's msgpack bytes; an event the codec cannot encode is left out (counted
+        as dropped by the caller, said once) and the others go on."""
+        try:
+            return [pack(e) for e in events]
+        except Exception:
+            out = []
+            for e in events:
+                try:
+                    out.append(pack(e))
+                except Exception as exc:
+                    self._report("encoding events", exc)
+            return out
 
     def forget(self) -> None:
         """Snapshots leave out every event queued so far: they still go out to the UIs
@@ -324,7 +351,7 @@ class EventPublisher:
     def dropped(self) -> int:
         """Events no UI can get: pushed out of the bounded queue, or unencodable. What one UI
         lost because it read too slowly, it counts itself (``SessionClient.events_lost``)."""
-        return self._dropped_queue + self._dropped_send
+        return self._dropped_queue + self._dropped_encode + self._dropped_send
 
     @property
     def pending(self) -> int:
@@ -450,7 +477,7 @@ class EventPublisher:
         """Move queued events into the ring and out as frames; True if more are waiting."""
         self._poked = False  # before taking: a sink call from now on pokes again
         taken = 0
-        buf: list[Any] = []
+        buf: list[bytes] = []
         more = False
         while True:
             with self._lock:
@@ -480,27 +507,16 @@ class EventPublisher:
             self._send_events(pub, buf)
         return more
 
-    def _send_events(self, pub: zmq.Socket, events: list[Any]) -> None:
+    def _send_events(self, pub: zmq.Socket, events: list[bytes]) -> None:
+        """One frame of encoded events: their bytes joined into the frame, not decoded."""
         self._frame += 1
-        try:
-            data = pack(self._events_msg(events))
-        except Exception as exc:  # an event the codec cannot encode: find it, keep the rest
-            self._report("encoding events", exc)
-            good = [e for e in events if _packable(e)]
-            self._dropped_send += len(events) - len(good)
-            if not good:
-                return
-            events = good
-            data = pack(self._events_msg(events))
-        if self._send(pub, data):
+        msg = events_frame(frame=self._frame, rank=self.rank, dropped=self.dropped, events=[])
+        del msg["events"]
+        msg["sent"] = self.events_sent + len(events)  # if this frame goes out
+        if self._send(pub, pack_with_packed(msg, "events", events)):
             self.events_sent += len(events)
         else:
             self._dropped_send += len(events)
-
-    def _events_msg(self, events: list[Any]) -> dict[str, Any]:
-        msg = events_frame(frame=self._frame, rank=self.rank, dropped=self.dropped, events=events)
-        msg["sent"] = self.events_sent + len(events)  # if this frame goes out
-        return msg
 
     def _send_status(self, pub: zmq.Socket, kind: str) -> None:
         self._frame += 1
@@ -623,14 +639,16 @@ class EventPublisher:
         while self._pump(pub):  # events queued while nobody read, not yet in the ring
             pass
         n = min(args["max_events"], len(self._ring))
-        events = list(itertools.islice(self._ring, len(self._ring) - n, None))
-        result = {"session": self.session, "events": events, "truncated": False, **self._counters()}
+        packed = list(itertools.islice(self._ring, len(self._ring) - n, None))
         # Keep the reply decodable by the client's limit: halve (keeping the newest) until so.
-        while events and len(pack(result)) > MAX_MESSAGE_BYTES // 2:
-            events = events[len(events) // 2 :]
-            result["events"] = events
-            result["truncated"] = True
-        return result
+        truncated = False
+        while packed and sum(map(len, packed)) > MAX_MESSAGE_BYTES // 2:
+            packed = packed[len(packed) // 2 :]
+            truncated = True
+        # Decoded again for the reply: snapshots are rare, the ring is encoded for every step.
+        events = [unpack(b) for b in packed]
+        counters = self._counters()
+        return {"session": self.session, "events": events, "truncated": truncated, **counters}
 
     def _cmd_ping(self, args: dict[str, Any], pub: zmq.Socket) -> dict[str, Any]:
         return {"t": time.time()}
@@ -671,11 +689,3 @@ def _disown(ref: weakref.ref[EventPublisher]) -> None:
     if pub is not None:
         pub._accepting = False
         pub._closed = True
-
-
-def _packable(event: Any) -> bool:
-    try:
-        pack(event)
-        return True
-    except Exception:
-        return False
