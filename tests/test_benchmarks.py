@@ -188,3 +188,10 @@ def test_instruction_counts_run_every_rows_loop():
     for row in ("base", "floor", "traced", "trace"):
         out = run("instructions.py", "--inner", row, "--steps", "1")
         assert out == ""
+
+
+def test_watch_catch_times_the_traced_window_after_a_nan_it_could_not_name():
+    out = run("watch_catch.py", "--steps", "17", "--bad", "3", "--repeats", "1")
+    rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ")]
+    assert rows[1:] == ["plain", "before", "window", "after"]
+    assert "The window's extra time" in out
