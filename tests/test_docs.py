@@ -1,0 +1,81 @@
+"""The front page and the docs site: generated files current, links that resolve, no words
+about how the project is made, and README's commands the ones CI runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+
+
+def _generate():
+    spec = importlib.util.spec_from_file_location("docs_generate", DOCS / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def user_pages() -> list[Path]:
+    return [README, ROOT / "CHANGELOG.md", *sorted(DOCS.rglob("*.md"))]
+
+
+def test_generated_pictures_and_cli_reference_are_current():
+    # The pictures are the snapshot tests' screens (those tests hold them to the UI); the CLI
+    # page is every command's --help.
+    stale = [
+        str(path.relative_to(ROOT))
+        for path, data in _generate().expected().items()
+        if not path.exists() or path.read_bytes() != data
+    ]
+    assert not stale, f"out of date: {stale}; run: python docs/generate.py"
+
+
+def test_readme_is_a_front_page():
+    text = README.read_text()
+    assert len(text.encode()) <= 25_000
+    for part in ("torchscope demo", "torchscope tui PID", "--watch nan", "pip install torchscope-"):
+        assert part in text
+
+
+def test_readme_test_command_is_what_ci_runs():
+    ci = (ROOT / ".ci" / "run").read_text()
+    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)
+    test_cmd = next(b.strip() for b in blocks if "pytest" in b)
+    assert test_cmd in ci
+    assert "mkdocs build --strict" in ci
+
+
+def test_local_links_resolve():
+    missing = []
+    for page in user_pages():
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target:
+                continue
+            if not (page.parent / target).exists():
+                missing.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not missing
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [r"\bsession \d", r"\bissue \d", r"\bthis session\b", r"\bwas lent\b", r"\bsession's\b"],
+)
+def test_no_words_about_how_the_project_is_made(pattern):
+    hits = [
+        f"{page.relative_to(ROOT)}: {m.group(0)}"
+        for page in user_pages()
+        for m in re.finditer(pattern, page.read_text(), re.I)
+    ]
+    assert not hits
+
+
+def test_every_page_is_in_the_site_navigation():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    pages = [p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")]
+    assert [p for p in pages if p not in nav] == []
