@@ -26,6 +26,13 @@ for step in range(100000):
 """
 
 
+def _default_sigint() -> None:
+    # A suite started in the background (`nohup pytest &`) runs with SIGINT ignored, and
+    # children inherit that: Python then installs no KeyboardInterrupt handler. A terminal's
+    # Ctrl-C reaches a job with the default disposition, so give it that.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(tmp_path: Path, *args: str) -> subprocess.Popen:
     (tmp_path / "job.py").write_text(JOB)
     return subprocess.Popen(
@@ -34,6 +41,7 @@ def start(tmp_path: Path, *args: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
+        preexec_fn=_default_sigint,
     )
 
 
@@ -95,8 +103,15 @@ def test_record_killed_by_sigterm_keeps_what_it_recorded(tmp_path: Path) -> None
     assert dump.stdout.count("---- step") >= 3
 
 
-def test_ctrl_c_prints_the_traceback_as_python_does(tmp_path: Path) -> None:
-    job = start(tmp_path, "run")
+@pytest.mark.parametrize("suite", ["foreground", "background"])
+def test_ctrl_c_prints_the_traceback_as_python_does(tmp_path: Path, suite: str) -> None:
+    # "background": the suite itself ignores SIGINT, as under `nohup ... &`
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN) if suite == "background" else None
+    try:
+        job = start(tmp_path, "run")
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGINT, before)
     try:
         until_step(job, 3)
         job.send_signal(signal.SIGINT)
