@@ -37,8 +37,9 @@ def test_each_kind_of_target(tmp_path: Path):
     assert check("tui", str(tmp_path)).endswith("a directory, not a trace file")
     assert "no such trace file, endpoint or pid" in check("tui", "nope.tsc")
     assert check("replay", "12345").startswith("12345: replay takes a trace file")
-    # a pid: this process is alive (may be a session soon: wait); a dead one is an error
-    assert check("tui", str(os.getpid())) is None
+    # a pid: a live process that is no torchscope job (this one) is an error; a dead one too
+    assert "is not a torchscope job" in check("tui", str(os.getpid()))
+    assert check("tui", str(os.getpid()), wait=True) is None
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     assert check("tui", str(dead.pid)).startswith(f"no process with pid {dead.pid}")
@@ -83,3 +84,47 @@ def test_tui_redirected_to_a_file_exits_2_at_once(tmp_path: Path):
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "needs a terminal" in proc.stderr
     assert out.read_text() == ""  # no escape codes
+
+
+def test_a_process_that_is_not_a_torchscope_job_is_one_line_and_exit_2(tmp_path: Path):
+    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "torchscope", "tui", str(plain.pid)],
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        plain.kill()
+        plain.wait()
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1
+    assert f"{plain.pid} is not a torchscope job" in proc.stderr
+    assert "torchscope run" in proc.stderr and "torchscope.serve()" in proc.stderr
+    assert "is not a torchscope job" in check("tui", "1")  # init
+
+
+def test_a_job_still_starting_under_torchscope_run_is_waited_for(tmp_path: Path):
+    # `torchscope run` (argv[0] torchscope) and a child of it: not registered yet, but starting
+    script = (
+        "import subprocess, time; c = subprocess.Popen(['sleep', '60']); "
+        "print(c.pid, flush=True); time.sleep(60)"
+    )
+    child = None
+    job = subprocess.Popen(
+        ["bash", "-c", f'exec -a torchscope {sys.executable} -c "{script}"'],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert job.stdout is not None
+        child = int(job.stdout.readline())
+        assert check("tui", str(job.pid)) is None
+        assert check("tui", str(child)) is None
+    finally:
+        if child is not None:
+            os.kill(child, 9)
+        job.kill()
+        job.wait()

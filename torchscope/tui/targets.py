@@ -3,8 +3,9 @@
 An unusable target is a one-line error (exit 2) before any escape code is written: a file
 that is not a trace, a pid with no process, ``replay`` given a pid, output that is not a
 terminal. Waiting is only for a session that may yet start: no target with nothing running
-yet, or the pid of a process that is not a session yet (a job starting up); the status bar
-says what it waits for. ``--wait`` waits for any pid or endpoint.
+yet, or the pid of a job that is still starting (run by ``torchscope run``); the pid of any
+other process is an error that says how to make it a torchscope job. The status bar says
+what it waits for. ``--wait`` waits for any pid or endpoint.
 
 Several targets (``tui t.rank0.tsc t.rank1.tsc``, ``tui A.tsc B.tsc``, a quoted glob) follow
 the same rule, each of them; their trace files are also opened (header and index) before the
@@ -40,6 +41,51 @@ def _pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def _argv(pid: int) -> list[str] | None:
+    """The process's command line; None where it cannot be read (no /proc: not Linux)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return raw.decode(errors="replace").split("\0")
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+        return int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (comm) state"
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _runs_torchscope(argv: list[str]) -> bool:
+    """``torchscope run ...``, ``python /venv/bin/torchscope run``, ``python -m torchscope``."""
+    for i, arg in enumerate(argv[:3]):
+        if os.path.basename(arg) == "torchscope":
+            return True
+        if arg == "-m" and i + 1 < len(argv) and argv[i + 1] in ("torchscope", "torchscope.cli"):
+            return True
+    return False
+
+
+def _may_be_a_session(pid: int) -> bool:
+    """A live pid the UI may wait for: a session already, or a job still starting (run by
+    ``torchscope run``, itself or its parent: torch takes seconds to import before the job
+    registers). Where the command line cannot be read, give it the benefit of the doubt."""
+    from torchscope.protocol.endpoints import list_sessions
+
+    if any(rec.pid == pid for rec in list_sessions()):
+        return True
+    argv = _argv(pid)
+    if argv is None:
+        return True
+    parent = _parent_pid(pid)
+    parent_argv = _argv(parent) if parent is not None else None
+    return _runs_torchscope(argv) or (parent_argv is not None and _runs_torchscope(parent_argv))
 
 
 def check_target(
@@ -146,8 +192,15 @@ def target_problem(command: str, target: str | None, wait: bool) -> str | None:
         return None
     if target.isdigit():
         pid = int(target)
-        if not wait and not _pid_alive(pid):
+        if wait:
+            return None
+        if not _pid_alive(pid):
             return f"no process with pid {pid} (torchscope ls lists sessions; --wait waits)"
+        if not _may_be_a_session(pid):
+            return (
+                f"{pid} is not a torchscope job: start it with `torchscope run SCRIPT` or call "
+                "torchscope.serve() in it (torchscope ls lists jobs; --wait waits for this one)"
+            )
         return None
     if os.path.isdir(target):
         return f"{target}: a directory, not a trace file"
