@@ -8,6 +8,7 @@ each goes (:func:`main`). The command bodies live by what they act on:
 - :mod:`~torchscope.cli.ui`: ``tui``, ``replay``, ``tui --web``, ``demo``: the terminal UI
   (:mod:`~torchscope.cli.web`: its browser server);
 - :mod:`~torchscope.cli.files`: ``dump``, ``diff``, ``export``: trace files;
+- ``mcp``: the same for coding agents, an MCP server (:mod:`torchscope.mcp`);
 - :mod:`~torchscope.cli.common`: the one-line errors they share.
 
 Every user mistake ends in one line on stderr and exit code 2, never a traceback.
@@ -163,6 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a float dtype change (float32 vs bfloat16) is a divergence too",
     )
     diff.add_argument("--step", help="only these steps (3, 0-9, 1,4,7-8)")
+    sub.add_parser(
+        "mcp",
+        help="serve the debugger to coding agents: an MCP server over stdio "
+        "(pip install 'torchscope[mcp]')",
+    )
     export = sub.add_parser(
         "export", help="write a trace file as Perfetto/Chrome trace JSON, CSV or Parquet"
     )
@@ -175,6 +181,17 @@ def build_parser() -> argparse.ArgumentParser:
         "default op)",
     )
     return parser
+
+
+def cmd_mcp() -> int:
+    """``torchscope mcp``: the MCP server on stdin/stdout (the SDK is an optional extra)."""
+    try:
+        from torchscope.mcp.server import main as serve
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] not in ("mcp", "mcp_types", "pydantic", "anyio"):
+            raise
+        return fail("torchscope mcp needs the MCP SDK (mcp 2.3+): pip install 'torchscope[mcp]'")
+    return serve()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -216,6 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_watch(args)
         if args.command == "history":
             return cmd_history(args)
+        if args.command == "mcp":
+            return cmd_mcp()
         build_parser().print_help()
         return 0 if not argv else 2
     except UsageError as exc:

@@ -1,0 +1,15 @@
+"""``torchscope mcp``: the debugger for coding agents, as a Model Context Protocol server over
+stdio.
+
+The same jobs, recordings and commands as the terminal UI, as tools with typed arguments and
+bounded answers:
+
+- :mod:`~torchscope.mcp.views`: events, alerts, steps and graphs shaped into small, paginated
+  answers in the UI's words (no SDK, no I/O);
+- :mod:`~torchscope.mcp.sources`: what those tools read: a recording (a trace file) or a live
+  job this server follows (:mod:`~torchscope.mcp.live`: its connection, lease and commands);
+- :mod:`~torchscope.mcp.server`: the tools themselves, on the ``mcp`` SDK (``torchscope[mcp]``),
+  imported only by the ``mcp`` command.
+
+Imports neither torch nor textual: an agent on a laptop reads a cluster job's recordings.
+"""
