@@ -91,6 +91,10 @@ class MainScreen(Navigation, PauseMarks, SteppingKeys, ValuesActions, Screen[Non
         self.values: ValuesView | None = None
         self._pending: tuple[Any, PendingRow] | None = None
         self.current_step: int | None = None
+        #: the step a recording opened on by itself, until the user moves: when its counts
+        #: show it holds no op or node (steps before a recorder armed the job, which hold
+        #: only the session and the run's history), the first traced step replaces it
+        self._opened_on: int | None = None
         self.history: list[Location] = []
         self.pending: Location | None = None
         self._progress_visible = False
@@ -344,12 +348,15 @@ class MainScreen(Navigation, PauseMarks, SteppingKeys, ValuesActions, Screen[Non
         if self.current_step is None and store.order:
             first = store.newest_step if self.follow else store.order[0]
             self.show_step(first)
+            self._opened_on = None if self.live else first
         elif (
             self.follow
             and store.newest_step is not None
             and (store.newest_step != self.current_step)
         ):
             self.show_step(store.newest_step)
+        if self._opened_on is not None and (ch.steps_changed or ch.loaded):
+            self._open_on_a_traced_step()
         step = self.current_step
         if step is not None:
             if step in ch.loaded or step in ch.started:
@@ -461,6 +468,27 @@ class MainScreen(Navigation, PauseMarks, SteppingKeys, ValuesActions, Screen[Non
         self.query_one(ProgressBar).update(total=max(total, 1), progress=done)
 
     # -- steps -------------------------------------------------------------------------------
+    def _open_on_a_traced_step(self) -> None:
+        """Move a recording opened on an empty step to its first step with ops or nodes."""
+        store, opened = self.store, self._opened_on
+        if self.current_step != opened:  # the user moved, or an origin was opened
+            self._opened_on = None
+            return
+        info = store.info(opened) if opened is not None else None
+        if info is None or not info.counted:
+            return
+        if info.n_ops or info.nodes or info.n_aten:
+            self._opened_on = None
+            return
+        for step in store.order:
+            later = store.info(step)
+            if later is None or not later.counted:
+                return  # not known yet: wait for the count pass
+            if later.n_ops or later.nodes or later.n_aten:
+                self._opened_on = None
+                self.show_step(step)
+                return
+
     def show_step(self, step: int, *, keep_position: bool = False) -> None:
         store = self.store
         if step not in store:
