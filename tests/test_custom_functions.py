@@ -112,12 +112,13 @@ def train(module, steps: int, tr=None) -> list[float]:
 def test_apply_is_an_op_of_its_module_and_line_and_owns_its_backward_node(tmp_path):
     module, path = load_job(tmp_path)
     plain = train(module, 3)
-    original = torch.autograd.Function.__dict__["apply"]
     tr = torchscope.trace()
     assert train(module, 3, tr) == plain  # bit-identical
     assert tr.errors == []
-    # once no job is traced, apply is torch's own again (a dormant job pays nothing)
-    assert torch.autograd.Function.__dict__["apply"] is original
+    # a stopped tracer records no more of it
+    n = len(tr.ops)
+    module.ScaledTanh.apply(torch.ones(2, requires_grad=True), torch.tensor(1.0)).sum().backward()
+    assert len(tr.ops) == n
     text = path.read_text()
     applied = f"{path}:{line_in(text, '# the apply call')}"
     ops = [o for o in tr.ops if o.name == "ScaledTanh.apply"]
@@ -132,6 +133,22 @@ def test_apply_is_an_op_of_its_module_and_line_and_owns_its_backward_node(tmp_pa
     assert step_ops[i - 2 : i] == ["torch.tanh", "Tensor.mul"]
     (node,) = [g for g in tr.grads if g.node == "ScaledTanhBackward" and g.step == op.step]
     assert (node.op_seq, node.module, node.source) == (op.seq, "act", applied)
+
+
+def test_apply_is_torchs_own_again_once_no_tracer_is_left():
+    code = (
+        "import gc, torch, torchscope\n"
+        "original = torch.autograd.Function.__dict__['apply']\n"
+        "with torchscope.trace() as tr:\n"
+        "    torch.ones(1)\n"
+        "    wrapped = torch.autograd.Function.__dict__['apply'] is not original\n"
+        "del tr\n"
+        "gc.collect()\n"
+        "print(wrapped, torch.autograd.Function.__dict__['apply'] is original)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["True", "True"]
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

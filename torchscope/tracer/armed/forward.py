@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -341,20 +342,7 @@ class ForwardMode(TorchFunctionMode):
         self._recorder = recorder
         pauser = recorder.pauser
         self._stepper = pauser.stepper if pauser is not None else None
-
-    def __enter__(self) -> ForwardMode:
-        _custom_applies.mode_entered()
-        try:
-            return super().__enter__()
-        except BaseException:
-            _custom_applies.mode_left()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            super().__exit__(*exc)
-        finally:
-            _custom_applies.mode_left()
+        _custom_applies.add_mode(self)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         # Every torch call of the job comes through here, most of them noise (``p.grad``):
@@ -416,32 +404,35 @@ class _CustomApplies:
     """Routes ``apply`` of the job's custom autograd Functions to the forward mode.
 
     A TorchFunctionMode never sees ``ScaledTanh.apply(x)`` in eager (only the ops inside its
-    forward), so the Function's backward node would belong to no op. While a forward mode is
-    entered somewhere, ``torch.autograd.Function.apply`` is a wrapper that hands the call to
-    this thread's mode (if it is on the stack and tracing) as the call ``ScaledTanh.apply``:
-    an op with its module and line, whose node (``ScaledTanhBackward``) is tagged as any op's.
-    The ops inside the forward are traced as before, under it. Torch's own Functions, and
-    calls under torch.func (which reach the mode as a named operator, see ``op_name``), go
-    straight through. The original is back once no mode is entered: a dormant job pays
-    nothing, and Dynamo, which traces ``apply`` itself, never sees the wrapper.
+    forward), so the Function's backward node would belong to no op. While a forward mode
+    exists, ``torch.autograd.Function.apply`` is a wrapper that hands the call to this
+    thread's mode (if it is on the stack and tracing) as the call ``ScaledTanh.apply``: an op
+    with its module and line, whose node (``ScaledTanhBackward``) is tagged as any op's. The
+    ops inside the forward are traced as before, under it. Torch's own Functions, and calls
+    under torch.func (which reach the mode as a named operator, see ``op_name``), go straight
+    through. The original is back once the last mode is gone (a job that was never traced
+    pays nothing); not at each pop of the mode (every optimizer step), since assigning a class
+    attribute invalidates the attribute caches of every Function class. Dynamo traces
+    ``apply`` itself and never sees the wrapper.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._entered = 0
+        self._modes = 0  # forward modes alive
         self._original: Any = None  # Function.__dict__["apply"] while ours is installed
 
-    def mode_entered(self) -> None:
+    def add_mode(self, mode: ForwardMode) -> None:
         with self._lock:
-            self._entered += 1
-            if self._entered == 1:
+            self._modes += 1
+            if self._modes == 1:
                 self._original = _Function.__dict__["apply"]
                 _Function.apply = classmethod(_traced_apply)  # type: ignore[method-assign]
+        weakref.finalize(mode, self._mode_gone)
 
-    def mode_left(self) -> None:
+    def _mode_gone(self) -> None:
         with self._lock:
-            self._entered -= 1
-            if self._entered == 0:
+            self._modes -= 1
+            if self._modes == 0:
                 # Only ours goes: something the job installed over it meanwhile stays.
                 if getattr(_Function.__dict__["apply"], "__func__", None) is _traced_apply:
                     _Function.apply = self._original  # type: ignore[method-assign]
