@@ -116,3 +116,40 @@ def test_dependencies_point_inward(subpackage: str, allowed: tuple[str, ...]) ->
         if not any(m == o or m.startswith(o + ".") for o in ok) and m != "torchscope"
     }
     assert wrong == set()
+
+
+# The UI's data layer, free of textual (and torch): what ``torchscope mcp`` shares with the UI
+# (its model's rows, search and filter, its stepper view, its step counts), so the two agree.
+TUI_DATA = ("tui.store", "tui.stepping", "tui.format", "tui.countpass")
+
+
+def _external_imports(path: pathlib.Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_mcp_reads_only_the_protocol_analysis_and_the_uis_data_layer() -> None:
+    """The MCP server runs where the UI does (no torch): it imports the protocol, the analysis
+    and the UI's textual-free data layer, never the tracer, the CLI or the screens."""
+    ok = tuple(f"torchscope.{a}" for a in ("protocol", "analysis", "mcp", *TUI_DATA))
+    mcp = list((PACKAGE / "mcp").rglob("*.py"))
+    assert mcp
+    wrong = {
+        f"{module_name(p)} -> {m}"
+        for p in mcp
+        for m in imports_of(p)
+        if not any(m == o or m.startswith(o + ".") for o in ok) and m != "torchscope"
+    }
+    assert wrong == set()
+    heavy = {
+        f"{module_name(p)} -> {m}"
+        for p in [*mcp, *(PACKAGE / f"{d.replace('.', '/')}.py" for d in TUI_DATA)]
+        for m in _external_imports(p)
+        if m in ("torch", "textual", "rich", "numpy")
+    }
+    assert heavy == set()

@@ -221,12 +221,6 @@ def build_server(*, record_timeout_cap: float = 600.0) -> MCPServer:
             return link
         return recordings.get(text)
 
-    def link_of(job: int | str | None) -> JobLink:
-        link = jobs.get(job)
-        if link.gone:
-            raise Refusal(link.gone)
-        return link
-
     # -- jobs ------------------------------------------------------------------------------------
     @tool()
     def ls() -> dict[str, Any]:
@@ -309,12 +303,13 @@ def build_server(*, record_timeout_cap: float = 600.0) -> MCPServer:
         path = os.path.abspath(os.path.expanduser(output))
         if os.path.exists(path) and not overwrite:
             raise Refusal(f"{output} exists: give another path, or overwrite=true")
-        link = None
+        text = None if job is None else str(job).strip() or None
         try:
-            link = await anyio.to_thread.run_sync(lambda: jobs.get(job))
-        except JobError as exc:
+            found = await anyio.to_thread.run_sync(lambda: ep.resolve(text))
+        except EndpointError as exc:
             raise Refusal(str(exc)) from None
-        args = [sys.executable, "-m", "torchscope", "record", str(link.pid), "-o", path]
+        who = str(found.pid) if found.pid else found.control
+        args = [sys.executable, "-m", "torchscope", "record", who, "-o", path]
         args += ["--next", str(next), "--quiet", "--timeout", "10"]
         if aten is not None:
             args += [f"--aten={aten}"]
@@ -337,7 +332,7 @@ def build_server(*, record_timeout_cap: float = 600.0) -> MCPServer:
         }
         if stopped:
             out["waited"] = (
-                f"waited {timeout:g} s for {next} traced steps of {link.label}: stopped "
+                f"waited {timeout:g} s for {next} traced steps of {who}: stopped "
                 "before they all came (a slow or stalled job); the file holds what came"
             )
         return out
@@ -589,7 +584,11 @@ def build_server(*, record_timeout_cap: float = 600.0) -> MCPServer:
         await _call(link.hold)
         before = pause_key(link.paused)
         await _call(link.request, cmd)
-        waited = await _wait_pause(link, before, wait, what) if wait else None
+        if wait:
+            waited = await _wait_pause(link, before, wait, what)
+        else:
+            waited = None
+            await _wait_resumed(link, before)
         return _stepper(link, waited)
 
     @tool()
@@ -693,8 +692,20 @@ async def _wait_pause(link: JobLink, before: Any, timeout: float, what: str) -> 
         await anyio.sleep(0.05)
 
 
+async def _wait_resumed(link: JobLink, before: Any, within: float = 3.0) -> None:
+    """Until the pause ``before`` has ended (a reply's state may show it for a few more
+    milliseconds: the job resumes right after it answers); at most ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while before is not None and pause_key(link.paused) == before:
+        if link.gone or time.monotonic() >= deadline:
+            return
+        with suppress(JobError):
+            await _call(link.request, "state", timeout=2.0)
+        await anyio.sleep(0.05)
+
+
 def _stepper(link: JobLink, waited: str | None = None) -> dict[str, Any]:
-    out = {**link.status(), **views.pause_view(link.state, link.paused)}
+    out = {**link.status(), **views.pause_view(link.state, link.paused, link.stepper)}
     if waited:
         out["waited"] = waited
     return out

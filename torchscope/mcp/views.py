@@ -465,7 +465,9 @@ def is_alert(ev: Event) -> bool:
 
 
 # -- a pause -----------------------------------------------------------------------------------
-def pause_view(state: dict[str, Any] | None, paused: dict[str, Any] | None) -> dict[str, Any]:
+def pause_view(
+    state: dict[str, Any] | None, paused: dict[str, Any] | None, stepper: Any = None
+) -> dict[str, Any]:
     """The job's stepper: where it is paused (in the UI's status words), its mode and
     breakpoints."""
     state = state or {}
@@ -473,7 +475,7 @@ def pause_view(state: dict[str, Any] | None, paused: dict[str, Any] | None) -> d
     if paused:
         ev = paused.get("event") or {}
         out["paused"] = {
-            "story": pause_story(paused),
+            "story": pause_story(paused, stepper),
             "phase": paused.get("phase"),
             "reason": paused.get("reason"),
             "step": paused.get("step", ev.get("step")),
