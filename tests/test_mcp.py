@@ -252,6 +252,19 @@ def test_one_line_error_reads_pydantic_and_plain_errors() -> None:
     assert one_line_error("Unknown tool: nope") == "Unknown tool: nope"
 
 
+def test_without_the_sdk_the_command_says_how_to_get_it() -> None:
+    code = "import sys; sys.modules['mcp'] = None; from torchscope.cli import main; "
+    code += "sys.exit(main(['mcp']))"
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr == (
+        "torchscope: error: torchscope mcp needs the MCP SDK (mcp 2.3+): "
+        "pip install 'torchscope[mcp]'\n"
+    )
+
+
 def test_the_command_serves_over_stdio(recording: Path) -> None:
     """`torchscope mcp` as an agent starts it: a subprocess speaking on stdin/stdout."""
     params = StdioServerParameters(
