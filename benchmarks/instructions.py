@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,7 +43,10 @@ ROWS = {
     "floor": "floor (mode + node hooks + reductions)",
     "traced": "torchscope trace(keep=False)",
     "trace": "torchscope trace()",
+    "dormant": "torchscope run (dormant, live, nobody attached)",
+    "watch": "torchscope run --watch nan",
 }
+TRACING_ROWS = ("floor", "traced", "trace")
 WARMUP = 5
 
 
@@ -63,6 +67,8 @@ def inner(row: str, workload: str, steps: int) -> None:
         "floor": lambda: floor(3),
         "traced": lambda: torchscope.trace(keep=False),
         "trace": torchscope.trace,
+        "dormant": lambda: served(),
+        "watch": lambda: served(watch="nan"),
     }[row]
 
     def loop(n: int) -> None:
@@ -73,6 +79,18 @@ def inner(row: str, workload: str, steps: int) -> None:
         loop(WARMUP)
         # valgrind counts while this C function runs (--toggle-collect): the timed loop alone.
         sys.call_tracing(loop, (steps,))
+
+
+@contextlib.contextmanager
+def served(**options: object) -> Iterator[None]:
+    """The agent as ``torchscope run`` starts it around a script (dormant, live stream on)."""
+    from torchscope.tracer.agent import Agent, ServeOptions
+
+    agent = Agent(ServeOptions(quiet=True, **options)).start()  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        agent.stop()
 
 
 def count(row: str, workload: str, steps: int, tmpdir: str) -> int:
@@ -107,7 +125,7 @@ def count(row: str, workload: str, steps: int, tmpdir: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--workload", choices=["policy", "mlp", "transformer"], default="policy")
+    p.add_argument("--workload", choices=["policy", "mlp", "transformer", "tiny"], default="policy")
     p.add_argument("--steps", type=int, default=50, help="counted steps per row (50)")
     p.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated ({','.join(ROWS)})")
     p.add_argument("--inner", choices=list(ROWS), help=argparse.SUPPRESS)
@@ -145,13 +163,15 @@ def main(argv: list[str] | None = None) -> int:
         f"valgrind callgrind, {args.steps} counted steps per row after {WARMUP} uncounted; "
         f"{c['ops']} ops + {c['grads']} grads = {events} events per traced step.\n"
     )
-    print("| row | instructions per step | ratio | added per event |")
-    print("|---|---:|---:|---:|")
+    print("| row | instructions per step | ratio | added per step | added per event |")
+    print("|---|---:|---:|---:|---:|")
     for r in rows:
-        added = (per_step[r] - base) / events if r != "base" else 0.0
+        added = per_step[r] - base
+        # Per event only where events are made: dormant and watched steps trace nothing.
+        per_event = f"{added / events / 1e3:,.1f}k" if r in TRACING_ROWS else "-"
         print(
             f"| {ROWS[r]} | {per_step[r] / 1e3:,.0f}k | {per_step[r] / base:.3f}x "
-            f"| {added / 1e3:,.1f}k |"
+            f"| {added / 1e3:,.1f}k | {per_event} |"
         )
     if "floor" in per_step:
         for r in ("traced", "trace"):

@@ -187,9 +187,32 @@ def make_policy(hidden: int = 128, seed: int = 0) -> Workload:
     return Workload("policy", desc, model, opt, step)
 
 
+# -- (d) a tiny, fast step: fixed per-step costs ------------------------------------------
+def make_tiny(width: int = 16, depth: int = 20, batch: int = 4, seed: int = 0) -> Workload:
+    """``depth`` x Linear(width, width), batch 4, SGD, MSE: a step of about half a millisecond
+    (RL-sized policies look like this), where what a tool pays per *step* (hooks at the
+    optimizer, around ``backward()``, at the step boundary) shows instead of hiding under the
+    model's own work."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(*(nn.Linear(width, width) for _ in range(depth)))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(batch, width)
+    y = torch.randn(batch, width)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+
+    desc = f"tiny step: {depth}x Linear({width},{width}), batch {batch}, SGD, MSE"
+    return Workload("tiny", desc, model, opt, step)
+
+
 WORKLOADS: dict[str, Callable[[], Workload]] = {
     "mlp": make_mlp,
     "transformer": make_transformer,
+    "tiny": make_tiny,
 }
 # The watch's benchmark adds mixed precision (and, in its own processes, FSDP2).
 WATCH_WORKLOADS: dict[str, Callable[[], Workload]] = {**WORKLOADS, "amp": make_amp}

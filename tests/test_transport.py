@@ -676,3 +676,45 @@ def test_real_tracer_streams_ops_and_grads(publishers, clients) -> None:
     assert {"session", "step", "op", "grad", "graph"} <= kinds
     assert any(e.kind == "grad" and e.node == "AddmmBackward0" for e in events)
     assert pub.step == tracer.step_index == 2
+
+
+class _WeakEvent(dict):
+    """An event the test can hold a weak reference to (a plain dict takes none)."""
+
+
+def test_queue_and_ring_keep_no_event_objects_alive(publishers, clients) -> None:
+    """Nobody subscribed: what the stream keeps for snapshots is encoded, so the events handed
+    to it die with the job's last reference (no dict or list of theirs lives on to reach the
+    collector's oldest generation), and a UI that asks later still gets them, unchanged."""
+    import weakref
+
+    pub = publishers()
+    events = [
+        _WeakEvent(kind="op", seq=i, step=0, inputs=[{"shape": [2, i], "stats": {"min": 0.5}}])
+        for i in range(200)
+    ]
+    refs = [weakref.ref(e) for e in events]
+    pub(events)
+    expected = [dict(e) for e in events]
+    del events
+    assert all(r() is None for r in refs), "the stream keeps event objects alive"
+    c = clients()
+    c.connect(None)
+    snap = c.snapshot(1000)
+    got = [dict(e) for e in snap["events"]]
+    assert got == expected and snap["dropped"] == 0
+
+
+def test_an_unencodable_event_is_dropped_and_counted_alone(publishers, clients) -> None:
+    pub = publishers()
+    pub(
+        [
+            {"kind": "op", "seq": 0},
+            {"kind": "op", "seq": 1, "bad": object()},
+            {"kind": "op", "seq": 2},
+        ]
+    )
+    assert pub.events_total == 3 and pub.dropped == 1
+    c = clients()
+    c.connect(None)
+    assert [e["seq"] for e in c.snapshot(10)["events"]] == [0, 2]

@@ -60,8 +60,10 @@ def _make_wrapper(original: Any) -> Any:
         depth = getattr(_depth, "n", 0)
         listeners = _listeners if depth == 0 else ()
         if args and _by_name and listeners:
-            kwargs = {**dict(zip(PARAMETERS, args, strict=False)), **kwargs}
-            args = ()
+            bound = dict(zip(PARAMETERS, args, strict=False))  # one dict per call, not two
+            if kwargs:
+                bound.update(kwargs)
+            kwargs, args = bound, ()
         for listener in listeners:
             try:
                 changed = listener.backward_begins(kwargs)

@@ -53,16 +53,23 @@ class _Plan:
         names: dict[str, int] = {}
         # (device, dtype) -> (positions in the grads list, module index of each, on device)
         groups: dict[tuple[torch.device, torch.dtype], tuple[list[int], list[int]]] = {}
+        # Groups whose gradients are all plain dense real tensors: each step takes them as
+        # they are, without asking every one of them again what ``_dense`` asks.
+        mixed: set[tuple[torch.device, torch.dtype]] = set()
         for i, p in enumerate(params):
             g = _dense(p.grad)  # type: ignore[arg-type]
             m = names.setdefault(owner.get(id(p), OTHER), len(names))
-            pos, mods = groups.setdefault((g.device, g.dtype), ([], []))
+            key = (g.device, g.dtype)
+            pos, mods = groups.setdefault(key, ([], []))
             pos.append(i)
             mods.append(m)
+            if g is not p.grad or type(g) is not torch.Tensor:
+                mixed.add(key)
         self.names = tuple(names)
         self.index = names
         self.groups = [
-            (dev, dtype, pos, _on(dev, mods)) for (dev, dtype), (pos, mods) in groups.items()
+            (dev, dtype, pos, _on(dev, mods), (dev, dtype) not in mixed)
+            for (dev, dtype), (pos, mods) in groups.items()
         ]
 
 
@@ -73,6 +80,23 @@ def _on(device: torch.device, values: list[int]) -> torch.Tensor:
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
+
+
+def _float32(t: torch.Tensor) -> torch.Tensor:
+    """``t.float()`` without the call where it is float32 already (the norms of every float
+    dtype but float64 are): a small step pays per torch call."""
+    return t if t.dtype == torch.float32 else t.float()
+
+
+def _summed(squares: list[torch.Tensor], n: int, device: torch.device) -> torch.Tensor:
+    """The modules' squares over every (device, dtype) group: one group (nearly every model)
+    is its own sum; several add up in order, as from zeros (0 + x is x, bit for bit)."""
+    if not squares:
+        return torch.zeros(n, device=device)
+    total = squares[0]
+    for sq in squares[1:]:
+        total = total + sq
+    return total
 
 
 class ModuleNorms:
@@ -142,22 +166,22 @@ class ModuleNorms:
                 plan = self._plans[key] = _Plan(key, with_grad, owner)
             self._plan = plan
         device = grads[0].device
-        parts = []
-        modules = torch.zeros(len(plan.names), device=device)
-        for dev, dtype, pos, mods in plan.groups:
-            norms = _foreach_norms([_dense(grads[i]) for i in pos], dtype)
+        parts, squares = [], []
+        for dev, dtype, pos, mods, plain in plan.groups:
+            ts = [grads[i] for i in pos] if plain else [_dense(grads[i]) for i in pos]
+            norms = _foreach_norms(ts, dtype)
             if norms is None:
                 continue
             stacked = torch.stack(norms)
             # As nan_watch._norm_of does, so the total is the same number the check uses.
-            part = torch.linalg.vector_norm(stacked).float()
+            part = _float32(torch.linalg.vector_norm(stacked))
             parts.append(part if dev == device else part.to(device))
             sq = torch.zeros(len(plan.names), device=dev).index_add_(
-                0, mods, stacked.float().square()
+                0, mods, _float32(stacked).square()
             )
-            modules += sq if dev == device else sq.to(device)
+            squares.append(sq if dev == device else sq.to(device))
         total, loss = _combined(parts, device), _norm_of(values, device)
-        return torch.cat([torch.stack([total, loss]), modules])
+        return torch.cat([torch.stack([total, loss]), _summed(squares, len(plan.names), device)])
 
     def took(self, step: int, row: list[float]) -> None:
         """The watch read ``row`` (``totals``' values) for ``step``."""
