@@ -7,7 +7,7 @@ UI's :class:`~torchscope.tui.stepping.StepperView`).
 
 Once the agent drives the job (a breakpoint, pause, step...), the link *holds* it as a UI
 does: armed (traced from its next step boundary) and a ``ping`` every second, the lease that
-keeps a pause waiting for this server. When the server's session ends the link lets go
+keeps a pause waiting for this server. When the server stops (its client closed it) the link lets go
 (``disarm``: the job goes dormant, this server's breakpoints and pauses with it); if the
 server dies instead, the lease runs out and the job resumes by itself. Only the commands a UI
 sends are sent, over the same endpoints with the same keys: an agent can do nothing here that
@@ -146,8 +146,8 @@ class JobLink:
             self.stepper.on_state(state)
 
     def hold(self, timeout: float = 5.0) -> None:
-        """Hold the job as a UI: traced from its next step boundary while this server's
-        session lasts (a ``trace(live=True)`` job is traced anyway and refuses)."""
+        """Hold the job as a UI: traced from its next step boundary while this server
+        runs (a ``trace(live=True)`` job is traced anyway and refuses)."""
         if self.held:
             return
         try:
@@ -238,7 +238,7 @@ class JobLink:
 
 
 class Jobs:
-    """The links of one server session, by control endpoint."""
+    """The links of one server, by control endpoint."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -271,7 +271,7 @@ class Jobs:
             return list(self._links.values())
 
     def close(self) -> None:
-        """The session ends: every held job is let go, every link closed."""
+        """The server stops: every held job is let go, every link closed."""
         with self._lock:
             links, self._links = list(self._links.values()), {}
         for link in links:

@@ -57,7 +57,7 @@ where NaN/Inf first appeared (op, module, file:line, step, rank); `events` lists
 backward nodes around it. `history` gives a job's loss per step, `watch` switches its NaN \
 watch on. To stop a live job: `breakpoint_set` (e.g. "nan"), `continue` with wait, \
 `pause`, `step`, `next`, `state`, `values`; `release` lets the job go (it also goes when \
-this session ends). `diff` compares two recordings."""
+the agent closes this server). `diff` compares two recordings."""
 
 Job = Annotated[
     int | str | None,
@@ -181,7 +181,7 @@ async def _one_line_errors(ctx: Any, call_next: Any) -> Any:
 
 # -- the server ---------------------------------------------------------------------------------
 def build_server(*, record_timeout_cap: float = 600.0) -> MCPServer:
-    """The server with every tool. Its live jobs are let go when its session ends."""
+    """The server with every tool. Its live jobs are let go when it stops."""
     jobs = Jobs()
     recordings = Recordings()
 
@@ -226,7 +226,7 @@ def build_server(*, record_timeout_cap: float = 600.0) -> MCPServer:
     def ls() -> dict[str, Any]:
         """The live torchscope jobs on this machine (as `torchscope ls`): pid, rank, step,
         tracing (dormant / arming / traced), latest loss, script; the ranks of a torchrun job
-        share a `job`. `held`: this server holds it (traced while this session lasts)."""
+        share a `job`. `held`: this server holds it (traced while this server runs)."""
         try:
             records = ep.list_sessions()
         except EndpointError as exc:
@@ -538,7 +538,7 @@ def build_server(*, record_timeout_cap: float = 600.0) -> MCPServer:
     ) -> dict[str, Any]:
         """Set a breakpoint on a live job, as the UI's B (the --break-on syntax): the job
         stops at the first op or node where all conditions hold (nan: where NaN first
-        appears). Holds the job: traced from its next step while this session lasts."""
+        appears). Holds the job: traced from its next step while this server runs."""
         try:
             fields = parse_break_spec(spec)
         except BreakpointError as exc:
@@ -567,7 +567,7 @@ def build_server(*, record_timeout_cap: float = 600.0) -> MCPServer:
         timeout: Annotated[float, Field(gt=0, le=600, description="seconds to wait")] = 15.0,
     ) -> dict[str, Any]:
         """Pause a live job at its next op or node (the UI's space), and wait until it is
-        paused. Holds the job (traced while this session lasts)."""
+        paused. Holds the job (traced while this server runs)."""
         link = await _link(jobs, job)
         await _call(link.hold)
         await _call(link.request, "state")
@@ -647,7 +647,7 @@ def build_server(*, record_timeout_cap: float = 600.0) -> MCPServer:
     @tool()
     async def release(job: Job = None) -> dict[str, Any]:
         """Let a job go, as quitting the UI: it goes dormant at its next step boundary (unless
-        others hold it), this session's breakpoints and pauses with it."""
+        others hold it), this server's breakpoints and pauses with it."""
         link = await _link(jobs, job)
         await _call(link.release)
         await _call(link.request, "state")
