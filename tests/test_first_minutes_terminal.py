@@ -94,3 +94,41 @@ def test_a_recording_opens_on_its_first_traced_step_in_view(late_recording, size
             assert re.search(r"│\s*250\s", out), out
     finally:
         term.close()
+
+
+GATED = """\
+import torch
+torch.manual_seed(0)
+lin, gate = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+opt = torch.optim.SGD([*lin.parameters(), *gate.parameters()], lr=0.01)
+for step in range(2):
+    x = torch.randn(4, 8)
+    y = lin(x) * torch.sigmoid(gate(x))
+    y.pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_a_nodes_both_sides_fit_at_120x40(tmp_path: Path):
+    # MulBackward0 of two tensors: grad_inputs[1] shows without scrolling the detail
+    pytest.importorskip("torch")
+    (tmp_path / "job.py").write_text(GATED)
+    subprocess.run(
+        [sys.executable, "-m", "torchscope", "run", "--quiet", "--record", "t.tsc", "job.py"],
+        cwd=tmp_path, check=True, timeout=300, capture_output=True,
+    )
+    term = Terminal(f"{sys.executable} -m torchscope tui t.tsc", (120, 40), tmp_path)
+    try:
+        term.until(lambda s: "Tensor.mul" in s, "the step's ops")
+        term.keys("/")
+        term.until(lambda s: "search" in s, "the search box")
+        term.keys("MulBackward0", "Enter")
+        out = term.until(lambda s: "grad_outputs — what arrived" in s, "the node's detail")
+        out = term.until(
+            lambda s: "[1] [4,8] float32" in s and "SigmoidBackward0 node id" in s,
+            "grad_inputs[1]",
+        )
+        assert "grad_inputs — what it sends on" in out
+    finally:
+        term.close()

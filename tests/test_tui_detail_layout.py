@@ -139,7 +139,7 @@ async def test_source_lines_have_a_gutter_and_are_cut_not_wrapped(seed, size):
         excerpt = lines[head + 1 : head + 8]  # line 30 and three lines either side
         assert all(GUTTER.match(t) for t in excerpt), excerpt
         assert [int(t.split("│")[0].strip(" ▶")) for t in excerpt] == list(range(27, 34))
-        assert lines[head + 8] == ""  # no continuation line after them
+        assert lines[head + 8 : head + 9] in ([], [""])  # no continuation line after them
         assert excerpt[3].startswith("▶ 30 │ ") and "out = x * y + x / y" in excerpt[3]
         width = app.main.detail.body.content_region.width
         assert all(len(t) <= width for t in excerpt)

@@ -338,6 +338,9 @@ class StepInfo:
     loss_rank: int = 0  # 3: a loss hint, 2: the backward's root op (see LOSS_KNOWN)
     grad_sq: float = 0.0  # sum of the squared norms of the gradients AccumulateGrad received
     grad_norms: int = 0
+    #: a backward of this step is still running (a grad event came after its last graph
+    #: event): its gradient norm so far is partial, not the step's
+    backward_open: bool = False
     overview_done: bool = False  # the count pass is past this step
 
     @property
@@ -902,6 +905,7 @@ class EventStore:
                     info.n_ops += 1
                 elif item[KIND] == GRAD:
                     info.n_grads += 1
+                    info.backward_open = True
                 else:
                     info.n_aten += 1
                     self.has_aten = True
@@ -934,14 +938,16 @@ class EventStore:
                 info.n_ops += 1
             elif item[KIND] == GRAD:
                 info.n_grads += 1
+                info.backward_open = True
             else:
                 info.n_aten += 1
                 self.has_aten = True
             return
         kind = item.get("kind")
-        if kind == GRAPH:
+        if kind == GRAPH:  # emitted once its backward call returns
             nodes = item.get("nodes")
             info.n_graph_nodes += len(nodes) if isinstance(nodes, list) else 0
+            info.backward_open = False
         elif kind == ALERT:
             info.n_alerts += 1
             self._add_alert(item, ch)

@@ -922,8 +922,8 @@ class DetailPanel(VerticalScroll, can_focus=True):
             lines.extend(self._link_flow(link, units))
         elif row.op_seq is not None:
             lines.append(f"[b]created by[/] op event #{row.op_seq} [dim](not in this step)[/]")
-        lines.append("")
-        lines.extend(self._source(ev.get("source")))
+        # Both sides first, the source after them: at 120x40 the detail has about 14 rows
+        # under the timeline, and what a node did is what its detail is opened for.
         lines.append("")
         lines.extend(self._tensors("grad_outputs — what arrived", ev.get("grad_outputs")))
         gi = ev.get("grad_inputs")
@@ -932,6 +932,8 @@ class DetailPanel(VerticalScroll, can_focus=True):
                 "[b]grad_inputs — what it sends on[/] "
                 "[dim]not computed yet: paused before the node runs[/]"
             )
+            lines.append("")
+            lines.extend(self._source(ev.get("source")))
             return "\n".join(lines)
         n = len(gi) if isinstance(gi, list) else 0
         targets = self._next_targets(data, nid, n)
@@ -949,6 +951,8 @@ class DetailPanel(VerticalScroll, can_focus=True):
             notes.append([f"→ {label}", f"node id {target}"])
             links.append(Link("node", target, data.step if data else None))
         lines.extend(self._tensors("grad_inputs — what it sends on", gi, notes, links))
+        lines.append("")
+        lines.extend(self._source(ev.get("source")))
         if data is not None and not row.pending:
             lines.extend(self._calls_lines(store, data, row))
         return "\n".join(lines)

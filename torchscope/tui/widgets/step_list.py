@@ -355,9 +355,20 @@ class StepList(VirtualList):
             text += f"   {rfit('ops', 6)} {rfit('nodes', 6)}{aten}"
         return [(text, None)]
 
-    def _values(self, loss: float | None, norm: float | None) -> list[Cell]:
-        """The loss, |g| and bar cells."""
+    def _values(
+        self, loss: float | None, norm: float | None, *, partial: bool = False
+    ) -> list[Cell]:
+        """The loss, |g| and bar cells. ``partial``: a backward still running (paused in
+        it): the norm of the gradients made so far, dim and marked ``…``, with no bar, so it
+        does not read as the step's (a collapse)."""
         bad = self.cstyle("error")
+        if partial and norm is not None and math.isfinite(norm):
+            dim = self.cstyle("dim")
+            return [
+                (rfit("" if loss is None else short_num(loss, 6), 6) + " ", None),
+                (rfit(short_num(norm, 5) + "…", 6), dim),
+                (bar(None, self.norm_scale()) + " ", dim),
+            ]
         return [
             (  # blank until known: the root of the step's backward (see store.LOSS_KNOWN)
                 rfit("" if loss is None else short_num(loss, 6), 6) + " ",
@@ -428,7 +439,8 @@ class StepList(VirtualList):
                 if point is not None:
                     loss = point.loss if loss is None else loss
                     norm = point.grad_norm if norm is None else norm
-            cells += self._values(loss, norm)
+            partial = info.backward_open and info.grad_norm is not None and norm == info.grad_norm
+            cells += self._values(loss, norm, partial=partial)
         if not self.has_overview or width >= WIDE:
             cells += [
                 (rfit(_count(info.n_ops, info.counted), 6) + " ", None),

@@ -1,0 +1,40 @@
+"""The first ten minutes, in Pilot: what a new user reads first does not mislead."""
+
+from __future__ import annotations
+
+from tui_pilot import sync, until
+
+from torchscope.tui.app import TorchscopeApp
+from torchscope.tui.sources import ScriptedSource
+from torchscope.tui.synthetic import make_trace
+
+
+def _cut_in_backward(events: list, step: int) -> list:
+    """The events up to the middle of ``step``'s backward (its graph event not yet sent):
+    what a live UI holds while the job is paused at a backward node."""
+    grads = [i for i, e in enumerate(events) if e.get("step") == step and e["kind"] == "grad"]
+    return events[: grads[len(grads) // 2]]
+
+
+def _step_row(app, step: int) -> str:
+    lines = app.main.steps.render_text() if hasattr(app.main.steps, "render_text") else None
+    if lines is None:
+        lines = app.screen_text().splitlines()
+    return next((ln for ln in lines if ln.lstrip("│ ").startswith(f"{step} ")), "")
+
+
+@sync
+async def test_a_live_step_paused_in_its_backward_shows_its_gradient_norm_as_partial():
+    events = _cut_in_backward(make_trace(3, 4), step=2)
+    app = TorchscopeApp(ScriptedSource(events, mode="live"))
+    async with app.run_test(size=(120, 40)) as pilot:
+        store = app.store
+
+        def partial_shown() -> bool:
+            info = store.steps.get(2)
+            return info is not None and info.grad_norm is not None and "…" in _step_row(app, 2)
+
+        await until(pilot, partial_shown, what="step 2's |g| marked partial")
+        assert store.steps[2].backward_open and not store.steps[1].backward_open
+        done = _step_row(app, 1)
+        assert done and "…" not in done  # a complete step's norm reads as it always did
