@@ -138,7 +138,7 @@ def test_the_job_says_on_stderr_when_a_ui_pauses_it_and_when_it_goes_on():
         t.join(10)
     assert results == ["step", "continue"]
     assert len(notes) == 1 and notes[0].startswith("paused at ")
-    assert notes[0].endswith("by paused (a UI holds it)")
+    assert notes[0].endswith("at a UI's request (a UI holds it)")  # not "by paused"
     # the pause by "step" was the UI's own stepping: said nothing, and its end neither
     t = threading.Thread(target=lambda: results.append(stepper.at_point(point("breakpoint 1"))))
     t.start()

@@ -190,3 +190,13 @@ def test_the_watch_switched_on_from_outside_on_a_dormant_job(tmp_path):
     assert "step 59 nan" in out
     bad = run("watch", str(proc.pid), "--spec", "nope", cwd=tmp_path)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_bad_watch_is_named_once():
+    from torchscope.tracer.steps import StepSpecError, parse_watch
+
+    for spec, said in (("nann", "bad watch 'nann': use"), ("nan,bogus", "'bogus' in 'nan,bogus'")):
+        with pytest.raises(StepSpecError) as err:
+            parse_watch(spec)
+        assert said in str(err.value)
+        assert str(err.value).count("nann") <= 1

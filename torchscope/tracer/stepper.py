@@ -39,6 +39,12 @@ MAX_INSPECT = 100_000
 UNATTENDED_QUIET_SECONDS = 60.0
 
 
+def _cause(reason: str) -> str:
+    """What stopped a pause, for its stderr line: ``by breakpoint 2 (op:...)``; a UI's own
+    pause request (reason ``paused``) reads ``at a UI's request``, not ``by paused``."""
+    return "at a UI's request" if reason == "paused" else f"by {reason}"
+
+
 @dataclass
 class PausePoint:
     """Where the training thread is blocked: the event and the live tensors behind it."""
@@ -214,7 +220,7 @@ class Stepper:
             elif point.reason not in ("step", "next step"):
                 # A UI holds it: said once per pause, not at every op the UI steps over.
                 told = True
-                self._note(f"paused at {point.where()} by {point.reason} (a UI holds it)")
+                self._note(f"paused at {point.where()} {_cause(point.reason)} (a UI holds it)")
             start = time.monotonic()
             while self._resume_reason is None:
                 left = self.lease_seconds - (time.monotonic() - self._lease_since(point, start))
@@ -248,7 +254,7 @@ class Stepper:
 
     def _say_unattended(self, point: PausePoint) -> None:
         then = "waits for a UI (--hold)" if self.hold else f"resumes in {self.lease_seconds:g} s"
-        parts = [f"paused at {point.where()} by {point.reason}", self.attach_hint, then]
+        parts = [f"paused at {point.where()} {_cause(point.reason)}", self.attach_hint, then]
         self._note("; ".join(p for p in parts if p))
 
     def _lease_ended(self, point: PausePoint) -> None:

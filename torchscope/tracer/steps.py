@@ -89,5 +89,6 @@ def parse_watch(spec: str) -> float | None:
             if gradnorm is None or not gradnorm > 0 or gradnorm != gradnorm:
                 raise StepSpecError(f"bad watch {part!r}: gradnorm:X needs a number above 0")
             continue
-        raise StepSpecError(f"bad watch {part!r} in {spec!r}: use nan, gradnorm:X or both")
+        where = "" if part == str(spec).strip() else f" in {spec!r}"  # said once, not twice
+        raise StepSpecError(f"bad watch {part!r}{where}: use nan, gradnorm:X or both")
     return gradnorm
