@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from tui_pilot import sync, until
 
 from torchscope.tui.app import TorchscopeApp
@@ -17,9 +18,7 @@ def _cut_in_backward(events: list, step: int) -> list:
 
 
 def _step_row(app, step: int) -> str:
-    lines = app.main.steps.render_text() if hasattr(app.main.steps, "render_text") else None
-    if lines is None:
-        lines = app.screen_text().splitlines()
+    lines = app.screen_text().splitlines()
     return next((ln for ln in lines if ln.lstrip("│ ").startswith(f"{step} ")), "")
 
 
@@ -38,3 +37,34 @@ async def test_a_live_step_paused_in_its_backward_shows_its_gradient_norm_as_par
         assert store.steps[2].backward_open and not store.steps[1].backward_open
         done = _step_row(app, 1)
         assert done and "…" not in done  # a complete step's norm reads as it always did
+
+
+def _long_named_origin() -> list:
+    events = make_trace(3, 4, nan_step=1)
+    for e in events:
+        if e["kind"] == "alert":
+            e["name"] = "torch.nn.functional.cross_entropy"
+    return events
+
+
+@pytest.mark.parametrize("size", [(200, 50), (120, 40)])
+@sync
+async def test_the_alerts_column_shows_an_origins_op_name_whole(size):
+    app = TorchscopeApp(ScriptedSource(_long_named_origin(), mode="replay"), at_origin=False)
+    async with app.run_test(size=size) as pilot:
+        alerts = app.main.alerts
+        await until(pilot, lambda: alerts.option_count > 0, what="the alerts")
+        await until(
+            pilot,
+            lambda: "F.cross_entropy" in _panel_text(app, alerts),
+            what="the whole name in the alerts panel",
+        )
+
+
+def _panel_text(app, widget) -> str:
+    """What the screen shows inside a widget's region."""
+    region = widget.content_region
+    lines = app.screen_text().splitlines()
+    return "\n".join(
+        line[region.x : region.right] for line in lines[region.y : region.bottom]
+    )
