@@ -68,6 +68,9 @@ class Options:
     exact: bool = False
     strict_dtype: bool = False
     steps: set[int] | None = None
+    #: "step": step N with step N; "relative": by position in each recording's window (two
+    #: windows of one job: B's first step with A's first, and so on)
+    align: str = "step"
 
 
 @dataclass
@@ -114,6 +117,9 @@ class Result(Tally):
     drift: dict[tuple[str, Any], float] = field(default_factory=dict)
     aten: Tally | None = None
     aten_note: str | None = None
+    #: one line on how the steps were paired, when that is not step N with step N, or when
+    #: the recordings share no step
+    align_note: str | None = None
 
     @property
     def same(self) -> bool:
@@ -159,6 +165,10 @@ def _num_differs(a: Any, b: Any, scale: float, opts: Options) -> float | None:
     if d <= opts.atol + opts.rtol * max(abs(a), abs(b), scale):
         return None
     return d
+
+
+def _nonfinite(x: Any) -> bool:
+    return isinstance(x, float) and not math.isfinite(x)
 
 
 def _finite(x: Any) -> bool:
@@ -229,11 +239,14 @@ def compare_events(a: Event, b: Event, opts: Options) -> tuple[bool, str] | None
 
 
 def _norm(ev: Event) -> float | None:
-    """Norm of all the tensors an event's drift is measured on (root of sum of squares)."""
+    """Norm of all the tensors an event's drift is measured on (root of sum of squares);
+    NaN when one of them holds NaN or Inf (a norm that skipped them would read as no drift)."""
     total, seen = 0.0, False
     for s in ev.get(_DRIFT_FIELD.get(ev.get("kind"), ""), None) or ():
         stats = s.get("stats") if isinstance(s, dict) else None
         n = stats.get("norm") if stats else None
+        if stats and (stats.get("nan") or stats.get("inf") or _nonfinite(n)):
+            return math.nan
         if _finite(n):
             total += n * n
             seen = True
@@ -253,20 +266,56 @@ def compare(
 ) -> Result:
     """Compare two runs' events (any iterables of events, e.g. ``torchscope.load(f)``)."""
     opts = opts or Options()
+    if opts.align not in ALIGNS:
+        raise DiffError(f"--align takes {' or '.join(ALIGNS)}, not {opts.align!r}")
     events_a, events_b = list(events_a), list(events_b)  # read twice when at the aten level
     ga, gb = group_by_step(events_a), group_by_step(events_b)
     res = Result(steps_a=sorted(ga, key=_step_sort), steps_b=sorted(gb, key=_step_sort))
-    _compare_steps(ga, gb, opts, res, res)
+    shift, res.align_note = _step_shift(res.steps_a, res.steps_b, opts.align)
+    _compare_steps(ga, _shifted(gb, shift), opts, res, res)
     aten_a, aten_b = has_aten(events_a), has_aten(events_b)
     if aten_a and aten_b:
         res.aten = Tally()
-        _compare_steps(group_aten_by_step(events_a), group_aten_by_step(events_b), opts, res.aten)
+        gb_aten = _shifted(group_aten_by_step(events_b), shift)
+        _compare_steps(group_aten_by_step(events_a), gb_aten, opts, res.aten)
     elif aten_a or aten_b:
         res.aten_note = (
             f"only {'A' if aten_a else 'B'} has aten calls: the aten level is compared only "
             "when both recordings have it (record with --aten); comparing ops and nodes"
         )
     return res
+
+
+ALIGNS = ("step", "relative")
+
+
+def _step_shift(steps_a: list, steps_b: list, align: str) -> tuple[int, str | None]:
+    """How much to add to B's step numbers to pair them with A's, and a line saying so.
+    ``relative``: B's first step goes with A's first. ``step``: no shift, and when the two
+    share no step, a line that says so and offers ``--align relative``."""
+    ints_a = [s for s in steps_a if s is not None]
+    ints_b = [s for s in steps_b if s is not None]
+    if not ints_a or not ints_b:
+        return 0, None
+    if align == "relative":
+        shift = ints_a[0] - ints_b[0]
+        return shift, (
+            f"steps aligned by position in each recording (--align relative): B's step "
+            f"{ints_b[0]} with A's step {ints_a[0]}, and so on; steps below are A's"
+        )
+    if set(ints_a).isdisjoint(ints_b):
+        return 0, (
+            f"A and B share no step (A: {_steps_text(ints_a)}, B: {_steps_text(ints_b)}), so "
+            "every step is in one recording only; two windows of one job compare by "
+            "position with --align relative"
+        )
+    return 0, None
+
+
+def _shifted(by_step: dict, shift: int) -> dict:
+    if not shift:
+        return by_step
+    return {(s + shift if s is not None else None): evs for s, evs in by_step.items()}
 
 
 def _compare_steps(
@@ -346,8 +395,13 @@ def _measure(res: Result, step: Any, a: Event, b: Event) -> None:
         res.dtype_changes += 1
     na, nb = _norm(a), _norm(b)
     if na is not None and nb is not None:
-        big = max(abs(na), abs(nb))
-        rel = abs(na - nb) / big if big > 0 else 0.0
+        if math.isnan(na) != math.isnan(nb):  # NaN/Inf on one side only: the most drift
+            rel = math.inf
+        elif math.isnan(na):  # on both: no number to compare (the NaN counts are)
+            return
+        else:
+            big = max(abs(na), abs(nb))
+            rel = abs(na - nb) / big if big > 0 else 0.0
         key = (_drift_module(a), step)
         if rel > res.drift.get(key, -1.0):
             res.drift[key] = rel
@@ -452,6 +506,8 @@ def render(
             f"{res.aten.matched} aten calls aligned, {res.aten.only_a} only in A, "
             f"{res.aten.only_b} only in B"
         )
+    if res.align_note:
+        yield res.align_note
     if res.aten_note:
         yield res.aten_note
     if res.dtype_changes:
@@ -571,13 +627,17 @@ def _drift_lines(res: Result, max_steps: int, max_modules: int) -> Iterator[str]
         shown = [m for m in order if m in top]
     width = max(12, *(len(m or "(top level)") for m in shown))
     yield ""
-    yield "drift by module and step (largest |a-b|/max(|a|,|b|) of output and gradient norms):"
+    yield (
+        "drift by module and step (largest |a-b|/max(|a|,|b|) of output and gradient norms; "
+        "NaN/Inf: on one side only):"
+    )
     yield f"  {'module':<{width}} " + " ".join(f"{'step ' + str(s):>9}" for s in steps)
     for m in shown:
         cells = []
         for s in steps:
             v = res.drift.get((m, s))
-            cells.append(f"{'-' if v is None else f'{v:.2g}':>9}")
+            text = "-" if v is None else "NaN/Inf" if v == math.inf else f"{v:.2g}"
+            cells.append(f"{text:>9}")
         yield f"  {m or '(top level)':<{width}} " + " ".join(cells)
     if len(shown) < len(order):
         yield f"  ... {len(order) - len(shown)} modules with less drift not shown"

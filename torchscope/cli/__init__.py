@@ -163,7 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a float dtype change (float32 vs bfloat16) is a divergence too",
     )
-    diff.add_argument("--step", help="only these steps (3, 0-9, 1,4,7-8)")
+    diff.add_argument("--step", help="only these steps (3, 0-9, 1,4,7-8; A's numbers)")
+    diff.add_argument(
+        "--align",
+        choices=("step", "relative"),
+        default="step",
+        help="pair steps by number (default), or by position in each recording: two windows "
+        "of one job (steps 1290-1292 against 1298-1300)",
+    )
     sub.add_parser(
         "mcp",
         help="serve the debugger to coding agents: an MCP server over stdio "

@@ -93,6 +93,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
             exact=args.exact,
             strict_dtype=args.strict_dtype,
             steps=parse_step_list(args.step),
+            align=args.align,
         )
         res, notes, lines = diff_files(args.a, args.b, opts)
     except (DiffError, ValueError) as exc:
