@@ -45,11 +45,6 @@ SNAPSHOT_TESTS = [
     "tests/test_tui_history.py::test_history_screen_snapshot",
 ]
 
-#: commands in the order the reference lists them
-COMMANDS = [
-    "run", "ls", "tui", "record", "watch", "history", "attach", "demo",
-    "dump", "diff", "export", "replay", "keys",
-]
 HELP_COLUMNS = "100"
 
 CLI_HEAD = """# Command line
@@ -90,9 +85,21 @@ def help_text(command: str | None) -> str:
     return out.getvalue().rstrip() + "\n"
 
 
+def commands() -> list[str]:
+    """Every command, in the order ``torchscope --help`` lists them."""
+    import argparse
+
+    from torchscope.cli import build_parser
+
+    sub = next(
+        a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    )
+    return list(sub.choices)
+
+
 def cli_page() -> str:
     parts = [CLI_HEAD, "\n## torchscope\n\n```text\n", help_text(None), "```\n"]
-    for command in COMMANDS:
+    for command in commands():
         parts += [f"\n## torchscope {command}\n\n```text\n", help_text(command), "```\n"]
     return "".join(parts)
 

@@ -258,7 +258,7 @@ def test_missing_pandas_is_one_line(trace_file: Path, tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 2
     assert res.stderr.strip() == (
-        "torchscope: error: tables need pandas: pip install 'torchscope[pandas]'"
+        "torchscope: error: tables need pandas: pip install 'torchscope-debugger[pandas]'"
     )
     code = (
         "import sys; sys.modules['pandas'] = None\n"
@@ -267,7 +267,7 @@ def test_missing_pandas_is_one_line(trace_file: Path, tmp_path: Path) -> None:
         "try:\n    t.to_pandas()\nexcept ImportError as e:\n    print(e)\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert res.stdout.strip() == "tables need pandas: pip install 'torchscope[pandas]'"
+    assert res.stdout.strip() == "tables need pandas: pip install 'torchscope-debugger[pandas]'"
 
 
 def test_core_imports_no_pandas(trace_file: Path) -> None:

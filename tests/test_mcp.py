@@ -261,7 +261,7 @@ def test_without_the_sdk_the_command_says_how_to_get_it() -> None:
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr == (
         "torchscope: error: torchscope mcp needs the MCP SDK (mcp 2.3+): "
-        "pip install 'torchscope[mcp]'\n"
+        "pip install 'torchscope-debugger[mcp]'\n"
     )
 
 

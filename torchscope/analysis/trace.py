@@ -196,7 +196,7 @@ class Trace:
     def to_pandas(self, kind: str = "op") -> Any:
         """A pandas DataFrame with one row per event of ``kind`` (``"op"``, ``"grad"``,
         ``"step"``, ``"alert"``...; ``"tensor"``: one row per tensor summary), stats as
-        columns. Needs pandas: ``pip install 'torchscope[pandas]'``; see
+        columns. Needs pandas: ``pip install 'torchscope-debugger[pandas]'``; see
         ``torchscope.export.tables``."""
         from torchscope.export.tables import to_pandas
 

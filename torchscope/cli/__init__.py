@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
             tui.add_argument(
                 "--web",
                 action="store_true",
-                help="serve the UI to a browser (textual-serve: pip install 'torchscope[web]')",
+                help="serve the UI to a browser (textual-serve: pip install 'torchscope-debugger[web]')",
             )
             tui.add_argument("--port", type=int, default=8000, help="--web port (default 8000)")
             tui.add_argument(
@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "mcp",
         help="serve the debugger to coding agents: an MCP server over stdio "
-        "(pip install 'torchscope[mcp]')",
+        "(pip install 'torchscope-debugger[mcp]')",
     )
     export = sub.add_parser(
         "export", help="write a trace file as Perfetto/Chrome trace JSON, CSV or Parquet"
@@ -197,7 +197,7 @@ def cmd_mcp() -> int:
     except ImportError as exc:
         if (exc.name or "").split(".")[0] not in ("mcp", "mcp_types", "pydantic", "anyio"):
             raise
-        return fail("torchscope mcp needs the MCP SDK (mcp 2.3+): pip install 'torchscope[mcp]'")
+        return fail("torchscope mcp needs the MCP SDK (mcp 2.3+): pip install 'torchscope-debugger[mcp]'")
     return serve()
 
 

@@ -1,7 +1,7 @@
 """``torchscope tui --web``: the same Textual app, served to a browser by textual-serve.
 
 textual-serve starts one ``torchscope tui TARGET`` process per browser tab and relays its
-screen over a websocket. It is an optional extra (``pip install 'torchscope[web]'``) and is
+screen over a websocket. It is an optional extra (``pip install 'torchscope-debugger[web]'``) and is
 imported only here.
 
 textual-serve has no authentication, and every local user reaches a loopback port, so the
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-MISSING = "the browser UI needs textual-serve: pip install 'torchscope[web]'"
+MISSING = "the browser UI needs textual-serve: pip install 'torchscope-debugger[web]'"
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 TOKEN_PARAM = "token"
 FORBIDDEN = (

@@ -8,7 +8,7 @@ per tensor summary instead (``seq``, ``field``, ``index`` and the summary), for 
 grad event.
 
 pandas (and pyarrow for Parquet) are optional extras, imported only when a table is asked
-for: ``pip install 'torchscope[pandas]'``.
+for: ``pip install 'torchscope-debugger[pandas]'``.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ _FLAT = {
 # Leading columns, in this order, when present.
 _FIRST = ("seq", "step", "kind")
 
-MISSING_PANDAS = "tables need pandas: pip install 'torchscope[pandas]'"
-MISSING_PYARROW = "parquet needs pyarrow: pip install 'torchscope[pandas]'"
+MISSING_PANDAS = "tables need pandas: pip install 'torchscope-debugger[pandas]'"
+MISSING_PYARROW = "parquet needs pyarrow: pip install 'torchscope-debugger[pandas]'"
 
 
 class TableError(Exception):
