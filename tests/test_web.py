@@ -246,7 +246,8 @@ def test_without_textual_serve_it_is_one_line(trace_file: Path) -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
     assert res.stderr.strip() == (
-        "torchscope: error: the browser UI needs textual-serve: pip install 'torchscope-debugger[web]'"
+        "torchscope: error: the browser UI needs textual-serve: "
+        "pip install 'torchscope-debugger[web]'"
     )
 
 

@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
             tui.add_argument(
                 "--web",
                 action="store_true",
-                help="serve the UI to a browser (textual-serve: pip install 'torchscope-debugger[web]')",
+                help="serve the UI to a browser "
+                "(textual-serve: pip install 'torchscope-debugger[web]')",
             )
             tui.add_argument("--port", type=int, default=8000, help="--web port (default 8000)")
             tui.add_argument(
@@ -197,7 +198,9 @@ def cmd_mcp() -> int:
     except ImportError as exc:
         if (exc.name or "").split(".")[0] not in ("mcp", "mcp_types", "pydantic", "anyio"):
             raise
-        return fail("torchscope mcp needs the MCP SDK (mcp 2.3+): pip install 'torchscope-debugger[mcp]'")
+        return fail(
+            "torchscope mcp needs the MCP SDK (mcp 2.3+): pip install 'torchscope-debugger[mcp]'"
+        )
     return serve()
 
 
