@@ -132,3 +132,17 @@ def test_a_nodes_both_sides_fit_at_120x40(tmp_path: Path):
         assert "grad_inputs — what it sends on" in out
     finally:
         term.close()
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_a_tensors_norm_keeps_its_label_in_the_timeline(late_recording, size):
+    # `0.1572` for a [2,8] tensor would read like a value: the stat says norm= (or n=)
+    term = Terminal(f"{sys.executable} -m torchscope tui t.tsc", size, late_recording.parent)
+    try:
+        out = term.until(lambda s: "Step 250" in s and "F.linear" in s, "step 250's ops")
+        rows = [line for line in out.splitlines() if re.search(r"\[\d+,\d+\]", line)]
+        assert rows, out
+        for row in rows:
+            assert re.search(r"\b(norm|n)=", row), row
+    finally:
+        term.close()

@@ -96,10 +96,13 @@ async def test_alerts_of_the_previous_run_go_when_the_job_starts_again():
 
 def test_numbers_are_shortened_to_fit_never_cut():
     assert fit_numbers("norm=100.8", 10) == "norm=100.8"
-    assert fit_numbers("norm=100.8", 8) == "100.8"
+    # the label stays, shortened, while digits go: a bare number reads like a value
+    assert fit_numbers("norm=100.8", 8) == "norm=101"
+    assert fit_numbers("norm=0.1572", 7) == "n=0.157"
+    assert fit_numbers("norm=0.1572", 6) == "n=0.16"
     assert fit_numbers("norm=100.8", 4) == "101"
     assert fit_numbers("norm=nan NaN:16384", 12) == "nan NaN:16k"
-    assert fit_numbers("norm=12345678.9", 8) == "1.23e7"
+    assert fit_numbers("norm=12345678.9", 8) == "n=1.23e7"
     assert count_text(16384) == "16k" and count_text(2_500_000) == "2.5M"
     for width in range(4, 24):  # a shortened number is a whole number, or an ellipsis marks it
         out = fit_numbers("norm=100.8 NaN:16384", width)

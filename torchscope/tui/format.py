@@ -354,8 +354,10 @@ def _digits(text: str, sig: int) -> str:
 
 def fit_numbers(text: str, width: int) -> str:
     """``text`` in at most ``width`` cells, shortening its numbers before cutting anything:
-    counts become ``16k``, then the ``norm=`` label goes, then digits go (4, 3, 2, 1
-    significant), then a second stat; an ellipsis only when nothing else fits."""
+    counts become ``16k``, digits go (3 significant), the ``norm=`` label shortens to ``n=``
+    and digits go further (3, 2, 1); only then does the label go (a bare ``0.1572`` for a
+    [64,64] tensor reads like its value), then a second stat; an ellipsis only when nothing
+    else fits."""
     if width <= 0:
         return ""
     if len(text) <= width:
@@ -363,6 +365,11 @@ def fit_numbers(text: str, width: int) -> str:
     candidates = []
     t = _COUNT.sub(lambda m: f"{m.group(1)}:{count_text(int(m.group(2)))}", text)
     candidates.append(t)
+    candidates.append(_digits(t, 3))
+    short = t.replace("norm=", "n=")
+    candidates.append(short)
+    for sig in (3, 2, 1):
+        candidates.append(_digits(short, sig))
     t = t.replace("norm=", "")
     candidates.append(t)
     for sig in (3, 2, 1):
