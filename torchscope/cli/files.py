@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torchscope.cli.common import fail
 
@@ -40,7 +40,12 @@ def cmd_dump(args: argparse.Namespace) -> int:
                 events = iter(fold_alerts(events))
         out = sys.stdout
         try:
-            lines = aten_log(events) if args.aten else _render(events, args.format)
+            if args.aten:
+                lines = aten_log(events)
+            elif args.kind and set(args.kind) == {"history"} and args.format == "text":
+                lines = _history_table(events)  # one line per step, as `history PID`
+            else:
+                lines = _render(events, args.format)
             for line in lines:
                 out.write(line + "\n")
             out.flush()
@@ -76,6 +81,31 @@ def _render(events: Iterable[Event], fmt: str) -> Iterator[str]:
     yield TEXT_HEADER
     for ev in events:
         yield history_event_text(ev) if ev.get("kind") == HISTORY else text_line(ev)
+
+
+def _history_table(events: Iterable[Event]) -> Iterator[str]:
+    """The recording's ``history`` events (batches of steps, written as they were taken) as
+    one table, one line per step: what ``torchscope history PID`` prints for a live job."""
+    from torchscope.cli.history import render_history
+
+    points: dict[Any, dict] = {}
+    buckets: dict[tuple, dict] = {}
+    for ev in events:
+        for p in ev.get("points") or ():
+            if isinstance(p, dict):
+                points[p.get("step")] = p  # a later batch restates a step: it wins
+        for b in ev.get("buckets") or ():
+            if isinstance(b, dict):
+                buckets[(b.get("first"), b.get("last"))] = b
+
+    def order(x: Any) -> tuple:
+        return (0, x) if isinstance(x, int) else (1, 0)
+
+    merged = {
+        "points": [points[s] for s in sorted(points, key=order)],
+        "buckets": [buckets[k] for k in sorted(buckets, key=lambda k: order(k[0]))],
+    }
+    yield from render_history(merged, "table")
 
 
 # -- diff ------------------------------------------------------------------------------------
