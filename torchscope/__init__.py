@@ -101,6 +101,8 @@ def serve(
     watch: str | None = None,
     on_nan: str = "continue",
     history: bool = True,
+    log: Any = None,
+    edit: Any = None,
 ) -> Agent:
     """Make this job attachable: ``torchscope tui PID`` or ``torchscope record PID`` can arm it.
 
@@ -132,6 +134,12 @@ def serve(
     PID`` prints it, ``arm`` conditions (``when="loss>X"``) test it, and a ``record`` file
     carries it as ``history`` events (``torchscope dump FILE --kind history``).
     ``history=False`` keeps none of it: no loss is read at all.
+
+    ``log=(SPEC, EXPR)`` (or a list of pairs) prints EXPR at every hit of the breakpoint
+    SPEC without pausing (a logpoint: one stderr line and a ``log`` event per hit);
+    ``edit=(SPEC, EXPR)`` replaces a tensor at every hit (an op's output, a node's
+    ``grad_inputs[0]``; ``"grad_inputs[1] = EXPR"`` names another). EXPR is Python run in the
+    job, as in pdb: ``edit=("node:^DivBackward0$", "grad_inputs[0] * 2")``.
     """
     import atexit
 
@@ -155,6 +163,8 @@ def serve(
         watch=watch,
         on_nan=on_nan,
         history=history,
+        log=log,
+        edit=edit,
     )
     job_end.install()  # a stop ends the job as `torchscope run` ends it
     running = current_agent()

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from torchscope.cli.common import UsageError
 
 RUN_USAGE = r"""usage: torchscope run [--record FILE] [--steps SPEC] [--values N] [--no-live]
-                      [--break-on COND] [--wait] [--hold] [--lease SECONDS] [--optimizer-ops]
+                      [--break-on COND] [--log COND EXPR] [--edit COND EXPR]
+                      [--wait] [--hold] [--lease SECONDS] [--optimizer-ops]
                       [--aten[=MODULE_REGEX]] [--eager-check]
                       [--watch nan|gradnorm:X] [--on-nan continue|pause|stop]
                       [--quiet] (SCRIPT | -m MODULE) [ARGS ...]
@@ -39,11 +40,21 @@ torchscope.step() call; in a job with neither, one per backward()).
   --values N      keep the values of tensors with at most N elements (default 16)
   --no-live       no control endpoint: no UI can attach (`torchscope tui` finds live jobs)
   --break-on COND pause where COND holds (repeatable); conditions joined by ',' all
-                  must hold: nan, inf (where it first appears), anynan, op:REGEX,
+                  must hold: nan, inf (where it first appears), anynan, op:REGEX
+                  (an op or node name), node:REGEX (a backward node's name),
                   aten:REGEX (with --aten), module:REGEX, line:FILE:LINE, gradnorm:X,
                   step:N, from:N
                   e.g. --break-on nan --break-on 'op:^Tensor.div$'
                        --break-on 'module:^blocks\.3\.,nan'
+  --log COND EXPR at every hit of COND, print EXPR on stderr without pausing (a
+                  logpoint; a log event in the recording); repeatable. EXPR is Python
+                  run in the job, as in pdb, over the event's tensors: out, x, args,
+                  kwargs (an op); grad_inputs, grad_outputs (a node); module, torch, F
+                  e.g. --log 'node:^MulBackward0$' 'grad_inputs[0]'
+  --edit COND EXPR at every hit of COND, replace a tensor with EXPR (same shape, dtype,
+                  device): an op's output, or a node's grad_inputs[0]
+                  ('grad_inputs[1] = EXPR' names another); repeatable; an edit event each
+                  e.g. --edit 'op:^torch\.sqrt$' 'torch.nan_to_num(out)'
   --wait          wait before the first op until a UI connects, then run (like
                   debugpy's --wait-for-client); it says so on stderr
   --hold          a pause with no UI attached waits for one, instead of resuming
@@ -100,6 +111,8 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
             "--steps",
             "--values",
             "--break-on",
+            "--log",
+            "--edit",
             "--lease",
             "--watch",
             "--on-nan",
@@ -114,6 +127,8 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
                 opts.steps = value
             elif name == "--break-on":
                 opts.breakpoints.append(_break_spec(value))
+            elif name in ("--log", "--edit"):
+                opts.breakpoints.append(_action_spec(name, value, next(it, None)))
             elif name == "--watch":
                 opts.watch = _watch_spec(value)
             elif name == "--on-nan":
@@ -200,6 +215,17 @@ def _break_spec(text: str) -> dict:
         return parse_break_spec(text)
     except BreakpointError as exc:
         raise UsageError(f"--break-on: {exc}") from None
+
+
+def _action_spec(name: str, text: str, expr: str | None) -> dict:
+    from torchscope.protocol.breakpoints import BreakpointError, action_spec
+
+    if expr is None or not expr.strip():
+        raise UsageError(f"{name} takes a condition and an expression: {name} COND EXPR")
+    try:
+        return action_spec(name.removeprefix("--"), text, expr)
+    except BreakpointError as exc:
+        raise UsageError(f"{name}: {exc}") from None
 
 
 def _watch_spec(text: str) -> str:

@@ -51,6 +51,7 @@ class Breakpoint:
 
     id: int
     op: str | None = None  # regex over the op or node name
+    node: str | None = None  # regex over a backward node's name (backward nodes only)
     aten: str | None = None  # regex over an aten call's name (the aten level: only its calls)
     module: str | None = None  # regex over the module path
     source: str | None = None  # "file:line" (file may be a path suffix)
@@ -58,13 +59,22 @@ class Breakpoint:
     grad_norm: float | None = None  # a node's gradient norm above this
     step: int | None = None  # only on this step
     from_step: int | None = None  # from this step on
+    # An action instead of a pause (see ``first_hit`` / ``action_hits``): at every hit, after
+    # the op or node has run, ``log`` prints an expression, ``edit`` replaces a tensor.
+    log: str | None = None
+    edit: str | None = None
     enabled: bool = True
     hits: int = 0
     _op: SafePattern | None = field(default=None, repr=False)
     _aten: SafePattern | None = field(default=None, repr=False)
     _module: SafePattern | None = field(default=None, repr=False)
+    _node: SafePattern | None = field(default=None, repr=False)
 
-    KEYS = ("op", "aten", "module", "source", "nan", "grad_norm", "step", "from_step", "enabled")
+    CONDITIONS = (
+        "op", "node", "aten", "module", "source", "nan", "grad_norm", "step", "from_step"
+    )  # fmt: skip
+    ACTIONS = ("log", "edit")
+    KEYS = (*CONDITIONS, *ACTIONS, "enabled")
 
     @classmethod
     def from_spec(cls, bp_id: int, spec: dict[str, Any]) -> Breakpoint:
@@ -72,9 +82,20 @@ class Breakpoint:
         if unknown:
             raise BreakpointError(f"unknown breakpoint condition(s): {', '.join(sorted(unknown))}")
         bp = cls(bp_id, **{k: spec[k] for k in cls.KEYS if spec.get(k) is not None})
-        if not any(getattr(bp, k) is not None for k in cls.KEYS[:-1]):
+        if not any(getattr(bp, k) is not None for k in cls.CONDITIONS):
             raise BreakpointError("a breakpoint needs at least one condition")
-        for name in ("op", "aten", "module"):
+        if bp.log is not None and bp.edit is not None:
+            raise BreakpointError("a breakpoint either logs or edits, not both")
+        for name in cls.ACTIONS:
+            text = getattr(bp, name)
+            if text is not None:
+                from torchscope.protocol.expressions import ExpressionError, check_expression
+
+                try:
+                    check_expression(text, edit=name == "edit")
+                except ExpressionError as exc:
+                    raise BreakpointError(f"{name}: {exc}") from None
+        for name in ("op", "node", "aten", "module"):
             pattern = getattr(bp, name)
             if pattern is not None:
                 if not isinstance(pattern, str):
@@ -105,6 +126,11 @@ class Breakpoint:
         return out
 
     @property
+    def action(self) -> str | None:
+        """Its action, "log" or "edit", for a breakpoint that acts instead of pausing; else None."""
+        return "log" if self.log is not None else "edit" if self.edit is not None else None
+
+    @property
     def needs_stats(self) -> bool:
         """Conditions on values can only be judged once the outputs exist (the after point)."""
         return self.nan is not None or self.grad_norm is not None
@@ -126,6 +152,10 @@ class Breakpoint:
         if self._op is not None:
             name = event.get("name") or event.get("node") or ""
             if not self._op.search(name if isinstance(name, str) else str(name)):
+                return False
+        if self._node is not None:
+            node = event.get("node") if event.get("kind") == "grad" else None
+            if not isinstance(node, str) or not self._node.search(node):
                 return False
         if self._module is not None:
             module = event.get("module") or ""
@@ -168,6 +198,7 @@ _BREAK_KEYS = (
     "inf",
     "anynan",
     "op:",
+    "node:",
     "aten:",
     "module:",
     "line:",
@@ -179,21 +210,29 @@ _BREAK_KEYS = (
 _BREAK_SPLIT = re.compile(r",(?=(?:" + "|".join(re.escape(k) for k in _BREAK_KEYS) + "))")
 
 
+_ACTION_SPLIT = re.compile(r"(?:^|,)(log|edit):")
+
+
 def parse_break_spec(text: str) -> dict[str, Any]:
     """``--break-on`` text to a breakpoint spec; conditions joined by "," all must hold.
 
-    ``nan`` / ``inf`` (where it first appears), ``anynan``, ``op:REGEX``, ``aten:REGEX`` (an
+    ``nan`` / ``inf`` (where it first appears), ``anynan``, ``op:REGEX`` (an op's or a
+    backward node's name), ``node:REGEX`` (a backward node's name only), ``aten:REGEX`` (an
     aten call's name, with the aten level on), ``module:REGEX``,
     ``line:FILE:LINE``, ``gradnorm:X``, ``step:N``, ``from:N``. A regex may contain commas;
-    only a comma followed by a condition name splits.
+    only a comma followed by a condition name splits. Last, ``,log:EXPR`` or ``,edit:EXPR``
+    makes it a breakpoint with an action (everything after it is the expression).
     """
     spec: dict[str, Any] = {}
-    for part in _BREAK_SPLIT.split(text.strip()):
+    conditions, *action = _ACTION_SPLIT.split(text.strip(), maxsplit=1)
+    if action:
+        spec[action[0]] = action[1].strip()
+    for part in _BREAK_SPLIT.split(conditions) if conditions or not action else ():
         key, sep, value = part.partition(":")
         try:
             if part in NAN_CONDITIONS:
                 spec["nan"] = part
-            elif sep and key in ("op", "aten", "module"):
+            elif sep and key in ("op", "node", "aten", "module"):
                 spec[key] = value
             elif sep and key in ("line", "source"):
                 spec["source"] = value
@@ -206,11 +245,42 @@ def parse_break_spec(text: str) -> dict[str, Any]:
         except ValueError:
             raise BreakpointError(
                 f"bad breakpoint condition {part!r}: use nan, inf, anynan, op:REGEX, "
-                "aten:REGEX, module:REGEX, line:FILE:LINE, gradnorm:X, step:N or from:N, "
-                "joined by ','"
+                "node:REGEX, aten:REGEX, module:REGEX, line:FILE:LINE, gradnorm:X, step:N or "
+                "from:N, joined by ','"
             ) from None
     Breakpoint.from_spec(0, spec)  # validate now, with the same rules the UI's get
     return spec
+
+
+def action_spec(action: str, text: str, expr: str) -> dict[str, Any]:
+    """``--log SPEC EXPR`` / ``--edit SPEC EXPR``: the breakpoint spec of SPEC with the
+    action; refused in one line as ``--break-on`` is."""
+    if action not in Breakpoint.ACTIONS:
+        raise BreakpointError(f"no action {action!r}: log or edit")
+    spec = parse_break_spec(text)
+    if any(spec.get(a) is not None for a in Breakpoint.ACTIONS):
+        raise BreakpointError(f"{text!r}: the expression goes in its own argument")
+    spec[action] = expr
+    Breakpoint.from_spec(0, spec)
+    return spec
+
+
+def action_specs(action: str, given: Any) -> list[dict[str, Any]]:
+    """``serve(log=...)``: a (SPEC, EXPR) pair, a list of them, or a {SPEC: EXPR} dict."""
+    if not given:
+        return []
+    if isinstance(given, dict):
+        pairs = list(given.items())
+    elif isinstance(given, tuple) and len(given) == 2 and all(isinstance(g, str) for g in given):
+        pairs = [given]
+    else:
+        pairs = list(given)
+    out = []
+    for pair in pairs:
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise BreakpointError(f"{action}= takes (SPEC, EXPR) pairs, not {pair!r}")
+        out.append(action_spec(action, str(pair[0]), str(pair[1])))
+    return out
 
 
 BEFORE = "before"  # an op about to run, or a node before it runs (its grad_outputs known)
@@ -226,10 +296,11 @@ def first_hit(
     """The reason the first matching breakpoint gives to pause here, counting its hit.
 
     Name and line conditions stop before the op or node runs; value conditions (NaN, norm)
-    once it has, with ``origin(event)`` the alert verdict for the event.
+    once it has, with ``origin(event)`` the alert verdict for the event. Breakpoints with
+    an action never stop (see :func:`action_hits`).
     """
     for bp in breakpoints:
-        if not bp.enabled or not bp.static_match(event):
+        if not bp.enabled or bp.action is not None or not bp.static_match(event):
             continue
         if bp.needs_stats:
             if phase == AFTER and bp.value_match(event, origin(event)):
@@ -239,6 +310,24 @@ def first_hit(
             bp.hits += 1
             return f"breakpoint {bp.id}"
     return None
+
+
+def action_hits(
+    breakpoints: Iterable[Breakpoint],
+    event: dict[str, Any],
+    origin: Callable[[dict[str, Any]], str | None],
+) -> list[Breakpoint]:
+    """The breakpoints with an action (log, edit) that hold at this event, counting their
+    hits. Asked once the op or node has run (its outputs, its grad_inputs exist)."""
+    hits = []
+    for bp in breakpoints:
+        if not bp.enabled or bp.action is None or not bp.static_match(event):
+            continue
+        if bp.needs_stats and not bp.value_match(event, origin(event)):
+            continue
+        bp.hits += 1
+        hits.append(bp)
+    return hits
 
 
 # -- a regex matcher that cannot stall ------------------------------------------------------------

@@ -23,7 +23,14 @@ ATEN = "aten"  # one aten call under an op or a backward node (the aten level, w
 # The run's loss and gradient norms, traced or not: new ``points`` (and folded ``buckets``) of
 # a torchscope.protocol.history.RunHistory.
 HISTORY = "history"
-KINDS = (SESSION, STEP, OP, GRAD, GRAPH, ALERT, ERROR, PAUSE, RESUME, TRACING, ATEN, HISTORY)
+# A tensor of an op or node changed by hand (``e`` at a pause, ``--edit``): ``at`` the edited
+# event's seq, ``target``, ``expr``, the summaries ``before`` and ``after``.
+EDIT = "edit"
+# A logpoint's hit (``--log``): ``at``, ``expr``, its answer (``text``, ``summary``).
+LOG = "log"
+KINDS = (
+    SESSION, STEP, OP, GRAD, GRAPH, ALERT, ERROR, PAUSE, RESUME, TRACING, ATEN, HISTORY, EDIT, LOG
+)  # fmt: skip
 
 # What an attached job is doing (session events, hello, heartbeats, ``ls``).
 DORMANT = "dormant"  # counting steps only: no mode, no hooks
@@ -197,6 +204,28 @@ _kind(PAUSE)
 _kind(RESUME)
 _kind(TRACING, state=_STR_OR_NONE, holders=_LIST_OR_NONE, released=_LIST_OR_NONE)
 _kind(HISTORY, points=_MAPS, buckets=_MAPS)
+_kind(
+    EDIT,
+    at=_INT_OR_NONE,
+    name=_STR_OR_NONE,
+    node_id=_INT_OR_NONE,
+    phase=_STR_OR_NONE,
+    target=_STR_OR_NONE,
+    expr=_STR_OR_NONE,
+    before=_SUMMARIES,
+    after=_SUMMARIES,
+    by=_STR_OR_NONE,
+    bp=_INT_OR_NONE,
+)
+_kind(
+    LOG,
+    at=_INT_OR_NONE,
+    name=_STR_OR_NONE,
+    node_id=_INT_OR_NONE,
+    expr=_STR_OR_NONE,
+    text=_STR_OR_NONE,
+    bp=_INT_OR_NONE,
+)
 
 # A tensor summary: shape (integers or null), dtype, device, stats {min, max, mean, std, norm,
 # nan, inf} (numbers or null), values (numbers), and a few flags.

@@ -349,6 +349,7 @@ register_command(
     fields(
         {
             "op": Str(1000, default=None, nullable=True),
+            "node": Str(1000, default=None, nullable=True),
             "aten": Str(1000, default=None, nullable=True),
             "module": Str(1000, default=None, nullable=True),
             "source": Str(4096, default=None, nullable=True),
@@ -356,10 +357,43 @@ register_command(
             "grad_norm": Float(default=None, nullable=True),
             "step": Int(0, 2**62, default=None, nullable=True),
             "from_step": Int(0, 2**62, default=None, nullable=True),
+            # A breakpoint with an action: at each hit it logs or edits instead of pausing.
+            "log": Str(1000, default=None, nullable=True),
+            "edit": Str(1000, default=None, nullable=True),
             "enabled": Bool(default=True),
         }
     ),
     _STATE,
+)
+# An expression run by the job at its pause (torchscope.tracer.armed.evaluate), only for a
+# client that holds the job: ``expr`` over the paused event's tensors, ``x`` being
+# ``group[index]``; or ``poll`` the answer of one still running (a reply said "pending").
+register_command(
+    "evaluate",
+    fields(
+        {
+            "expr": Str(1000, default=None, nullable=True),
+            "group": Str(32, re.compile(r"[a-z_]+"), default=None, nullable=True),
+            "index": Int(0, 100_000, default=None, nullable=True),
+            "count": Int(0, 1000, default=16),
+            "poll": Int(1, 2**62, default=None, nullable=True),
+        }
+    ),
+    fields(extra=True),
+)
+# An edit of a tensor of the paused event (applied when the job goes on): ``expr`` replaces
+# ``group[index]`` (or the target ``TARGET = EXPR`` names).
+register_command(
+    "edit",
+    fields(
+        {
+            "expr": Str(1000),
+            "group": Str(32, re.compile(r"[a-z_]+"), default=None, nullable=True),
+            "index": Int(0, 100_000, default=None, nullable=True),
+            "poll": Int(1, 2**62, default=None, nullable=True),
+        }
+    ),
+    fields(extra=True),
 )
 register_command("break_enable", fields({"bp": Int(1, 2**31), "enabled": Bool()}), _STATE)
 register_command("break_delete", fields({"bp": Int(1, 2**31)}), _STATE)

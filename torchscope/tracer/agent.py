@@ -68,7 +68,7 @@ _agent: Agent | None = None
 WATCH_TRACE_STEPS = 10
 STEPPING_COMMANDS = frozenset(
     "pause step next continue detach state break_list break_add break_enable break_delete "
-    "inspect".split()
+    "inspect evaluate edit".split()
 )
 
 
@@ -179,6 +179,7 @@ class Agent:
             )
             if job_id() is not None:
                 stepper.pg_timeout = pg_timeout_seconds
+            stepper.may_evaluate = self._may_evaluate
         if held is not None:
             self.holders.add(COMMAND_LINE, steps=held)
         if opts.record is not None:
@@ -712,6 +713,17 @@ class Agent:
         is_ui = holder.is_ui if holder is not None else cmd in STEPPING_COMMANDS
         if is_ui and self.stepper is not None:
             self.stepper.contact(client)
+
+    def _may_evaluate(self, client: Any) -> str | None:
+        """Expressions (``evaluate``, ``edit``, a breakpoint with an action) run in the job
+        only for a client that holds it (a UI attached to it, ``record PID``); the command
+        line's own (client None) always."""
+        if client is None or self.holders.contact(client) is not None:
+            return None
+        return (
+            "refused: expressions run only for a client that holds this job "
+            "(a UI attached to it, record PID)"
+        )
 
     def _expire_leases(self) -> None:
         self.holders.expire(self.options.lease)

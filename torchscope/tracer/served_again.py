@@ -42,12 +42,14 @@ FIELD = {keyword: name for name, keyword in KEYWORD.items()}
 def serve_options(**keywords: Any) -> ServeOptions:
     """``serve()``'s keywords (those not given: its defaults) checked, each bad one refused
     in one line, as the agent takes them."""
-    from torchscope.protocol.breakpoints import parse_break_spec
+    from torchscope.protocol.breakpoints import action_specs, parse_break_spec
     from torchscope.tracer.armed.aten import aten_scope
     from torchscope.tracer.kernel import kernel_script
     from torchscope.tracer.steps import WATCH_POLICIES, parse_steps, parse_watch
 
     opts = ServeOptions(by_serve=True)
+    # Logpoints and edits (log=, edit=) are breakpoints with an action.
+    actions = [s for a in ("log", "edit") for s in action_specs(a, keywords.pop(a, None))]
     for name, value in keywords.items():
         setattr(opts, FIELD.get(name, name), value)
     parse_steps(opts.steps)  # a bad spec fails here, with its one line
@@ -58,7 +60,7 @@ def serve_options(**keywords: Any) -> ServeOptions:
         raise ValueError(f"on_nan must be one of {', '.join(WATCH_POLICIES)}, not {opts.on_nan!r}")
     specs = opts.breakpoints
     specs = [specs] if isinstance(specs, str) else list(specs)
-    opts.breakpoints = [parse_break_spec(b) for b in specs]
+    opts.breakpoints = [parse_break_spec(b) for b in specs] + actions
     opts.record = os.fspath(opts.record) if opts.record is not None else None
     opts.history = bool(opts.history)
     notebook = kernel_script()

@@ -22,9 +22,11 @@ from torchscope.protocol.breakpoints import (
     AFTER,
     Breakpoint,
     BreakpointError,
+    action_hits,
     first_hit,
 )
 from torchscope.protocol.events import ATEN
+from torchscope.protocol.expressions import ExpressionError
 from torchscope.tracer.ranks import say
 
 # What the training thread does next when it is not paused.
@@ -56,6 +58,9 @@ class PausePoint:
     reason: str
     since: float = field(default_factory=time.time)
     owner: Any = None  # the UI whose request or breakpoint stopped here; None: command line
+    # Runs expressions and edits on the training thread (tracer/armed/evaluate.py); None
+    # where this pause cannot (an aten call's).
+    evaluator: Any = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -133,11 +138,22 @@ class Stepper:
         # it ran for (the next one to finish) is not stopped at again for the same value.
         self._origin_stopped_inside = False
         self.auto_resumed = 0
+        # Expressions and edits a UI asked for at the pause, run by the paused thread
+        # (run_at_pause); the latest few kept by id for a client polling a slow one.
+        self._tasks: list[Task] = []
+        self._done: dict[int, Task] = {}
+        self._task_ids = 1
+        # Who may run expressions in the job (a client id -> None, or why not): the agent
+        # says "a client that holds the job"; a trace(live=True) block, a UI that talks to it.
+        self.may_evaluate: Callable[[Any], str | None] = self._talks
+        # Breakpoints with an action (log, edit), asked after each op and node while any is on.
+        self.actions: list[Breakpoint] = []
         # Read on every op by the training thread: a plain attribute, kept current under _cv.
         self.active = self._mode != RUN
 
     def _refresh(self) -> None:
         self.active = self._mode != RUN or any(bp.enabled for bp in self.breakpoints.values())
+        self.actions = [bp for bp in self.breakpoints.values() if bp.enabled and bp.action]
 
     # -- what the training thread asks ---------------------------------------------------
     def needs_stats(self, event: dict[str, Any]) -> bool:
@@ -174,6 +190,12 @@ class Stepper:
             self._origin_stopped_inside = False
             origin = _no_origin
         return first_hit(bps, phase, event, origin)
+
+    def action_hits(
+        self, event: dict[str, Any], origin: Callable[[dict], str | None] = lambda e: None
+    ) -> list[Breakpoint]:
+        """The breakpoints with an action that hold at this event (after it ran)."""
+        return action_hits(list(self.actions), event, origin)
 
     def origin_stopped_inside(self) -> None:
         """The pause just ended was at the aten call where a NaN/Inf first appears."""
@@ -223,17 +245,79 @@ class Stepper:
                 self._note(f"paused at {point.where()} {_cause(point.reason)} (a UI holds it)")
             start = time.monotonic()
             while self._resume_reason is None:
+                if self._tasks:
+                    self._run_tasks()
+                    continue
                 left = self.lease_seconds - (time.monotonic() - self._lease_since(point, start))
                 if left <= 0:
                     self._lease_ended(point)
                     break
                 self._cv.wait(min(left, 0.5))
             reason, self._resume_reason = self._resume_reason, None
+            self._refuse_tasks("the job went on before it ran")
             if told and reason in _RESUMED_BY:
                 self._note(f"resumed: {_RESUMED_BY[reason]}")
             self.paused = None
             self._refresh()
             return reason
+
+    # -- expressions at the pause (the training thread runs them) ----------------------------
+    def _run_tasks(self) -> None:
+        """Run what UIs asked at this pause, without the lock (a UI's ping must get through
+        while an expression runs). A task's owner counts as talking until it is done: a slow
+        expression does not end the lease of the pause it runs at."""
+        tasks, self._tasks = self._tasks, []
+        self._cv.release()
+        try:
+            for task in tasks:
+                task.run()
+        finally:
+            self._cv.acquire()
+        now = time.monotonic()
+        for task in tasks:
+            self._last_contact = max(self._last_contact, now)
+            if task.owner is not None:
+                self._contacts[task.owner] = now
+        self._cv.notify_all()
+
+    def _refuse_tasks(self, why: str) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.refuse(why)
+
+    def _talks(self, client: Any) -> str | None:
+        if client is None or client in self._contacts:
+            return None
+        return "expressions run only for a UI attached to this job"
+
+    def run_at_pause(
+        self, what: Callable[[PausePoint], dict[str, Any]], owner: Any, wait: float
+    ) -> Task:
+        """Have the paused training thread run ``what(point)``; wait up to ``wait`` seconds
+        for it (the task says whether it is done). Raises BreakpointError (one line) when
+        the job is not paused, or the pause cannot run expressions."""
+        with self._cv:
+            point = self.paused
+            if point is None:
+                raise BreakpointError("the job is not paused: expressions run at a pause")
+            if point.evaluator is None:
+                raise BreakpointError("expressions cannot run at this pause (an aten call)")
+            task = Task(self._task_ids, what, point, owner)
+            self._task_ids += 1
+            self._tasks.append(task)
+            self._done[task.id] = task
+            while len(self._done) > 16:
+                self._done.pop(next(iter(self._done)))
+            self._cv.notify_all()
+        task.finished.wait(wait)
+        return task
+
+    def task(self, task_id: int) -> Task:
+        with self._cv:
+            task = self._done.get(task_id)
+        if task is None:
+            raise BreakpointError(f"no expression {task_id} (answers are kept for a while only)")
+        return task
 
     def owner_of(self, reason: str) -> Any:
         """Who owns the breakpoint a pause ``reason`` names (None for others)."""
@@ -415,6 +499,57 @@ class Stepper:
         return _slice_values(t, group, index, start, max(0, min(count, MAX_INSPECT)))
 
 
+class Task:
+    """An expression or edit a UI asked for at a pause, run by the paused training thread."""
+
+    def __init__(
+        self,
+        task_id: int,
+        what: Callable[[PausePoint], dict[str, Any]],
+        point: PausePoint,
+        owner: Any,
+    ) -> None:
+        self.id = task_id
+        self._what = what
+        self.point = point
+        self.owner = owner
+        self.since = time.monotonic()
+        self.finished = threading.Event()
+        self.result: dict[str, Any] | None = None
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self._what(self.point)
+        except (BreakpointError, ExpressionError) as exc:  # refused in one line (a wrong shape)
+            self.error = str(exc)
+        except Exception as exc:  # never into the job: one line
+            self.error = f"internal error: {type(exc).__name__}: {exc}"
+        self.finished.set()
+
+    def refuse(self, why: str) -> None:
+        self.error = why
+        self.finished.set()
+
+    def answer(self) -> dict[str, Any]:
+        """The reply: the result, or ``pending`` while the job still runs it. Raises
+        BreakpointError with a refusal's one line."""
+        if not self.finished.is_set():
+            took = time.monotonic() - self.since
+            return {
+                "pending": self.id,
+                "text": f"still running after {took:.0f} s (the job is busy with it; "
+                "the pause holds)",
+            }
+        if self.error is not None:
+            raise BreakpointError(self.error)
+        return self.result or {}
+
+
+# How long a control reply waits for an expression before it answers "pending" (the control
+# thread serves every UI: it must not sit on one expression).
+EVALUATE_WAIT_S = 1.0
+
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
 
 
@@ -433,7 +568,31 @@ def stepping_commands(stepper: Stepper, current_step: Callable[[], int]) -> dict
         return handle
 
     def add(args: dict[str, Any], client: Any) -> None:
+        if args.get("log") is not None or args.get("edit") is not None:
+            refused = stepper.may_evaluate(client)
+            if refused is not None:
+                raise BreakpointError(refused)
         stepper.add_breakpoint({k: v for k, v in args.items() if v is not None}, owner=client)
+
+    def at_pause(name: str) -> Handler:
+        """``evaluate`` / ``edit``: run on the paused thread by its evaluator, for a client
+        that may (see ``Stepper.may_evaluate``); ``poll`` asks again for a slow one."""
+
+        def handle(args: dict[str, Any], client: Any) -> dict[str, Any]:
+            refused = stepper.may_evaluate(client)
+            if refused is not None:
+                raise BreakpointError(refused)
+            if args.get("poll") is not None:
+                return stepper.task(args["poll"]).answer()
+            if not args.get("expr"):
+                raise BreakpointError(f"{name}: an expression, please")
+
+            def what(point: PausePoint) -> dict[str, Any]:
+                return getattr(point.evaluator, name)(args, by_ui=True)
+
+            return stepper.run_at_pause(what, client, EVALUATE_WAIT_S).answer()
+
+        return handle
 
     return {
         "pause": answer(lambda a, c: stepper.request_pause(c)),
@@ -447,6 +606,8 @@ def stepping_commands(stepper: Stepper, current_step: Callable[[], int]) -> dict
         "break_enable": answer(lambda a, c: stepper.set_enabled(a["bp"], a["enabled"])),
         "break_delete": answer(lambda a, c: stepper.delete_breakpoint(a["bp"])),
         "inspect": lambda a, c: stepper.inspect(a["group"], a["index"], a["start"], a["count"]),
+        "evaluate": at_pause("evaluate"),
+        "edit": at_pause("edit"),
     }
 
 

@@ -310,8 +310,9 @@ class BackwardRecorder(Recorder):
                     )
                 )
 
-    def on_grad(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> None:
-        """Post-hook of one node: runs on the thread that executes the node."""
+    def on_grad(self, info: NodeInfo, grad_inputs: tuple, grad_outputs: tuple) -> tuple | None:
+        """Post-hook of one node: runs on the thread that executes the node. Returns the
+        node's grad_inputs when an edit replaced one (at a pause, or ``--edit``)."""
         info["executed"] = True
         if self.done_nodes is not None:
             self.done_nodes.add(info["id"])
@@ -343,6 +344,8 @@ class BackwardRecorder(Recorder):
         if stepper is not None and stepper.active:
             tensors = {"grad_outputs": list(grad_outputs), "grad_inputs": list(grad_inputs)}
             self.pauser.pause_point(AFTER, event, tensors)  # type: ignore[union-attr]
+            return _edited(tensors["grad_inputs"], grad_inputs)
+        return None
 
     def on_accumulate(
         self, info: NodeInfo, param: weakref.ref, grad_inputs: tuple, grad_outputs: tuple
@@ -378,10 +381,11 @@ class BackwardRecorder(Recorder):
         except Exception as exc:
             self.report_error("backward hook", exc)
 
-    def on_grad_pre(self, info: NodeInfo, grad_outputs: tuple) -> None:
-        """Pre-hook of one node (installed only while stepping): before the node runs."""
+    def on_grad_pre(self, info: NodeInfo, grad_outputs: tuple) -> tuple | None:
+        """Pre-hook of one node (installed only while stepping): before the node runs.
+        Returns its grad_outputs when an edit at the pause replaced one."""
         if not self.stepping():
-            return
+            return None
         try:
             with self.recording:
                 summary_of = self.summaries.summary_of
@@ -389,8 +393,10 @@ class BackwardRecorder(Recorder):
             stub = self._grad_event(info, go, None)
         except Exception as exc:
             self.report_error("backward pre-hook", exc)
-            return
-        self.pauser.pause_point(BEFORE, stub, {"grad_outputs": list(grad_outputs)})  # type: ignore[union-attr]
+            return None
+        tensors = {"grad_outputs": list(grad_outputs)}
+        self.pauser.pause_point(BEFORE, stub, tensors)  # type: ignore[union-attr]
+        return _edited(tensors["grad_outputs"], grad_outputs)
 
     def _grad_event(self, info: NodeInfo, go: list, gi: list | None) -> Event:
         """A node's grad event; a stub (no seq, no grad_inputs) before the node has run."""
@@ -412,6 +418,13 @@ class BackwardRecorder(Recorder):
         if self.scaled:
             event["scaled"] = True
         return event
+
+
+def _edited(now: list, given: tuple) -> tuple | None:
+    """The gradients to hand back to autograd when an edit replaced one of ``given``."""
+    if any(a is not b for a, b in zip(now, given, strict=False)):
+        return tuple(now)
+    return None
 
 
 def _ddp_world(ddp: Any) -> int | None:

@@ -310,7 +310,9 @@ class ForwardRecorder(Recorder):
             todo += [n for n, _ in node.next_functions if n is not None]
 
     # -- pauses (only while a stepper is active) ---------------------------------------------
-    def pause_before_op(self, pending: PendingOp) -> PendingOp:
+    def pause_before_op(
+        self, pending: PendingOp, args: tuple = (), kwargs: dict | None = None
+    ) -> PendingOp:
         """Maybe pause before the op runs; returns ``pending`` with its clock restarted
         after a pause (an op's duration never counts the time it sat paused)."""
         try:
@@ -318,13 +320,23 @@ class ForwardRecorder(Recorder):
         except Exception as exc:
             self.report_error("pausing before an op", exc)
             return pending
-        if self.pauser.pause_point(BEFORE, stub, {"inputs": list(pending.tensors)}):  # type: ignore[union-attr]
+        tensors = {"inputs": list(pending.tensors)}
+        call = {"args": args, "kwargs": kwargs or {}}  # for expressions at the pause
+        if self.pauser.pause_point(BEFORE, stub, tensors, call=call):  # type: ignore[union-attr]
             return pending._replace(t0=time.perf_counter_ns())
         return pending
 
-    def pause_after_op(self, pending: PendingOp, event: Event, outs: list[torch.Tensor]) -> None:
+    def pause_after_op(
+        self,
+        pending: PendingOp,
+        event: Event,
+        outs: list[torch.Tensor],
+        call: dict | None = None,
+    ) -> None:
+        """Maybe pause after the op ran (or act: log, edit its output in place); ``call``:
+        its args, kwargs and result, for expressions."""
         tensors = {"inputs": list(pending.tensors), "outputs": outs}
-        self.pauser.pause_point(AFTER, event, tensors)  # type: ignore[union-attr]
+        self.pauser.pause_point(AFTER, event, tensors, call=call)  # type: ignore[union-attr]
 
 
 class ForwardMode(TorchFunctionMode):
@@ -376,7 +388,7 @@ class ForwardMode(TorchFunctionMode):
             pending = None
         stepper = self._stepper
         if pending is not None and stepper is not None and stepper.active:
-            pending = self._recorder.pause_before_op(pending)
+            pending = self._recorder.pause_before_op(pending, args, kwargs)
         result = func(*args, **kwargs)
         if pending is not None:
             try:
@@ -385,7 +397,8 @@ class ForwardMode(TorchFunctionMode):
                 self._report_error("forward op (after)", exc)
                 done = None
             if done is not None and stepper is not None and stepper.active:
-                self._recorder.pause_after_op(pending, *done)
+                call = {"args": args, "kwargs": kwargs, "result": result}
+                self._recorder.pause_after_op(pending, *done, call)
         return result
 
 

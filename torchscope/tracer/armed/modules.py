@@ -265,6 +265,14 @@ class ModuleTracker:
     def name_of(self, module: nn.Module) -> str:
         return self._names.get(module, "")
 
+    def module_named(self, path: str) -> nn.Module | None:
+        """The module named ``path`` (an event's ``module``), or None. At a pause only:
+        a walk over the named modules."""
+        for module, name in list(self._names.items()):
+            if name == path:
+                return module
+        return None
+
     def current(self) -> str:
         stack = getattr(self._local, "stack", None)
         return stack[-1] if stack else ""

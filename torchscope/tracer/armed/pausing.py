@@ -11,11 +11,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from torchscope.protocol.breakpoints import AFTER
-from torchscope.protocol.events import PAUSE, RESUME, Event
+from torchscope.protocol.breakpoints import AFTER, Breakpoint
+from torchscope.protocol.events import ATEN, PAUSE, RESUME, Event
+from torchscope.tracer.armed.evaluate import Evaluator, edit_event, log_line_event
 from torchscope.tracer.armed.pipeline import EventPipeline
 from torchscope.tracer.armed.recording import ArmedState, ErrorReport
 from torchscope.tracer.armed.source import thread_stack
+from torchscope.tracer.ranks import say
 from torchscope.tracer.stepper import WATCH_OWNER, PausePoint, Stepper
 
 
@@ -37,6 +39,8 @@ class Pauser:
         self._next_seq = next_seq
         self._report_error = report_error
         self._owner = owner  # the traced thread's ident, whose stack a pause shows
+        self._said: set[int] = set()  # breakpoints whose action said its line already
+        self.edits = 0  # tensors changed by hand in this armed period
 
     def _origin_of(self, event: dict) -> str | None:
         seq = event.get("seq")
@@ -48,10 +52,16 @@ class Pauser:
         event: Event,
         tensors: dict[str, list[Any]],
         origin: Callable[[dict], str | None] | None = None,
+        call: dict[str, Any] | None = None,
     ) -> bool:
         """Ask the stepper whether to stop here; if so, block this thread until told to go.
         Returns whether it paused. ``origin(event)``: whether NaN/Inf first appears here
-        ("nan"/"inf"); by default, the alert detector's verdict.
+        ("nan"/"inf"); by default, the alert detector's verdict. ``call``: an op's
+        ``args``, ``kwargs`` and ``result``, for expressions at the pause.
+
+        Breakpoints with an action (log, edit) act here, after the op or node ran, without
+        pausing. An edit at the pause or by an action replaces a gradient in ``tensors``
+        (the caller hands it back to autograd) or writes an op's output in place.
 
         Never raises into the job: a failure here is reported and the job runs on.
         """
@@ -62,6 +72,8 @@ class Pauser:
             # only while such a breakpoint could match here.
             if phase == AFTER and stepper.needs_stats(event):
                 pipeline.flush(wait=True)
+            if phase == AFTER and stepper.actions and event.get("kind") != ATEN:
+                self._act(event, tensors, call, origin or self._origin_of)
             reason = stepper.should_pause(phase, event, origin or self._origin_of)
             if reason is None:
                 return False
@@ -71,6 +83,8 @@ class Pauser:
                 reason += " at a loss scaler's overflow (the scaler skips this step's update)"
             pipeline.flush(wait=True)  # everything up to here reaches the UI and the file
             point = PausePoint(phase, event, tensors, thread_stack(self._owner), reason)
+            if event.get("kind") != ATEN:
+                point.evaluator = Evaluator(self, point, call)
             step = self._state.step_index
             self._emit(Event(kind=PAUSE, seq=self._next_seq(), step=step, **point.describe()))
             pipeline.flush(wait=True)
@@ -92,3 +106,67 @@ class Pauser:
         except Exception as exc:
             self._report_error("resuming", exc)
         return True
+
+    # -- actions and edits (tracer/armed/evaluate.py) ----------------------------------------
+    def _act(
+        self,
+        event: Event,
+        tensors: dict[str, list[Any]],
+        call: dict[str, Any] | None,
+        origin: Callable[[dict], str | None],
+    ) -> None:
+        for bp in self.stepper.action_hits(event, origin):
+            try:
+                point = PausePoint(AFTER, event, tensors, [], f"breakpoint {bp.id}")
+                Evaluator(self, point, call).act(bp)
+            except Exception as exc:
+                self._report_error(f"breakpoint {bp.id}'s {bp.action}", exc)
+
+    def module_named(self, path: Any) -> Any:
+        """The module object at ``path`` (an event's ``module``), or None."""
+        modules = getattr(self._state, "modules", None)
+        if not path or modules is None:
+            return None
+        return modules.module_named(path)
+
+    def edited(self, point: PausePoint, tensor: Any, summary: dict, in_place: bool) -> None:
+        """A tensor of ``point`` was changed by hand: the ops that read it next see the new
+        summary (an op's output keeps its version counter, so the memo must be told)."""
+        self.edits += 1
+        summaries = getattr(self._state, "summaries", None)
+        if in_place and summaries is not None:
+            summaries.memo.put(tensor, dict(summary))
+
+    def edit_event(
+        self,
+        point: PausePoint,
+        target: str,
+        expr: str,
+        before: dict,
+        after: dict,
+        by_ui: bool,
+        bp: Breakpoint | None,
+    ) -> Event:
+        """The ``edit`` event, emitted now (the UI marks the row while the job is paused)."""
+        ev = edit_event(
+            self._next_seq(), self._state.step_index, point, target, expr, before, after, by_ui, bp
+        )
+        self._emit(ev)
+        if by_ui:
+            self._pipeline.flush(wait=True)
+            say(f"edited by hand at {point.where()}: {target} <- {expr}")
+        return ev
+
+    def log_event(self, event: Event, bp: Breakpoint, text: str) -> None:
+        self._emit(log_line_event(self._next_seq(), self._state.step_index, event, bp, text))
+
+    def say_log(self, bp: Breakpoint, line: str, took: float) -> None:
+        say(line)
+        if took > 0.5 and bp.id not in self._said:
+            self._said.add(bp.id)
+            say(f"breakpoint {bp.id}'s log took {took:.1f} s at this hit (it runs at every hit)")
+
+    def say_once(self, bp: Breakpoint, line: str) -> None:
+        if bp.id not in self._said:
+            self._said.add(bp.id)
+            say(line)
