@@ -130,9 +130,12 @@ def test_run_record_writes_every_steps_loss_as_history_events(tmp_path: Path, pl
     assert sorted({e["step"] for e in events if e["kind"] == "step"}) == list(range(STEPS))
     dump = torchscope("dump", str(out), "--kind", "history")
     assert dump.returncode == 0, dump.stderr
-    lines = [x for x in dump.stdout.splitlines() if " history " in x]
-    assert len(lines) == len(history)
-    assert lines[-1].split("last loss ")[1] == f"{losses[STEPS - 1]:.6g}"
+    # one line per step (the table `history PID` prints), not one per batch
+    rows = dump.stdout.splitlines()[1:]
+    assert [int(x.split()[0]) for x in rows] == list(range(STEPS))
+    assert rows[-1].split()[1] == f"{losses[STEPS - 1]:.6g}"
+    every = torchscope("dump", str(out)).stdout  # among the other events: one per batch
+    assert len([x for x in every.splitlines() if " history " in x]) == len(history)
 
 
 def test_a_later_steps_window_still_carries_the_earlier_steps(window, plain):
