@@ -310,8 +310,11 @@ def test_ls_finds_a_live_run_and_record_captures_it_until_the_end(tmp_path: Path
         assert job.stdout is not None and job.stdout.readline().strip() == "started"
         listing = torchscope("ls")
         assert listing.returncode == 0
-        (row,) = [line for line in listing.stdout.splitlines() if line.split()[0] == str(job.pid)]
-        assert "slow.py" in row and "ipc://" in row
+        lines = listing.stdout.splitlines()
+        (at,) = [i for i, line in enumerate(lines) if line.split()[0] == str(job.pid)]
+        assert "slow.py" in lines[at] and lines[at + 1].split()[:1] == ["control"]
+        assert "ipc://" in lines[at + 1]
+        assert all(len(line) <= 80 for line in lines), lines  # no wrap at 80 columns
         out = tmp_path / "live.tsc"
         rec = torchscope("record", str(job.pid), "-o", str(out), "--quiet")
         assert rec.returncode == 0, rec.stderr

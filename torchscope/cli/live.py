@@ -28,27 +28,43 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if not records:
         print("no running torchscope sessions (start one with `torchscope run SCRIPT`)")
         return 0
+    # Every line fits 80 columns: each job's row, then the control endpoint `tui` takes.
     print(
-        f"{'PID':>7} {'RANK':>4} {'STEP':>6} {'TRACING':<8} {'LOSS':>11} {'STARTED':<19} "
-        f"{'SCRIPT':<28} ENDPOINTS"
+        f"{'PID':>7} {'RANK':>4} {'STEP':>6} {'TRACING':<8} {'LOSS':>11} {'STARTED':<8} "
+        f"{'SCRIPT':<{SCRIPT_WIDTH}}".rstrip()
     )
     for ranks in ep.group_by_job(records):
         if len(ranks) > 1 or ranks[0].job is not None:
             first = ranks[0]
             world = first.world_size or len(ranks)
             script = os.path.basename(first.script or "") or "?"
-            print(
-                f"job {first.job} · {len(ranks)} of {world} ranks here · {script} "
-                f"(`torchscope tui {first.pid}` opens every rank)"
-            )
+            head = f"job {first.job} · {len(ranks)} of {world} ranks here · {script}"
+            hint = f" (`torchscope tui {first.pid}` opens every rank)"
+            print(head + hint if len(head + hint) <= LS_WIDTH else _cut(head, LS_WIDTH))
         for rec in ranks:
             _ls_row(rec, args.timeout)
     return 0
 
 
-def _ls_row(rec: SessionRecord, timeout: float) -> None:
+LS_WIDTH = 80
+SCRIPT_WIDTH = 29  # what the columns before it leave of 80
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _started(t: float) -> str:
+    """``14:03:59`` today, ``Dec 02`` before: 8 columns."""
     import datetime
 
+    when = datetime.datetime.fromtimestamp(t)
+    if when.date() == datetime.date.today():
+        return when.strftime("%H:%M:%S")
+    return when.strftime("%b %d")
+
+
+def _ls_row(rec: SessionRecord, timeout: float) -> None:
     from torchscope.cli.history import latest_loss
     from torchscope.protocol.client import SessionClient, SessionRefused, SessionUnreachable
     from torchscope.protocol.runtime import EndpointError
@@ -63,13 +79,14 @@ def _ls_row(rec: SessionRecord, timeout: float) -> None:
             loss = latest_loss(client, timeout)
     except (SessionUnreachable, SessionRefused, EndpointError):
         pass
-    started = datetime.datetime.fromtimestamp(rec.started).strftime("%Y-%m-%d %H:%M:%S")
     rank = "-" if rec.rank is None else str(rec.rank)
-    script = os.path.basename(rec.script or "") or "?"
+    script = _cut(os.path.basename(rec.script or "") or "?", SCRIPT_WIDTH)
     print(
-        f"{rec.pid:>7} {rank:>4} {step:>6} {tracing:<8} {loss:>11} {started:<19} {script:<28} "
-        f"events {rec.events}  control {rec.control}"
+        f"{rec.pid:>7} {rank:>4} {step:>6} {tracing:<8} {loss:>11} {_started(rec.started):<8} "
+        f"{script:<{SCRIPT_WIDTH}}"
     )
+    # The endpoint a UI or recorder takes (`tui ENDPOINT`); the events endpoint comes with it.
+    print(f"{'':>7} control {rec.control}")
 
 
 def cmd_record(args: argparse.Namespace) -> int:
