@@ -28,6 +28,7 @@ __all__ = [
     "event_tag",
     "fnum",
     "is_check",
+    "label_meaning",
     "mean_std",
     "plural",
     "range_bar",
@@ -156,6 +157,18 @@ CALL_LABELS = {
     "jvp": "run under torch.func.jvp (forward-mode AD)",
 }
 _TAG_MAX = 12  # a tag longer than any known label is cut: it must leave the name room
+
+
+def label_meaning(label: str) -> str:
+    """What an aten call's label says, in words; a nest of torch.func transforms
+    (``vmap(grad)``) reads outermost first."""
+    known = CALL_LABELS.get(label)
+    if known is not None:
+        return known
+    names = label.replace(")", "").split("(")
+    if len(names) > 1 and all(n in ("vmap", "grad", "jvp") for n in names):
+        return "run under torch.func: " + " inside ".join(reversed(names))
+    return "why the tracer says it ran"
 
 
 def call_label(ev: Any) -> str | None:

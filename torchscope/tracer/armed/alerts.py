@@ -445,7 +445,8 @@ class AlertDetector:
     def _alert(
         self, event: Event, what: str, where: str, label: str, call: Event | None = None
     ) -> Event:
-        source = event.get("source")
+        # The kernel's own line where it has one (a custom Function's backward), else the op's.
+        source = (call or {}).get("source") or event.get("source")
         at = f" at {source}" if source else ""
         noun = "NaN" if what == "nan" else "Inf"
         verb = "enters as" if where == "input" else "first appears in"

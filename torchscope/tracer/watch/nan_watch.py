@@ -1061,7 +1061,10 @@ def _norm_of(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     is NaN, Inf if any is Inf (or the squares overflow). No host sync."""
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in tensors:
-        t = _dense(t)
+        # Nearly every gradient is a plain dense real tensor: read as it is (the check runs
+        # every step, over every gradient; _dense's questions cost more than the norm here).
+        if type(t) is not torch.Tensor or t.is_sparse or t.is_complex():
+            t = _dense(t)
         groups.setdefault((t.device, t.dtype), []).append(t)
     parts = []
     for (dev, dtype), ts in groups.items():

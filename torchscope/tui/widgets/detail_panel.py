@@ -31,8 +31,8 @@ from textual.message import Message
 from textual.widgets import Static
 
 from torchscope.protocol.events import ATEN, OP, Event
+from torchscope.tui import glyphs
 from torchscope.tui.format import (
-    CALL_LABELS,
     call_label,
     check_passed,
     check_text,
@@ -43,6 +43,7 @@ from torchscope.tui.format import (
     index_text,
     is_bad,
     is_check,
+    label_meaning,
     range_bar,
     resolve_source,
     shape_text,
@@ -543,7 +544,7 @@ class DetailPanel(VerticalScroll, can_focus=True):
             where = f"[b]after[/] this {what} ran"
         reason = pause.get("reason") or "paused"
         return (
-            f"[b $text-warning]⏸ PAUSED[/] {where} · {_e(reason)}\n"
+            f"[b $text-warning]{glyphs.pause()} PAUSED[/] {where} · {_e(reason)}\n"
             "[dim]s step · n next step · c continue · v values · b break here[/]"
         )
 
@@ -1006,7 +1007,7 @@ class DetailPanel(VerticalScroll, can_focus=True):
             lines.append("[b]in[/] the op running now [dim](its row comes once it returns)[/]")
         label = call_label(ev)
         if label is not None:
-            meaning = CALL_LABELS.get(label, "why the tracer says it ran")
+            meaning = label_meaning(label)
             lines.append(f"[b]label[/] {_e(label)} [dim]({_e(meaning)})[/]")
         lines.append("")
         lines.extend(self._source(ev.get("source"), ev.get("function")))

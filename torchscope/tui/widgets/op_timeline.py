@@ -39,6 +39,7 @@ from textual.events import MouseScrollUp
 from textual.message import Message
 
 from torchscope.protocol.events import ATEN, GRAD, OP
+from torchscope.tui import glyphs
 from torchscope.tui.format import (
     event_tag,
     fit_numbers,
@@ -1007,9 +1008,9 @@ class OpTimeline(VirtualList):
             self.paused_key is not None and self.paused_key == (row.kind, row.seq)
         )
         if call:
-            glyph = "⏸" if paused else ""
+            glyph = glyphs.pause() if paused else ""
         else:
-            glyph = "⏸" if paused else ("▸" if is_op else "◂")
+            glyph = glyphs.pause() if paused else ("▸" if is_op else "◂")
             if self.has_calls(row):  # aten calls: "+" folded, "-" unfolded
                 glyph += "-" if self.is_unfolded(row) else "+"
         seq = "next" if row.pending and row.seq < 0 else str(row.seq)

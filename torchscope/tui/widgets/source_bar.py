@@ -13,6 +13,7 @@ from textual.content import Content
 from textual.markup import escape
 from textual.widgets import Static
 
+from torchscope.tui import glyphs
 from torchscope.tui.widgets.status_bar import fit_parts
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ def duration_text(seconds: float) -> str:
 def _state(lane: Lane) -> tuple[str, str]:
     """(glyph, style) of a lane's state."""
     if lane.paused is not None:
-        return "⏸", "$warning"
+        return glyphs.pause(), "$warning"
     status = lane.status
     if lane.live:
         if status.get("connected"):
@@ -110,7 +111,7 @@ class SourceBar(Static):
                 parts.append((1, f"c s n → [b $warning]{escape(labels[current])} only[/] (o)"))
         if paused:
             since = max((lane.paused_for(now) or 0.0) for lane in paused)
-            text = f"⏸ {len(paused)}/{len(live)} paused {duration_text(since)}"
+            text = f"{glyphs.pause()} {len(paused)}/{len(live)} paused {duration_text(since)}"
             timeout = pg_timeout(lanes)
             if timeout is not None:
                 style = "$error" if since > 0.8 * timeout else "$warning"

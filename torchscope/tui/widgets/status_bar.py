@@ -11,6 +11,7 @@ from textual.content import Content
 from textual.markup import escape
 from textual.widgets import Static
 
+from torchscope.tui import glyphs
 from torchscope.tui.format import plural
 from torchscope.tui.stepping import StepperView, pause_story
 
@@ -132,9 +133,9 @@ class StatusBar(Static):
             add(0, f"[$error]{escape(str(status['error']))}[/]")
         pause = stepper.paused if stepper is not None else None
         if pause is not None:
-            add(0, f"[b $warning]⏸[/] {escape(pause_story(pause, stepper))}")
+            add(0, f"[b $warning]{glyphs.pause()}[/] {escape(pause_story(pause, stepper))}")
         elif status.get("paused"):
-            add(0, "[b $warning]⏸ PAUSED[/]")
+            add(0, f"[b $warning]{glyphs.pause()} PAUSED[/]")
         elif stepper is not None and stepper.mode in ("pause", "step", "next"):
             add(1, f"[$warning]{'pausing' if stepper.mode == 'pause' else stepper.mode}…[/]")
         if self._note:
