@@ -68,3 +68,21 @@ def _panel_text(app, widget) -> str:
     return "\n".join(
         line[region.x : region.right] for line in lines[region.y : region.bottom]
     )
+
+
+@sync
+async def test_in_a_browser_the_pause_mark_is_a_glyph_its_fonts_have(monkeypatch):
+    # ⏸ (U+23F8) is in no font a browser has offline on Linux: the web UI marks with ‖
+    from torchscope.cli.web import app_main
+    from torchscope.tui import glyphs
+
+    monkeypatch.delenv(glyphs.ENV, raising=False)
+    assert app_main(["/nonexistent.tsc"]) == 2  # a tab's process, refused: the mark is set
+    assert glyphs.pause() == "‖"
+    app = TorchscopeApp(ScriptedSource(make_trace(3, 4, nan_step=1), mode="replay"))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: "NaN first appears" in app.screen_text(), what="the pause")
+        text = app.screen_text()
+        assert "‖ NaN first appears" in text and "⏸" not in text
+    monkeypatch.delenv(glyphs.ENV)
+    assert glyphs.pause() == "⏸"

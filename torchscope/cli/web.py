@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 import re
 import secrets
 import shlex
@@ -66,10 +67,12 @@ def app_main(argv: list[str]) -> int:
     """One browser tab: ``torchscope tui TARGET`` under textual-serve's web driver."""
     import argparse
 
+    from torchscope.tui import glyphs
     from torchscope.tui.app import run_tui
     from torchscope.tui.sources import SourceError, open_source
     from torchscope.tui.targets import check_target
 
+    os.environ[glyphs.ENV] = glyphs.WEB  # marks the browser's fonts have (see glyphs)
     parser = argparse.ArgumentParser(prog="torchscope tui --web")
     parser.add_argument("target", nargs="?")
     parser.add_argument("--max-events", type=int, default=250_000)
