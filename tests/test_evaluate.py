@@ -340,3 +340,39 @@ def test_over_the_wire_only_a_holder_evaluates_and_edits(tmp_path):
             if c is not None:
                 c.close()
         job.kill()
+
+
+def test_record_pid_with_a_logpoint_and_an_edit(tmp_path):
+    """``record PID --log/--edit``: the recorder's own breakpoints with an action, in the
+    steps it records; the file carries the log and edit events, and they go with it."""
+    from torchscope.protocol.tracefile import TraceReader
+
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    job = subprocess.Popen(
+        [sys.executable, "-m", "torchscope", "run", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _connect(job.pid).close()  # served: it takes recorders now
+        out = tmp_path / "rec.tsc"
+        done = subprocess.run(
+            [sys.executable, "-m", "torchscope", "record", str(job.pid), "-o", str(out)]
+            + ["--next", "2", "--quiet", "--log", r"op:^torch\.relu$", "x.min()"]
+            + ["--edit", r"op:^torch\.relu$", "x * 0"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        with TraceReader(str(out)) as reader:
+            events = list(reader.iter_events())
+        logs = [e for e in events if e["kind"] == "log"]
+        edits = [e for e in events if e["kind"] == "edit"]
+        assert len(logs) == 2 and len(edits) == 2  # one each per recorded step
+        assert all(e["after"][0]["stats"]["max"] == 0 for e in edits)
+    finally:
+        job.kill()
+        job.wait(30)

@@ -130,7 +130,7 @@ def test_tools_are_listed_with_typed_arguments() -> None:
             assert set(tools) >= {
                 "ls", "history", "record", "watch", "steps", "alerts", "events", "event",
                 "graph", "diff", "state", "breakpoint_set", "breakpoint_clear", "pause",
-                "step", "next", "continue", "values", "release",
+                "step", "next", "continue", "values", "evaluate", "release",
             }  # fmt: skip
             events = tools["events"].input_schema
             assert events["required"] == ["target", "step"]
@@ -391,6 +391,8 @@ def test_a_dormant_job_armed_recorded_its_origin_found_paused_and_continued(
                 assert paused["story"].startswith("NaN first appears: torch.log")
                 vals = await ok(client, "values", job=pid, group="outputs", count=8)
                 assert vals["values"] and all(v == "nan" for v in vals["values"])
+                asked = await ok(client, "evaluate", job=pid, expr="torch.isnan(out).all()")
+                assert asked["text"] == "1", asked  # run by the job at its pause
                 state = await ok(client, "state", job=pid)
                 assert state["paused"]["seq"] == paused["seq"]
                 # the live job's events: the paused step as the stream brought it

@@ -675,4 +675,19 @@ def diff_files(
     eb, sb, notes_b = read_events(path_b)
     res = compare(ea, eb, opts)
     lines = list(render(res, path_a, path_b, sa.get("cwd"), sb.get("cwd")))
+    # A recording with edits holds numbers changed by hand: said before any difference.
+    lines[3:3] = [*edit_lines(ea, "A"), *edit_lines(eb, "B")]
     return res, [*notes_a, *notes_b], lines
+
+
+def edit_lines(events: list[Event], label: str, most: int = 5) -> list[str]:
+    """One line per tensor changed by hand (``edit`` events), at most ``most`` of them."""
+    edits = [e for e in events if e.get("kind") == "edit"]
+    out = [
+        f"{label} was changed by hand: step {e.get('step')} {e.get('name') or '?'} "
+        f"{e.get('target')} <- {e.get('expr')} (by {e.get('by')})"
+        for e in edits[:most]
+    ]
+    if len(edits) > most:
+        out.append(f"{label}: ... and {len(edits) - most} more edits")
+    return out

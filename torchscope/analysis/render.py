@@ -15,9 +15,11 @@ from torchscope.analysis.trace import is_tally
 from torchscope.protocol.events import (
     ALERT,
     ATEN,
+    EDIT,
     ERROR,
     GRAD,
     GRAPH,
+    LOG,
     OP,
     SESSION,
     STEP,
@@ -25,6 +27,7 @@ from torchscope.protocol.events import (
     Event,
     number_text,
 )
+from torchscope.protocol.expressions import summary_text
 from torchscope.protocol.jsontext import to_jsonl
 
 
@@ -124,6 +127,16 @@ def text_line(ev: Event) -> str:
             return f"{head}tracing ended with the job"
         by = ", ".join(_holder_text(h) for h in ev.get("holders") or []) or "nobody"
         return f"{head}tracing {ev.get('state')} (held by {by})"
+    if kind == EDIT:  # a tensor changed by hand: every number after it is not the run's own
+        before = (ev.get("before") or [None])[0]
+        after = (ev.get("after") or [None])[0]
+        at = f"at {ev['at']} " if ev.get("at") is not None else ""
+        return (
+            f"{head}EDIT  {ev.get('name') or '?'} {at}{ev.get('target')} <- {ev.get('expr')}"
+            f"  ({summary_text(before)} -> {summary_text(after)}; by {ev.get('by')})"
+        )
+    if kind == LOG:
+        return f"{head}log   {ev.get('name') or '?'}: {ev.get('expr')} = {ev.get('text')}"
     return f"{head}{kind}"
 
 

@@ -146,6 +146,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="in the steps it arms, run each torch.compile'd module's call once more eagerly "
         "and report how its outputs and gradients differ from the compiled ones",
     )
+    for action, what in (
+        ("log", "print EXPR at every hit of COND without pausing (a logpoint)"),
+        ("edit", "replace a tensor with EXPR at every hit of COND (an op's output, a node's "
+         "grad_inputs[0])"),
+    ):  # fmt: skip
+        record.add_argument(
+            f"--{action}",
+            nargs=2,
+            action="append",
+            default=[],
+            metavar=("COND", "EXPR"),
+            help=f"{what}, in the steps it records; EXPR is Python run in the job (repeatable)",
+        )
     record.add_argument("--snapshot", type=int, default=10_000, help="recent events to start with")
     record.add_argument("--timeout", type=seconds, default=2.0, help="seconds to wait for the job")
     record.add_argument("--quiet", action="store_true", help="no progress line")

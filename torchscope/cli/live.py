@@ -99,6 +99,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     import time
 
     from torchscope.protocol import endpoints as ep
+    from torchscope.protocol.breakpoints import BreakpointError, action_spec
     from torchscope.protocol.client import SessionClient, SessionRefused, SessionUnreachable
     from torchscope.protocol.events import SESSION, STEP, TRACING
     from torchscope.protocol.runtime import EndpointError
@@ -106,6 +107,14 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     if args.next is not None and args.next < 1:
         return fail("--next takes a number of steps, at least 1")
+    try:  # logpoints and edits: breakpoints with an action, this recorder's own
+        actions = [
+            action_spec(name, cond, expr)
+            for name in ("log", "edit")
+            for cond, expr in getattr(args, name, None) or ()
+        ]
+    except BreakpointError as exc:
+        return fail(f"--log/--edit: {exc}")
     if args.aten:
         try:
             re.compile(args.aten)
@@ -128,6 +137,8 @@ def cmd_record(args: argparse.Namespace) -> int:
                 eager_check=args.eager_check,
             )
             holder = armed["holder"]
+            for spec in actions:  # they go with this recorder's hold
+                client.request("break_add", timeout=args.timeout, **spec)
         except SessionRefused as exc:  # a torchscope.trace(live=True) block: always traced
             if args.next:
                 raise SessionRefused(f"this job cannot be armed for --next ({exc})") from None

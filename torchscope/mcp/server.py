@@ -645,6 +645,46 @@ def build_server(*, record_timeout_cap: float = 600.0) -> MCPServer:
         }
 
     @tool()
+    async def evaluate(
+        expr: Annotated[
+            str,
+            Field(
+                max_length=1000,
+                description="a Python expression over the paused event's tensors: x, out, "
+                "args, kwargs (an op); grad_inputs, grad_outputs (a node); module, torch, F",
+            ),
+        ],
+        job: Job = None,
+        group: Annotated[
+            Literal["inputs", "outputs", "grad_outputs", "grad_inputs"] | None,
+            Field(description="the tensor x names (default: the event's main one)"),
+        ] = None,
+        index: Annotated[int, Field(ge=0, le=100_000, description="which tensor")] = 0,
+        count: Annotated[int, Field(ge=0, le=1000, description="values to return")] = 16,
+    ) -> dict[str, Any]:
+        """Evaluate a Python expression in the job at its pause (the UI's p), on its training
+        thread under no_grad: a tensor's summary and first values, or a bounded repr; an
+        exception as its one line. The expression is code run in the job, as in pdb."""
+        from torchscope.protocol.expressions import answer_text
+
+        link = await _link(jobs, job)
+        if link.paused is None:
+            await _call(link.request, "state")
+        if link.paused is None:
+            raise Refusal(f"{link.label} is not paused")
+        where = {"group": group, "index": index} if group is not None else {}
+        reply = await _call(link.request, "evaluate", expr=expr, count=count, **where)
+        deadline = time.monotonic() + 60
+        while reply.get("pending") and time.monotonic() < deadline:
+            await anyio.sleep(0.5)
+            reply = await _call(link.request, "evaluate", poll=reply["pending"])
+        out = {k: reply.get(k) for k in ("expr", "summary", "values", "repr", "error", "x")}
+        out["text"] = answer_text(reply)
+        if reply.get("pending"):
+            out["pending"] = True
+        return {k: v for k, v in out.items() if v is not None}
+
+    @tool()
     async def release(job: Job = None) -> dict[str, Any]:
         """Let a job go, as quitting the UI: it goes dormant at its next step boundary (unless
         others hold it), this server's breakpoints and pauses with it."""

@@ -112,6 +112,14 @@ KEYS: tuple[Key, ...] = (
         short="vals",
     ),
     Key(
+        "p",
+        "paused: evaluate a Python expression in the job over the paused event's tensors "
+        "(x: the tensor v shows, out, args, kwargs, grad_inputs, grad_outputs, module, torch, "
+        "F); ↑↓ history; on a recording, what its summaries kept",
+        STEPPING,
+        "evaluate",
+    ),
+    Key(
         "< >",
         "paused: previous / next 1000 values",
         STEPPING,
@@ -317,7 +325,8 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "e",
-        "export the step, or the filtered rows, to a JSON-lines file",
+        "export the step, or the filtered rows, to a JSON-lines file; on the paused event's "
+        "row: edit its tensor x (a replacement expression, run in the job as it goes on)",
         SHARING,
         "export",
         label="export",

@@ -33,6 +33,7 @@ from torchscope.protocol import codec
 from torchscope.protocol.events import (
     ALERT,
     ATEN,
+    EDIT,
     ERROR,
     GRAD,
     GRAPH,
@@ -379,6 +380,7 @@ class StepData:
         self.aten_by_op: dict[int, tuple[Rec, ...]] = {}
         self.aten_by_node: dict[int, tuple[Rec, ...]] = {}
         self.alert_seqs: set[int] = set()
+        self.edit_seqs: set[int] = set()  # events whose tensors were changed by hand (✎)
         self.version = 0  # bumped on every change
         self.reorders = 0  # bumped when a row was inserted before the end of ``rows``
         self._hay: list[str] = []  # filter fields per row (lines), built on the first filter
@@ -673,6 +675,8 @@ class EventStore:
         # eager checks among the alerts, by step (a check is not a NaN/Inf alert)
         self.checks: dict[int, int] = {}
         self.errors: list[Event] = []
+        self.edits: list[Event] = []  # tensors changed by hand (edit events): the run's numbers
+        self._edit_seqs: set[Any] = set()
         self.session: Event | None = None
         self.ended = False  # a live job said it ended
         self.has_aten = False  # aten calls came (a recording or job at the aten level)
@@ -953,6 +957,9 @@ class EventStore:
             self._add_alert(item, ch)
         elif kind == ERROR and len(self.errors) < self.max_alerts:
             self.errors.append(item)
+        elif kind == EDIT and item.get("seq") not in self._edit_seqs:
+            self._edit_seqs.add(item.get("seq"))  # a step loaded again counts no edit twice
+            self.edits.append(item)
 
     def _add_alert(self, ev: Event, ch: Changes) -> None:
         seq = ev.get("seq")
@@ -983,6 +990,8 @@ class EventStore:
                 if type(item.get("event_seq")) is int and not is_check(item):
                     data.alert_seqs.add(item["event_seq"])
             else:
+                if kind == EDIT and type(item.get("at")) is int:
+                    data.edit_seqs.add(item["at"])
                 data.others.append(item)
         data.version += 1
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -40,11 +40,35 @@ from torchscope.protocol.expressions import (
     target_text,
 )
 from torchscope.tracer.armed.summary import tensor_meta
-from torchscope.tracer.ranks import say
 
 if TYPE_CHECKING:
-    from torchscope.tracer.armed.pausing import Pauser
     from torchscope.tracer.stepper import PausePoint
+
+
+class Pauser(Protocol):
+    """What an evaluator needs of the pauser that made it (tracer/armed/pausing.py)."""
+
+    def module_named(self, path: Any) -> Any: ...
+
+    def edited(self, point: PausePoint, tensor: Any, summary: dict, in_place: bool) -> None: ...
+
+    def edit_event(
+        self,
+        point: PausePoint,
+        target: str,
+        expr: str,
+        before: dict,
+        after: dict,
+        by_ui: bool,
+        bp: Breakpoint | None,
+    ) -> Event: ...
+
+    def log_event(self, event: Event, bp: Breakpoint, text: str) -> None: ...
+
+    def say_log(self, bp: Breakpoint, line: str, took: float) -> None: ...
+
+    def say_once(self, bp: Breakpoint, line: str) -> None: ...
+
 
 # An expression that takes longer than this at a logpoint is said once (it runs at every hit).
 SLOW_LOG_S = 0.5
@@ -374,4 +398,4 @@ def edit_event(
     )
 
 
-__all__ = ["Evaluator", "answer_of", "say", "tensor_summary"]
+__all__ = ["Evaluator", "answer_of", "tensor_summary"]

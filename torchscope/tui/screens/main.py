@@ -36,6 +36,7 @@ from torchscope.tui.format import plural, short_name
 from torchscope.tui.keys import Hint, bindings, hint
 from torchscope.tui.replay_stepping import Landed, ReplayCursor
 from torchscope.tui.screens import prompt_modes
+from torchscope.tui.screens.evaluate_actions import EvaluateActions
 from torchscope.tui.screens.history import HistoryScreen
 from torchscope.tui.screens.navigation import Location, Navigation
 from torchscope.tui.screens.pause_marks import PauseMarks
@@ -77,7 +78,9 @@ if TYPE_CHECKING:
 NAN_INF = FLAG_NAN_IN | FLAG_INF_IN | FLAG_NAN_OUT | FLAG_INF_OUT
 
 
-class MainScreen(Navigation, PauseMarks, SteppingKeys, ValuesActions, Screen[None]):
+class MainScreen(
+    Navigation, PauseMarks, SteppingKeys, ValuesActions, EvaluateActions, Screen[None]
+):
     BINDINGS: ClassVar[list[BindingType]] = bindings("main")  # all of them in keys.py
 
     #: what the middle shows: "timeline" or "graph" (its ContentSwitcher follows)
@@ -409,6 +412,7 @@ class MainScreen(Navigation, PauseMarks, SteppingKeys, ValuesActions, Screen[Non
             steps=len(self.store.order),
             stepper=self.store.stepper,
             asked=self._asked_text(),
+            edits=len(self.store.edits),
         )
 
     def _asked_text(self) -> str | None:
@@ -940,7 +944,10 @@ class MainScreen(Navigation, PauseMarks, SteppingKeys, ValuesActions, Screen[Non
 
     # -- export ------------------------------------------------------------------------------
     def action_export(self) -> None:
-        """``e``: the step (or the filtered rows) to a JSON-lines file; asks where first."""
+        """``e``: the step (or the filtered rows) to a JSON-lines file; asks where first.
+        On the paused event's row: edit its tensor in focus (evaluate_actions.py)."""
+        if self.edit_at_pause():
+            return
         if self.current_step is None or self.store.data(self.current_step) is None:
             self.notify("no step in memory to export yet", timeout=3)
             return

@@ -13,6 +13,8 @@ graph          the graph's cursor to a node keep / clear, the graph keeps the fo
 graph-filter   only matching nodes stay     keep / clear
 command        (nothing: a ``:`` line)      run it (its error in the box) / close
 export         (nothing: a file name)       write (asks again before overwriting) / close
+evaluate       (nothing: an expression)     the job answers in the box; ↑↓ history / close
+edit           (nothing: a replacement)     the job takes it (or refuses in the box) / close
 =============  ==========================  ==============================================
 """
 
@@ -248,6 +250,47 @@ class ExportPath(PromptMode):
         screen.run_worker(write, name="export", thread=True, exit_on_error=False)
 
 
+class Evaluate(PromptMode):
+    """``p``: a Python expression the paused job runs over the paused event's tensors (a
+    recording: answered from what it kept). The box stays open for the next one."""
+
+    name = "evaluate"
+    title = "p evaluate at the pause (x, out, args, grad_inputs, module, torch, F) · ↑↓ history"
+    placeholder = "x[0, :8] · (x == 0).float().mean() · x.abs().argmax() · module.weight.norm()"
+    regex = False
+
+    def submitted(self, screen: MainScreen, text: str) -> None:
+        screen.evaluate(text)
+
+    def history(self, screen: MainScreen) -> list[str]:
+        return screen.expressions
+
+
+class Edit(PromptMode):
+    """``e`` on the paused event: the replacement of its tensor in focus (``x``)."""
+
+    name = "edit"
+    title = "e edit x at the pause: its replacement (same shape, dtype) · applied as it goes on"
+    placeholder = "x * 0 · x.clamp(-1, 1) · torch.nan_to_num(x) · grad_inputs[1] = x / 10"
+    regex = False
+
+    def submitted(self, screen: MainScreen, text: str) -> None:
+        screen.edit(text)
+
+    def history(self, screen: MainScreen) -> list[str]:
+        return screen.expressions
+
+
 MODES: dict[str, type[PromptMode]] = {
-    m.name: m for m in (TimelineSearch, TimelineFilter, GraphSearch, GraphFilter, GoTo, ExportPath)
+    m.name: m
+    for m in (
+        TimelineSearch,
+        TimelineFilter,
+        GraphSearch,
+        GraphFilter,
+        GoTo,
+        ExportPath,
+        Evaluate,
+        Edit,
+    )
 }

@@ -33,6 +33,8 @@ class FilterInput(Input):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel", "Clear", show=False),
+        Binding("up", "history(-1)", "Earlier", show=False),
+        Binding("down", "history(1)", "Later", show=False),
     ]
 
     class Cancelled(Message):
@@ -41,9 +43,24 @@ class FilterInput(Input):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.mode: Any = None  # a Mode once opened
+        self._recalled: int | None = None  # where ↑↓ are in the mode's history
+
+    def action_history(self, delta: int) -> None:
+        """↑↓ in a mode that keeps a history (``p``, ``e``): earlier / later entries, as a
+        shell's; past the newest, the box is empty again."""
+        history = getattr(self.mode, "history", None)
+        items = history(self.screen) if history is not None else None
+        if not items:
+            return
+        at = len(items) if self._recalled is None else self._recalled
+        at = max(0, min(len(items), at + delta))
+        self._recalled = at
+        self.value = items[at] if at < len(items) else ""
+        self.cursor_position = len(self.value)
 
     def set_mode(self, mode: Mode) -> None:
         self.mode = mode
+        self._recalled = None
         self.placeholder = mode.placeholder
         self.ok()
 

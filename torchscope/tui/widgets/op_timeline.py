@@ -1074,6 +1074,9 @@ class OpTimeline(VirtualList):
         if self.data is not None and not row.pending and row.seq in self.data.alert_seqs:
             parts.insert(0, "⚠")
             style = self.cstyle("warning") if style is None else style
+        if self.data is not None and not row.pending and row.seq in self.data.edit_seqs:
+            parts.insert(0, "✎")  # its tensor was changed by hand
+            style = self.cstyle("warning") if style is None else style
         return " ".join(parts), style
 
 

@@ -92,6 +92,7 @@ class StatusBar(Static):
         steps: int,
         stepper: StepperView | None = None,
         asked: str | None = None,
+        edits: int = 0,
     ) -> None:
         self._shown = (
             status,
@@ -103,6 +104,7 @@ class StatusBar(Static):
                 steps=steps,
                 stepper=stepper,
                 asked=asked,
+                edits=edits,
             ),
         )
         parts: list[tuple[int, str]] = []
@@ -142,6 +144,8 @@ class StatusBar(Static):
             add(1, f"[$accent]{escape(self._note)}[/]")
         if asked:  # what @ / E asked of the job's next step
             add(1, f"[$accent]{escape(asked)}[/]")
+        if edits:  # from the first edit on, every number after it is not the run's own
+            add(0, f"[b $warning]✎ {plural(edits, 'edit')}: numbers changed by hand[/]")
         if step is not None:
             add(1, f"step {escape(str(step))}")
         if stepper is not None and stepper.breakpoints:

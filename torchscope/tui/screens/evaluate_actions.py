@@ -1,0 +1,202 @@
+"""Ask and change at a pause: ``p`` evaluates a Python expression in the paused job (on a
+recording: over what its summaries kept), ``e`` on the paused event's row edits its tensor in
+focus. The job runs both on its training thread (torchscope.tracer.armed.evaluate); the UI
+only sends text and shows answers, and imports no torch. A mixin of
+:class:`~torchscope.tui.screens.main.MainScreen`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.widgets import Input
+
+from torchscope.protocol.expressions import ExpressionError, answer_text, evaluate_kept
+from torchscope.tui.stepping import pause_key
+
+#: Values an answer shows at most (the job's ``count``).
+ANSWER_VALUES = 16
+#: Expressions kept for ↑↓ (a shell's history, this UI's life).
+MAX_HISTORY = 200
+#: How often the UI asks again for an answer the job is still computing.
+POLL_SECONDS = 1.0
+
+RECORDING_EDIT = (
+    "a recording cannot be changed: e edits a tensor of a running job at its pause "
+    "(select another row to export the step)"
+)
+
+
+class EvaluateActions:
+    """Part of MainScreen (see the module's docstring)."""
+
+    expressions: list[str]
+
+    # -- p ------------------------------------------------------------------------------------
+    def action_evaluate(self) -> None:
+        if not hasattr(self, "expressions"):
+            self.expressions = []
+        if self.live:
+            if self.store.stepper.paused is None:
+                self.notify(
+                    "p runs an expression in the job at a pause (space pauses it, b sets a "
+                    "breakpoint)",
+                    timeout=4,
+                )
+                return
+            row = self.timeline.current_row()
+            if row is None or not self._is_paused_row(row):
+                self._select_paused()
+        elif self._kept_event() is None:
+            self.notify("p: select an op or a backward node first", timeout=3)
+            return
+        self.open_prompt("evaluate")
+
+    def evaluate(self, text: str) -> None:
+        """Enter in the ``p`` box: the job's answer (or the recording's) in the box's title
+        and as a notification; the box stays open for the next expression."""
+        prompt = self.filter
+        text = text.strip()
+        if not text:
+            prompt.error("an expression, please")
+            return
+        self._remember(text)
+        with prompt.prevent(Input.Changed):
+            prompt.value = ""
+        if not self.live:
+            ev = self._kept_event()
+            if ev is None:
+                prompt.error("select an op or a backward node first")
+                return
+            try:
+                answer = evaluate_kept(text, ev, self._focus_choice())
+            except ExpressionError as exc:
+                prompt.error(str(exc))
+                return
+            self._show_answer(text, answer)
+            return
+        if self.store.stepper.paused is None:
+            prompt.error("the job is not paused any more: expressions run at a pause")
+            return
+        key = pause_key(self.store.stepper.paused)
+        prompt.border_title = f"{text} … asking the job"
+
+        def answered(ok: bool, payload: Any) -> None:
+            if not ok:
+                prompt.error(f"{text}: {payload}")
+                return
+            if isinstance(payload, dict) and payload.get("pending"):
+                prompt.border_title = f"{text} … {payload.get('text') or 'still running'}"
+                task = payload["pending"]
+
+                def poll() -> None:
+                    if pause_key(self.store.stepper.paused) != key:
+                        prompt.error(f"{text}: the pause ended before the answer came")
+                        return
+                    self.tapp.command("evaluate", poll=task, quiet=True, then=answered)
+
+                self.set_timer(POLL_SECONDS, poll)
+                return
+            self._show_answer(text, payload if isinstance(payload, dict) else {})
+
+        fields = {"expr": text, "count": ANSWER_VALUES, **self._focus_fields()}
+        self.tapp.command("evaluate", quiet=True, then=answered, **fields)
+
+    def _show_answer(self, text: str, answer: dict[str, Any]) -> None:
+        line = answer_text(answer)
+        prompt = self.filter
+        if answer.get("error"):
+            prompt.error(f"{text}: {line}")
+        else:
+            prompt.ok()
+            prompt.border_title = f"{text} = {line}"
+        note = f"{text} = {line}"
+        values = answer.get("values")
+        if isinstance(values, list) and values and line != _values_text(values):
+            note += f"\nfirst {len(values)} values: {_values_text(values)}"
+        self.notify(note, severity="error" if answer.get("error") else "information", timeout=10)
+
+    def _remember(self, text: str) -> None:
+        if not hasattr(self, "expressions"):
+            self.expressions = []
+        history = self.expressions
+        if not history or history[-1] != text:
+            history.append(text)
+            del history[:-MAX_HISTORY]
+        self.filter._recalled = None
+
+    # -- e --------------------------------------------------------------------------------------
+    def edit_at_pause(self) -> bool:
+        """``e`` on the paused event's row: the edit prompt (a live job) or why not (a
+        recording). False elsewhere: ``e`` exports, as always."""
+        pause = self.store.stepper.paused
+        row = self.timeline.current_row()
+        if pause is None or row is None or not self._is_paused_row(row):
+            return False
+        if not self.live:
+            self.notify(RECORDING_EDIT, severity="warning", timeout=6)
+            return True
+        self.open_prompt("edit")
+        choice = self._focus_choice()
+        if choice is not None:
+            self.filter.border_title = self.filter.border_title.replace(
+                "edit x", f"edit x = {choice[0]}[{choice[1]}]", 1
+            )
+        return True
+
+    def edit(self, text: str) -> None:
+        prompt = self.filter
+        text = text.strip()
+        if not text:
+            prompt.error("a replacement, please (x * 0, x.clamp(-1, 1), torch.nan_to_num(x))")
+            return
+        self._remember(text)
+        if self.store.stepper.paused is None:
+            prompt.error("the job is not paused any more: edits apply at a pause")
+            return
+        prompt.border_title = f"{text} … asking the job"
+
+        def answered(ok: bool, payload: Any) -> None:
+            if not ok:
+                prompt.error(str(payload))
+                return
+            if isinstance(payload, dict) and payload.get("pending"):
+                prompt.error(f"{text}: {payload.get('text')} (asked again when it is done)")
+                return
+            self.close_prompt()
+            what = payload.get("text") if isinstance(payload, dict) else None
+            self.notify(f"edited {what or text} (applied as the job goes on)", timeout=8)
+            self.refresh_status()
+
+        self.tapp.command("edit", expr=text, quiet=True, then=answered, **self._focus_fields())
+
+    # -- what the expression is about --------------------------------------------------------
+    def _focus_choice(self) -> tuple[str, int] | None:
+        """The tensor ``x`` names: the one ``v`` shows for this pause, if any."""
+        pause = self.store.stepper.paused
+        values = self.values
+        if (
+            pause is not None
+            and values is not None
+            and values.key == pause_key(pause)
+            and values.choice is not None
+        ):
+            group, index, _ = values.choice
+            return group, index
+        return None
+
+    def _focus_fields(self) -> dict[str, Any]:
+        choice = self._focus_choice()
+        return {"group": choice[0], "index": choice[1]} if choice is not None else {}
+
+    def _kept_event(self) -> dict | None:
+        """A recording: the selected row's event, as recorded."""
+        row = self.timeline.current_row()
+        if row is None:
+            return None
+        return dict(row.event) if row.pending else dict(self.store.event(row))
+
+
+def _values_text(values: list) -> str:
+    from torchscope.protocol.events import number_text
+
+    return "[" + ", ".join(number_text(v) for v in values) + "]"
