@@ -20,6 +20,7 @@ Every edit is an ``edit`` event (where, the expression, the summaries before and
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import TYPE_CHECKING, Any, Protocol
@@ -31,6 +32,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torchscope.protocol.breakpoints import AFTER, BEFORE, Breakpoint, BreakpointError
 from torchscope.protocol.events import ATEN, EDIT, GRAD, LOG, Event
 from torchscope.protocol.expressions import (
+    MAX_EXPRESSION_CHARS,
     ExpressionError,
     answer_text,
     bounded_repr,
@@ -134,7 +136,7 @@ class Evaluator:
 
     def run(self, expr: str, focus: tuple[str, int] | None) -> Any:
         """Evaluate ``expr``; raises what it raises. No torchscope mode sees what it runs."""
-        code = compile(expr.strip(), "<torchscope expression>", "eval")
+        code = _code(expr.strip())
         scope = self.namespace(focus)
         scope["__builtins__"] = __builtins__
         with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.no_grad():
@@ -144,9 +146,13 @@ class Evaluator:
     def evaluate(self, args: dict[str, Any], by_ui: bool = True) -> dict[str, Any]:
         expr = args["expr"]
         try:
-            check_expression(expr)
-        except ExpressionError as exc:
-            raise BreakpointError(str(exc)) from None
+            _code(expr.strip())  # a logpoint's, at every hit: compiled once
+        except Exception:
+            try:
+                check_expression(expr)  # says why in one line
+            except ExpressionError as exc:
+                raise BreakpointError(str(exc)) from None
+            raise
         focus = self.focus(args.get("group"), args.get("index"))
         count = args.get("count", 16)
         t0 = time.perf_counter()
@@ -251,6 +257,13 @@ class Evaluator:
         )
 
 
+@functools.lru_cache(maxsize=256)
+def _code(expr: str) -> Any:
+    if len(expr) > MAX_EXPRESSION_CHARS:
+        raise ValueError("too long")
+    return compile(expr, "<torchscope expression>", "eval")
+
+
 def _where(ev: dict[str, Any]) -> str:
     name = ev.get("node") if ev.get("kind") == GRAD else ev.get("name")
     return f"{name or '?'} (step {ev.get('step', '?')})"
@@ -292,7 +305,8 @@ def answer_of(value: Any, count: int) -> dict[str, Any]:
     values, or a bounded repr."""
     if isinstance(value, torch.Tensor):
         summary = tensor_summary(value, count)
-        return {"summary": summary, "values": _values(value, count)}
+        kept = summary.get("values")  # a small tensor's: read once
+        return {"summary": summary, "values": kept if kept is not None else _values(value, count)}
     return {"repr": bounded_repr(value), "type": type(value).__name__}
 
 
