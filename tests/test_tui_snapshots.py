@@ -139,7 +139,7 @@ def test_paused_after_an_op_with_values(snap_compare):
     )
 
 
-# -- every terminal size (issue 12): the README's screenshots come from these ----------------
+# -- every terminal size: the docs' pictures come from these (python docs/generate.py) -------
 
 
 def test_main_screen_at_80x24(snap_compare):
