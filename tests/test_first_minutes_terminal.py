@@ -84,7 +84,7 @@ def late_recording(tmp_path_factory) -> Path:
     return where / "t.tsc"
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("size", [*SIZES, (200, 50)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_a_recording_opens_on_its_first_traced_step_in_view(late_recording, size):
     term = Terminal(f"{sys.executable} -m torchscope tui t.tsc", size, late_recording.parent)
     try:
