@@ -14,8 +14,8 @@ import time
 
 import pytest
 import torch
-
 from test_stepping import Job, _connect, make_inputs, name_of, two_layer
+
 from torchscope.protocol.breakpoints import BreakpointError, action_spec, parse_break_spec
 from torchscope.protocol.expressions import (
     ExpressionError,
@@ -120,7 +120,7 @@ def test_evaluate_at_an_op_pause_answers_summaries_values_reprs_and_errors():
     assert got["error"] == "ZeroDivisionError: division by zero"
     with pytest.raises(BreakpointError, match="syntax error"):
         ask(job, "evaluate", expr="x[")
-    with pytest.raises(BreakpointError, match="no 'nothing'|no nothing"):
+    with pytest.raises(BreakpointError, match=r"no 'nothing'|no nothing"):
         ask(job, "evaluate", expr="x", group="nothing", index=0)
     got = ask(job, "evaluate", expr="x.requires_grad")  # under no_grad: nothing recorded
     assert got["repr"] in ("True", "False")
@@ -244,9 +244,7 @@ def test_logpoint_on_every_node_of_an_mlp_leaves_losses_bit_identical(capfd):
 
     def losses(**tracer_args) -> list[torch.Tensor]:
         torch.manual_seed(0)
-        model = torch.nn.Sequential(
-            torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)
-        )
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         data = torch.randn(32, 8)
         target = torch.randn(32, 4)
@@ -359,9 +357,11 @@ def test_record_pid_with_a_logpoint_and_an_edit(tmp_path):
         _connect(job.pid).close()  # served: it takes recorders now
         out = tmp_path / "rec.tsc"
         done = subprocess.run(
-            [sys.executable, "-m", "torchscope", "record", str(job.pid), "-o", str(out)]
-            + ["--next", "2", "--quiet", "--log", r"op:^torch\.relu$", "x.min()"]
-            + ["--edit", r"op:^torch\.relu$", "x * 0"],
+            [
+                *(sys.executable, "-m", "torchscope", "record", str(job.pid), "-o", str(out)),
+                *("--next", "2", "--quiet", "--log", r"op:^torch\.relu$", "x.min()"),
+                *("--edit", r"op:^torch\.relu$", "x * 0"),
+            ],
             capture_output=True,
             text=True,
             timeout=300,

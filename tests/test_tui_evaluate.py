@@ -111,8 +111,10 @@ async def test_p_and_e_on_a_recording(tmp_path: Path):
     script.write_text(RELU_JOB)
     path = tmp_path / "edited.tsc"
     done = subprocess.run(
-        [sys.executable, "-m", "torchscope", "run", "--no-live", "--record", str(path)]
-        + ["--edit", r"op:^torch\.relu$", "out * 0", str(script)],
+        [
+            *(sys.executable, "-m", "torchscope", "run", "--no-live", "--record", str(path)),
+            *("--edit", r"op:^torch\.relu$", "out * 0", str(script)),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -149,3 +151,27 @@ async def test_p_and_e_on_a_recording(tmp_path: Path):
         await pilot.press("e")
         await until(pilot, lambda: any("cannot be changed" in n for n in notes), what="refusal")
         assert not main.filter.display
+
+
+@sync
+async def test_a_breakpoint_with_an_action_from_the_breakpoint_list():
+    """``B``, then a condition ending with ``,log:EXPR``: the job gets a breakpoint with an
+    action (it logs at each hit instead of pausing), listed as it was typed."""
+    from torchscope.tui.fakejob import FakeJob
+    from torchscope.tui.screens.breakpoints import BreakpointsScreen
+    from torchscope.tui.stepping import spec_text
+    from torchscope.tui.synthetic import make_trace
+
+    job = FakeJob(make_trace(steps=1))
+    app = TorchscopeApp(job)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.main.timeline.row_count() > 0, what="rows")
+        await pilot.press("B")
+        await until(pilot, lambda: isinstance(app.screen, BreakpointsScreen), what="B")
+        box = app.screen.query_one("#bpl-input")
+        box.value = r"node:^MulBackward0$,log:grad_inputs[0, :8]"
+        await pilot.press("enter")
+        await until(pilot, lambda: any(c == "break_add" for c, _ in app.sent), what="sent")
+        (fields,) = [f for c, f in app.sent if c == "break_add"]
+        assert fields["node"] == "^MulBackward0$" and fields["log"] == "grad_inputs[0, :8]"
+        assert spec_text(fields) == r"node:^MulBackward0$,log:grad_inputs[0, :8]"

@@ -249,6 +249,8 @@ def spec_text(spec: dict[str, Any]) -> str:
         parts.append(str(spec["nan"]))
     if spec.get("op") is not None:
         parts.append(f"op:{spec['op']}")
+    if spec.get("node") is not None:
+        parts.append(f"node:{spec['node']}")
     if spec.get("aten") is not None:
         parts.append(f"aten:{spec['aten']}")
     if spec.get("module") is not None:
@@ -261,6 +263,9 @@ def spec_text(spec: dict[str, Any]) -> str:
         parts.append(f"step:{spec['step']}")
     if spec.get("from_step") is not None:
         parts.append(f"from:{spec['from_step']}")
+    for action in ("log", "edit"):  # a breakpoint with an action: last, it takes the rest
+        if spec.get(action) is not None:
+            parts.append(f"{action}:{spec[action]}")
     return ",".join(parts) or "?"
 
 

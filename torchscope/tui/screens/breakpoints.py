@@ -166,8 +166,9 @@ class BreakpointsScreen(ModalScreen[None]):
             yield DataTable(id="bpl-table", cursor_type="row", zebra_stripes=False)
             yield Static("", id="bpl-empty")
             yield ConditionBox(
-                placeholder="add: nan, inf, anynan, op:REGEX, module:REGEX, line:FILE:LINE, "
-                "gradnorm:X, step:N, from:N — joined by ','",
+                placeholder="add: nan, inf, anynan, op:REGEX, node:REGEX, module:REGEX, "
+                "line:FILE:LINE, gradnorm:X, step:N, from:N — joined by ','; last, "
+                ",log:EXPR or ,edit:EXPR acts at each hit instead of pausing",
                 id="bpl-input",
                 select_on_focus=False,  # a letter typed in the list must not be selected
             )
