@@ -1,6 +1,7 @@
 """Record a small transformer's training (a NaN in step 2) and save the UI's main screen.
 
-    python benchmarks/tui_screenshot.py                  # writes docs/screenshot.svg
+    python benchmarks/tui_screenshot.py                  # writes screenshot.svg (the docs'
+                                                         # pictures: docs/generate.py)
     python benchmarks/tui_screenshot.py --record-only t.tsc   # just the trace, to explore:
     python -c "from torchscope.tui import run_tui, FileSource; run_tui(FileSource('t.tsc'))"
 
@@ -101,7 +102,7 @@ async def shoot(trace: Path, out: Path, size: tuple[int, int]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=str(ROOT / "docs" / "screenshot.svg"))
+    ap.add_argument("--out", default="screenshot.svg")
     ap.add_argument("--size", default="170x46", help="terminal WIDTHxHEIGHT")
     ap.add_argument("--record-only", metavar="TRACE", default=None)
     args = ap.parse_args()

@@ -1,6 +1,6 @@
 """The MCP server: torchscope's jobs, recordings and commands as tools for coding agents.
 
-Built on the official ``mcp`` SDK (``pip install 'torchscope[mcp]'``), over stdio
+Built on the official ``mcp`` SDK (``pip install 'torchscope-debugger[mcp]'``), over stdio
 (``torchscope mcp``). Every tool has typed arguments and a bounded answer (pages with
 ``offset``/``limit`` and ``next_offset``); every failure is one line (``tool: what went
 wrong``); a tool that waits (``record``, ``pause``, ``step``, ``next``, ``continue``,
