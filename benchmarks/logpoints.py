@@ -1,6 +1,7 @@
 """What a logpoint costs, per hit, measured against the same traced run.
 
     python benchmarks/logpoints.py [--workload mlp|policy|transformer] [--steps N] [--repeats R]
+                                   [--clock cpu|wall]
 
 Rows, all with ``torchscope.trace(keep=False)`` around the same training step
 (``benchmarks/workloads.py``), timed in one run (rounds rotate the order, so drift hits every
@@ -13,7 +14,9 @@ row alike); the ratio column is each row's median step time over the first row's
                               hit per step
   logpoint on every node      ``--log 'node:.' 'grad_outputs[0].norm()'``: a hit per node
 
-"per hit" is (row - "logpoint, no hit") / hits per step: what evaluating the expression,
+Steps are timed by this thread's CPU time by default (``--clock cpu``: a host shared with
+other jobs slows the wall clock of every row, not its CPU time); ``--clock wall`` for the
+wall clock. "per hit" is (row - "logpoint, no hit") / hits per step: what evaluating the expression,
 formatting its line, writing it and its ``log`` event cost. Logpoint lines go to /dev/null
 (written, as a job writes them). Nothing is paid while no logpoint is set: that is the
 "traced" row, whose instructions per op ``benchmarks/instructions.py`` counts.
@@ -55,7 +58,9 @@ def stderr_to_devnull():
         os.close(saved)
 
 
-def block(make, breakpoints: list[dict], steps: int) -> tuple[list[float], int]:
+def block(
+    make, breakpoints: list[dict], steps: int, clock=time.thread_time
+) -> tuple[list[float], int]:
     """Median-ready step times of one block, and the logpoint hits per step."""
     from torchscope.tracer.armed.session import Tracer
 
@@ -64,9 +69,9 @@ def block(make, breakpoints: list[dict], steps: int) -> tuple[list[float], int]:
     times = []
     with stderr_to_devnull(), Tracer(live=False, keep=False, breakpoints=breakpoints) as tr:
         for _ in range(steps):
-            t0 = time.perf_counter()
+            t0 = clock()
             work.step()
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0)
         hits = sum(bp.hits for bp in tr.stepper.breakpoints.values()) if tr.stepper else 0
     return times, hits // steps if steps else 0
 
@@ -76,6 +81,7 @@ def main() -> None:
     p.add_argument("--workload", default="mlp", choices=("mlp", "policy", "transformer"))
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--clock", default="cpu", choices=("cpu", "wall"))
     args = p.parse_args()
 
     import torch
@@ -90,13 +96,17 @@ def main() -> None:
     for r in range(args.repeats):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
-            t, h = block(make, ROWS[name], args.steps)
+            clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+            t, h = block(make, ROWS[name], args.steps, clock)
             times[name] += t
             hits[name] = h
     med = {n: statistics.median(times[n]) for n in names}
     base = med["traced"]
     none = med["logpoint, no hit"]
-    print(f"workload {args.workload}: {args.steps} steps x {args.repeats} rounds, 1 thread")
+    print(
+        f"workload {args.workload}: {args.steps} steps x {args.repeats} rounds, 1 thread, "
+        f"{args.clock} clock (median step)"
+    )
     print(f"| {'row':<24} | {'step (ms)':>9} | {'ratio':>6} | {'hits/step':>9} | per hit (µs) |")
     print(f"|{'-' * 26}|{'-' * 11}|{'-' * 8}|{'-' * 11}|--------------|")
     for n in names:
