@@ -376,3 +376,34 @@ def test_record_pid_with_a_logpoint_and_an_edit(tmp_path):
     finally:
         job.kill()
         job.wait(30)
+
+
+SERVED = """
+import torch
+import torchscope
+
+torchscope.serve(
+    log=("node:^MulBackward0$", "grad_inputs[0]"),
+    edit=[("node:^DivBackward0$", "grad_inputs[0] * 2")],
+)
+x = torch.tensor(2.0, requires_grad=True)
+y = torch.tensor(2.0, requires_grad=True)
+out = x * y + x / y
+out.backward()
+print("dx", x.grad.item(), flush=True)
+"""
+
+
+def test_serve_takes_log_and_edit(tmp_path):
+    script = tmp_path / "served.py"
+    script.write_text(SERVED)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "dx 3.0" in done.stdout  # Mul's 2 + Div's 0.5 doubled
+    assert "log MulBackward0 (step 0): grad_inputs[0] = 2" in done.stderr
+    with pytest.raises(ValueError, match="pairs"):
+        import torchscope.tracer.served_again as served
+
+        served.serve_options(log=["just one string"])

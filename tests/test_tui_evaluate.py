@@ -128,6 +128,31 @@ async def test_p_and_e_on_a_recording(tmp_path: Path):
         timeout=120,
     )
     assert "EDIT  torch.relu at " in dump.stdout and "outputs[0] <- out * 0" in dump.stdout
+    plain = tmp_path / "plain.tsc"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchscope",
+            "run",
+            "--no-live",
+            "--record",
+            str(plain),
+            str(script),
+        ],
+        capture_output=True,
+        timeout=300,
+        cwd=tmp_path,
+        check=True,
+    )
+    diff = subprocess.run(
+        [sys.executable, "-m", "torchscope", "diff", str(plain), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert diff.returncode == 1  # diverged: B's relu output was zeroed
+    assert "B was changed by hand: step 0 torch.relu outputs[0] <- out * 0" in diff.stdout
 
     app = TorchscopeApp(FileSource(path), at_origin=False)
     notes = notes_of(app)
