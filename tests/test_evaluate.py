@@ -202,12 +202,12 @@ def test_edit_of_grad_outputs_before_a_node_runs():
 
 def test_a_slow_expression_answers_pending_and_keeps_the_pause():
     x, w = make_inputs()
-    job = Job(lambda: two_layer(x, w), breakpoints=[{"op": r"^torch\.relu$"}], lease=2)
+    job = Job(lambda: two_layer(x, w), breakpoints=[{"op": r"^torch\.relu$"}], lease=4)
     job.start()
     job.wait_paused()
     job.stepper.contact("ui")  # a UI attached: its lease counts
     handler = stepping_commands(job.stepper, lambda: 0)["evaluate"]
-    args = {"expr": "__import__('time').sleep(3) or 7", "group": None, "index": None}
+    args = {"expr": "__import__('time').sleep(5) or 7", "group": None, "index": None}
     first = handler({**args, "count": 16, "poll": None}, "ui")
     assert first["pending"] and "still running" in first["text"]
     deadline = time.monotonic() + 30
