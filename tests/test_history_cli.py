@@ -142,7 +142,11 @@ def test_history_ls_record_and_dump_from_the_command_line(tmp_path: Path):
     assert traced == sorted({e["step"] for e in events if e["kind"] == "op"})
     assert len(traced) == 3
     dump = torchscope("dump", str(out), "--kind", "history")
-    assert dump.returncode == 0 and " history " in dump.stdout
+    assert dump.returncode == 0, dump.stderr
+    # One line per step, as `torchscope history` prints it.
+    rows = dump.stdout.splitlines()
+    assert rows[0].split()[:3] == ["STEP", "LOSS", "GRAD"]
+    assert [int(r.split()[0]) for r in rows[1:]] == steps
 
 
 def test_history_refuses_bad_input_in_one_line(tmp_path: Path):
