@@ -199,6 +199,10 @@ class NanWatch:
         self._current_backward: Backward | None = None
         self._overflow = False
         self._unseen_backward = False  # a backward whose roots the watch could not see
+        self._fsdp_step = False  # a top-level call of an FSDP module this step
+        self._fsdp_modules: weakref.WeakKeyDictionary[nn.Module, bool] = (
+            weakref.WeakKeyDictionary()
+        )
         self._grad_bytes = 0
         # state
         self._owner = threading.get_ident()
@@ -405,7 +409,20 @@ class NanWatch:
         if len(self._calls) >= self.max_calls:
             self._overflow = True
             return
+        if self._is_fsdp(module):
+            # Never replayed (it would run FSDP's collectives on this rank alone): nothing to
+            # capture, no graph to keep. The report says whose forward made it instead.
+            self._fsdp_step = True
+            return
         self._pending = Call(module, args, dict(kwargs) if kwargs is not None else None)
+
+    def _is_fsdp(self, module: nn.Module) -> bool:
+        known = self._fsdp_modules.get(module)
+        if known is None:
+            from torchscope.tracer.watch.replay import is_fsdp
+
+            known = self._fsdp_modules[module] = is_fsdp(module)
+        return known
 
     def _end_call(self, module: nn.Module, kwargs: dict, output: Any) -> None:
         call, self._pending = self._pending, None
@@ -458,7 +475,7 @@ class NanWatch:
             rec = Backward(roots, kwargs, user_retains, self._take_scaled(roots))
             self._backwards.append(rec)
             self._current_backward = rec
-            if not self.keeping:
+            if not self.keeping or self._fsdp_step:
                 return None
             kept = [b for b in self._backwards if b.roots is not None]
             while len(kept) >= self.max_graphs and kept:
@@ -952,6 +969,7 @@ class NanWatch:
         self._grad_bytes = 0
         self._overflow = False
         self._unseen_backward = False
+        self._fsdp_step = False
         return calls, had_backward
 
     def _look_again(self, calls: list[Call], had_backward: bool) -> None:

@@ -60,6 +60,7 @@ class ReplayedWatch(Protocol):
     _backwards: list[Backward]  # its top-level backward() calls
     _overflow: bool  # more calls than it keeps
     _unseen_backward: bool  # a backward() it could not see
+    _fsdp_step: bool  # an FSDP module's top-level call: not captured, never replayed
     _replaying: bool  # set while the replay runs (the watch ignores its own calls)
     max_calls: int
     on_nan: str
@@ -186,13 +187,13 @@ class Replay:
             )
         if watch._unseen_backward and not self.kept:
             notes.append("backward() was called in a way the watch cannot see: no graph kept")
-        if not self.calls and not self.kept and not self.marked:
-            notes.append("nothing of the step was captured (no top-level module call with grad)")
-            det["reproduced"] = False
-            return
-        if any(_is_fsdp(c.target) for c in self.calls):
+        if watch._fsdp_step or any(is_fsdp(c.target) for c in self.calls):
             det["fsdp"] = True  # said by the watch's line: whose forward made it
             notes.append(_fsdp_note(det))
+            det["reproduced"] = False
+            return
+        if not self.calls and not self.kept and not self.marked:
+            notes.append("nothing of the step was captured (no top-level module call with grad)")
             det["reproduced"] = False
             return
         self._note_changed_inputs()
@@ -603,7 +604,7 @@ def _fsdp_note(det: dict[str, Any]) -> str:
     )
 
 
-def _is_fsdp(module: torch.nn.Module) -> bool:
+def is_fsdp(module: torch.nn.Module) -> bool:
     return any(type(m).__module__.startswith("torch.distributed.fsdp") for m in module.modules())
 
 
