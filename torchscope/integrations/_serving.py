@@ -36,6 +36,8 @@ class ServeKeywords(TypedDict, total=False):
     watch: str | None
     on_nan: str
     history: bool
+    log: Any  # (spec, expression) logpoints: see serve()
+    edit: Any  # (spec, expression) edits at every hit: see serve()
 
 
 class ServedJob:
