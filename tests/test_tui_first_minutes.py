@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from tui_pilot import sync, until
 
@@ -76,7 +78,9 @@ async def test_in_a_browser_the_pause_mark_is_a_glyph_its_fonts_have(monkeypatch
     from torchscope.cli.web import app_main
     from torchscope.tui import glyphs
 
-    monkeypatch.delenv(glyphs.ENV, raising=False)
+    # Recorded as it was (unset, usually): app_main sets it in os.environ itself, and the
+    # teardown must put it back as it was, not as it was after app_main.
+    monkeypatch.setenv(glyphs.ENV, "")
     assert app_main(["/nonexistent.tsc"]) == 2  # a tab's process, refused: the mark is set
     assert glyphs.pause() == "‖"
     app = TorchscopeApp(ScriptedSource(make_trace(3, 4, nan_step=1), mode="replay"))
@@ -84,5 +88,5 @@ async def test_in_a_browser_the_pause_mark_is_a_glyph_its_fonts_have(monkeypatch
         await until(pilot, lambda: "NaN first appears" in app.screen_text(), what="the pause")
         text = app.screen_text()
         assert "‖ NaN first appears" in text and "⏸" not in text
-    monkeypatch.delenv(glyphs.ENV)
+    os.environ.pop(glyphs.ENV)
     assert glyphs.pause() == "⏸"
