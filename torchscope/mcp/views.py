@@ -17,7 +17,7 @@ from torchscope.analysis.trace import fold_alerts, is_tally, job_origins
 from torchscope.protocol.events import ALERT, GRAD, GRAPH, OP, Event, number_text
 from torchscope.tui.countpass import Counter
 from torchscope.tui.format import short_name, source_cell
-from torchscope.tui.stepping import event_name, pause_story, spec_text
+from torchscope.tui.stepping import bad_kind, event_name, pause_story, spec_text
 from torchscope.tui.store import KIND, SEQ, CallHits, EventStore, StepData, compile_filter
 
 __all__ = [
@@ -89,19 +89,6 @@ def summary_view(s: Any) -> dict[str, Any] | None:
     return out
 
 
-def _bad(summaries: Any) -> str | None:
-    """``NaN``/``Inf`` when a summary of the list counts one (NaN first)."""
-    found = None
-    for s in summaries if isinstance(summaries, list) else ():
-        stats = s.get("stats") if isinstance(s, dict) else None
-        if isinstance(stats, dict):
-            if stats.get("nan"):
-                return "NaN"
-            if stats.get("inf"):
-                found = "Inf"
-    return found
-
-
 def _first_text(summaries: Any) -> str:
     if isinstance(summaries, list) and summaries:
         return compact_stat(summaries[0]) if isinstance(summaries[0], dict) else "None"
@@ -139,7 +126,7 @@ def _row(data: StepData, t: tuple, index: int) -> dict[str, Any]:
         row["shape"] = " ".join(shape_text(s) for s in ev.get(outs) or ())
     else:
         row["in"] = _first_text(ev.get(ins))
-    bad_in, bad_out = _bad(ev.get(ins)), _bad(ev.get(outs))
+    bad_in, bad_out = bad_kind(ev.get(ins)), bad_kind(ev.get(outs))
     if bad_in or bad_out:
         row["bad"] = f"{bad_out} made here" if bad_out and not bad_in else f"{bad_in or bad_out} in"
     return row
@@ -359,7 +346,7 @@ def graph_view(
             item["grad_seq"] = g["seq"]
             item["arrived"] = _first_text(g.get("grad_outputs"))
             item["sends"] = [compact_stat(s) if s else "None" for s in g.get("grad_inputs") or ()]
-            bad_in, bad_out = _bad(g.get("grad_outputs")), _bad(g.get("grad_inputs"))
+            bad_in, bad_out = bad_kind(g.get("grad_outputs")), bad_kind(g.get("grad_inputs"))
             if bad_out and not bad_in:
                 item["bad"] = f"{bad_out} made here"
             elif bad_in:

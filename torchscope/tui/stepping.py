@@ -25,6 +25,7 @@ __all__ = [
     "REPLAY_REFUSAL",
     "StepperView",
     "ValuesView",
+    "bad_kind",
     "event_name",
     "pause_key",
     "pause_story",
@@ -63,7 +64,7 @@ def pause_event(pause: dict) -> dict:
 _SIDES = {GRAD: ("grad_outputs", "grad_inputs")}
 
 
-def _bad_kind(summaries: Any) -> str | None:
+def bad_kind(summaries: Any) -> str | None:
     """``NaN`` or ``Inf`` when a summary in the list holds one (NaN first), else None."""
     found = None
     for s in summaries if isinstance(summaries, list) else ():
@@ -98,13 +99,13 @@ def pause_story(pause: dict, stepper: StepperView | None = None) -> str:
     ins, outs = _SIDES.get(ev.get("kind"), ("inputs", "outputs"))
     head = {"step": "stepped", "next step": "at the next step"}.get(reason, reason)
     if reason == "origin":  # a recording's cursor at an alert's origin
-        head = f"{_bad_kind(ev.get(outs)) or 'NaN/Inf'} first appears"
+        head = f"{bad_kind(ev.get(outs)) or 'NaN/Inf'} first appears"
     if reason.startswith("breakpoint"):
         bp_id = reason.removeprefix("breakpoint").strip()
         bp = stepper.breakpoint(int(bp_id)) if stepper is not None and bp_id.isdigit() else None
-        bad = _bad_kind(ev.get(outs)) if phase != "before" else None
+        bad = bad_kind(ev.get(outs)) if phase != "before" else None
         if bp is not None and bad is not None and (bp.get("nan") or bp.get("inf")):
-            head = f"{bad} first appears" if _bad_kind(ev.get(ins)) is None else f"{bad} here"
+            head = f"{bad} first appears" if bad_kind(ev.get(ins)) is None else f"{bad} here"
         elif bp is not None:
             head = f"{reason} ({spec_text(bp)})"
     parts = [short_name(event_name(ev))]
