@@ -44,8 +44,15 @@ def make_mlp(width: int = 256, depth: int = 8, batch: int = 64, seed: int = 0) -
     torch.manual_seed(seed)
     model = MLP(width, depth)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(batch, width)
-    y = torch.randn(batch, width)
+    step = _mse_step(model, opt, torch.randn(batch, width), torch.randn(batch, width))
+    desc = f"MLP {depth}x(Linear {width}, GELU, LayerNorm), batch {batch}, SGD, MSE"
+    return Workload("mlp", desc, model, opt, step)
+
+
+def _mse_step(
+    model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> Callable[[], None]:
+    """One plain training step on fixed inputs: zero_grad, MSE loss, backward, update."""
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -53,8 +60,7 @@ def make_mlp(width: int = 256, depth: int = 8, batch: int = 64, seed: int = 0) -
         loss.backward()
         opt.step()
 
-    desc = f"MLP {depth}x(Linear {width}, GELU, LayerNorm), batch {batch}, SGD, MSE"
-    return Workload("mlp", desc, model, opt, step)
+    return step
 
 
 def make_amp(width: int = 256, depth: int = 8, batch: int = 64, seed: int = 0) -> Workload:
@@ -196,15 +202,7 @@ def make_tiny(width: int = 16, depth: int = 20, batch: int = 4, seed: int = 0) -
     torch.manual_seed(seed)
     model = nn.Sequential(*(nn.Linear(width, width) for _ in range(depth)))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(batch, width)
-    y = torch.randn(batch, width)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-
+    step = _mse_step(model, opt, torch.randn(batch, width), torch.randn(batch, width))
     desc = f"tiny step: {depth}x Linear({width},{width}), batch {batch}, SGD, MSE"
     return Workload("tiny", desc, model, opt, step)
 

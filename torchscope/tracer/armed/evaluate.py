@@ -369,14 +369,21 @@ def summary_pair(before: dict[str, Any], after: dict[str, Any]) -> str:
     return f"{summary_text(before)} -> {summary_text(after)}"
 
 
+def _about(ev: dict[str, Any]) -> dict[str, Any]:
+    """The event a log line or an edit is about: its seq, its name (a node's), its node id."""
+    return {
+        "at": ev.get("seq"),
+        "name": ev.get("node") if ev.get("kind") == GRAD else ev.get("name"),
+        "node_id": ev.get("node_id"),
+    }
+
+
 def log_line_event(seq: int, step: int, ev: dict[str, Any], bp: Breakpoint, text: str) -> Event:
     return Event(
         kind=LOG,
         seq=seq,
         step=step,
-        at=ev.get("seq"),
-        name=ev.get("node") if ev.get("kind") == GRAD else ev.get("name"),
-        node_id=ev.get("node_id"),
+        **_about(ev),
         expr=bp.log,
         text=text,
         bp=bp.id,
@@ -399,9 +406,7 @@ def edit_event(
         kind=EDIT,
         seq=seq,
         step=step,
-        at=ev.get("seq"),
-        name=ev.get("node") if ev.get("kind") == GRAD else ev.get("name"),
-        node_id=ev.get("node_id"),
+        **_about(ev),
         phase=point.phase,
         target=target,
         expr=expr,
