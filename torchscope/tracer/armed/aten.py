@@ -36,8 +36,8 @@ from torchscope.tracer.armed.backward import NODE_ID, NODE_MOD, NODE_SRC, node_n
 from torchscope.tracer.armed.calls import has_inf_scalar, iter_tensors, result_tensors
 from torchscope.tracer.armed.collectives import KERNEL_PREFIXES, WAIT_KERNEL, kernel_group_size
 from torchscope.tracer.armed.modules import ModuleTracker
-from torchscope.tracer.armed.recorder import Recorder
-from torchscope.tracer.armed.recording import THIS_THREAD
+from torchscope.tracer.armed.recorder_base import Recorder
+from torchscope.tracer.armed.recorder_shared import THIS_THREAD
 from torchscope.tracer.armed.source import _is_internal as is_internal
 
 _current_node = torch._C._current_autograd_node

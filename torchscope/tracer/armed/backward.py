@@ -20,8 +20,8 @@ from torchscope.protocol.breakpoints import AFTER, BEFORE
 from torchscope.protocol.events import GRAD, GRAPH, OP, Event
 from torchscope.tracer import scaler_calls
 from torchscope.tracer.armed.modules import is_fsdp2
-from torchscope.tracer.armed.recorder import Recorder
-from torchscope.tracer.armed.recording import THIS_THREAD, is_grad_enabled
+from torchscope.tracer.armed.recorder_base import Recorder
+from torchscope.tracer.armed.recorder_shared import THIS_THREAD, is_grad_enabled
 from torchscope.tracer.armed.source import user_frame
 from torchscope.tracer.armed.summary import tensor_meta
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch.overrides
 
-import torchscope
+from torchscope.tracer.armed.source import TORCHSCOPE_DIR
 
-_OURS = os.path.dirname(os.path.abspath(torchscope.__file__)) + os.sep
+_OURS = TORCHSCOPE_DIR + os.sep
 _OVERRIDES = os.path.abspath(torch.overrides.__file__)
 _installed = False
 

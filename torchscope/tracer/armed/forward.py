@@ -40,8 +40,8 @@ from torchscope.tracer.armed.calls import (
     writes_inputs,
 )
 from torchscope.tracer.armed.collectives import COLLECTIVES, group_size, is_async, written_tensors
-from torchscope.tracer.armed.recorder import Recorder
-from torchscope.tracer.armed.recording import THIS_THREAD
+from torchscope.tracer.armed.recorder_base import Recorder
+from torchscope.tracer.armed.recorder_shared import THIS_THREAD
 from torchscope.tracer.armed.source import FSDP_DIR, called_from, user_frame, user_site
 
 # Looked up once: __torch_function__ runs for every torch call of the job (dynamo recognises

@@ -15,7 +15,7 @@ from torchscope.protocol.breakpoints import AFTER, Breakpoint
 from torchscope.protocol.events import ATEN, PAUSE, RESUME, Event
 from torchscope.tracer.armed.evaluate import Evaluator, edit_event, log_line_event
 from torchscope.tracer.armed.pipeline import EventPipeline
-from torchscope.tracer.armed.recording import ArmedState, ErrorReport
+from torchscope.tracer.armed.recorder_shared import ArmedState, ErrorReport
 from torchscope.tracer.armed.source import thread_stack
 from torchscope.tracer.ranks import say
 from torchscope.tracer.stepper import WATCH_OWNER, PausePoint, Stepper

@@ -37,7 +37,7 @@ from torchscope.tracer.armed.forward import ForwardMode, ForwardRecorder
 from torchscope.tracer.armed.modules import ModuleTracker
 from torchscope.tracer.armed.pausing import Pauser
 from torchscope.tracer.armed.pipeline import EventPipeline, Sink
-from torchscope.tracer.armed.recording import THIS_THREAD
+from torchscope.tracer.armed.recorder_shared import THIS_THREAD
 from torchscope.tracer.armed.summary import Summarizer
 from torchscope.tracer.armed.tensors import TensorSummaries
 from torchscope.tracer.clock import StepClock

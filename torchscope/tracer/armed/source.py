@@ -9,12 +9,12 @@ from types import CodeType
 
 import torch
 
-import torchscope
 from torchscope.tracer.kernel import cell_of
 
-LIBRARY_DIRS = tuple(
-    os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, torchscope)
-)
+# The package's directory from this file's place in it (tracer/armed/): importing the
+# top-level package here would make it and the tracer import each other.
+TORCHSCOPE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LIBRARY_DIRS = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, TORCHSCOPE_DIR + os.sep)
 # The verdict per file name keeps the frame walk to a dict lookup per frame (file names hash
 # once; code objects hash their whole contents at every lookup).
 _internal: dict[str, bool] = {}

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from torchscope.tracer.armed.modules import ModuleTracker
 from torchscope.tracer.armed.pausing import Pauser
 from torchscope.tracer.armed.pipeline import EventPipeline
-from torchscope.tracer.armed.recording import ArmedState, ErrorReport, GradOffLocked
+from torchscope.tracer.armed.recorder_shared import ArmedState, ErrorReport, GradOffLocked
 from torchscope.tracer.armed.tensors import TensorSummaries
 
 
