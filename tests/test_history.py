@@ -16,7 +16,7 @@ from torch.optim import optimizer as optim_mod
 
 from torchscope.protocol.codec import pack, unpack
 from torchscope.protocol.events import HISTORY, check_event
-from torchscope.protocol.history import RunHistory, StepPoint, parse_condition
+from torchscope.protocol.history import ModuleValues, RunHistory, StepPoint, parse_condition
 from torchscope.tracer import backward_calls
 from torchscope.tracer.agent import Agent, ServeOptions
 from torchscope.tracer.clock import StepClock
@@ -114,6 +114,13 @@ def test_module_norms_are_kept_for_the_newest_steps_only():
     kept = [p.step for p in h.points if p.module_norms]
     assert kept == list(range(15, 20))
     assert all(p.loss == 1.0 for p in h.points)
+
+
+def test_module_values_is_a_whole_mapping():
+    # Its numbers once sat in an attribute named ``values``, which made .values() call an array.
+    norms = ModuleValues(("a", "b"), [1.0, 2.0])
+    assert list(norms.values()) == [1.0, 2.0]
+    assert dict(norms.items()) == {"a": 1.0, "b": 2.0} and norms["b"] == 2.0
 
 
 def test_conditions_parse_test_and_refuse_in_one_line():

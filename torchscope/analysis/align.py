@@ -100,6 +100,8 @@ class _Parents:
         self.node_keys: dict[int, list[tuple]] = {}
         for _, key, ev in keyed(events):
             seq = ev.get("seq")
+            if type(seq) is not int:  # a malformed event: no call can name it
+                continue
             if ev.get("kind") == OP:
                 self.ops[seq] = key
             elif type(ev.get("node_id")) is int:

@@ -38,20 +38,21 @@ import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from torchscope.analysis.align import group_aten_by_step, group_by_step, has_aten
 from torchscope.analysis.render import short_source
 from torchscope.protocol.events import ATEN, GRAD, OP, Event, number_text
 
 STAT_KEYS = ("min", "max", "mean", "std", "norm")
-_TENSOR_FIELDS = {
+# Keyed by ``ev.get("kind")``, which is None for an event without one.
+_TENSOR_FIELDS: dict[str | None, tuple[str, ...]] = {
     OP: ("inputs", "outputs"),
     GRAD: ("grad_outputs", "grad_inputs"),
     ATEN: ("inputs", "outputs"),
 }
 # What the drift summary measures: a forward op's outputs, a backward node's gradients.
-_DRIFT_FIELD = {OP: "outputs", GRAD: "grad_inputs"}
+_DRIFT_FIELD: dict[str | None, str] = {OP: "outputs", GRAD: "grad_inputs"}
 _FLOAT_DTYPES = frozenset(
     ("float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2", "half")
 )
@@ -171,7 +172,7 @@ def _nonfinite(x: Any) -> bool:
     return isinstance(x, float) and not math.isfinite(x)
 
 
-def _finite(x: Any) -> bool:
+def _finite(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
@@ -635,8 +636,8 @@ def _drift_lines(res: Result, max_steps: int, max_modules: int) -> Iterator[str]
     for m in shown:
         cells = []
         for s in steps:
-            v = res.drift.get((m, s))
-            text = "-" if v is None else "NaN/Inf" if v == math.inf else f"{v:.2g}"
+            drift = res.drift.get((m, s))
+            text = "-" if drift is None else "NaN/Inf" if drift == math.inf else f"{drift:.2g}"
             cells.append(f"{text:>9}")
         yield f"  {m or '(top level)':<{width}} " + " ".join(cells)
     if len(shown) < len(order):
@@ -650,7 +651,7 @@ def read_events(path: str) -> tuple[list[Event], dict, list[str]]:
     from torchscope.protocol.codec import ProtocolError
     from torchscope.protocol.tracefile import TraceReader
 
-    notes = []
+    notes: list[str] = []
     try:
         with TraceReader(path) as reader:
             events = list(reader.iter_events())
@@ -663,7 +664,7 @@ def read_events(path: str) -> tuple[list[Event], dict, list[str]]:
                 notes.append(f"{path}: {reader.damaged}")
     except (ProtocolError, OSError) as exc:
         raise DiffError(f"{path}: {exc}") from None
-    session = next((e for e in events if e.get("kind") == "session"), {})
+    session: dict[str, Any] = next((e for e in events if e.get("kind") == "session"), {})
     return events, session, notes
 
 

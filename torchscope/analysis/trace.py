@@ -9,7 +9,7 @@ analysis starts from. Imports neither torch nor textual, and pandas only in ``to
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from torchscope.protocol.events import ALERT, ERROR, GRAD, GRAPH, OP, SESSION, STEP, Event
@@ -78,7 +78,7 @@ def fold_alerts(alerts: Iterable[Event]) -> list[Event]:
     return out
 
 
-def job_origins(alerts_by_rank: dict[int, Iterable[Event]]) -> list[Event]:
+def job_origins(alerts_by_rank: Mapping[int, Iterable[Event]]) -> list[Event]:
     """The NaN/Inf origins of a whole multi-rank job, from every rank's alerts (each rank's
     recording): one per origin, on the rank that made it, with ``arrivals`` (``{rank, step,
     message}`` of each rank it reached, linked to it) and ``job_consequences``: its own
@@ -104,12 +104,14 @@ def job_origins(alerts_by_rank: dict[int, Iterable[Event]]) -> list[Event]:
                 steps[o["origin"]] = _steps_of(o, counted=False)
     for rank, alerts in sorted(folded.items()):
         for a in alerts:
-            o = origins.get(a.get("linked_origin"))
-            if o is None:
+            origin = origins.get(a.get("linked_origin"))
+            if origin is None:
                 continue
-            o["arrivals"].append({"rank": rank, "step": a.get("step"), "message": a["message"]})
-            o["job_consequences"] += 1 + int(a.get("consequences") or 0)
-            o["job_first_consequences"].append(
+            origin["arrivals"].append(
+                {"rank": rank, "step": a.get("step"), "message": a["message"]}
+            )
+            origin["job_consequences"] += 1 + int(a.get("consequences") or 0)
+            origin["job_first_consequences"].append(
                 {
                     "rank": rank,
                     "step": a.get("step"),
@@ -119,10 +121,10 @@ def job_origins(alerts_by_rank: dict[int, Iterable[Event]]) -> list[Event]:
                     "message": a["message"],
                 }
             )
-            o["job_first_consequences"].extend(
+            origin["job_first_consequences"].extend(
                 {**c, "rank": rank} for c in a.get("first_consequences") or ()
             )
-            steps[o["origin"]] += _steps_of(a, counted=True)
+            steps[origin["origin"]] += _steps_of(a, counted=True)
     for ident, o in origins.items():
         span = steps[ident]
         o["job_consequence_steps"] = [min(span), max(span)] if span else None
@@ -144,6 +146,12 @@ class Trace:
     ``torchscope.trace()`` fills one while the job runs; ``torchscope.load()`` builds one from a
     file. Both hold the same ``Event`` records.
     """
+
+    # Set by load_trace only (see there); declared without a value so that a live Trace
+    # still has none of them.
+    metadata: dict[str, Any]
+    truncated: bool
+    damaged: str | None
 
     def __init__(self, events: Iterable[Event] = ()) -> None:
         self.events: list[Event] = list(events)
@@ -217,7 +225,7 @@ def load_trace(
     raises TraceFileError."""
     with TraceReader(path, progress=progress) as reader:
         trace = Trace(reader.iter_events())
-        trace.metadata = reader.metadata  # type: ignore[attr-defined]
-        trace.truncated = reader.truncated  # type: ignore[attr-defined]
-        trace.damaged = reader.damaged  # type: ignore[attr-defined]
+        trace.metadata = reader.metadata
+        trace.truncated = reader.truncated
+        trace.damaged = reader.damaged
     return trace

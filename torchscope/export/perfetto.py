@@ -100,7 +100,8 @@ class _Layout:
         self.bw_nodes = 0
         self.bw_tid: int | None = None
         self.grad_tids: dict[str, int] = {}
-        self.where: dict[int, tuple[int, int]] = {}  # seq -> (ts ns, tid), for alerts
+        # seq -> (ts ns, tid), for alerts (looked up by their event_seq, None for none)
+        self.where: dict[int | None, tuple[int, int]] = {}
         self.train_thread = "MainThread"
         self.threads_named = False
         self.pause: tuple[int, Event] | None = None  # (ts ns, the pause event) until resumed
@@ -251,7 +252,7 @@ class _Layout:
             yield from self._close_pause(ev)
             return
         if kind in (ALERT, ERROR):
-            ts, tid = self.where.get(ev.get("event_seq"), (self.cursor, TRAIN_TID))  # type: ignore[arg-type]
+            ts, tid = self.where.get(ev.get("event_seq"), (self.cursor, TRAIN_TID))
             args = {
                 k: _safe(v)
                 for k, v in ev.items()
@@ -298,7 +299,8 @@ class _Layout:
             seconds = until - since
             if math.isfinite(seconds) and seconds > 0:
                 dur = max(round(seconds * 1e9), 1)
-        event = ev.get("event") if isinstance(ev.get("event"), dict) else {}
+        event = ev.get("event")
+        event = event if isinstance(event, dict) else {}
         what = event.get("name") or event.get("node") or "?"
         args = {
             "reason": _safe(ev.get("reason")),
@@ -367,8 +369,8 @@ def trace_events(events: Iterable[Event]) -> Iterator[dict]:
     first = next(it, None)
     if first is not None and first.get("kind") == SESSION:
         session = first
-    pid = session.get("pid") if isinstance(session.get("pid"), int) else 1
-    layout = _Layout(pid)
+    pid = session.get("pid")
+    layout = _Layout(pid if isinstance(pid, int) else 1)
     if first is not None:
         yield from layout.feed(first)
     for ev in it:

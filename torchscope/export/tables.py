@@ -26,8 +26,8 @@ TABLE_KINDS = (*KINDS, TENSOR)
 MAX_TENSORS = 4
 STAT_KEYS = ("min", "max", "mean", "std", "norm", "nan", "inf")
 SUMMARY_COLUMNS = ("shape", "dtype", "device", "param", *STAT_KEYS, "values")
-# kind -> list field -> column prefix
-_FLAT = {
+# kind -> list field -> column prefix (looked up by ``ev.get("kind")``: None for no kind)
+_FLAT: dict[str | None, dict[str, str]] = {
     OP: {"inputs": "in", "outputs": "out"},
     GRAD: {"grad_outputs": "gout", "grad_inputs": "gin"},
 }

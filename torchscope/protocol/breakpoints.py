@@ -19,6 +19,7 @@ the GIL, so control replies stall too). Three rules make that so:
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,14 +32,17 @@ MAX_PATTERN_CHARS = 256  # longer op/module patterns are refused
 MAX_PATTERN_STATES = 2000  # the matcher's size once repeats are expanded (a{1000}{1000}: refused)
 MAX_CACHED_VERDICTS = 16_384  # per breakpoint and condition; then the cache starts over
 
-try:  # Python 3.11+
+# A version check rather than try/except ImportError: mypy then checks the 3.10 branch
+# against typeshed's sre_* stubs (it has none for re._compiler and friends, the same modules
+# under their 3.11 names; the sre_* aliases warn on import there).
+if sys.version_info >= (3, 11):
     from re import _compiler as _sre_compile
     from re import _constants as _sre_c
     from re import _parser as _sre_parse
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_compile as _sre_compile  # type: ignore[no-redef]
-    import sre_constants as _sre_c  # type: ignore[no-redef]
-    import sre_parse as _sre_parse  # type: ignore[no-redef]
+else:  # pragma: no cover - Python 3.10
+    import sre_compile as _sre_compile
+    import sre_constants as _sre_c
+    import sre_parse as _sre_parse
 
 
 class BreakpointError(ValueError):
@@ -376,7 +380,7 @@ class SafePattern:
         self._atoms: dict[tuple, Any] = {}
         try:
             match = self._new(_MATCH, None)
-            self.start = self._seq(list(parsed), parsed.state.flags, match)
+            self.start = self._seq(parsed.data, parsed.state.flags, match)
         except _TooBig:
             raise BreakpointError(
                 f"{what} regex {pattern!r} is too complex (more than {MAX_PATTERN_STATES} "

@@ -332,16 +332,16 @@ class SessionClient:
         if not self.sub.poll(max(0, int(timeout_ms)), zmq.POLLIN):
             return out
         with _gc_paused():
-            self._drain(out)
+            self._drain(self.sub, out)
         return out
 
-    def _drain(self, out: list[dict[str, Any]]) -> None:
+    def _drain(self, sub: zmq.Socket, out: list[dict[str, Any]]) -> None:
         deadline = time.monotonic() + MAX_RECV_SECONDS
         for _ in range(MAX_FRAMES_PER_RECV):
             if time.monotonic() > deadline:
                 break
             try:
-                raw = self.sub.recv(zmq.NOBLOCK)
+                raw = sub.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
             try:
@@ -423,7 +423,7 @@ def _hint(control: str, curve: bool) -> str:
 
 def _ipv6(endpoint: str | None) -> bool:
     """An IPv6 literal tcp endpoint (``tcp://[::1]:PORT``): its socket needs zmq.IPV6."""
-    return bool(endpoint) and endpoint.startswith("tcp://[")
+    return endpoint is not None and endpoint.startswith("tcp://[")
 
 
 def _runtime_dir_text() -> str:

@@ -54,7 +54,7 @@ def pack_with_packed(msg: dict[str, Any], key: str, items: list[bytes]) -> bytes
     return b"".join(parts)
 
 
-def unpack(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
+def unpack(data: bytes | bytearray | memoryview, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
     """Decode one msgpack object; any malformed input raises ProtocolError."""
     if len(data) > max_bytes:
         raise ProtocolError(f"message of {len(data)} bytes exceeds the {max_bytes}-byte limit")

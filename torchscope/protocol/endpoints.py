@@ -244,16 +244,21 @@ class SessionRecord:
             v = session.get(key)
             return v if isinstance(v, int) and not isinstance(v, bool) else None
 
+        def text(key: str) -> str | None:
+            v = session.get(key)
+            return v if isinstance(v, str) else None
+
         argv = session.get("argv")
         started = session.get("started")
+        host = text("host")
         return cls(
             pid=num("pid") or os.getpid(),
             rank=num("rank"),
             world_size=num("world_size"),
-            job=session.get("job") if isinstance(session.get("job"), str) else None,
-            script=session.get("script") if isinstance(session.get("script"), str) else None,
+            job=text("job"),
+            script=text("script"),
             argv=[str(a) for a in argv] if isinstance(argv, (list, tuple)) else list(sys.argv),
-            host=session.get("host") if isinstance(session.get("host"), str) else _hostname(),
+            host=host if host is not None else _hostname(),
             started=float(started) if isinstance(started, (int, float)) else time.time(),
             events=events,
             control=control,

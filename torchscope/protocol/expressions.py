@@ -193,7 +193,8 @@ def evaluate_kept(
     if attr is not None:
         value = summary.get(attr)
         return {"repr": f"torch.Size({value})" if attr == "shape" else str(value)}
-    stats = summary.get("stats") if isinstance(summary.get("stats"), dict) else {}
+    stats = summary.get("stats")
+    stats = stats if isinstance(stats, dict) else {}
     if method == "numel":
         shape = summary.get("shape") or []
         return {"repr": str(math.prod(d for d in shape if isinstance(d, int)))}

@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from torchscope.protocol.codec import (
     MAX_MESSAGE_BYTES,
@@ -89,7 +89,7 @@ def _short(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 

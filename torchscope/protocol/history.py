@@ -51,7 +51,7 @@ class StepPoint:
     step: int
     loss: float | None = None
     grad_norm: float | None = None
-    module_norms: dict[str, float] | None = None
+    module_norms: Mapping[str, float] | None = None
     update_ratios: dict[str, float] | None = None
     traced: bool = False
     scale: float | None = None
@@ -304,15 +304,17 @@ class ModuleValues(Mapping[str, float]):
     step that has the same modules and the numbers sit in a flat array, about eight times less
     memory than a dict of floats (a 100-module model over 10k steps: ~9 MB)."""
 
-    __slots__ = ("_index", "names", "values")
+    # The numbers are kept as ``_numbers``: an attribute named ``values`` would shadow
+    # Mapping.values(), so ``norms.values()`` would call the array.
+    __slots__ = ("_index", "_numbers", "names")
 
     def __init__(self, names: tuple[str, ...], values: Any, index: dict[str, int] | None = None):
         self.names = names
-        self.values = values if isinstance(values, array) else array("d", values)
+        self._numbers = values if isinstance(values, array) else array("d", values)
         self._index = index if index is not None else {n: i for i, n in enumerate(names)}
 
     def __getitem__(self, key: str) -> float:
-        return self.values[self._index[key]]
+        return self._numbers[self._index[key]]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names)

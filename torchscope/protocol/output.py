@@ -35,15 +35,15 @@ def same_file(a: str, b: str) -> bool:
 @contextlib.contextmanager
 def replacing(path: str, mode: str = "w") -> Iterator[IO]:
     """The file to write ``path``'s new content to (``mode`` "w" for text, "wb" for bytes)."""
-    text = {} if "b" in mode else {"encoding": "utf-8"}
+    encoding = None if "b" in mode else "utf-8"
     if is_special(path) or os.path.isdir(path):
         # A directory falls through to open(), which says so in its own words.
-        with open(path, mode, **text) as f:
+        with open(path, mode, encoding=encoding) as f:
             yield f
         return
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, mode, **text) as f:
+        with open(tmp, mode, encoding=encoding) as f:
             yield f
         os.replace(tmp, path)
     finally:

@@ -55,10 +55,11 @@ from typing import Any
 
 import msgpack
 
-try:
+# A platform check (not try/except ImportError) so that mypy types fcntl as the module.
+if sys.platform == "win32":  # no advisory locks
+    fcntl = None
+else:
     import fcntl
-except ImportError:  # Windows: no advisory locks
-    fcntl = None  # type: ignore[assignment]
 
 from torchscope.protocol import codec
 from torchscope.protocol.codec import ProtocolError
