@@ -404,6 +404,6 @@ def test_serve_takes_log_and_edit(tmp_path):
     assert "dx 3.0" in done.stdout  # Mul's 2 + Div's 0.5 doubled
     assert "log MulBackward0 (step 0): grad_inputs[0] = 2" in done.stderr
     with pytest.raises(ValueError, match="pairs"):
-        import torchscope.tracer.served_again as served
+        from torchscope.tracer.options import Options
 
-        served.serve_options(log=["just one string"])
+        Options.for_serve(log=["just one string"])

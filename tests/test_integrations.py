@@ -154,10 +154,11 @@ def jobs(request, tmp_path_factory) -> dict[str, Job]:
 
 
 def test_the_callbacks_take_serves_options_and_say_so_for_others():
-    from torchscope.integrations._serving import ServedJob, ServeKeywords
+    from torchscope.integrations._serving import ServedJob
+    from torchscope.tracer.options import SERVE_KEYWORDS
 
     serve_keywords = set(inspect.signature(torchscope.serve).parameters)
-    assert set(ServeKeywords.__annotations__) == serve_keywords
+    assert set(SERVE_KEYWORDS) == serve_keywords
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'recrod'.*serve\(\)"):
         ServedJob({"recrod": "t.tsc"})
 
@@ -184,7 +185,7 @@ def test_a_served_job_is_renumbered_only_where_the_framework_counts_otherwise(mo
     watch_requests = []
     running = SimpleNamespace(
         clock=FakeClock(0),
-        options=agent_mod.ServeOptions(),
+        options=agent_mod.Options(),
         watch_setting=lambda: (None, "continue"),
         request_watch=lambda *args, **kw: watch_requests.append(args),
     )

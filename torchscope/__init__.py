@@ -7,32 +7,31 @@ and the file readers run on machines without torch.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
+
+from torchscope.tracer.options import Options
+from torchscope.tracer.watch.stop import WatchStop
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from typing_extensions import Unpack
-
     from torchscope.analysis.trace import Trace
     from torchscope.tracer.agent import Agent
     from torchscope.tracer.armed.session import Tracer
 
 
-class TraceOptions(TypedDict, total=False):
-    """What ``trace()`` takes besides ``record``; its docstring says what each does."""
-
-    steps: str | int | None
-    values: int
-    keep: bool | int
-    optimizer_steps: bool
-    optimizer_ops: bool
-    live: bool | None
-    aten: bool | str
-    eager_check: bool
-
-
-def trace(record: str | os.PathLike | None = None, **options: Unpack[TraceOptions]) -> Tracer:
+def trace(
+    record: str | os.PathLike | None = None,
+    *,
+    steps: str | int | None = None,
+    values: int = 16,
+    keep: bool | int = True,
+    optimizer_steps: bool = True,
+    optimizer_ops: bool = False,
+    live: bool | None = None,
+    aten: bool | str | None = None,
+    eager_check: bool = False,
+) -> Tracer:
     """Trace the code in a ``with`` block on this thread.
 
     record: write a trace file there (nothing touches the disk without it).
@@ -54,12 +53,20 @@ def trace(record: str | os.PathLike | None = None, **options: Unpack[TraceOption
         inputs and RNG state, traced) and report how its outputs and gradients differ from
         the compiled ones; the job keeps the compiled results.
     """
-    unknown = sorted(options.keys() - TraceOptions.__annotations__.keys())
-    if unknown:
-        raise TypeError(f"trace() got an unexpected keyword argument {unknown[0]!r}")
-    from torchscope.tracer.armed.session import Tracer
+    from torchscope.tracer import api
 
-    return Tracer(record, **options)
+    options = Options.for_trace(
+        record=record,
+        steps=steps,
+        values=values,
+        keep=keep,
+        optimizer_steps=optimizer_steps,
+        optimizer_ops=optimizer_ops,
+        live=live,
+        aten=aten,
+        eager_check=eager_check,
+    )
+    return api.trace(options)
 
 
 def step(n: int | None = None) -> None:
@@ -69,20 +76,9 @@ def step(n: int | None = None) -> None:
     step n), and the count goes on from there (works with optimizer steps too). Once a
     script calls ``step()``, a ``backward()`` no longer ends a step by itself.
     """
-    from torchscope.tracer.agent import current_agent
-    from torchscope.tracer.armed.session import current_tracer
+    from torchscope.tracer import api
 
-    agent = current_agent()
-    tracer = current_tracer()
-    clock = agent.clock if agent is not None else tracer.clock if tracer is not None else None
-    if clock is None:
-        if tracer is not None and n is None:
-            tracer.advance_step()
-        return
-    if n is None:
-        clock.advance()
-    else:
-        clock.set_step(n)
+    api.step(n)
 
 
 def serve(
@@ -122,7 +118,7 @@ def serve(
     ``watch="nan"`` (or ``"gradnorm:X"``) checks every step before the update for NaN/Inf
     gradients and loss, for about one fused reduction and one host sync per step, and
     replays a bad step traced to name its origin; ``on_nan`` is then ``"continue"``,
-    ``"pause"`` or ``"stop"`` (raises ``torchscope.tracer.watch.WatchStop`` from
+    ``"pause"`` or ``"stop"`` (raises ``torchscope.WatchStop`` from
     ``optimizer.step()``, before the update). A stop that nothing catches ends the job as
     ``torchscope run`` does: one line, exit code 3, no traceback; in a notebook the cell ends
     with a one-line ``WatchStop`` error and the kernel goes on (the update was not made).
@@ -141,14 +137,9 @@ def serve(
     ``grad_inputs[0]``; ``"grad_inputs[1] = EXPR"`` names another). EXPR is Python run in the
     job, as in pdb: ``edit=("node:^DivBackward0$", "grad_inputs[0] * 2")``.
     """
-    import atexit
+    from torchscope.tracer import api
 
-    from torchscope.tracer import job_end
-    from torchscope.tracer.agent import current_agent
-    from torchscope.tracer.agent import serve as start_agent
-    from torchscope.tracer.served_again import serve_again, serve_options
-
-    options = serve_options(
+    options = Options.for_serve(
         steps=steps,
         record=record,
         break_on=break_on,
@@ -166,23 +157,7 @@ def serve(
         log=log,
         edit=edit,
     )
-    job_end.install()  # a stop ends the job as `torchscope run` ends it
-    running = current_agent()
-    if running is not None:
-        serve_again(running, options)
-        return running
-    agent = start_agent(options)
-    atexit.register(agent.stop)
-    if not quiet:
-        import sys
-
-        held = options.held_steps()
-        what = f"tracing steps {held.text}" if held else "dormant"
-        if watch:
-            what += f", watching every step ({watch}, then {on_nan})"
-        attach = f"; attach: torchscope tui {os.getpid()}" if agent.publisher else ""
-        print(f"torchscope: serving this job, {what}{attach}", file=sys.stderr)
-    return agent
+    return api.serve(options)
 
 
 def load(path: str | os.PathLike) -> Trace:
@@ -200,4 +175,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'torchscope' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "load", "serve", "step", "trace"]
+__all__ = ["Options", "WatchStop", "__version__", "load", "serve", "step", "trace"]

@@ -282,13 +282,15 @@ def cmd_run(opts: RunOptions) -> int:
     import runpy
 
     from torchscope.protocol.tracefile import TraceFileError
-    from torchscope.tracer.agent import Agent, ServeOptions
+    from torchscope.tracer.agent import Agent
     from torchscope.tracer.job_end import RUN_POLICY, report_stop
-    from torchscope.tracer.watch.nan_watch import WatchStop
+    from torchscope.tracer.options import Options
+    from torchscope.tracer.watch.stop import WatchStop
 
-    script = os.path.abspath(opts.script) if opts.script else None
+    # `is not None`: "" is a script too, the current directory, as `python ""` runs it.
+    script = os.path.abspath(opts.script) if opts.script is not None else None
     agent = Agent(
-        ServeOptions(
+        Options(
             record=opts.record,
             steps=opts.steps,
             values=opts.values,
@@ -313,8 +315,8 @@ def cmd_run(opts: RunOptions) -> int:
     sys.argv = [opts.script or opts.module or "", *opts.args]  # argv[0] as typed, as python
     # What python puts first on sys.path for the script (or -m), in place of what it put
     # there for torchscope (the console script's directory).
-    first = os.getcwd() if opts.script is None else os.path.dirname(script)  # type: ignore[arg-type]
-    if opts.script is not None and os.path.isdir(opts.script):
+    first = os.getcwd() if script is None else os.path.dirname(script)
+    if script is not None and os.path.isdir(script):
         first = script  # a directory with __main__.py: run_path puts it first itself
     if not getattr(sys.flags, "safe_path", False):  # python -P puts nothing there
         sys.path[:1] = [first]
@@ -337,10 +339,10 @@ def cmd_run(opts: RunOptions) -> int:
     try:
         if opts.module is not None:
             runpy.run_module(opts.module, run_name="__main__", alter_sys=True)
-        elif os.path.isfile(script) and not zipfile.is_zipfile(script):  # type: ignore[arg-type]
-            _run_main_script(script)  # type: ignore[arg-type]
-        else:  # a directory or zip archive with __main__.py
-            runpy.run_path(opts.script, run_name="__main__")  # type: ignore[arg-type]
+        elif script is not None and os.path.isfile(script) and not zipfile.is_zipfile(script):
+            _run_main_script(script)
+        elif opts.script is not None:  # a directory or zip archive with __main__.py
+            runpy.run_path(opts.script, run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc.code)
     except KeyboardInterrupt as exc:  # as python: the traceback, then death by SIGINT

@@ -11,7 +11,7 @@ from torchscope.integrations._serving import ServedJob
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from torchscope.integrations._serving import ServeKeywords
+    from torchscope.tracer.options import ServeKeywords
 
 
 class LightningHooks:

@@ -19,7 +19,7 @@ except ModuleNotFoundError as missing:
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from torchscope.integrations._serving import ServeKeywords
+    from torchscope.tracer.options import ServeKeywords
 
 
 class TorchscopeCallback(TrainerCallback):

@@ -35,7 +35,6 @@ import signal
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
 from typing import Any
 
 from torchscope.protocol.codec import MAX_MESSAGE_BYTES, pack
@@ -48,6 +47,7 @@ from torchscope.tracer.armed.session import DrivenBy, Tracer, current_tracer, se
 from torchscope.tracer.clock import BY_SCALER, StepClock
 from torchscope.tracer.history import HistoryCollector
 from torchscope.tracer.holders import COMMAND_LINE, UI, Holders, StepHold
+from torchscope.tracer.options import Options
 from torchscope.tracer.outputs import Outputs
 from torchscope.tracer.rank_checks import RankChecks, rank_alert
 from torchscope.tracer.ranks import (
@@ -59,7 +59,6 @@ from torchscope.tracer.ranks import (
     say_line,
 )
 from torchscope.tracer.stepper import WATCH_OWNER, Stepper
-from torchscope.tracer.steps import ALL_STEPS, StepSelection, parse_steps
 from torchscope.tracer.watch.capture import REPLAY_ATEN
 
 _agent: Agent | None = None
@@ -76,45 +75,27 @@ def current_agent() -> Agent | None:
     return _agent
 
 
-@dataclass
-class ServeOptions:
-    """What the command line (or ``serve()``) asks for; nothing of it arms a job by default."""
+def current_clock() -> StepClock | None:
+    """The clock that numbers this process's steps (``torchscope.step()`` moves it): the
+    agent's while there is one (its steps go on across ``trace()`` blocks), else the one of a
+    ``trace()`` block running on its own."""
+    if _agent is not None:
+        return _agent.clock
+    tracer = current_tracer()
+    return tracer.clock if tracer is not None else None
 
-    record: str | None = None
-    steps: str | int | None = None
-    values: int = 16
-    live: bool = True
-    breakpoints: list[dict[str, Any]] = field(default_factory=list)
-    wait: bool = False
-    hold: bool = False
-    lease: float = 10.0
-    optimizer_ops: bool = False
-    aten: bool | str | None = None  # the aten level in traced steps (tracer/armed/aten.py)
-    eager_check: bool = False  # compiled calls also run eagerly, compared (armed/eager_check)
-    quiet: bool = False
-    watch: str | None = None  # "nan", "gradnorm:X": the always-on NaN watch (tracer/watch/)
-    on_nan: str = "continue"  # what the watch does after a detection: continue, pause, stop
-    # The run's loss history (tracer/history.py) and, with the watch, its norms per module.
-    history: bool = True
-    metadata: dict[str, Any] = field(default_factory=dict)
-    # Started by serve() (not the command line): a second serve() states the options anew.
-    by_serve: bool = False
 
-    def held_steps(self) -> StepSelection | None:
-        """The steps the command line holds traced (None: it holds none: dormant)."""
-        if self.steps is not None:
-            return parse_steps(self.steps)
-        if self.record is not None or self.breakpoints or self.wait:
-            # --record with --watch records what the watch finds, not every step.
-            return None if self.watch and not self.breakpoints and not self.wait else ALL_STEPS
-        return None
+# The name the options had when only the agent took them (scripts and benchmarks use it).
+ServeOptions = Options
 
 
 class Agent:
     """One per process (see :func:`serve`). ``start()`` on the training thread."""
 
-    def __init__(self, options: ServeOptions | None = None) -> None:
-        self.options = options or ServeOptions()
+    def __init__(self, options: Options | None = None) -> None:
+        self.options = options or Options()
+        if self.options.live is None:
+            self.options.live = True  # a served job is attachable unless told otherwise
         self.next_seq = itertools.count().__next__
         self.clock = StepClock(self, backward_steps=True)
         self.tracer: Tracer | None = None
@@ -871,7 +852,7 @@ def attach_here() -> Agent:
         return agent
     import atexit
 
-    agent = Agent(ServeOptions(metadata={"attached": True}))
+    agent = Agent(Options(metadata={"attached": True}))
     agent.clock.step = optimizer_step_count()
     agent.start()
     atexit.register(agent.stop)
@@ -897,7 +878,7 @@ def optimizer_step_count() -> int:
     return best
 
 
-def serve(options: ServeOptions | None = None) -> Agent:
+def serve(options: Options | None = None) -> Agent:
     """Start this process's agent, or return the running one (idempotent)."""
     if _agent is not None:
         return _agent

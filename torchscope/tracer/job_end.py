@@ -1,6 +1,6 @@
 """How a job that the NaN watch stopped (``on_nan="stop"``) ends: the same way wherever it runs.
 
-The watch raises :class:`~torchscope.tracer.watch.nan_watch.WatchStop` from
+The watch raises :class:`~torchscope.WatchStop` from
 ``optimizer.step()``, before the update, and the job's code lets it through (a framework's
 ``train()``/``fit()`` included). Then:
 
@@ -70,7 +70,7 @@ def install() -> None:
 def _in_shell(ip: Any) -> bool:
     """IPython shows a custom handler's exceptions as it is told; only one such handler fits
     in a shell: one the user set stays (and shows a WatchStop as it likes)."""
-    from torchscope.tracer.watch.nan_watch import WatchStop
+    from torchscope.tracer.watch.stop import WatchStop
 
     if getattr(ip, "custom_exceptions", ()):
         return False
@@ -88,7 +88,7 @@ def _in_shell(ip: Any) -> bool:
 
 
 def _is_stop(value: BaseException) -> bool:
-    from torchscope.tracer.watch.nan_watch import WatchStop
+    from torchscope.tracer.watch.stop import WatchStop
 
     return isinstance(value, WatchStop)
 

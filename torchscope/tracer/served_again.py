@@ -22,11 +22,10 @@ call sets to something else than ``serve()``'s defaults. What applies:
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from torchscope.tracer.agent import ServeOptions
+from torchscope.tracer.options import Options
 from torchscope.tracer.ranks import say
 
 if TYPE_CHECKING:
@@ -35,41 +34,11 @@ if TYPE_CHECKING:
 WATCH = ("watch", "on_nan")
 AT_ARMING = ("values", "optimizer_ops", "aten", "eager_check", "quiet")
 FIXED = ("record", "steps", "breakpoints", "wait", "hold", "lease", "history")
-KEYWORD = {"breakpoints": "break_on"}  # ServeOptions' names that are not serve()'s
+KEYWORD = {"breakpoints": "break_on"}  # Options' names that are not serve()'s
 FIELD = {keyword: name for name, keyword in KEYWORD.items()}
 
 
-def serve_options(**keywords: Any) -> ServeOptions:
-    """``serve()``'s keywords (those not given: its defaults) checked, each bad one refused
-    in one line, as the agent takes them."""
-    from torchscope.protocol.breakpoints import action_specs, parse_break_spec
-    from torchscope.tracer.armed.aten import aten_scope
-    from torchscope.tracer.kernel import kernel_script
-    from torchscope.tracer.steps import WATCH_POLICIES, parse_steps, parse_watch
-
-    opts = ServeOptions(by_serve=True)
-    # Logpoints and edits (log=, edit=) are breakpoints with an action.
-    actions = [s for a in ("log", "edit") for s in action_specs(a, keywords.pop(a, None))]
-    for name, value in keywords.items():
-        setattr(opts, FIELD.get(name, name), value)
-    parse_steps(opts.steps)  # a bad spec fails here, with its one line
-    aten_scope(opts.aten)
-    if opts.watch is not None:
-        parse_watch(opts.watch)
-    if opts.on_nan not in WATCH_POLICIES:
-        raise ValueError(f"on_nan must be one of {', '.join(WATCH_POLICIES)}, not {opts.on_nan!r}")
-    specs = opts.breakpoints
-    specs = [specs] if isinstance(specs, str) else list(specs)
-    opts.breakpoints = [parse_break_spec(b) for b in specs] + actions
-    opts.record = os.fspath(opts.record) if opts.record is not None else None
-    opts.history = bool(opts.history)
-    notebook = kernel_script()
-    if notebook:
-        opts.metadata = {"script": notebook}  # what `torchscope ls` shows for the kernel
-    return opts
-
-
-def serve_again(agent: Agent, wanted: ServeOptions, only: Iterable[str] | None = None) -> None:
+def serve_again(agent: Agent, wanted: Options, only: Iterable[str] | None = None) -> None:
     """Bring the running ``agent`` to the options of a second ``serve()`` where it can;
     ``only``: the keywords a framework callback was given (it asks for nothing else)."""
     asked = _asked(agent, wanted)
@@ -101,15 +70,15 @@ def serve_again(agent: Agent, wanted: ServeOptions, only: Iterable[str] | None =
     say("; ".join(parts))
 
 
-def _asked(agent: Agent, wanted: ServeOptions) -> set[str]:
-    """The options (ServeOptions' names) this call sets otherwise than the job has them."""
+def _asked(agent: Agent, wanted: Options) -> set[str]:
+    """The options (Options' names) this call sets otherwise than the job has them."""
     from torchscope.protocol.tracefile import per_rank_path
 
     current = dataclasses.replace(agent.options)
     current.watch, current.on_nan = agent.watch_setting()
     if wanted.record is not None:
         wanted = dataclasses.replace(wanted, record=per_rank_path(wanted.record))
-    defaults = ServeOptions()
+    defaults = Options()
     asked = set()
     for name in (*WATCH, *AT_ARMING, *FIXED):
         value = getattr(wanted, name)

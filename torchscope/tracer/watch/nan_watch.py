@@ -92,6 +92,7 @@ from torchscope.tracer.watch.capture import (
     tensors_in,
     versions_of,
 )
+from torchscope.tracer.watch.stop import WatchStop
 
 if TYPE_CHECKING:
     from torchscope.tracer.armed.session import Tracer
@@ -100,23 +101,6 @@ POLICIES = ("continue", "pause", "stop")
 # A loss scaler that skips this many steps in a row is said once (its scale is collapsing).
 SKIPS_TO_SAY = 20
 NAN, INF, GRADNORM = "nan", "inf", "gradnorm"
-STOP_EXIT_CODE = 3  # what `torchscope run --on-nan stop` should exit with
-
-
-class WatchStop(Exception):
-    """Raised from ``optimizer.step()`` (before the update) when ``on_nan="stop"`` and a step
-    went bad (from its closure, when it was given one; Lightning's Trainer lets it through);
-    in a job that updates by hand, from the step's ``backward()``. ``detection`` is
-    the report's dict; ``exit_code`` what a CLI should exit with."""
-
-    exit_code = STOP_EXIT_CODE
-    stops_the_job = True  # backward_calls lets it through to the job
-
-    def __init__(self, detection: dict[str, Any]) -> None:
-        super().__init__(detection.get("message", "torchscope: NaN watch stopped the job"))
-        self.detection = detection
-
-
 # -- the watch -------------------------------------------------------------------------------
 class NanWatch:
     """Watch every training step for NaN/Inf gradients (and loss); replay the bad one traced.
