@@ -17,6 +17,11 @@ by name, module and occurrence); the source bar says which lanes are paused. Ste
 commands (``space``, ``s``, ``n``, ``c``) go to every lane that takes commands unless ``o``
 narrowed them to the shown one; ``x`` compares the selected op across lanes (or with the op
 ``X`` marked, in another step).
+
+The app knows no screen's insides: it tells the screens what changed by signals (``applied``,
+``restarted``, ``lane_switch``, ``breakpoints_changed``, ``redraw``), and the screens call it
+through the :class:`~torchscope.tui.screens.host.Host` protocol it satisfies. It imports
+screens only to push them.
 """
 
 from __future__ import annotations
@@ -25,42 +30,39 @@ import functools
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from textual import on
 from textual.app import App
 from textual.binding import Binding, BindingType
+from textual.signal import Signal
 from textual.worker import Worker
 
 from torchscope.protocol.breakpoints import BreakpointError
 from torchscope.tui.keys import Hint, bindings, hint
-from torchscope.tui.multi import (
-    STEPPING,
-    JobAlerts,
-    Lane,
-    describe_key,
-    find_key,
-    job_alerts,
-    lane_labels,
-    rank_lanes,
-    row_key,
-)
-from torchscope.tui.replay_stepping import ReplayBreakpoints, first_origin
-from torchscope.tui.screens.breakpoints import BreakpointsScreen
-from torchscope.tui.screens.compare import CompareScreen, CompareSpec
+from torchscope.tui.lanes import STEPPING, JobAlerts, Lane, job_alerts, lane_labels, rank_lanes
+from torchscope.tui.model.items import ErrorMessage, NewSession
+from torchscope.tui.model.rate import RateMeter
+from torchscope.tui.model.replay_cursor import ReplayBreakpoints, first_origin
+from torchscope.tui.model.store import EventStore
 from torchscope.tui.screens.help import HelpScreen
-from torchscope.tui.screens.history import ArmAtStep, ArmWhen
+from torchscope.tui.screens.host import (
+    Applied,
+    ArmAtStep,
+    ArmWhen,
+    LaneSwitch,
+    Mark,
+    Redraw,
+    ReplyHandler,
+)
 from torchscope.tui.screens.main import MainScreen
-from torchscope.tui.sources import CommandRefused, EventSource, LiveSource
-from torchscope.tui.store import EventStore, Inbox, RateMeter
-from torchscope.tui.widgets.alert_list import AlertList
-from torchscope.tui.widgets.source_bar import SourceBar
+from torchscope.tui.sources.base import CommandRefused, EventSource
+from torchscope.tui.sources.inbox import Inbox
+from torchscope.tui.sources.live import LiveSource
 
-#: Called with (ok, result or one-line refusal) when a command's answer arrives.
-ReplyHandler = Callable[[bool, Any], Any]
-
-__all__ = ["TorchscopeApp", "run_tui"]
+#: Called with (ok, result or one-line refusal) when a command's answer arrives (re-exported).
+__all__ = ["ReplyHandler", "TorchscopeApp", "run_tui"]
 
 
 class TorchscopeApp(App[int]):
@@ -104,13 +106,21 @@ class TorchscopeApp(App[int]):
         #: stepping commands go to every lane ("all") or to the shown one ("one")
         self.scope = "all"
         #: (lane, step, alignment key, label) of the op ``X`` marked
-        self.mark: tuple[int, int, tuple, str] | None = None
-        self._align: tuple[int, int, tuple | None, bool] | None = None
+        self.mark: Mark | None = None
         self.tick_hz = tick_hz
         self.max_apply = max_apply
         #: a recording with alerts opens paused at its first NaN/Inf origin (``--from-start``:
         #: at its first step)
-        self.main = MainScreen(live=any(lane.live for lane in self.lanes), at_origin=at_origin)
+        self.applied: Signal[Applied] = Signal(self, "applied")
+        self.restarted: Signal[int] = Signal(self, "restarted")
+        self.lane_switch: Signal[LaneSwitch] = Signal(self, "lane_switch")
+        self.breakpoints_changed: Signal[None] = Signal(self, "breakpoints_changed")
+        self.redraw: Signal[Redraw] = Signal(self, "redraw")
+        #: the main screen is mounted and listens: the tick may apply what the sources sent
+        self.views_ready = False
+        self.main = MainScreen(
+            self, live=any(lane.live for lane in self.lanes), at_origin=at_origin
+        )
         self.waiting: dict[tuple[int, int], tuple[str, ReplyHandler | None, bool]] = {}
         self.sent: list[tuple[str, dict[str, Any]]] = []  # every command sent (tests)
         self.stop_event = threading.Event()
@@ -162,6 +172,13 @@ class TorchscopeApp(App[int]):
     def label(self, lane: Lane) -> str:
         return self.labels()[lane.index]
 
+    def screen_ready(self) -> None:
+        self.views_ready = True
+
+    def show_lane(self, index: int) -> None:
+        """The main screen shows lane ``index`` from now on (see ``select_lane``)."""
+        self.current = index
+
     def on_mount(self) -> None:
         self.push_screen(self.main)
         for lane in self.lanes:
@@ -184,12 +201,12 @@ class TorchscopeApp(App[int]):
         try:
             lane.source.run(lane.inbox, self.stop_event)
         except Exception as exc:  # a bug in a source must not take the UI down silently
-            lane.inbox.put("error", f"source failed: {type(exc).__name__}: {exc}")
+            lane.inbox.put(ErrorMessage(f"source failed: {type(exc).__name__}: {exc}"))
             lane.inbox.status(state="error", error=str(exc))
 
     def tick(self) -> None:
         """Apply what the sources produced since the last tick (also callable from tests)."""
-        if not self.main.ready:
+        if not self.views_ready:
             return
         self.ticks += 1
         bar = False
@@ -200,7 +217,9 @@ class TorchscopeApp(App[int]):
             bar = True
             # A new run of the followed job: what came before belongs to the old store.
             while True:
-                cut = next((i for i, item in enumerate(items) if item[0] == "new_session"), None)
+                cut = next(
+                    (i for i, item in enumerate(items) if isinstance(item, NewSession)), None
+                )
                 if cut is None:
                     break
                 if cut:
@@ -245,8 +264,7 @@ class TorchscopeApp(App[int]):
 
     def _new_session(self, lane: Lane) -> None:
         lane.fresh_store()
-        if lane is self.lane:
-            self.main.restart()
+        self.restarted.publish(lane.index)
         who = f"{self.label(lane)}: " if self.multi else ""
         self.notify(f"{who}the job started again: following the new run", timeout=4)
 
@@ -261,33 +279,19 @@ class TorchscopeApp(App[int]):
                     who = f"{self.label(lane)}: " if self.multi else ""
                     self.fatal = self.fatal or who + lane.fatal
             lane.rate.add(changes.events)
-            if shown:
-                self.main.apply_changes(changes)
-                if changes.status or changes.events or changes.replies or changes.paused_changed:
-                    self.main.refresh_status()
-                if changes.breakpoints_changed:
-                    for screen in self.screen_stack:
-                        if isinstance(screen, BreakpointsScreen):
-                            screen.refresh_list()
-                if self._align is not None:
-                    self._land_aligned()
-            else:
+            if not shown:
                 for err in changes.errors:
                     self.notify(f"{self.label(lane)}: {err}", severity="error", timeout=8)
+            # before the replies: a reply's handler finds the screens as this batch left them
+            self.applied.publish(Applied(lane.index, changes, shown))
+            if shown and changes.breakpoints_changed:
+                self.breakpoints_changed.publish(None)
             if changes.paused_changed:
                 self._lane_paused(lane)
             if changes.session and lane.live:
                 self._ask_history(lane)
-            if not shown and (changes.alerts_added or changes.session) and self.multi:
-                self.main.refresh_alerts()  # the job's view of the alerts holds every rank's
-                if changes.alerts_added and not lane.live:
-                    self.main.open_at_first_origin()  # the job's origin may be on this rank
             for reply in changes.replies:
                 self._answered(lane, *reply)
-            if changes.loaded or changes.evicted or changes.steps_changed:
-                for screen in self.screen_stack:
-                    if isinstance(screen, CompareScreen):
-                        screen.data_changed()
 
     # -- commands to the job -------------------------------------------------------------------
     def can_command(self, *, say: bool = True) -> bool:
@@ -352,9 +356,8 @@ class TorchscopeApp(App[int]):
         if then is not None:
             then(True, payload)
         if changed:
-            if isinstance(self.screen, BreakpointsScreen):
-                self.screen.refresh_list()
-            self.main.refresh_status()
+            self.breakpoints_changed.publish(None)
+            self.redraw.publish(Redraw(bar=False))
         return True
 
     def running_elsewhere(self) -> bool:
@@ -429,13 +432,7 @@ class TorchscopeApp(App[int]):
         return out
 
     def refresh_bar(self) -> None:
-        if not self.main.ready:
-            return
-        try:
-            bar = self.main.query_one(SourceBar)
-        except Exception:
-            return
-        bar.show(self.lanes, self.labels(), self.current, self.scope)
+        self.redraw.publish(Redraw(status=False))
 
     def action_lane(self, index: int) -> None:
         if self.screen is not self.main:
@@ -457,7 +454,7 @@ class TorchscopeApp(App[int]):
     def origin_lane(self) -> int | None:
         """The lane of the job's first NaN/Inf origin (the earliest step, then the lowest
         rank) when the lanes are recorded ranks of one job and it is not the shown one."""
-        if self.main.live:
+        if self.source.mode == "live":
             return None
         ranks = rank_lanes(self.lanes)
         if ranks is None:
@@ -469,89 +466,22 @@ class TorchscopeApp(App[int]):
                 firsts.append((landed.position.step, rank, lane.index))
         if not firsts:
             return None
-        lane = min(firsts)[2]
-        return None if lane == self.current else lane
+        index = min(firsts)[2]
+        return None if index == self.current else index
 
     def job_alerts(self) -> JobAlerts | None:
         """Every rank's alerts when the lanes are the ranks of one job (the alerts list's job
         view); else None."""
         return job_alerts(self.lanes, self.current)
 
-    @on(AlertList.JumpToLane)
-    def _jump_to_lane(self, message: AlertList.JumpToLane) -> None:
-        """An origin another rank made: show that rank's lane, then its event (no alignment
-        with the op left: the jump says where to land)."""
-        self.select_lane(message.lane, align=False)
-        self.main.jump_to_alert(message.alert)
-
     def select_lane(self, index: int, *, align: bool = True) -> None:
         """Show lane ``index``, at the same step and (``align``) on the same op where it has
-        them."""
+        them: the main screen moves its view over and calls ``show_lane`` when the new lane
+        is the shown one."""
         if index == self.current or not 0 <= index < len(self.lanes):
             return
-        main = self.main
-        old = self.lane
-        step = main.current_step
-        graph = main.center == "graph"
-        if graph:
-            main.show_timeline()
-        row = main.timeline.current_row()
-        key = row_key(old.store, old.store.data(step), row) if step is not None else None
-        follow = main.follow
-        self.current = index
-        new = self.lane
-        main.restart()
-        store = new.store
-        cwd = store.session.get("cwd") if store.session is not None else None
-        if isinstance(cwd, str):  # where the detail finds source lines
-            for w in (main.timeline, main.graph, main.detail, main.alerts):
-                w.cwd = cwd
-        target = None
-        if step is not None and new.has_step(step):
-            target = step
-        elif store.order:
-            if step is None or follow:
-                target = store.newest_step if main.live else store.order[0]
-            else:  # the nearest step this lane has
-                target = min(store.order, key=lambda s: (abs(s - step), s))
-        if not follow or target != store.newest_step:
-            main.set_follow(False)
-        if target is None:
-            main.timeline.set_step(store, None, None, "waiting for events…")
-        else:
-            main.show_step(target)
-            if align:
-                self._align = (index, target, key if target == step else None, graph)
-                self._land_aligned()
-        main.refresh_status()
-        self.refresh_bar()
-
-    def _land_aligned(self) -> None:
-        """Select the op or node the last switch kept, once its step is in memory."""
-        align = self._align
-        if align is None:
-            return
-        index, step, key, graph = align
-        main = self.main
-        if index != self.current or main.current_step != step:
-            self._align = None
-            return
-        data = self.store.data(step)
-        if data is None:
-            return
-        self._align = None
-        if key is not None:
-            row = find_key(self.store, data, key)
-            if row is not None:
-                main.select_in_timeline(row.kind, row.seq)
-            else:
-                self.notify(
-                    f"{describe_key(key)} is not in step {step} of {self.label(self.lane)}",
-                    timeout=3,
-                )
-        main.show_detail()
-        if graph:
-            main.show_graph()
+        self.lane_switch.publish(LaneSwitch(self.current, index, align))
+        self.show_lane(index)  # no main screen listening yet: the lane is shown all the same
 
     def action_toggle_scope(self) -> None:
         if self.screen is not self.main:
@@ -565,75 +495,11 @@ class TorchscopeApp(App[int]):
             f"c s n space: {label} only" if self.scope == "one" else "c s n space: all ranks",
             timeout=3,
         )
-        self.main.refresh_status()
-        self.refresh_bar()
-
-    def _selected(self) -> tuple[int, tuple] | None:
-        """(step, alignment key) of the selected op or node; None (said) when there is none."""
-        main = self.main
-        step = main.current_step
-        row = main.timeline.current_row() if main.center == "timeline" else None
-        if main.center == "graph":
-            node = main.graph.current_node_id()
-            data = self.store.data(step)
-            grads = data.grads_of_node(node) if data is not None and node is not None else []
-            row = grads[0] if grads else None
-        if step is None or row is None:
-            self.notify("select an op or a backward node first", timeout=3)
-            return None
-        if row.pending:
-            self.notify(f"{row.name} has not run yet: s runs it", timeout=3)
-            return None
-        key = row_key(self.store, self.store.data(step), row)
-        if key is None:
-            self.notify("this event cannot be compared", timeout=3)
-            return None
-        return step, key
-
-    def action_mark(self) -> None:
-        if self.screen is not self.main:
-            return
-        found = self._selected()
-        if found is None:
-            return
-        step, key = found
-        mark = (self.current, step, key, self.label(self.lane))
-        if self.mark is not None and self.mark[:3] == mark[:3]:
-            self.mark = None
-            self.notify("mark cleared", timeout=2)
-        else:
-            self.mark = mark
-            self.notify(
-                f"marked {describe_key(key)}, step {step}: x in another step compares them",
-                timeout=4,
-            )
-        self.main.refresh_status()
-
-    def action_compare(self) -> None:
-        if self.screen is not self.main:
-            return
-        found = self._selected()
-        if found is None:
-            return
-        step, key = found
-        modes = []
-        if self.mark is not None:
-            modes.append("mark")
-        if self.multi:
-            modes.append("sources")
-        if not modes:
-            self.notify(
-                "x compares the selected op across ranks or recordings (torchscope tui A B); "
-                "with one, X marks an op and x compares it with another step's",
-                timeout=5,
-            )
-            return
-        spec = CompareSpec(lane=self.current, step=step, key=key, mark=self.mark)
-        self.push_screen(CompareScreen(spec, modes))
+        self.redraw.publish(Redraw())
 
     def _status_tick(self) -> None:
-        if self.main.ready:
-            self.main.refresh_status()
+        if self.views_ready:
+            self.redraw.publish(Redraw(bar=False))
             if self.follow_job:
                 self._grow_job()
             if self.multi:
@@ -685,8 +551,7 @@ class TorchscopeApp(App[int]):
         lane = Lane.of(source, len(self.lanes), self.lanes[0].store.max_events)
         self.lanes.append(lane)
         self._start(lane)
-        self.main.refresh_status()
-        self.refresh_bar()
+        self.redraw.publish(Redraw())
         return lane
 
     def screen_text(self) -> str:

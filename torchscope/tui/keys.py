@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 
 # The help's sections, in the order it shows them (stepping first; the focused panel's own
 # section moves up right after it).
@@ -352,7 +352,6 @@ KEYS: tuple[Key, ...] = (
         "compare the selected op or node across the sources, or with the marked one",
         SOURCES,
         "compare",
-        owner="app",
         label="compare",
     ),
     Key(
@@ -360,7 +359,6 @@ KEYS: tuple[Key, ...] = (
         "mark the selected op or node; x in another step (or source) compares the two",
         SOURCES,
         "mark",
-        owner="app",
         label="mark",
     ),
     # -- this UI -------------------------------------------------------------------------------
@@ -400,7 +398,7 @@ def hint(action_or_shown: str, label: str | None = None) -> Hint:
     return key(action_or_shown).hint(label)
 
 
-def bindings(owner: str) -> list[Binding]:
+def bindings(owner: str) -> list[BindingType]:
     """The ``BINDINGS`` of ``owner`` ("main" or "app"); none is shown by Textual's footer
     (the key bar takes its hints from here)."""
     return [

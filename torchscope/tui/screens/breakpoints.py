@@ -1,13 +1,13 @@
 """Breakpoints: ``b`` makes one from the selected event, ``B`` lists them all.
 
-Both only talk to the job through ``TorchscopeApp.command``; the list shows what the job's
+Both only talk to the job through the app's ``Host.command``; the list shows what the job's
 latest ``state`` says (every stepping reply carries it), so it is the job's list, not a copy
 the UI keeps.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -18,11 +18,9 @@ from textual.widgets import Button, Checkbox, DataTable, Input, OptionList, Stat
 from textual.widgets.option_list import Option
 
 from torchscope.protocol.breakpoints import BreakpointError, parse_break_spec
-from torchscope.tui.format import short_name, short_source
-from torchscope.tui.stepping import event_name, spec_from_event, spec_text
-
-if TYPE_CHECKING:
-    from torchscope.tui.app import TorchscopeApp
+from torchscope.tui.model.format import short_name, short_source
+from torchscope.tui.model.stepper_view import event_name, spec_from_event, spec_text
+from torchscope.tui.screens.host import Host, host_of, subscribe
 
 CHOICES = (
     ("op", "same op/node name"),
@@ -144,7 +142,8 @@ class BreakpointsScreen(ModalScreen[None]):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "close", "Close"),
-        Binding("space", "toggle", "Enable/disable", priority=True),  # before the box takes it
+        # priority: before the box takes it
+        Binding("space", "toggle_enabled", "Enable/disable", priority=True),
         Binding("delete", "delete", "Delete", priority=True),
         Binding("ctrl+z", "undo", "Undo delete"),
         Binding("down", "list_down", "Down", show=False),
@@ -157,8 +156,8 @@ class BreakpointsScreen(ModalScreen[None]):
         self.deleted: dict[str, Any] | None = None  # the last deleted, for ctrl+z
 
     @property
-    def tapp(self) -> TorchscopeApp:
-        return self.app  # type: ignore[return-value]
+    def host(self) -> Host:
+        return host_of(self)
 
     def compose(self) -> ComposeResult:
         with Vertical(id="bpl-box"):
@@ -187,7 +186,8 @@ class BreakpointsScreen(ModalScreen[None]):
         table.add_column("condition", key="condition")
         self.refresh_list()
         self.query_one(Input).focus()
-        self.tapp.command("break_list")
+        subscribe(self.host.breakpoints_changed, self, lambda _: self.refresh_list())
+        self.host.command("break_list")
 
     # -- the list ----------------------------------------------------------------------------
     def refresh_list(self) -> None:
@@ -195,7 +195,7 @@ class BreakpointsScreen(ModalScreen[None]):
         table = self.query_one(DataTable)
         keep = self.current_id()
         table.clear()
-        bps = self.tapp.store.stepper.breakpoints
+        bps = self.host.store.stepper.breakpoints
         for bp in bps:
             on = "✓" if bp.get("enabled", True) else "✗"
             table.add_row(
@@ -211,7 +211,7 @@ class BreakpointsScreen(ModalScreen[None]):
 
     def current_id(self) -> int | None:
         table = self.query_one(DataTable)
-        bps = self.tapp.store.stepper.breakpoints
+        bps = self.host.store.stepper.breakpoints
         row = table.cursor_row
         if table.row_count == 0 or not 0 <= row < len(bps):
             return None
@@ -245,20 +245,20 @@ class BreakpointsScreen(ModalScreen[None]):
         # In a box with text, space is a character and delete edits it; in an empty box (where
         # the focus starts) there is nothing to edit, and they act on the list.
         box = self.query_one(Input)
-        return not (action in ("toggle", "delete") and box.has_focus and box.value)
+        return not (action in ("toggle_enabled", "delete") and box.has_focus and box.value)
 
-    def action_toggle(self) -> None:
+    def action_toggle_enabled(self) -> None:
         bp_id = self.current_id()
         if bp_id is None:
             return
-        bp = self.tapp.store.stepper.breakpoint(bp_id) or {}
-        self.tapp.command("break_enable", bp=bp_id, enabled=not bp.get("enabled", True))
+        bp = self.host.store.stepper.breakpoint(bp_id) or {}
+        self.host.command("break_enable", bp=bp_id, enabled=not bp.get("enabled", True))
 
     def action_delete(self) -> None:
         bp_id = self.current_id()
         if bp_id is None:
             return
-        bp = self.tapp.store.stepper.breakpoint(bp_id) or {}
+        bp = self.host.store.stepper.breakpoint(bp_id) or {}
         if self.confirm != bp_id:
             self.confirm = bp_id
             self._say(f"delete breakpoint {bp_id} ({spec_text(bp)})? delete again: yes")
@@ -270,7 +270,7 @@ class BreakpointsScreen(ModalScreen[None]):
                 self.deleted = bp
                 self._say(f"breakpoint {bp_id} deleted · ctrl+z adds it back")
 
-        self.tapp.command("break_delete", bp=bp_id, then=done)
+        self.host.command("break_delete", bp=bp_id, then=done)
 
     def action_undo(self) -> None:
         bp = self.deleted
@@ -284,7 +284,7 @@ class BreakpointsScreen(ModalScreen[None]):
             if ok:
                 self._say(f"added back: {spec_text(spec)}")
 
-        self.tapp.command("break_add", then=done, **spec)
+        self.host.command("break_add", then=done, **spec)
 
     # -- adding ------------------------------------------------------------------------------
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -306,7 +306,7 @@ class BreakpointsScreen(ModalScreen[None]):
             else:
                 self._say(str(payload), error=True)
 
-        self.tapp.command("break_add", then=done, **spec)
+        self.host.command("break_add", then=done, **spec)
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if self.query_one("#bpl-error", Static).has_class("-shown"):

@@ -1,6 +1,6 @@
 """``x``: the selected op or backward node side by side — across the open sources (the ranks of
 a job, recordings), or against the op ``X`` marked (another step, or another source) — with
-each tensor's stats per column and the outlier marked (see :mod:`torchscope.tui.compare`).
+each tensor's stats per column and the outlier marked (see :mod:`torchscope.tui.model.compare`).
 
 Columns are aligned as ``torchscope diff`` aligns (step, op name, module path, occurrence). A
 step that a source has not in memory is asked for; its column says "loading" until it comes.
@@ -8,6 +8,7 @@ step that a source has not in memory is asked for; its column says "loading" unt
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -20,13 +21,13 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from torchscope.protocol.events import ATEN
-from torchscope.tui.compare import Column, CompareTable, build_table
-from torchscope.tui.multi import describe_key, find_key
-from torchscope.tui.store import EVICTED, LOADING, ON_DISK
+from torchscope.tui.model.align import describe_key, find_key
+from torchscope.tui.model.compare import Column, CompareTable, build_table
+from torchscope.tui.model.steps import EVICTED, LOADING, ON_DISK
+from torchscope.tui.screens.host import Applied, Host, host_of, subscribe
 
 if TYPE_CHECKING:
-    from torchscope.tui.app import TorchscopeApp
-    from torchscope.tui.multi import Lane
+    from torchscope.tui.lanes import Lane
 
 
 @dataclass(frozen=True)
@@ -79,17 +80,25 @@ class CompareScreen(ModalScreen[None]):
     }
     """
 
-    def __init__(self, spec: CompareSpec, modes: list[str]) -> None:
+    def __init__(
+        self,
+        spec: CompareSpec,
+        modes: list[str],
+        *,
+        shown_step: Callable[[], int | None] = lambda: None,
+    ) -> None:
         super().__init__()
         self.spec = spec
+        #: the main screen's step now (its lane keeps it in memory too)
+        self.shown_step = shown_step
         self.modes = modes
         self.mode = modes[0]
         self.table: CompareTable | None = None
         self.loading = False
 
     @property
-    def tapp(self) -> TorchscopeApp:
-        return self.app  # type: ignore[return-value]
+    def host(self) -> Host:
+        return host_of(self)
 
     def compose(self) -> ComposeResult:
         with Vertical(id="compare-box"):
@@ -101,6 +110,12 @@ class CompareScreen(ModalScreen[None]):
     def on_mount(self) -> None:
         self.rebuild()
         self.query_one("#compare-scroll").focus()
+        subscribe(self.host.applied, self, self._applied)
+
+    def _applied(self, applied: Applied) -> None:
+        ch = applied.changes
+        if ch.loaded or ch.evicted or ch.steps_changed:
+            self.data_changed()
 
     # -- columns ---------------------------------------------------------------------------
     def _column(self, lane: Lane, label: str, step: int, key: tuple | None) -> Column:
@@ -134,7 +149,7 @@ class CompareScreen(ModalScreen[None]):
         return col
 
     def columns(self) -> list[Column]:
-        app = self.tapp
+        app = self.host
         spec = self.spec
         labels = app.labels()
         self.loading = False
@@ -161,8 +176,9 @@ class CompareScreen(ModalScreen[None]):
                 add(spec.lane, f"{here}step {spec.step}: the marked op", spec.step, m_key)
         for index, steps in pins.items():
             lane = app.lanes[index]
-            if lane is app.lane and app.main.current_step is not None:
-                steps = steps | {app.main.current_step}
+            shown = self.shown_step()
+            if lane is app.lane and shown is not None:
+                steps = steps | {shown}
             lane.store.pin(steps)
         return out
 

@@ -21,8 +21,8 @@ from textual.widgets.option_list import Option
 
 from torchscope.protocol.events import GRAD, Event
 from torchscope.protocol.jsontext import to_jsonl
-from torchscope.tui.format import unravel
-from torchscope.tui.stepping import event_name, spec_from_event, spec_text
+from torchscope.tui.model.format import unravel
+from torchscope.tui.model.stepper_view import event_name, spec_from_event, spec_text
 
 #: (key, what, text): what the menu offers; ``what`` is also the notification's wording.
 Choice = tuple[str, str, str]
@@ -106,7 +106,8 @@ def copy_choices(
         label, result = fetched
         vals = result.get("values")
         if isinstance(vals, list):
-            start = result.get("start") if type(result.get("start")) is int else 0
+            raw = result.get("start")
+            start = raw if type(raw) is int else 0
             shape = result.get("shape") if isinstance(result.get("shape"), list) else None
             out.append(
                 (

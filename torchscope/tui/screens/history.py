@@ -25,12 +25,12 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
-from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Input, Static
 
 from torchscope.protocol.history import parse_condition
-from torchscope.tui.store import EventStore
+from torchscope.tui.model.store import EventStore
+from torchscope.tui.screens.host import ArmAtStep, ArmWhen
 from torchscope.tui.widgets.history_plot import HistoryPlot
 from torchscope.tui.widgets.module_heatmap import ModuleHeatmap
 from torchscope.tui.widgets.step_list import short_num
@@ -38,22 +38,7 @@ from torchscope.tui.widgets.step_list import short_num
 KEYS_TEXT = "←→ cursor  +- zoom  [] pan  0 all  l log  ! NaN  a arm at  w arm when  esc back"
 NEEDS_LIVE = "arming needs a live job (this is a recording)"
 
-
-class ArmAtStep(Message):
-    """Arm the job from ``step`` on (the agent's ``arm`` with ``at_step``)."""
-
-    def __init__(self, step: int) -> None:
-        super().__init__()
-        self.step = step
-
-
-class ArmWhen(Message):
-    """Arm the job at the first step boundary after ``condition`` holds (``arm`` with
-    ``when``); ``condition`` is valid for ``parse_condition``."""
-
-    def __init__(self, condition: str) -> None:
-        super().__init__()
-        self.condition = condition
+__all__ = ["NEEDS_LIVE", "ArmAtStep", "ArmWhen", "HistoryScreen"]  # the messages: host.py
 
 
 class HistoryScreen(Screen[None]):

@@ -21,36 +21,35 @@ edit           (nothing: a replacement)     the job takes it (or refuses in the 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, ClassVar
 
-from torchscope.tui.store import FieldPattern
-
-if TYPE_CHECKING:
-    from torchscope.tui.screens.main import MainScreen
+from torchscope.tui.model.search import FieldPattern
+from torchscope.tui.screens.main.context import MainContext
 
 
 class PromptMode:
     """One use of the prompt. ``name`` is what tests and the help call it."""
 
-    name: ClassVar[str]
-    title: ClassVar[str]  # the box's border title (an error replaces it until the next key)
-    placeholder: ClassVar[str]
-    regex: ClassVar[bool] = True  # the text is a regex, applied as it is typed
+    # Plain attributes, not ClassVar: the prompt box's ``Mode`` protocol reads them from an
+    # instance.
+    name: str
+    title: str  # the box's border title (an error replaces it until the next key)
+    placeholder: str
+    regex: bool = True  # the text is a regex, applied as it is typed
 
     def __repr__(self) -> str:
         return f"<prompt mode {self.name}>"
 
-    def opened(self, screen: MainScreen) -> str:
+    def opened(self, screen: MainContext) -> str:
         """Called as the prompt opens; returns the text it starts with."""
         return ""
 
-    def typed(self, screen: MainScreen, pattern: FieldPattern | None) -> None:
+    def typed(self, screen: MainContext, pattern: FieldPattern | None) -> None:
         """A valid regex was typed (None: the box is empty). Regex modes only."""
 
-    def submitted(self, screen: MainScreen, text: str) -> None:
+    def submitted(self, screen: MainContext, text: str) -> None:
         screen.close_prompt()
 
-    def cancelled(self, screen: MainScreen) -> None:
+    def cancelled(self, screen: MainContext) -> None:
         screen.close_prompt()
 
 
@@ -62,11 +61,11 @@ class TimelineSearch(PromptMode):
     )
     placeholder = "regex (any case), each field on its own: name · module · source"
 
-    def opened(self, screen: MainScreen) -> str:
+    def opened(self, screen: MainContext) -> str:
         screen.start_search()
         return ""
 
-    def typed(self, screen: MainScreen, pattern: FieldPattern | None) -> None:
+    def typed(self, screen: MainContext, pattern: FieldPattern | None) -> None:
         screen.search = pattern
         if pattern is None:
             screen.back_to_search_origin()
@@ -74,9 +73,9 @@ class TimelineSearch(PromptMode):
             screen.filter.error(f"no match for /{pattern.pattern}/ in this step")
         screen.refresh_title()
 
-    def submitted(self, screen: MainScreen, text: str) -> None:
+    def submitted(self, screen: MainContext, text: str) -> None:
         prompt = screen.filter
-        if prompt.has_class("-invalid") and not prompt.border_title.startswith("no match"):
+        if prompt.has_class("-invalid") and not (prompt.border_title or "").startswith("no match"):
             screen.notify(prompt.border_title or "invalid regex", severity="error")
             return
         screen.close_prompt()
@@ -85,7 +84,7 @@ class TimelineSearch(PromptMode):
                 screen.notify(f"no match for /{screen.search.pattern}/ in this step", timeout=3)
             screen.refresh_title()
 
-    def cancelled(self, screen: MainScreen) -> None:
+    def cancelled(self, screen: MainContext) -> None:
         screen.close_prompt()
         screen.search = None
         screen.back_to_search_origin()
@@ -99,22 +98,22 @@ class TimelineFilter(PromptMode):
         "regex (any case), each field on its own: name · module · source — only matches stay"
     )
 
-    def opened(self, screen: MainScreen) -> str:
+    def opened(self, screen: MainContext) -> str:
         pattern = screen.timeline.pattern
         return pattern.pattern if pattern is not None else ""
 
-    def typed(self, screen: MainScreen, pattern: FieldPattern | None) -> None:
+    def typed(self, screen: MainContext, pattern: FieldPattern | None) -> None:
         screen.timeline.set_filter(pattern)
         screen.refresh_title()
 
-    def submitted(self, screen: MainScreen, text: str) -> None:
+    def submitted(self, screen: MainContext, text: str) -> None:
         prompt = screen.filter
         if prompt.has_class("-invalid"):
             screen.notify(prompt.border_title or "invalid regex", severity="error")
             return
         screen.close_prompt()
 
-    def cancelled(self, screen: MainScreen) -> None:
+    def cancelled(self, screen: MainContext) -> None:
         screen.close_prompt()
         screen.timeline.set_filter(None)
         screen.refresh_title()
@@ -125,24 +124,25 @@ class GraphPrompt(PromptMode):
 
     placeholder = "regex (any case) over node name, node id, parameter, op, module, source"
 
-    def apply(self, screen: MainScreen, pattern: FieldPattern | None) -> bool:
+    def apply(self, screen: MainContext, pattern: FieldPattern | None) -> int:
+        """Search or filter the graph's nodes; how many match."""
         raise NotImplementedError
 
-    def typed(self, screen: MainScreen, pattern: FieldPattern | None) -> None:
+    def typed(self, screen: MainContext, pattern: FieldPattern | None) -> None:
         found = self.apply(screen, pattern)
         if pattern is not None and not found:
             screen.filter.error(f"no node matches /{pattern.pattern}/")
         screen.graph_title()
 
-    def submitted(self, screen: MainScreen, text: str) -> None:
+    def submitted(self, screen: MainContext, text: str) -> None:
         self._back_to_graph(screen)
 
-    def cancelled(self, screen: MainScreen) -> None:
+    def cancelled(self, screen: MainContext) -> None:
         self.apply(screen, None)
         self._back_to_graph(screen)
 
     @staticmethod
-    def _back_to_graph(screen: MainScreen) -> None:
+    def _back_to_graph(screen: MainContext) -> None:
         screen.filter.ok()
         screen.filter.display = False
         screen.graph.focus()
@@ -153,12 +153,12 @@ class GraphSearch(GraphPrompt):
     name = "graph"
     title = "search the graph · enter: keep · ctrl+n/ctrl+p: next/prev node · esc: clear"
 
-    def opened(self, screen: MainScreen) -> str:
+    def opened(self, screen: MainContext) -> str:
         screen.graph.set_search(None)
         screen.graph_title()
         return ""
 
-    def apply(self, screen: MainScreen, pattern: FieldPattern | None) -> bool:
+    def apply(self, screen: MainContext, pattern: FieldPattern | None) -> int:
         return screen.graph.set_search(pattern)
 
 
@@ -166,11 +166,11 @@ class GraphFilter(GraphPrompt):
     name = "graph-filter"
     title = "filter the graph · enter: keep · esc: clear"
 
-    def opened(self, screen: MainScreen) -> str:
+    def opened(self, screen: MainContext) -> str:
         keep = screen.graph.node_filter
         return keep.pattern if keep is not None else ""
 
-    def apply(self, screen: MainScreen, pattern: FieldPattern | None) -> bool:
+    def apply(self, screen: MainContext, pattern: FieldPattern | None) -> int:
         return screen.graph.set_filter(pattern)
 
 
@@ -182,7 +182,7 @@ class GoTo(PromptMode):
     placeholder = ":12 step 12 · :#1234 event seq 1234 · :node 57 backward node id 57"
     regex = False
 
-    def submitted(self, screen: MainScreen, text: str) -> None:
+    def submitted(self, screen: MainContext, text: str) -> None:
         prompt = screen.filter
         problem = screen.run_command(text)
         if problem:
@@ -205,14 +205,14 @@ class ExportPath(PromptMode):
     def __init__(self) -> None:
         self.confirmed: str | None = None  # the existing file the user was warned about
 
-    def opened(self, screen: MainScreen) -> str:
-        from torchscope.tui.export_view import default_path
+    def opened(self, screen: MainContext) -> str:
+        from torchscope.tui.model.export_view import default_path
 
         assert screen.current_step is not None
         return default_path(screen.current_step, screen.timeline.pattern is not None)
 
-    def submitted(self, screen: MainScreen, text: str) -> None:
-        from torchscope.tui.export_view import clean_path, snapshot, write_jsonl
+    def submitted(self, screen: MainContext, text: str) -> None:
+        from torchscope.tui.model.export_view import clean_path, snapshot, write_jsonl
 
         prompt = screen.filter
         path = clean_path(text)
@@ -259,10 +259,10 @@ class Evaluate(PromptMode):
     placeholder = "x[0, :8] · (x == 0).float().mean() · x.abs().argmax() · module.weight.norm()"
     regex = False
 
-    def submitted(self, screen: MainScreen, text: str) -> None:
+    def submitted(self, screen: MainContext, text: str) -> None:
         screen.evaluate(text)
 
-    def history(self, screen: MainScreen) -> list[str]:
+    def history(self, screen: MainContext) -> list[str]:
         return screen.expressions
 
 
@@ -274,10 +274,10 @@ class Edit(PromptMode):
     placeholder = "x * 0 · x.clamp(-1, 1) · torch.nan_to_num(x) · grad_inputs[1] = x / 10"
     regex = False
 
-    def submitted(self, screen: MainScreen, text: str) -> None:
+    def submitted(self, screen: MainContext, text: str) -> None:
         screen.edit(text)
 
-    def history(self, screen: MainScreen) -> list[str]:
+    def history(self, screen: MainContext) -> list[str]:
         return screen.expressions
 
 

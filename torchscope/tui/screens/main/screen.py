@@ -2,11 +2,16 @@
 
 It reads only the app's :class:`~torchscope.tui.store.EventStore` and asks the source for steps
 that are not in memory (``request_step``); whether a file or a socket answers is not its
-concern. ``apply_changes`` is called by the app's timer, once per batch.
+concern. ``apply_changes`` runs on the app's ``applied`` signal, once per batch.
+
+The screen holds its widgets, what it shows and the key bindings; the work of each group of
+keys is a helper next to it (navigation.py, stepping.py, pause.py, values.py, evaluate.py,
+search.py, lanes.py, prompt.py), each with a :class:`~.context.MainContext` the screen
+satisfies.
 
 Step-through keys (live): ``space`` pause, ``s`` step, ``n`` next step, ``c`` continue, ``b``
 breakpoint from the selected event, ``B`` the breakpoint list, ``v`` / ``<`` / ``>`` values of
-the paused event's tensors. They go to the job through ``TorchscopeApp.command``; the job's
+the paused event's tensors. They go to the job through the app (``Host.command``); the job's
 answers come back through the store (its ``stepper`` view) and ``apply_changes``. A replay
 refuses them with a message.
 
@@ -18,9 +23,8 @@ compared. The status bar says what was asked until that step is over.
 
 from __future__ import annotations
 
-import bisect
 import re
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import ClassVar
 
 from textual import events
 from textual.app import ComposeResult
@@ -32,34 +36,31 @@ from textual.widgets import ContentSwitcher, Input, Label, OptionList, ProgressB
 
 from torchscope.protocol.events import GRAD, OP, Event
 from torchscope.tui import keys
-from torchscope.tui.format import plural, short_name
 from torchscope.tui.keys import Hint, bindings, hint
-from torchscope.tui.replay_stepping import Landed, ReplayCursor
-from torchscope.tui.screens import prompt_modes
-from torchscope.tui.screens.evaluate_actions import EvaluateActions
-from torchscope.tui.screens.history import HistoryScreen
-from torchscope.tui.screens.navigation import Location, Navigation
-from torchscope.tui.screens.pause_marks import PauseMarks
-from torchscope.tui.screens.stepping_keys import SteppingKeys
-from torchscope.tui.screens.values_actions import ValuesActions
-from torchscope.tui.stepping import (
-    ValuesView,
-    event_name,
-)
-from torchscope.tui.store import (
-    EVICTED,
+from torchscope.tui.model.format import plural, short_name
+from torchscope.tui.model.rows import (
     FLAG_INF_IN,
     FLAG_INF_OUT,
     FLAG_NAN_IN,
     FLAG_NAN_OUT,
-    LOADING,
-    ON_DISK,
-    Changes,
-    EventStore,
-    FieldPattern,
     PendingRow,
-    compile_filter,
+    Row,
 )
+from torchscope.tui.model.search import FieldPattern, compile_filter
+from torchscope.tui.model.stepper_view import ValuesView, event_name
+from torchscope.tui.model.steps import EVICTED, LOADING, ON_DISK
+from torchscope.tui.model.store import Changes, EventStore
+from torchscope.tui.screens.history import HistoryScreen
+from torchscope.tui.screens.host import Applied, Host, Redraw, subscribe
+from torchscope.tui.screens.main.context import Asked, Location
+from torchscope.tui.screens.main.evaluate import Evaluate
+from torchscope.tui.screens.main.lanes import LaneView
+from torchscope.tui.screens.main.navigation import Navigation
+from torchscope.tui.screens.main.pause import PauseMarks
+from torchscope.tui.screens.main.prompt import MODES
+from torchscope.tui.screens.main.search import Search
+from torchscope.tui.screens.main.stepping import Stepping
+from torchscope.tui.screens.main.values import Values
 from torchscope.tui.widgets.alert_list import AlertList
 from torchscope.tui.widgets.detail_panel import DetailPanel
 from torchscope.tui.widgets.filter_input import FilterInput
@@ -71,16 +72,11 @@ from torchscope.tui.widgets.status_bar import StatusBar
 from torchscope.tui.widgets.step_list import StepList
 from torchscope.tui.widgets.virtual_list import VirtualList
 
-if TYPE_CHECKING:
-    from torchscope.tui.app import TorchscopeApp
-
 # A row's NaN/Inf flags (its other flags, FLAG_ACCUMULATE, say nothing of its values).
 NAN_INF = FLAG_NAN_IN | FLAG_INF_IN | FLAG_NAN_OUT | FLAG_INF_OUT
 
 
-class MainScreen(
-    Navigation, PauseMarks, SteppingKeys, ValuesActions, EvaluateActions, Screen[None]
-):
+class MainScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = bindings("main")  # all of them in keys.py
 
     #: what the middle shows: "timeline" or "graph" (its ContentSwitcher follows)
@@ -88,11 +84,11 @@ class MainScreen(
     #: live: the newest step is shown as it grows (any move in the timeline stops it)
     follow: var[bool] = var(False)
 
-    def __init__(self, *, live: bool = False, at_origin: bool = True) -> None:
+    def __init__(self, host: Host, *, live: bool = False, at_origin: bool = True) -> None:
         super().__init__(id="main")
+        self.host = host
         self.at_origin = at_origin
         self.values: ValuesView | None = None
-        self._pending: tuple[Any, PendingRow] | None = None
         self.current_step: int | None = None
         #: the step a recording opened on by itself, until the user moves: when its counts
         #: show it holds no op or node (steps before a recorder armed the job, which hold
@@ -105,29 +101,24 @@ class MainScreen(
         self._detail_pending = False
         self.ready = False
         self.search: FieldPattern | None = None
-        self._search_origin: tuple[str, int] | None = None
-        self._match_cache: tuple[tuple, list[int]] | None = None
         # what @ / E asked of the job's next step: (text, answered, the job's step then)
-        self.asked: tuple[str, bool, int | None] | None = None
-        # a recording's cursor (its store, the cursor) and the move waiting for a step to load
-        self._replay: tuple[EventStore, ReplayCursor] | None = None
-        self._replay_wait: tuple[str, int] | None = None
-        self._replay_landing: Landed | None = None  # landed in a step still loading
-        # stores whose recording was opened at its first NaN/Inf origin (or that the user
-        # moved in before one was counted): each recording opens there once
-        self._opened: set[int] = set()
-
-    @property
-    def tapp(self) -> TorchscopeApp:
-        return self.app  # type: ignore[return-value]
+        self.asked: Asked | None = None
+        self.expressions: list[str] = []
+        self.nav = Navigation(self)
+        self.stepping = Stepping(self)
+        self.pause = PauseMarks(self)
+        self.tensor_values = Values(self)
+        self.evaluator = Evaluate(self)
+        self.finder = Search(self)
+        self.lane_view = LaneView(self)
 
     @property
     def store(self) -> EventStore:
-        return self.tapp.store
+        return self.host.store
 
     @property
     def live(self) -> bool:
-        return self.tapp.source.mode == "live"
+        return self.host.source.mode == "live"
 
     # -- layout ------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -171,13 +162,49 @@ class MainScreen(
         self.timeline.set_step(self.store, None, None, "waiting for events…")
         self.timeline.focus()
         self.refresh_status()
+        host = self.host
+        subscribe(host.applied, self, self._applied)
+        subscribe(host.restarted, self, self._restarted)
+        subscribe(host.lane_switch, self, self.lane_view.switch)
+        subscribe(host.redraw, self, self._redraw)
+        host.screen_ready()
+
+    # -- what the app tells ------------------------------------------------------------------
+    def _applied(self, applied: Applied) -> None:
+        ch = applied.changes
+        if applied.shown:
+            self.apply_changes(ch)
+            if ch.status or ch.events or ch.replies or ch.paused_changed:
+                self.refresh_status()
+            self.lane_view.land_aligned()
+        elif (ch.alerts_added or ch.session) and self.host.multi:
+            self.refresh_alerts()  # the job's view of the alerts holds every rank's
+            if ch.alerts_added and not self.host.lanes[applied.lane].live:
+                self.stepping.open_at_first_origin()  # the job's origin may be on this rank
+
+    def _restarted(self, lane: int) -> None:
+        if lane == self.host.current:
+            self.restart()
+
+    def _redraw(self, redraw: Redraw) -> None:
+        if redraw.status:
+            self.refresh_status()
+        if redraw.bar:
+            self.refresh_sources()
+
+    def refresh_sources(self) -> None:
+        """The source bar: every lane, which is shown, which paused (several sources)."""
+        if not self.ready:
+            return
+        host = self.host
+        self.query_one(SourceBar).show(host.lanes, host.labels(), host.current, host.scope)
 
     def restart(self) -> None:
         """Start over on a fresh store (the followed job began a new run)."""
         self.current_step = None
         self.history = []
         self.pending = None
-        self._pending = None
+        self.pause.forget()
         self.values = None
         self.follow = self.live
         self.steps.bind_store(self.store)
@@ -260,7 +287,7 @@ class MainScreen(
                 out += [hint("step_back")]
         elif live:
             out += [hint("pause"), hint("continue")]
-        out += self.tapp.lane_hints()  # several sources: 1-9, o, x
+        out += self.host.lane_hints()  # several sources: 1-9, o, x
         out += [hint("break_here"), hint("breakpoints")]
         out += [hint("search")]
         if focus is not self.graph:
@@ -323,7 +350,7 @@ class MainScreen(
         self.timeline.border_title = title
         sub = []
         if self.search is not None:
-            sub.append(self._search_text())
+            sub.append(self.finder.text())
         if self.timeline.pattern is not None:
             sub.append(f"/{self.timeline.pattern.pattern}/ {self.timeline.row_count():,} shown")
         if self.timeline.unfold_all:
@@ -349,7 +376,8 @@ class MainScreen(
             if self.pending is not None and self.pending.step in ch.removed:
                 self.pending = None
         if self.current_step is None and store.order:
-            first = store.newest_step if self.follow else store.order[0]
+            newest = store.newest_step
+            first = newest if self.follow and newest is not None else store.order[0]
             self.show_step(first)
             self._opened_on = None if self.live else first
         elif (
@@ -378,11 +406,11 @@ class MainScreen(
             self.refresh_alerts()
         if self.pending is not None and self.pending.step in ch.loaded:
             loc, self.pending = self.pending, None
-            self._land(loc)
+            self.nav.land(loc)
         if not self.live:
             if ch.alerts_added:
-                self.open_at_first_origin()
-            self._replay_loaded(ch)
+                self.stepping.open_at_first_origin()
+            self.stepping.loaded(ch)
         if ch.progress is not None:
             self._count_progress = ch.progress
         elif ch.progress_done:
@@ -394,18 +422,18 @@ class MainScreen(
         if step is not None and (step in ch.steps_changed or step in ch.events_changed):
             self.refresh_title()
         if ch.paused_changed:
-            self._pause_changed()
+            self.pause.changed()
         elif self.store.stepper.paused is not None and (
             self.current_step in ch.events_changed or ch.loaded
         ):
-            self._sync_pause_marks()  # the paused event's row may have come
+            self.sync_pause_marks()  # the paused event's row may have come
 
     def refresh_status(self) -> None:
         self.key_bar.show(self.hints())
-        app = self.tapp
+        host = self.host
         self.status_bar.show(
-            app.status,
-            rate=app.rate.rate(),
+            host.status,
+            rate=host.rate.rate(),
             follow=self.follow if self.live else None,
             step=self.current_step,
             resident=self.store.resident_events,
@@ -423,7 +451,7 @@ class MainScreen(
         text, answered, then = self.asked
         if not answered:
             return f"asking: {text}…"
-        now = self.tapp.status.get("step") if self.live else None
+        now = self.host.status.get("step") if self.live else None
         if type(now) is int and type(then) is int and now >= then + 2:
             self.asked = None
             return None
@@ -442,7 +470,7 @@ class MainScreen(
         scan, the count pass)."""
         step = self.current_step
         loading = self.store.loading.get(step) if step is not None else None
-        if loading is not None:
+        if loading is not None and step is not None:
             done, total, events = loading
             info = self.store.info(step)
             expect = info.n_events if info is not None and info.counted else 0
@@ -455,8 +483,8 @@ class MainScreen(
                     f"loading step {step}: {events:,} events, part {done} of {total}", done, total
                 )
         elif self._count_progress is not None:
-            done, total, label = self._count_progress
-            self._show_progress(label, done, total)
+            counted, of, label = self._count_progress
+            self._show_progress(label, counted, of)
         else:
             self._show_progress(None)
 
@@ -516,7 +544,7 @@ class MainScreen(
             self.timeline.select(keep.kind, keep.seq, center=True)
         if self.center == "graph":
             self.graph.set_step(store, data, message)
-        self._sync_pause_marks()
+        self.sync_pause_marks()
         if data is None and self.timeline.pending is None:
             self.detail.show_message(message)
         elif data is not None and self.timeline.row_count() == 0:
@@ -528,7 +556,7 @@ class MainScreen(
     def request_step(self, step: int) -> bool:
         """Ask the source for a step that is not in memory (a step already loading is not
         asked again). False when it cannot come back: evicted from a live job's stream."""
-        store, source = self.store, self.tapp.source
+        store, source = self.store, self.host.source
         info = store.info(step)
         if info is None:
             return False
@@ -624,8 +652,8 @@ class MainScreen(
             return
         data = self.store.data(self.current_step)
         pause = self.store.stepper.paused
-        if pause is not None and self._is_paused_row(row):
-            self.detail.show_row(self.store, data, row, pause, self._values_for(pause))
+        if pause is not None and self.is_paused_row(row):
+            self.detail.show_row(self.store, data, row, pause, self.values_for(pause))
         else:
             self.detail.show_row(self.store, data, row)
 
@@ -635,7 +663,7 @@ class MainScreen(
         elif event.widget is self.timeline:
             row = self.timeline.row(event.index)
             if row is not None:
-                self._jump_from_row(row)
+                self.nav.jump_from_row(row)
 
     # -- graph -------------------------------------------------------------------------------
     def action_toggle_graph(self) -> None:
@@ -748,7 +776,7 @@ class MainScreen(
         op_seq = node.get("op_seq")
         data = self.store.data(self.current_step)
         if isinstance(op_seq, int) and data is not None and data.op(op_seq) is not None:
-            self._go(Location("timeline", self.current_step, OP, op_seq))
+            self.go(Location("timeline", self.current_step, OP, op_seq))
         elif node.get("param"):
             self.notify(f"{node.get('name')} accumulates into parameter {node['param']}")
         else:
@@ -781,18 +809,20 @@ class MainScreen(
     def refresh_alerts(self) -> None:
         """The alerts list: this lane's alerts, or with the ranks of a job open, the job's
         view (each origin once, every rank's alerts)."""
-        self.alerts.set_alerts(self.store.alerts, self.tapp.job_alerts())
+        self.alerts.set_alerts(self.store.alerts, self.host.job_alerts())
 
     def on_alert_list_jump(self, event: AlertList.Jump) -> None:
         self.jump_to_alert(event.alert)
 
+    def on_alert_list_jump_to_lane(self, event: AlertList.JumpToLane) -> None:
+        """An origin another rank made: show that rank's lane, then its event (no alignment
+        with the op left: the jump says where to land)."""
+        event.stop()
+        self.host.select_lane(event.lane, align=False)
+        self.jump_to_alert(event.alert)
+
     def jump_to_alert(self, alert: Event) -> None:
-        step, seq = alert.get("step"), alert.get("event_seq")
-        if type(step) is not int or type(seq) is not int or step not in self.store:
-            self.notify("this alert does not name an event", severity="warning")
-            return
-        # forward / input alerts name an op, backward ones a node: the seq says which.
-        self._go(Location("timeline", step, None, seq))
+        self.nav.jump_to_alert(alert)
 
     # -- search, filter, go to, export: the prompt (its modes: prompt_modes.py) -------------
     def open_prompt(self, name: str) -> None:
@@ -800,7 +830,7 @@ class MainScreen(
             name = "graph" if name == "search" else "graph-filter"  # the graph's own nodes
         elif self.center == "graph":
             self.show_timeline()
-        mode = prompt_modes.MODES[name]()
+        mode = MODES[name]()
         prompt = self.filter
         prompt.set_mode(mode)
         value = mode.opened(self)
@@ -847,106 +877,35 @@ class MainScreen(
             self.filter.mode.cancelled(self)
 
     def start_search(self) -> None:
-        """A new search starts from the selected row (escape goes back to it)."""
-        row = self.timeline.current_row()
-        self._search_origin = (row.kind, row.seq) if row is not None else None
-        self.search = None
+        self.finder.start()
 
     def back_to_search_origin(self) -> None:
-        origin = self._search_origin
-        if origin is not None:
-            self.timeline.select(*origin)
+        self.finder.back_to_origin()
 
     def matches(self) -> list[tuple[int, int]]:
-        """Where the search matches in the timeline: rows and aten calls, folded or not (see
-        ``OpTimeline.match_positions``); cached per step view."""
-        if self.search is None:
-            return []
-        tl = self.timeline
-        data = tl.data
-        if data is None:
-            return []
-        shown = tl.row_count() - tl.calls_shown()  # the rows the filter keeps, and the pending
-        key = (id(data), len(data.rows), len(data.aten), data.reorders, self.search, shown)
-        key += (tl.pattern,)
-        if self._match_cache is not None and self._match_cache[0] == key:
-            return self._match_cache[1]
-        found = tl.match_positions(self.search)
-        self._match_cache = (key, found)
-        return found
+        return self.finder.matches()
 
     def to_match(
         self, direction: int, *, include_current: bool = False, origin: bool = False
     ) -> bool:
-        """Move the cursor to the next (1) or previous (-1) match, wrapping around."""
-        found = self.matches()
-        if not found:
-            return False
-        tl = self.timeline
-        cur = tl.position(tl.cursor)
-        if origin and self._search_origin is not None:
-            index = tl.index_of(*self._search_origin)
-            cur = tl.position(index if index is not None else 0)
-        if direction > 0:
-            after = bisect.bisect_left if include_current else bisect.bisect_right
-            i = after(found, cur)
-            wrapped = i >= len(found)
-            target = found[0] if wrapped else found[i]
-        else:
-            i = bisect.bisect_left(found, cur) - 1
-            wrapped = i < 0
-            target = found[-1] if wrapped else found[i]
-        if wrapped and not origin:
-            self.notify(
-                "search wrapped" + (" to the top" if direction > 0 else " to the bottom"), timeout=2
-            )
-        self.set_follow(False)
-        tl.go_to_position(target)
-        self.show_detail()
-        self.refresh_title()
-        return True
+        return self.finder.to_match(direction, include_current=include_current, origin=origin)
 
     def action_next_match(self) -> None:
-        self._step_match(1)
+        self.finder.step(1)
 
     def action_prev_match(self) -> None:
-        self._step_match(-1)
+        self.finder.step(-1)
 
-    def _step_match(self, direction: int) -> None:
-        if self.center == "graph" and self.graph.search is not None:
-            moved = self.graph.next_match(direction)
-            if moved is None:
-                self.notify(f"no node matches /{self.graph.search.pattern}/", timeout=3)
-            elif moved[2]:
-                self.notify("search wrapped", timeout=2)
-            self.graph_title()
-            return
-        if self.search is None:
-            self.notify("/ searches first (then ctrl+n / ctrl+p: next / previous match)", timeout=3)
-            return
-        if self.center == "graph":
-            self.show_timeline()
-        if not self.to_match(direction):
-            self.notify(f"no match for /{self.search.pattern}/ in this step", timeout=3)
-
-    def _search_text(self) -> str:
-        if self.search is None:
-            return ""
-        found = self.matches()
-        cur = self.timeline.position(self.timeline.cursor)
-        i = bisect.bisect_left(found, cur)
-        at = (
-            f"{i + 1}/{len(found)}"
-            if i < len(found) and found[i] == cur
-            else plural(len(found), "match")
-        )
-        return f"search /{self.search.pattern}/ {at}"
+    def clear_filter(self) -> None:
+        """Drop the timeline's filter (a row it hides is to be selected)."""
+        self.timeline.set_filter(None)
+        self.refresh_title()
 
     # -- export ------------------------------------------------------------------------------
     def action_export(self) -> None:
         """``e``: the step (or the filtered rows) to a JSON-lines file; asks where first.
         On the paused event's row: edit its tensor in focus (evaluate_actions.py)."""
-        if self.edit_at_pause():
+        if self.evaluator.edit_at_pause():
             return
         if self.current_step is None or self.store.data(self.current_step) is None:
             self.notify("no step in memory to export yet", timeout=3)
@@ -954,7 +913,7 @@ class MainScreen(
         self.open_prompt("export")
 
     # -- copy (OSC 52) -----------------------------------------------------------------------
-    def _selected_event(self) -> tuple[dict | None, str | None]:
+    def selected_event(self) -> tuple[dict | None, str | None]:
         """The event the user looks at (the graph's node, else the timeline's row) and the
         module its op ran in."""
         data = self.store.data(self.current_step)
@@ -975,7 +934,7 @@ class MainScreen(
         row = self.timeline.current_row()
         if row is None:
             return None, None
-        ev = dict(row.event) if row.pending else dict(self.store.event(row))
+        ev = dict(row.event) if isinstance(row, PendingRow) else dict(self.store.event(row))
         module = row.module
         if not module and data is not None and row.op_seq is not None:
             op = data.op(row.op_seq)
@@ -989,7 +948,7 @@ class MainScreen(
         index = self.alerts.highlighted
         if self.focused is self.alerts and index is not None and index < len(self.alerts.alerts):
             alert = self.alerts.alerts[index]
-        ev, module = (None, None) if alert is not None else self._selected_event()
+        ev, module = (None, None) if alert is not None else self.selected_event()
         fetched = None
         values = self.values
         row = self.timeline.current_row()
@@ -999,7 +958,7 @@ class MainScreen(
             and values.result is not None
             and values.choice is not None
             and row is not None
-            and self._is_paused_row(row)
+            and self.is_paused_row(row)
         ):
             fetched = (values.label(), values.result)
         choices = copy_choices(ev, module=module, fetched=fetched, alert=alert)
@@ -1022,7 +981,7 @@ class MainScreen(
     # -- H: the run's history (screens/history.py) ------------------------------------------
     def action_history(self) -> None:
         """The run's history (loss, |g|, per-module norms); from it, arm a live job."""
-        now = self.tapp.status.get("step") if self.live else None
+        now = self.host.status.get("step") if self.live else None
         steps = self.steps
         row = steps.row_step(steps.cursor) if steps.cursor >= 0 else None
         self.app.push_screen(
@@ -1039,3 +998,100 @@ class MainScreen(
         mode = "mean" if self.timeline.stat_mode == "norm" else "norm"
         self.timeline.set_stat_mode(mode)
         self.notify("stat column: " + ("mean±std" if mode == "mean" else "norm"), timeout=2)
+
+    # -- moving (navigation.py) --------------------------------------------------------------
+    def go(self, loc: Location, *, record: bool = True) -> None:
+        self.nav.go(loc, record=record)
+
+    def select_in_timeline(self, kind: str | None, seq: int) -> bool:
+        return self.nav.select_in_timeline(kind, seq)
+
+    def run_command(self, text: str) -> str | None:
+        """Run a ``:`` command; None when it went, else the one-line reason it did not."""
+        return self.nav.run_command(text)
+
+    def on_detail_panel_follow(self, event: DetailPanel.Follow) -> None:
+        self.nav.follow_link(event.link)
+
+    def action_detail_link(self, i: int) -> None:
+        """A click on link ``i`` of the detail."""
+        self.detail.follow(i)
+
+    def action_back(self) -> None:
+        self.nav.back()
+
+    # -- stepping (stepping.py) --------------------------------------------------------------
+    def action_pause(self) -> None:
+        self.stepping.pause()
+
+    def action_step(self) -> None:
+        self.stepping.key("s", "step")
+
+    def action_next(self) -> None:
+        self.stepping.key("n", "next")
+
+    def action_continue(self) -> None:
+        self.stepping.key("c", "continue")
+
+    def action_step_back(self) -> None:
+        self.stepping.key("S")
+
+    def action_prev(self) -> None:
+        self.stepping.key("N")
+
+    def action_continue_back(self) -> None:
+        self.stepping.key("C")
+
+    def action_aten_next(self) -> None:
+        self.stepping.aten_next()
+
+    def action_eager_check(self) -> None:
+        self.stepping.eager_check()
+
+    def action_break_here(self) -> None:
+        self.stepping.break_here()
+
+    def action_breakpoints(self) -> None:
+        self.stepping.breakpoints()
+
+    # -- the pause (pause.py) and its values (values.py) -------------------------------------
+    def is_paused_row(self, row: Row | PendingRow) -> bool:
+        return self.pause.is_paused_row(row)
+
+    def sync_pause_marks(self) -> None:
+        self.pause.sync()
+
+    def select_paused(self) -> bool:
+        return self.pause.select()
+
+    def values_for(self, pause: dict) -> ValuesView:
+        return self.pause.values_for(pause)
+
+    def action_values(self) -> None:
+        self.tensor_values.cycle()
+
+    def action_next_slice(self) -> None:
+        self.tensor_values.next_slice()
+
+    def action_prev_slice(self) -> None:
+        self.tensor_values.prev_slice()
+
+    def action_first_nan(self) -> None:
+        self.tensor_values.first_nan()
+
+    # -- p / e at a pause (evaluate.py) ------------------------------------------------------
+    def action_evaluate(self) -> None:
+        self.evaluator.open()
+
+    def evaluate(self, text: str) -> None:
+        self.evaluator.evaluate(text)
+
+    def edit(self, text: str) -> None:
+        self.evaluator.edit(text)
+
+    # -- several sources (lanes.py) ----------------------------------------------------------
+    def action_mark(self) -> None:
+        self.lane_view.mark()
+
+    def action_compare(self) -> None:
+        self.lane_view.compare()

@@ -1,35 +1,36 @@
 """The paused event's tensor values: ``v`` fetches them from the job, ``<`` / ``>`` page through
-slices, ``!`` finds the first NaN/Inf value (in the job's tensor, or the recorded summary's).
-A mixin of :class:`~torchscope.tui.screens.main.MainScreen`."""
+slices, ``!`` finds the first NaN/Inf value (in the job's tensor, or the recorded summary's)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from torchscope.protocol.events import GRAD
-from torchscope.tui.stepping import (
+from torchscope.tui.model.stepper_view import (
     ValuesView,
     default_choice,
     pause_key,
 )
+from torchscope.tui.screens.main.context import MainContext
 
 
-class ValuesActions:
-    """Part of MainScreen (see the module's docstring)."""
+class Values:
+    def __init__(self, main: MainContext) -> None:
+        self.main = main
 
-    def action_values(self) -> None:
-        pause = self.store.stepper.paused
+    def cycle(self) -> None:
+        pause = self.main.store.stepper.paused
         if pause is None:
-            if self.tapp.can_command():
-                self.notify("values come from a paused job (space pauses it)", timeout=3)
+            if self.main.host.can_command():
+                self.main.notify("values come from a paused job (space pauses it)", timeout=3)
             return
-        values = self._values_for(pause)
+        values = self.main.values_for(pause)
         if not values.choices:
-            self.notify("no tensor is held at this point", timeout=3)
+            self.main.notify("no tensor is held at this point", timeout=3)
             return
-        row = self.timeline.current_row()
-        if row is None or not self._is_paused_row(row):
-            self._select_paused()
+        row = self.main.timeline.current_row()
+        if row is None or not self.main.is_paused_row(row):
+            self.main.select_paused()
         if values.current < 0:
             values.current = default_choice(values.choices)
         else:
@@ -38,40 +39,40 @@ class ValuesActions:
         values.mark = None
         self._fetch_values()
 
-    def action_next_slice(self) -> None:
+    def next_slice(self) -> None:
         values = self._values_ready()
         if values is None:
             return
         numel = values.numel
         if numel is not None and values.start + values.count >= numel:
-            self.notify("that is the last slice", timeout=2)
+            self.main.notify("that is the last slice", timeout=2)
             return
         values.start += values.count
         self._fetch_values()
 
-    def action_prev_slice(self) -> None:
+    def prev_slice(self) -> None:
         values = self._values_ready()
         if values is None:
             return
         if values.start == 0:
-            self.notify("that is the first slice", timeout=2)
+            self.main.notify("that is the first slice", timeout=2)
             return
         values.start = max(0, values.start - values.count)
         self._fetch_values()
 
     def _values_ready(self) -> ValuesView | None:
-        pause = self.store.stepper.paused
-        values = self.values
+        pause = self.main.store.stepper.paused
+        values = self.main.values
         if pause is None or values is None or values.key != pause_key(pause):
-            self.notify("v fetches values of the paused event first", timeout=3)
+            self.main.notify("v fetches values of the paused event first", timeout=3)
             return None
         if values.choice is None:
-            self.notify("v fetches values first", timeout=3)
+            self.main.notify("v fetches values first", timeout=3)
             return None
         return values
 
     def _fetch_values(self) -> None:
-        values = self.values
+        values = self.main.values
         if values is None or values.choice is None:
             return
         group, index, _ = values.choice
@@ -82,10 +83,10 @@ class ValuesActions:
         values.error = None
         values.result = None
         values.bump()
-        self.show_detail()
+        self.main.show_detail()
 
         def arrived(ok: bool, payload: Any) -> None:
-            if self.values is not values or values.requested != request:
+            if self.main.values is not values or values.requested != request:
                 return  # another pause, tensor or slice was asked for since
             values.loading = False
             if ok and isinstance(payload, dict):
@@ -93,9 +94,9 @@ class ValuesActions:
             else:
                 values.error = str(payload)
             values.bump()
-            self.show_detail()
+            self.main.show_detail()
 
-        if not self.tapp.command(
+        if not self.main.host.command(
             "inspect",
             group=group,
             index=index,
@@ -104,9 +105,9 @@ class ValuesActions:
             then=arrived,
         ):
             values.loading = False
-            values.error = self.tapp.source.refusal
+            values.error = self.main.host.source.refusal
             values.bump()
-            self.show_detail()
+            self.main.show_detail()
 
     # -- ! : the first NaN/Inf value --------------------------------------------------------
     #: The search through a paused job's tensor asks for this many values at a time (the
@@ -114,14 +115,14 @@ class ValuesActions:
     NAN_PAGE = 100_000
     NAN_PAGES = 64
 
-    def action_first_nan(self) -> None:
+    def first_nan(self) -> None:
         """``!``: the first NaN/Inf value. Paused: searched through the tensor the values
         section shows (or the first one whose stats count one), fetched page by page; else
         in the small values the event recorded."""
-        pause = self.store.stepper.paused
-        row = self.timeline.current_row()
-        if pause is not None and row is not None and self._is_paused_row(row):
-            values = self._values_for(pause)
+        pause = self.main.store.stepper.paused
+        row = self.main.timeline.current_row()
+        if pause is not None and row is not None and self.main.is_paused_row(row):
+            values = self.main.values_for(pause)
             if values.choice is None or not _bad_count(values.choice[2]):
                 bad = [i for i, c in enumerate(values.choices) if _bad_count(c[2])]
                 if bad:
@@ -133,11 +134,11 @@ class ValuesActions:
         self._recorded_nan()
 
     def _recorded_nan(self) -> None:
-        from torchscope.tui.format import first_bad, index_text
+        from torchscope.tui.model.format import first_bad, index_text
 
-        ev = self.detail.event
+        ev = self.main.detail.event
         if not ev:
-            self.notify("! finds the first NaN/Inf of the selected op or node", timeout=3)
+            self.main.notify("! finds the first NaN/Inf of the selected op or node", timeout=3)
             return
         groups = (
             ("grad_outputs", "grad_inputs") if ev.get("kind") == GRAD else ("inputs", "outputs")
@@ -150,7 +151,7 @@ class ValuesActions:
                 bad = first_bad(s.get("values"))
                 shape = s.get("shape") if isinstance(s.get("shape"), list) else None
                 if bad is not None:
-                    self.notify(
+                    self.main.notify(
                         f"first NaN/Inf: {group}[{i}] at {index_text(bad, shape)}", timeout=5
                     )
                     self._scroll_detail_to("first NaN/Inf at")
@@ -160,40 +161,42 @@ class ValuesActions:
         if counted is not None:
             where = (
                 "v fetches them, ! finds it"
-                if self.live
+                if self.main.live
                 else "pause the job there (b) to fetch them"
             )
-            self.notify(
+            self.main.notify(
                 f"{counted} holds NaN/Inf, but its values were not recorded (too many): {where}",
                 timeout=6,
             )
         else:
-            self.notify("no NaN/Inf in this event's tensors", timeout=3)
+            self.main.notify("no NaN/Inf in this event's tensors", timeout=3)
 
     def _scroll_detail_to(self, text: str) -> None:
-        lines = str(self.detail.body.render()).split("\n")
+        lines = str(self.main.detail.body.render()).split("\n")
         line = next((n for n, t in enumerate(lines) if text in t), None)
         if line is not None:
-            self.detail.scroll_to(y=max(0, line - 4), animate=False)
+            self.main.detail.scroll_to(y=max(0, line - 4), animate=False)
 
     def _search_nan(self, values: ValuesView) -> None:
-        from torchscope.tui.format import first_bad, index_text
+        from torchscope.tui.model.format import first_bad, index_text
 
-        group, index, summary = values.choice  # type: ignore[misc]
+        assert values.choice is not None  # first_nan() searches a chosen tensor only
+        group, index, summary = values.choice
         label = values.label()
         result = values.result
         if result is not None and isinstance(result.get("values"), list):
             bad = first_bad(result["values"])
-            start = result.get("start") if type(result.get("start")) is int else values.start
+            raw = result.get("start")
+            start = raw if type(raw) is int else values.start
             if bad is not None and (start == 0 or values.mark == start + bad):
                 values.mark = start + bad
                 values.note = None
                 values.bump()
-                self.show_detail()
-                self.call_after_refresh(self.detail._scroll_to_values)
+                self.main.show_detail()
+                self.main.call_after_refresh(self.main.detail._scroll_to_values)
                 return
         if not _bad_count(summary):
-            self.notify(f"no NaN/Inf in {label} (its stats count none)", timeout=3)
+            self.main.notify(f"no NaN/Inf in {label} (its stats count none)", timeout=3)
             return
         shape = summary.get("shape") if isinstance(summary.get("shape"), list) else None
         token = object()
@@ -203,8 +206,8 @@ class ValuesActions:
         def ask(page: int) -> None:
             values.note = f"looking for the first NaN/Inf… {page * self.NAN_PAGE:,} values read"
             values.bump()
-            self.show_detail()
-            ok = self.tapp.command(
+            self.main.show_detail()
+            ok = self.main.host.command(
                 "inspect",
                 group=group,
                 index=index,
@@ -215,10 +218,10 @@ class ValuesActions:
             if not ok:
                 values.note = None
                 values.bump()
-                self.show_detail()
+                self.main.show_detail()
 
         def arrived(page: int, ok: bool, payload: Any) -> None:
-            if self.values is not values or values.requested != ("nan", token):
+            if self.main.values is not values or values.requested != ("nan", token):
                 return  # another pause, tensor or slice was asked for since
             if (
                 not ok
@@ -227,7 +230,7 @@ class ValuesActions:
             ):
                 values.note = f"the search stopped: {payload}"
                 values.bump()
-                self.show_detail()
+                self.main.show_detail()
                 return
             vals = payload["values"]
             bad = first_bad(vals)
@@ -237,9 +240,9 @@ class ValuesActions:
                 values.mark = flat
                 values.note = None
                 values.start = max(0, flat - flat % last)
-                self.notify(f"first NaN/Inf of {label}: {index_text(flat, shape)}", timeout=4)
+                self.main.notify(f"first NaN/Inf of {label}: {index_text(flat, shape)}", timeout=4)
                 self._fetch_values()
-                self.call_after_refresh(self.detail._scroll_to_values)
+                self.main.call_after_refresh(self.main.detail._scroll_to_values)
                 return
             numel = payload.get("numel")
             end = (page + 1) * self.NAN_PAGE
@@ -251,7 +254,7 @@ class ValuesActions:
                 ask(page + 1)
                 return
             values.bump()
-            self.show_detail()
+            self.main.show_detail()
 
         ask(0)
 

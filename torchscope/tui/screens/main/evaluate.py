@@ -1,8 +1,7 @@
 """Ask and change at a pause: ``p`` evaluates a Python expression in the paused job (on a
 recording: over what its summaries kept), ``e`` on the paused event's row edits its tensor in
 focus. The job runs both on its training thread (torchscope.tracer.armed.evaluate); the UI
-only sends text and shows answers, and imports no torch. A mixin of
-:class:`~torchscope.tui.screens.main.MainScreen`."""
+only sends text and shows answers, and imports no torch."""
 
 from __future__ import annotations
 
@@ -11,7 +10,9 @@ from typing import Any
 from textual.widgets import Input
 
 from torchscope.protocol.expressions import ExpressionError, answer_text, evaluate_kept
-from torchscope.tui.stepping import pause_key
+from torchscope.tui.model.rows import PendingRow
+from torchscope.tui.model.stepper_view import pause_key
+from torchscope.tui.screens.main.context import MainContext
 
 #: Values an answer shows at most (the job's ``count``).
 ANSWER_VALUES = 16
@@ -26,35 +27,32 @@ RECORDING_EDIT = (
 )
 
 
-class EvaluateActions:
-    """Part of MainScreen (see the module's docstring)."""
-
-    expressions: list[str]
+class Evaluate:
+    def __init__(self, main: MainContext) -> None:
+        self.main = main
 
     # -- p ------------------------------------------------------------------------------------
-    def action_evaluate(self) -> None:
-        if not hasattr(self, "expressions"):
-            self.expressions = []
-        if self.live:
-            if self.store.stepper.paused is None:
-                self.notify(
+    def open(self) -> None:
+        if self.main.live:
+            if self.main.store.stepper.paused is None:
+                self.main.notify(
                     "p runs an expression in the job at a pause (space pauses it, b sets a "
                     "breakpoint)",
                     timeout=4,
                 )
                 return
-            row = self.timeline.current_row()
-            if row is None or not self._is_paused_row(row):
-                self._select_paused()
+            row = self.main.timeline.current_row()
+            if row is None or not self.main.is_paused_row(row):
+                self.main.select_paused()
         elif self._kept_event() is None:
-            self.notify("p: select an op or a backward node first", timeout=3)
+            self.main.notify("p: select an op or a backward node first", timeout=3)
             return
-        self.open_prompt("evaluate")
+        self.main.open_prompt("evaluate")
 
     def evaluate(self, text: str) -> None:
         """Enter in the ``p`` box: the job's answer (or the recording's) in the box's title
         and as a notification; the box stays open for the next expression."""
-        prompt = self.filter
+        prompt = self.main.filter
         text = text.strip()
         if not text:
             prompt.error("an expression, please")
@@ -62,7 +60,7 @@ class EvaluateActions:
         self._remember(text)
         with prompt.prevent(Input.Changed):
             prompt.value = ""
-        if not self.live:
+        if not self.main.live:
             ev = self._kept_event()
             if ev is None:
                 prompt.error("select an op or a backward node first")
@@ -74,10 +72,10 @@ class EvaluateActions:
                 return
             self._show_answer(text, answer)
             return
-        if self.store.stepper.paused is None:
+        if self.main.store.stepper.paused is None:
             prompt.error("the job is not paused any more: expressions run at a pause")
             return
-        key = pause_key(self.store.stepper.paused)
+        key = pause_key(self.main.store.stepper.paused)
         prompt.border_title = f"{text} … asking the job"
 
         def answered(ok: bool, payload: Any) -> None:
@@ -89,21 +87,21 @@ class EvaluateActions:
                 task = payload["pending"]
 
                 def poll() -> None:
-                    if pause_key(self.store.stepper.paused) != key:
+                    if pause_key(self.main.store.stepper.paused) != key:
                         prompt.error(f"{text}: the pause ended before the answer came")
                         return
-                    self.tapp.command("evaluate", poll=task, quiet=True, then=answered)
+                    self.main.host.command("evaluate", poll=task, quiet=True, then=answered)
 
-                self.set_timer(POLL_SECONDS, poll)
+                self.main.set_timer(POLL_SECONDS, poll)
                 return
             self._show_answer(text, payload if isinstance(payload, dict) else {})
 
         fields = {"expr": text, "count": ANSWER_VALUES, **self._focus_fields()}
-        self.tapp.command("evaluate", quiet=True, then=answered, **fields)
+        self.main.host.command("evaluate", quiet=True, then=answered, **fields)
 
     def _show_answer(self, text: str, answer: dict[str, Any]) -> None:
         line = answer_text(answer)
-        prompt = self.filter
+        prompt = self.main.filter
         if answer.get("error"):
             prompt.error(f"{text}: {line}")
         else:
@@ -113,44 +111,44 @@ class EvaluateActions:
         values = answer.get("values")
         if isinstance(values, list) and values and line != _values_text(values):
             note += f"\nfirst {len(values)} values: {_values_text(values)}"
-        self.notify(note, severity="error" if answer.get("error") else "information", timeout=10)
+        self.main.notify(
+            note, severity="error" if answer.get("error") else "information", timeout=10
+        )
 
     def _remember(self, text: str) -> None:
-        if not hasattr(self, "expressions"):
-            self.expressions = []
-        history = self.expressions
+        history = self.main.expressions
         if not history or history[-1] != text:
             history.append(text)
             del history[:-MAX_HISTORY]
-        self.filter._recalled = None
+        self.main.filter._recalled = None
 
     # -- e --------------------------------------------------------------------------------------
     def edit_at_pause(self) -> bool:
         """``e`` on the paused event's row: the edit prompt (a live job) or why not (a
         recording). False elsewhere: ``e`` exports, as always."""
-        pause = self.store.stepper.paused
-        row = self.timeline.current_row()
-        if pause is None or row is None or not self._is_paused_row(row):
+        pause = self.main.store.stepper.paused
+        row = self.main.timeline.current_row()
+        if pause is None or row is None or not self.main.is_paused_row(row):
             return False
-        if not self.live:
-            self.notify(RECORDING_EDIT, severity="warning", timeout=6)
+        if not self.main.live:
+            self.main.notify(RECORDING_EDIT, severity="warning", timeout=6)
             return True
-        self.open_prompt("edit")
+        self.main.open_prompt("edit")
         choice = self._focus_choice()
         if choice is not None:
-            self.filter.border_title = self.filter.border_title.replace(
+            self.main.filter.border_title = (self.main.filter.border_title or "").replace(
                 "edit x", f"edit x = {choice[0]}[{choice[1]}]", 1
             )
         return True
 
     def edit(self, text: str) -> None:
-        prompt = self.filter
+        prompt = self.main.filter
         text = text.strip()
         if not text:
             prompt.error("a replacement, please (x * 0, x.clamp(-1, 1), torch.nan_to_num(x))")
             return
         self._remember(text)
-        if self.store.stepper.paused is None:
+        if self.main.store.stepper.paused is None:
             prompt.error("the job is not paused any more: edits apply at a pause")
             return
         prompt.border_title = f"{text} … asking the job"
@@ -162,18 +160,18 @@ class EvaluateActions:
             if isinstance(payload, dict) and payload.get("pending"):
                 prompt.error(f"{text}: {payload.get('text')} (asked again when it is done)")
                 return
-            self.close_prompt()
+            self.main.close_prompt()
             what = payload.get("text") if isinstance(payload, dict) else None
-            self.notify(f"edited {what or text} (applied as the job goes on)", timeout=8)
-            self.refresh_status()
+            self.main.notify(f"edited {what or text} (applied as the job goes on)", timeout=8)
+            self.main.refresh_status()
 
-        self.tapp.command("edit", expr=text, quiet=True, then=answered, **self._focus_fields())
+        self.main.host.command("edit", expr=text, quiet=True, then=answered, **self._focus_fields())
 
     # -- what the expression is about --------------------------------------------------------
     def _focus_choice(self) -> tuple[str, int] | None:
         """The tensor ``x`` names: the one ``v`` shows for this pause, if any."""
-        pause = self.store.stepper.paused
-        values = self.values
+        pause = self.main.store.stepper.paused
+        values = self.main.values
         if (
             pause is not None
             and values is not None
@@ -190,10 +188,10 @@ class EvaluateActions:
 
     def _kept_event(self) -> dict | None:
         """A recording: the selected row's event, as recorded."""
-        row = self.timeline.current_row()
+        row = self.main.timeline.current_row()
         if row is None:
             return None
-        return dict(row.event) if row.pending else dict(self.store.event(row))
+        return dict(row.event) if isinstance(row, PendingRow) else dict(self.main.store.event(row))
 
 
 def _values_text(values: list) -> str:
