@@ -158,6 +158,16 @@ def test_a_script_sees_what_python_shows_it(tmp_path: Path) -> None:
     assert (res.returncode, res.stdout) == (0, "app ['x']\n"), res.stderr
 
 
+def test_an_empty_script_name_runs_the_directory_as_python_does(tmp_path: Path) -> None:
+    # It was taken for no script at all, and the run died in a TypeError of its own.
+    (tmp_path / "__main__.py").write_text("print('main ran')\n")
+    plain = subprocess.run(
+        [sys.executable, ""], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
+    res = torchscope("run", "--quiet", "", cwd=tmp_path)
+    assert (res.returncode, res.stdout) == (plain.returncode, plain.stdout) == (0, "main ran\n")
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -163,7 +163,8 @@ def _csv(points: list[dict[str, Any]], buckets: list[dict[str, Any]]) -> Iterato
             [b.get("first"), b.get("last"), last, lo, hi, glast, glo, ghi, "", "", b.get("skipped")]
         )
     for p in points:
-        norms = p.get("module_norms") if isinstance(p.get("module_norms"), dict) else {}
+        norms = p.get("module_norms")
+        norms = norms if isinstance(norms, dict) else {}
         yield row(
             [p.get("step"), p.get("step"), p.get("loss"), None, None, p.get("grad_norm")]
             + [None, None, int(bool(p.get("traced"))), p.get("scale"), int(bool(p.get("skipped")))]

@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import sys
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from torchscope.cli.common import fail
@@ -126,7 +127,9 @@ def cmd_record(args: argparse.Namespace) -> int:
         client.connect(ep.resolve(args.target), timeout=args.timeout)
         # --next records from the arming on; otherwise the recent events the job still holds
         # come first (a job traced from its start).
-        snap = {"session": client.session} if args.next else client.snapshot(args.snapshot)
+        snap: dict[str, Any] = (
+            {"session": client.session} if args.next else client.snapshot(args.snapshot)
+        )
         try:
             armed = client.request(
                 "arm",
@@ -247,7 +250,7 @@ class _RunHistoryEvents:
             event["buckets"] = buckets
         return [event]
 
-    def note(self, events: list[dict[str, Any]]) -> None:
+    def note(self, events: Iterable[dict[str, Any]]) -> None:
         from torchscope.protocol.events import HISTORY
 
         for e in events:

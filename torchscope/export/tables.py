@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import IO, Any
 
 from torchscope.protocol.events import GRAD, KINDS, OP, Event
 from torchscope.protocol.jsontext import json_safe
@@ -176,7 +176,8 @@ def to_pandas(events: Iterable[Event], kind: str = "op") -> Any:
     return pd.DataFrame(data, columns=cols)
 
 
-def write_table(df: Any, path: str, fmt: str) -> None:
+def write_table(df: Any, path: str | IO[Any], fmt: str) -> None:
+    """Write ``df`` to a path or an open file (text for CSV, binary for Parquet)."""
     if fmt == "csv":
         df.to_csv(path, index=False)
         return

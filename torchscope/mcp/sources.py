@@ -72,7 +72,7 @@ class Recording:
             raise SourceError(f"{path}: {exc}") from None
         if isinstance(meta, dict):
             self._session = Event(meta)
-        rank = (self._session or {}).get("rank")
+        rank = self._session.get("rank") if self._session is not None else None
         self.rank: int | None = rank if type(rank) is int else None
 
     def _read(self, step: int | None = None) -> Iterator[Event]:
@@ -100,7 +100,7 @@ class Recording:
                     elif kind == SESSION and self._session is None:
                         self._session = e
                 self._alerts = found
-                rank = (self._session or {}).get("rank")
+                rank = self._session.get("rank") if self._session is not None else None
                 self.rank = rank if type(rank) is int else None
             return self._alerts
 
