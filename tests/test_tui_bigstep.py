@@ -5,13 +5,17 @@ from __future__ import annotations
 import threading
 
 import pytest
-from tui_pilot import SIZE, sync, until
+from tui_pilot import SIZE, shows, sync, until
 
 from torchscope.protocol.tracefile import TraceWriter
 from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.sources import FileSource
-from torchscope.tui.store import LOADING, ON_DISK, RESIDENT, EventStore, Inbox, prepare
-from torchscope.tui.synthetic import iter_trace, make_trace
+from torchscope.tui.demo.synthetic import iter_trace, make_trace
+from torchscope.tui.model.items import StepAbort, StepIndex, StepPart
+from torchscope.tui.model.rows import prepare
+from torchscope.tui.model.steps import LOADING, ON_DISK, RESIDENT
+from torchscope.tui.model.store import EventStore
+from torchscope.tui.sources.file import FileSource
+from torchscope.tui.sources.inbox import Inbox
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +69,7 @@ async def test_first_rows_show_before_the_step_is_decoded(huge_step):
         assert 0 < timeline.row_count() < rows0
         assert app.store.info(0).state == LOADING
         assert 0 in app.store.loading
-        await pilot.pause(0.1)
-        text = app.screen_text()
+        text = await shows(pilot, "loading step 0", "loading…")
         assert "loading step 0" in text
         assert "loading…" in text  # the timeline's title
         # The UI answers keys meanwhile.
@@ -76,7 +79,7 @@ async def test_first_rows_show_before_the_step_is_decoded(huge_step):
         assert timeline.cursor == before + 1
         source.gate.set()
         await until(pilot, lambda: 0 not in app.store.loading, what="the whole step")
-        await pilot.pause(0.1)
+        await until(pilot, lambda: timeline.row_count() == rows0, what="every row")
         assert app.store.info(0).state == RESIDENT
         assert len(app.store.data(0).rows) == rows0
         assert timeline.row_count() == rows0
@@ -91,24 +94,24 @@ def test_store_streams_parts_and_drops_an_aborted_load():
     items = prepare(events)
     half = len(items) // 2
     store = EventStore(reloadable=True)
-    store.apply([("index", [(0, False)])])
+    store.apply([StepIndex([(0, False)])])
     store.mark_loading(0)
-    ch = store.apply([("step_part", 0, items[:half], True, False, 1, 2)])
+    ch = store.apply([StepPart(0, items[:half], True, False, 1, 2)])
     assert ch.started == {0} and not ch.loaded
     assert store.info(0).state == LOADING and store.is_resident(0)
     assert store.loading[0] == (1, 2, half)
     assert store.resident_events == half
-    ch = store.apply([("step_part", 0, items[half:], False, True, 2, 2)])
+    ch = store.apply([StepPart(0, items[half:], False, True, 2, 2)])
     assert ch.loaded == {0} and 0 not in store.loading
     info = store.info(0)
     assert info.state == RESIDENT and info.counted and info.n_events == len(items)
     assert store.resident_events == len(items)
     # Loading it again, then giving up: the part goes, the step is on disk again.
-    ch = store.apply([("step_part", 0, items[:half], True, False, 1, 2), ("step_abort", 0)])
+    ch = store.apply([StepPart(0, items[:half], True, False, 1, 2), StepAbort(0)])
     assert not store.is_resident(0) and store.info(0).state == ON_DISK
     assert store.resident_events == 0 and 0 in ch.evicted
     # A late part of the abandoned load changes nothing.
-    store.apply([("step_part", 0, items[half:], False, True, 2, 2)])
+    store.apply([StepPart(0, items[half:], False, True, 2, 2)])
     assert not store.is_resident(0) and store.info(0).state == ON_DISK
 
 
@@ -131,8 +134,8 @@ def test_loading_gives_way_to_another_step(huge_step):
     with TraceReader(path) as reader:
         source.request_step(1)  # asked while step 0 streams in
         source._load(reader, 0, inbox, stop)
-    tags = [item[0] for item in inbox.drain()]
-    assert tags[0] == "step_part" and tags[-1] == "step_abort"
+    tags = [type(item) for item in inbox.drain()]
+    assert tags[0] is StepPart and tags[-1] is StepAbort
     assert source._take_requests() == [1]
 
 
@@ -142,7 +145,7 @@ def test_loading_gives_way_to_another_step(huge_step):
 def test_count_pass_finds_loss_and_gradient_norm():
     import math
 
-    from torchscope.tui.countpass import Counter
+    from torchscope.tui.sources.countpass import Counter
 
     events = make_trace(3, 4, nan_step=2)
     counter = Counter()
@@ -197,11 +200,14 @@ async def test_steps_panel_shows_loss_gradient_norm_and_a_sparkline(tmp_path):
             timeout=10,
             what="the count pass",
         )
-        await pilot.pause(0.2)
         infos = [store.steps[s] for s in store.order]
-        assert all(i.loss is not None and i.grad_norm is not None for i in infos)
+        await until(
+            pilot,
+            lambda: all(i.loss is not None and i.grad_norm is not None for i in infos),
+            what="every step's loss and |g|",
+        )
         assert math.isnan(infos[3].grad_norm) and math.isfinite(infos[4].grad_norm)
-        lines = app.screen_text().splitlines()
+        lines = (await shows(pilot, f"{infos[4].grad_norm:.4f}"[:5], "|g|")).splitlines()
         assert any("loss" in line and "|g|" in line for line in lines)
         row3 = next(line for line in lines if line.startswith("│    3 "))
         assert "nan" in row3 and "!" in row3 and "⚠" in row3

@@ -7,15 +7,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tui_pilot import notes_of, sync, until
+from tui_pilot import notes_of, shows, sync, until
 
 from torchscope.protocol.events import Event
 from torchscope.protocol.tracefile import TraceWriter
 from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.fakejob import FakeJob
-from torchscope.tui.format import count_text, fit_numbers
-from torchscope.tui.sources import FileSource, ScriptedSource
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.demo.fakejob import FakeJob
+from torchscope.tui.demo.synthetic import make_trace
+from torchscope.tui.model.format import count_text, fit_numbers
+from torchscope.tui.model.items import NewSession
+from torchscope.tui.sources.file import FileSource
+from torchscope.tui.sources.scripted import ScriptedSource
 from torchscope.tui.widgets.op_timeline import Columns
 
 SMALL = (80, 24)
@@ -86,7 +88,7 @@ async def test_alerts_of_the_previous_run_go_when_the_job_starts_again():
     app = TorchscopeApp(ScriptedSource(make_trace(2, 2, nan_step=1)))
     async with app.run_test(size=(120, 30)) as pilot:
         await until(pilot, lambda: len(app.main.alerts.alerts) == 1)
-        app.inbox.put("new_session")
+        app.inbox.put(NewSession())
         await until(pilot, lambda: app.store.alerts == [] and app.main.alerts.option_count == 0)
         assert app.main.alerts.border_subtitle == ""
 
@@ -191,8 +193,7 @@ async def test_an_empty_trailing_step_is_not_shown(trace_file: Path):
         await until(
             pilot, lambda: app.main.timeline.row_count() > 0 and app.main.timeline.step == 5
         )
-        await pilot.pause(0.3)
-        assert "loading" not in app.screen_text()
+        assert "loading" not in await shows(pilot, "Step 5", gone=("loading",))
 
 
 # -- 7: enter on an op whose backward has not run ---------------------------------------------
@@ -265,7 +266,7 @@ async def test_the_origin_stands_first_and_knock_on_alerts_are_counted_under_it(
         await pilot.press("a")
         detail = app.main.detail.body
         await until(pilot, lambda: "knock-on" in str(detail.render()), what="the alert's detail")
-        await pilot.pause(0.4)
+        await until(pilot, lambda: not app.main._detail_pending, what="the late detail refresh")
         text = str(detail.render())
         assert "5 knock-on alerts" in text and "step 1 · 3x parameters" in text, text
 
@@ -278,13 +279,14 @@ async def test_a_late_detail_refresh_leaves_the_graph_nodes_detail_alone():
     async with app.run_test(size=(130, 36)) as pilot:
         tl = app.main.timeline
         await until(pilot, lambda: tl.row_count() > 0, what="the step's rows")
-        await pilot.pause(0.3)
+        main = app.main  # the first row's detail (its refresh is throttled: a timer)
+        await until(pilot, lambda: main.detail.subject and not main._detail_pending, what="detail")
         gelu = next(tl.row(i) for i in range(tl.row_count()) if tl.row(i).name.endswith("gelu"))
         tl.select(gelu.kind, gelu.seq)
         await pilot.press("g")
         detail = app.main.detail.body
         await until(pilot, lambda: "backward node" in str(detail.render()), what="node detail")
-        await pilot.pause(0.4)
+        await until(pilot, lambda: not app.main._detail_pending, what="the late detail refresh")
         assert app.main.center == "graph"
         assert "backward node" in str(detail.render())
 

@@ -12,16 +12,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from tui_pilot import sync, until
+from tui_pilot import shows, sync, until
 
 from torchscope.protocol.events import OP
 from torchscope.protocol.tracefile import TraceWriter
 from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.fakejob import FakeJob
-from torchscope.tui.multi import expand_targets, lane_labels, open_sources, row_key
+from torchscope.tui.demo.fakejob import FakeJob
+from torchscope.tui.demo.synthetic import make_trace
+from torchscope.tui.lanes import lane_labels
+from torchscope.tui.model.align import row_key
 from torchscope.tui.screens.compare import CompareScreen
-from torchscope.tui.sources import FileSource, LiveSource
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.sources.file import FileSource
+from torchscope.tui.sources.live import LiveSource
+from torchscope.tui.sources.open import expand_targets, open_sources
 from torchscope.tui.widgets.source_bar import SourceBar
 
 NORM = "torch.nn.functional.layer_norm"
@@ -122,8 +125,7 @@ async def test_two_rank_files_open_with_a_selector_and_switching_keeps_the_step_
         row = app.main.timeline.current_row()
         assert (app.main.current_step, row.name, row.module) == (1, NORM, MODULE)
         assert app.status.get("rank") == 1 and app.store is app.lanes[1].store
-        await pilot.pause(0.1)
-        text = app.screen_text()
+        text = await shows(pilot, "1 rank 0", "2 rank 1")
         assert "1 rank 0" in text and "2 rank 1" in text  # the bar, at 80x24
         assert "1-2 source" in app.main.key_bar.text
         # r cycles back; the op stays
@@ -179,8 +181,7 @@ async def test_compare_view_aligns_the_op_across_ranks_and_marks_the_outlier(tmp
         assert table.why.startswith("outlier: rank 2: outputs[0] norm")
         norms = next(cells for label, cells in table.rows if label == "  norm")  # outputs[0]
         assert [c.outlier for c in norms] == [False, False, True]
-        await pilot.pause(0.1)
-        text = app.screen_text()
+        text = await shows(pilot, "◆ rank 2", "outlier: rank 2")
         assert "◆ rank 2" in text and "outlier: rank 2" in text
         await pilot.press("escape")
         assert app.screen is app.main
@@ -361,7 +362,7 @@ def test_bad_input_among_several_is_one_line_and_exit_2_before_the_screen(tmp_pa
 
 def test_row_keys_follow_diffs_alignment(tmp_path: Path):
     from torchscope.analysis.align import group_by_step
-    from torchscope.tui.store import EventStore
+    from torchscope.tui.model.store import EventStore
 
     events = rank_trace(0, 2)
     store = EventStore()
@@ -457,12 +458,13 @@ async def test_ranks_that_start_after_the_ui_join_it(monkeypatch):
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: len(app.lanes) == 2, what="rank 1 joined")
         await until(pilot, lambda: "2 rank 1" in bar(app), what="in the bar")
-        await pilot.pause(0.5)
+        # the next poll finds every rank here and stops following the job (no more joins)
+        await until(pilot, lambda: not app.follow_job, what="the job's ranks all here")
         assert joined == [1] and not app.follow_job
 
 
 def test_compare_table_two_columns_says_what_diff_would_and_a_lone_nan_is_the_outlier():
-    from torchscope.tui.compare import Column, build_table
+    from torchscope.tui.model.compare import Column, build_table
 
     events = make_trace(2, 1, nan_step=1)
     node = next(e for e in events if e["kind"] == "grad" and e["step"] == 0)

@@ -36,6 +36,27 @@ async def until(pilot, cond, timeout: float = WAIT, what: str = "") -> None:
         await pilot.pause(0.02)
 
 
+async def shows(pilot, *texts: str, gone: tuple[str, ...] = (), what: str = "") -> str:
+    """Let the app run until its screen shows every one of ``texts`` and none of ``gone``
+    (a change is drawn a frame or two after the state changes); returns that screen's text."""
+    seen = ""
+
+    def cond() -> bool:
+        nonlocal seen
+        seen = pilot.app.screen_text()
+        return all(t in seen for t in texts) and not any(t in seen for t in gone)
+
+    await until(pilot, cond, what=what or f"the screen to show {texts} and not {gone}")
+    return seen
+
+
+async def focus(pilot, widget) -> None:
+    """Give ``widget`` the focus and let the app run until it has it (the focus moves by a
+    message; the widget's focus styles follow at once: the app has no CSS transitions)."""
+    widget.focus()
+    await until(pilot, lambda: widget.has_focus, what=f"the focus on {widget!r}")
+
+
 def notes_of(app) -> list[str]:
     """Notifications the app shows, as text (toasts expire; this list does not)."""
     notes: list[str] = []
