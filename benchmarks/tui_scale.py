@@ -69,7 +69,7 @@ def peak_mb() -> float:
 
 def write_trace(path: Path, events: int, layers: int = 200) -> int:
     from torchscope.protocol.tracefile import TraceWriter
-    from torchscope.tui.synthetic import events_per_step, iter_trace
+    from torchscope.tui.demo.synthetic import events_per_step, iter_trace
 
     steps = max(1, events // events_per_step(layers))
     with TraceWriter(path, metadata={"synthetic": True}, chunk_events=4096) as w:
@@ -87,7 +87,7 @@ def write_trace(path: Path, events: int, layers: int = 200) -> int:
 def write_huge_step(path: Path, events: int) -> int:
     """A recording with one step of about ``events`` events (then nothing)."""
     from torchscope.protocol.tracefile import TraceWriter
-    from torchscope.tui.synthetic import events_per_step, iter_trace
+    from torchscope.tui.demo.synthetic import events_per_step, iter_trace
 
     layers = max(1, events // (events_per_step(1000) // 1000))
     with TraceWriter(path, metadata={"synthetic": True}, chunk_events=4096) as w:
@@ -115,17 +115,18 @@ async def _first_screen(path: str) -> dict:
     base_rss = rss_mb()
     t0 = time.perf_counter()
     from torchscope.tui.app import TorchscopeApp
-    from torchscope.tui.sources import FileSource
+    from torchscope.tui.model.items import Progress
+    from torchscope.tui.sources.file import FileSource
 
     progress_calls = []
     source = FileSource(path)
     app = TorchscopeApp(source)
     orig = app.inbox.put
 
-    def put(*item):
-        if item and item[0] == "progress":
-            progress_calls.append(item[3])
-        orig(*item)
+    def put(item):
+        if isinstance(item, Progress):
+            progress_calls.append(item.label)
+        orig(item)
 
     app.inbox.put = put  # type: ignore[method-assign]
     async with app.run_test(size=(160, 45)) as pilot:
@@ -180,8 +181,8 @@ def _renumbered(pool: list[dict], steps: int | None = None):
 
 async def _live(rate: int, seconds: float, max_events: int) -> dict:
     from torchscope.tui.app import TorchscopeApp
-    from torchscope.tui.sources import ScriptedSource
-    from torchscope.tui.synthetic import make_trace
+    from torchscope.tui.demo.synthetic import make_trace
+    from torchscope.tui.sources.scripted import ScriptedSource
 
     pool = [e for e in make_trace(1, 200)[1:]]  # one step of ~2.2k events, no session
     base_rss = rss_mb()
@@ -259,8 +260,8 @@ async def key_latency(app, pilot, key: str) -> float:
 
 async def _latency(n_events: int, presses: int) -> dict:
     from torchscope.tui.app import TorchscopeApp
-    from torchscope.tui.sources import ScriptedSource
-    from torchscope.tui.synthetic import events_per_step, make_trace
+    from torchscope.tui.demo.synthetic import events_per_step, make_trace
+    from torchscope.tui.sources.scripted import ScriptedSource
 
     layers = max(1, n_events // (events_per_step(1000) // 1000))
     events = make_trace(1, layers)
@@ -307,8 +308,8 @@ async def _small(n_events: int, presses: int) -> dict:
     """80x24: a full render of the screen (every line composed, as a first paint or a
     resize needs), and keypress latency, on a step of ``n_events`` events."""
     from torchscope.tui.app import TorchscopeApp
-    from torchscope.tui.sources import ScriptedSource
-    from torchscope.tui.synthetic import events_per_step, make_trace
+    from torchscope.tui.demo.synthetic import events_per_step, make_trace
+    from torchscope.tui.sources.scripted import ScriptedSource
 
     layers = max(1, n_events // (events_per_step(1000) // 1000))
     app = TorchscopeApp(ScriptedSource(make_trace(1, layers, nan_step=0), mode="replay"))
@@ -338,7 +339,7 @@ async def _huge(path: str) -> dict:
     """Open a recording whose first step is huge: first rows, all rows, keys meanwhile."""
     t0 = time.perf_counter()
     from torchscope.tui.app import TorchscopeApp
-    from torchscope.tui.sources import FileSource
+    from torchscope.tui.sources.file import FileSource
 
     app = TorchscopeApp(FileSource(path))
     lat = []
@@ -374,8 +375,8 @@ async def _huge(path: str) -> dict:
 async def _live_keys(n_events: int, presses: int) -> dict:
     """Keys on a live job paused in a step of ``n_events`` events (see (c') above)."""
     from torchscope.tui.app import TorchscopeApp
-    from torchscope.tui.fakejob import FakeJob
-    from torchscope.tui.synthetic import events_per_step, make_trace
+    from torchscope.tui.demo.fakejob import FakeJob
+    from torchscope.tui.demo.synthetic import events_per_step, make_trace
 
     layers = max(1, n_events // (events_per_step(1000) // 1000))
     events = make_trace(2, layers)

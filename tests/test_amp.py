@@ -177,7 +177,7 @@ def test_autocast_without_a_scaler_is_watched_as_a_plain_job(tmp_path, dtype):
 async def test_the_ui_history_says_the_scale_and_the_skipped_updates(healthy):
     from torchscope.tui.app import TorchscopeApp
     from torchscope.tui.screens.history import HistoryScreen
-    from torchscope.tui.sources import FileSource
+    from torchscope.tui.sources.file import FileSource
 
     app = TorchscopeApp(FileSource(healthy["cwd"] / "amp.tsc"), at_origin=False)
     job = {s["step"]: s for s in steps(healthy["plain"])}

@@ -238,7 +238,7 @@ def test_attach_refuses_with_one_line(tmp_path: Path) -> None:
 @sync
 async def test_a_ui_arms_a_dormant_job_pauses_steps_and_quits_leaving_it_dormant(tmp_path):
     from torchscope.tui.app import TorchscopeApp
-    from torchscope.tui.sources import LiveSource
+    from torchscope.tui.sources.live import LiveSource
 
     script = write_job(tmp_path, steps=400, sleep=0.02)
     job = start([sys.executable, "-m", "torchscope", "run", str(script)], tmp_path)
@@ -275,8 +275,8 @@ def test_a_ui_whose_hold_lapsed_arms_the_job_again(tmp_path):
     events for good, and a pause never came)."""
     import threading
 
-    from torchscope.tui.sources import LiveSource
-    from torchscope.tui.store import Inbox
+    from torchscope.tui.sources.inbox import Inbox
+    from torchscope.tui.sources.live import LiveSource
 
     script = write_job(tmp_path, steps=2000, sleep=0.02)
     job = start([sys.executable, "-m", "torchscope", "run", "--lease", "1", str(script)], tmp_path)

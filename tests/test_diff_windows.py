@@ -10,7 +10,7 @@ from pathlib import Path
 
 from torchscope.analysis.diff import Options, compare, render
 from torchscope.protocol.tracefile import TraceWriter
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.demo.synthetic import make_trace
 
 
 def _shift(events: list, first: int) -> list:

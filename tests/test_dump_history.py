@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from torchscope.protocol.tracefile import TraceWriter
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.demo.synthetic import make_trace
 
 
 def _point(step: int, traced: bool = False) -> dict:

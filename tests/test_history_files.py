@@ -22,9 +22,19 @@ from tui_pilot import sync, until
 from torchscope.protocol.events import HISTORY
 from torchscope.protocol.tracefile import TraceReader
 from torchscope.tui.app import TorchscopeApp
+from torchscope.tui.model.items import (
+    Counts,
+    ErrorMessage,
+    HistoryBatch,
+    InboxItem,
+    Progress,
+    StepPart,
+    WholeStep,
+)
+from torchscope.tui.model.store import EventStore
 from torchscope.tui.screens.history import HistoryScreen
-from torchscope.tui.sources import FileSource
-from torchscope.tui.store import EventStore, Inbox
+from torchscope.tui.sources.file import FileSource
+from torchscope.tui.sources.inbox import Inbox
 
 STEPS = 70  # more than two of the agent's batches (32 points): several history events
 WINDOW = (50, 51, 52)  # the --steps window of the later recording
@@ -153,22 +163,25 @@ def test_a_later_steps_window_still_carries_the_earlier_steps(window, plain):
     assert named <= {-1, 0, *WINDOW, WINDOW[-1] + 1}
 
 
-def drive(source: FileSource, within: float = 120.0) -> list[tuple]:
+def drive(source: FileSource, within: float = 120.0) -> list[InboxItem]:
     """Run ``source`` on its own thread, as the app does, until its count pass has gone
     through the whole file; asks for no step. Returns every inbox item."""
     inbox, stop = Inbox(), threading.Event()
     worker = threading.Thread(target=source.run, args=(inbox, stop), daemon=True)
     worker.start()
-    items: list[tuple] = []
+    items: list[InboxItem] = []
 
     def counted() -> bool:
-        return any(i[0] == "progress" and i[3] == "counting steps" and i[1] >= i[2] for i in items)
+        return any(
+            isinstance(i, Progress) and i.label == "counting steps" and i.done >= i.total
+            for i in items
+        )
 
     deadline = time.monotonic() + within
     try:
         while not counted():
-            assert time.monotonic() < deadline, f"never counted: {[i[0] for i in items]}"
-            assert not any(i[0] == "error" for i in items), items
+            assert time.monotonic() < deadline, f"never counted: {items}"
+            assert not any(isinstance(i, ErrorMessage) for i in items), items
             items += inbox.drain()
             time.sleep(0.02)
     finally:
@@ -182,13 +195,13 @@ def drive(source: FileSource, within: float = 120.0) -> list[tuple]:
 def test_a_replay_hands_over_the_history_before_any_step_is_loaded(window, count_pass):
     out, losses = window
     items = drive(FileSource(out, count_pass=count_pass))
-    tags = [i[0] for i in items]
-    assert "step" not in tags and "step_part" not in tags  # nothing was loaded
-    handed = [i[1] for i in items if i[0] == HISTORY]
+    tags = [type(i) for i in items]
+    assert WholeStep not in tags and StepPart not in tags  # nothing was loaded
+    handed = [i.wire for i in items if isinstance(i, HistoryBatch)]
     assert handed and all(isinstance(w, dict) and w["kind"] == HISTORY for w in handed)
     assert {p["step"]: p["loss"] for w in handed for p in w["points"]} == losses
-    last_count = max(i for i, t in enumerate(tags) if t == "counts")
-    assert max(i for i, t in enumerate(tags) if t == HISTORY) < last_count
+    last_count = max(i for i, t in enumerate(tags) if t is Counts)
+    assert max(i for i, t in enumerate(tags) if t is HistoryBatch) < last_count
     store = EventStore()
     store.apply(items)
     assert [p.step for p in store.history.points] == list(range(STEPS))

@@ -83,7 +83,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-@pytest.mark.parametrize("subpackage", ["protocol", "tracer"])
+@pytest.mark.parametrize("subpackage", ["protocol", "tracer", "tui/model", "tui/sources"])
 def test_no_two_modules_need_each_other(subpackage: str) -> None:
     assert cycles(graph_of(subpackage)) == []
 
@@ -120,7 +120,13 @@ def test_dependencies_point_inward(subpackage: str, allowed: tuple[str, ...]) ->
 
 # The UI's data layer, free of textual (and torch): what ``torchscope mcp`` shares with the UI
 # (its model's rows, search and filter, its stepper view, its step counts), so the two agree.
-TUI_DATA = ("tui.store", "tui.stepping", "tui.format", "tui.countpass")
+TUI_DATA = ("tui.model", "tui.sources.countpass")
+
+
+def _files_of(dotted: str) -> list[pathlib.Path]:
+    """The source files of a module or of a package (all of it)."""
+    path = PACKAGE / dotted.replace(".", "/")
+    return sorted(path.rglob("*.py")) if path.is_dir() else [path.with_suffix(".py")]
 
 
 def _external_imports(path: pathlib.Path) -> set[str]:
@@ -148,8 +154,28 @@ def test_mcp_reads_only_the_protocol_analysis_and_the_uis_data_layer() -> None:
     assert wrong == set()
     heavy = {
         f"{module_name(p)} -> {m}"
-        for p in [*mcp, *(PACKAGE / f"{d.replace('.', '/')}.py" for d in TUI_DATA)]
+        for p in [*mcp, *(f for d in TUI_DATA for f in _files_of(d))]
         for m in _external_imports(p)
         if m in ("torch", "textual", "rich", "numpy")
     }
     assert heavy == set()
+
+
+def test_the_uis_model_needs_no_source_screen_or_widget() -> None:
+    """The UI's model is what a source feeds and a screen reads: it imports neither, nor
+    textual or torch (the MCP server shares it)."""
+    model = list((PACKAGE / "tui" / "model").rglob("*.py"))
+    assert model
+    wrong = {
+        f"{module_name(p)} -> {m}"
+        for p in model
+        for m in imports_of(p)
+        if m.startswith("torchscope.tui") and not m.startswith("torchscope.tui.model")
+    }
+    heavy = {
+        f"{module_name(p)} -> {m}"
+        for p in model
+        for m in _external_imports(p)
+        if m in ("torch", "textual", "rich", "numpy")
+    }
+    assert wrong == set() and heavy == set()

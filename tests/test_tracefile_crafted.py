@@ -34,7 +34,7 @@ from torchscope.protocol.events import MAX_EVENT_DEPTH, check_event, event_probl
 from torchscope.protocol.jsontext import json_safe as _json_safe
 from torchscope.protocol.jsontext import to_jsonl
 from torchscope.protocol.tracefile import TraceFileError, TraceReader, TraceWriter
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.demo.synthetic import make_trace
 
 REPO = Path(__file__).resolve().parents[1]
 

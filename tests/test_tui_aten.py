@@ -7,9 +7,10 @@ from tui_pilot import SIZE, notes_of, sync, until
 
 from torchscope.protocol.events import ATEN, GRAD, OP
 from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.sources import ScriptedSource
-from torchscope.tui.store import AtenRow, EventStore
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.demo.synthetic import make_trace
+from torchscope.tui.model.rows import AtenRow
+from torchscope.tui.model.store import EventStore
+from torchscope.tui.sources.scripted import ScriptedSource
 
 
 def _t(value: float) -> dict:
@@ -323,8 +324,8 @@ async def test_paused_before_an_aten_call_shows_it_pending_where_its_op_will_com
 
 # -- copy and compare -----------------------------------------------------------------------------
 def test_copy_and_break_here_of_an_aten_call_name_the_call():
+    from torchscope.tui.model.stepper_view import spec_from_event, spec_text
     from torchscope.tui.screens.copy import copy_choices
-    from torchscope.tui.stepping import spec_from_event, spec_text
 
     call = next(e for e in aten_trace() if e.get("seq") == 2)
     choices = {key: text for key, _, text in copy_choices(call, module="fc")}

@@ -13,11 +13,12 @@ from tui_pilot import SIZE, notes_of, sync, until
 
 from torchscope.protocol.events import ALERT, GRAD, OP
 from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.fakejob import FakeJob
+from torchscope.tui.demo.fakejob import FakeJob
 from torchscope.tui.keys import STEPPING, help_sections
+from torchscope.tui.model.store import EventStore
 from torchscope.tui.screens.help import HelpScreen
-from torchscope.tui.sources import LiveSource, ScriptedSource
-from torchscope.tui.store import EventStore
+from torchscope.tui.sources.live import LiveSource
+from torchscope.tui.sources.scripted import ScriptedSource
 
 SRC = "/work/job/train.py:30"
 NET = "torch.compile:Net"

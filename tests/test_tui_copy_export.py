@@ -11,10 +11,10 @@ from tui_pilot import SIZE, notes_of, sync, until
 
 from torchscope.protocol.breakpoints import parse_break_spec
 from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.fakejob import FakeJob
+from torchscope.tui.demo.fakejob import FakeJob
+from torchscope.tui.demo.synthetic import make_trace
 from torchscope.tui.screens.copy import CopyScreen, copy_choices, values_text
-from torchscope.tui.sources import ScriptedSource
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.sources.scripted import ScriptedSource
 
 TRACE = make_trace(3, 2, nan_step=1)
 

@@ -14,8 +14,9 @@ from textual.geometry import Region
 from tui_pilot import sync, until
 
 from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.sources import FileSource, ScriptedSource
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.demo.synthetic import make_trace
+from torchscope.tui.sources.file import FileSource
+from torchscope.tui.sources.scripted import ScriptedSource
 
 SIZES = [(80, 24), (120, 40)]
 KEYS = {"min", "max", "mean", "std", "norm", "value", "NaN", "Inf"}

@@ -12,7 +12,8 @@ import pytest
 from tui_pilot import SIZE, notes_of, sync, until
 
 from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.sources import FileSource, LiveSource
+from torchscope.tui.sources.file import FileSource
+from torchscope.tui.sources.live import LiveSource
 
 RELU_JOB = """\
 import torch
@@ -182,10 +183,10 @@ async def test_p_and_e_on_a_recording(tmp_path: Path):
 async def test_a_breakpoint_with_an_action_from_the_breakpoint_list():
     """``B``, then a condition ending with ``,log:EXPR``: the job gets a breakpoint with an
     action (it logs at each hit instead of pausing), listed as it was typed."""
-    from torchscope.tui.fakejob import FakeJob
+    from torchscope.tui.demo.fakejob import FakeJob
+    from torchscope.tui.demo.synthetic import make_trace
+    from torchscope.tui.model.stepper_view import spec_text
     from torchscope.tui.screens.breakpoints import BreakpointsScreen
-    from torchscope.tui.stepping import spec_text
-    from torchscope.tui.synthetic import make_trace
 
     job = FakeJob(make_trace(steps=1))
     app = TorchscopeApp(job)

@@ -8,8 +8,8 @@ import pytest
 from tui_pilot import sync, until
 
 from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.sources import ScriptedSource
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.demo.synthetic import make_trace
+from torchscope.tui.sources.scripted import ScriptedSource
 
 
 def _cut_in_backward(events: list, step: int) -> list:

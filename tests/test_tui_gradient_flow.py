@@ -12,8 +12,8 @@ from tui_pilot import sync, until
 
 from torchscope.protocol.events import GRAD
 from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.sources import ScriptedSource
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.demo.synthetic import make_trace
+from torchscope.tui.sources.scripted import ScriptedSource
 from torchscope.tui.widgets.op_timeline import Columns, fit_flow, flow_text
 
 T = {"shape": [8, 32], "dtype": "float32", "device": "cpu", "stats": {"norm": 1.0}}

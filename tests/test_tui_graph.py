@@ -7,8 +7,8 @@ from __future__ import annotations
 from tui_pilot import SIZE, sync, until
 
 from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.sources import ScriptedSource
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.demo.synthetic import make_trace
+from torchscope.tui.sources.scripted import ScriptedSource
 
 TRACE = make_trace(2, 3, nan_step=1)
 

@@ -12,12 +12,13 @@ import pytest
 from tui_pilot import SIZE, sync, until
 
 from torchscope.protocol.events import GRAD
-from torchscope.tui import module_norms
 from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.format import fnum
-from torchscope.tui.sources import FileSource, ScriptedSource
-from torchscope.tui.store import EventStore
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.demo.synthetic import make_trace
+from torchscope.tui.model import module_norms
+from torchscope.tui.model.format import fnum
+from torchscope.tui.model.store import EventStore
+from torchscope.tui.sources.file import FileSource
+from torchscope.tui.sources.scripted import ScriptedSource
 from torchscope.tui.widgets import graph_tree
 
 TRACE = make_trace(3, 3, nan_step=1)

@@ -18,10 +18,12 @@ from tui_pilot import sync, until
 
 from torchscope.protocol.history import HISTORY, RunHistory, StepPoint
 from torchscope.tui.app import TorchscopeApp
+from torchscope.tui.demo.synthetic import make_trace
+from torchscope.tui.model.items import HistoryBatch, Reply, WholeStep
+from torchscope.tui.model.rows import prepare
+from torchscope.tui.model.store import EventStore
 from torchscope.tui.screens.history import NEEDS_LIVE, ArmAtStep, ArmWhen, HistoryScreen
-from torchscope.tui.sources import ScriptedSource
-from torchscope.tui.store import EventStore, prepare
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.sources.scripted import ScriptedSource
 from torchscope.tui.widgets.history_plot import (
     BRAILLE,
     DOTS,
@@ -169,21 +171,21 @@ def test_the_store_takes_history_events_replies_and_file_loads():
 
     # the attach reply (the whole history) after live events: merged by step, in order
     reply = {"points": points_wire(range(0, 10), loss=lambda s: 10.0 + s), "buckets": []}
-    ch = store.apply([("reply", 7, HISTORY, {}, reply)])
+    ch = store.apply([Reply(7, HISTORY, {}, reply)])
     assert ch.history
     assert [p.step for p in store.history.points] == list(range(10))
     assert store.history.points[3].loss == 13.0  # the newer word on a step wins
     assert store.history_index.steps == list(range(10))
 
-    # a source's ("history", wire) item (a file's count pass) and a loaded step of a file
-    store.apply([(HISTORY, {"points": points_wire([10, 11])})])
+    # a source's HistoryBatch item (a file's count pass) and a loaded step of a file
+    store.apply([HistoryBatch({"points": points_wire([10, 11])})])
     trace = make_trace(1, 1)
     items = prepare([history_event(points_wire([12]), seq=3), *trace])
-    store.apply([("step", 0, items)])
+    store.apply([WholeStep(0, items)])
     assert store.history_index.steps == list(range(13))
     # the step loaded again (evicted, then viewed): its history is held already, no rebuild
     index, version = store.history_index, store.history_version
-    ch = store.apply([("step", 0, prepare([history_event(points_wire([12]), seq=3), *trace]))])
+    ch = store.apply([WholeStep(0, prepare([history_event(points_wire([12]), seq=3), *trace]))])
     assert not ch.history and store.history_index is index and store.history_version == version
     counted = [e for e in trace if e["kind"] != "session"]
     assert store.steps[0].n_events == len(counted)  # the history event is not the step's

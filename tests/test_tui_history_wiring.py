@@ -7,10 +7,10 @@ from test_tui_history import history_event, points_wire
 from tui_pilot import sync, until
 
 from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.fakejob import FakeJob
+from torchscope.tui.demo.fakejob import FakeJob
+from torchscope.tui.demo.synthetic import make_trace
 from torchscope.tui.screens.history import HistoryScreen
-from torchscope.tui.sources import ScriptedSource
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.sources.scripted import ScriptedSource
 
 SIZE = (120, 40)
 

@@ -10,10 +10,10 @@ from tui_pilot import sync, until
 
 from torchscope.tui import keys
 from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.fakejob import FakeJob
+from torchscope.tui.demo.fakejob import FakeJob
+from torchscope.tui.demo.synthetic import make_trace
 from torchscope.tui.screens.help import HelpScreen
 from torchscope.tui.screens.main import MainScreen
-from torchscope.tui.synthetic import make_trace
 
 TRACE = make_trace(2, 2)
 GELU0 = next(e["seq"] for e in TRACE if e.get("name") == "torch.nn.functional.gelu")

@@ -7,10 +7,10 @@ from tui_pilot import SIZE, sync, until
 
 from torchscope.cli import build_parser, main
 from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.demo import NAN_STEP, START_STEP, DemoApp, demo_source
-from torchscope.tui.fakejob import FakeJob
-from torchscope.tui.sources import ScriptedSource
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.demo.demo import NAN_STEP, START_STEP, DemoApp, demo_source
+from torchscope.tui.demo.fakejob import FakeJob
+from torchscope.tui.demo.synthetic import make_trace
+from torchscope.tui.sources.scripted import ScriptedSource
 
 TRACE = make_trace(3, 2, nan_step=1)
 

@@ -10,9 +10,9 @@ import json
 from tui_pilot import SIZE, sync, until
 
 from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.format import short_name, source_cell
-from torchscope.tui.sources import ScriptedSource
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.demo.synthetic import make_trace
+from torchscope.tui.model.format import short_name, source_cell
+from torchscope.tui.sources.scripted import ScriptedSource
 
 # The synthetic model, its linear layers renamed so that one module path is a prefix of
 # another: blocks.0.attn and blocks.0.attn.proj.

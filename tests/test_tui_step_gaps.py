@@ -8,8 +8,8 @@ import pytest
 from tui_pilot import sync, until
 
 from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.sources import ScriptedSource
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.demo.synthetic import make_trace
+from torchscope.tui.sources.scripted import ScriptedSource
 from torchscope.tui.widgets.step_list import gap_text
 
 STEPS = {0: 151, 1: 152, 2: 164, 3: 165, 4: 167}

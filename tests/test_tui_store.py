@@ -12,27 +12,18 @@ import pytest
 
 from torchscope.protocol.events import Event
 from torchscope.protocol.tracefile import TraceReader, TraceWriter
-from torchscope.tui.format import range_bar, source_context, sparkline, stat_text
-from torchscope.tui.sources import (
-    FileSource,
-    LiveSource,
-    ScriptedSource,
-    SourceError,
-    open_source,
-)
-from torchscope.tui.store import (
-    EVICTED,
-    FLAG_NAN_IN,
-    FLAG_NAN_OUT,
-    ON_DISK,
-    RESIDENT,
-    EventStore,
-    Inbox,
-    Row,
-    make_item,
-    prepare,
-)
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.demo.synthetic import make_trace
+from torchscope.tui.model.format import range_bar, source_context, sparkline, stat_text
+from torchscope.tui.model.items import Counts, Events, Progress, Status, StepIndex
+from torchscope.tui.model.rows import FLAG_NAN_IN, FLAG_NAN_OUT, Row, make_item, prepare
+from torchscope.tui.model.steps import EVICTED, ON_DISK, RESIDENT
+from torchscope.tui.model.store import EventStore
+from torchscope.tui.sources.base import SourceError
+from torchscope.tui.sources.file import FileSource
+from torchscope.tui.sources.inbox import Inbox
+from torchscope.tui.sources.live import LiveSource
+from torchscope.tui.sources.open import open_source
+from torchscope.tui.sources.scripted import ScriptedSource
 
 # -- helpers ---------------------------------------------------------------------------------
 
@@ -57,7 +48,7 @@ class Harness:
         deadline = time.monotonic() + timeout
         while True:
             items = self.inbox.drain()
-            self.progress += [i[1:] for i in items if i[0] == "progress"]
+            self.progress += [(i.done, i.total, i.label) for i in items if isinstance(i, Progress)]
             ch = self.store.apply(items)
             self.status.update(ch.status)
             self.errors += ch.errors
@@ -211,11 +202,11 @@ def test_inbox_bounds_what_waits_and_drains_in_slices():
     assert inbox.put_events(list(range(6)))
     assert not inbox.put_events(list(range(6)))  # would exceed: refused, counted
     assert inbox.dropped == 6
-    inbox.put("status", {"a": 1})
+    inbox.put(Status({"a": 1}))
     assert inbox.put_events(list(range(4)))
     first = inbox.drain(max_events=5)
-    assert [i[0] for i in first] == ["events"] and inbox.pending_events == 4
-    assert [i[0] for i in inbox.drain()] == ["status", "events"]
+    assert [type(i) for i in first] == [Events] and inbox.pending_events == 4
+    assert [type(i) for i in inbox.drain()] == [Status, Events]
 
 
 # -- FileSource ------------------------------------------------------------------------------
@@ -456,9 +447,9 @@ def test_an_empty_trailing_step_goes_whichever_news_completes_the_verdict_last()
     empty = (0, 0, 0, 0, 1, [])
     full = (3, 2, 2, 0, 8, [])
     store = EventStore()
-    store.apply([("status", {"complete": False})])
-    store.apply([("index", [(0, False), (1, False), (2, False)])])
-    store.apply([("counts", {0: full, 1: full, 2: empty}, [0, 1, 2])])
+    store.apply([Status({"complete": False})])
+    store.apply([StepIndex([(0, False), (1, False), (2, False)])])
+    store.apply([Counts({0: full, 1: full, 2: empty}, [0, 1, 2])])
     assert store.order == [0, 1, 2]  # the file may still grow: step 2 may yet begin
-    ch = store.apply([("status", {"complete": True})])
+    ch = store.apply([Status({"complete": True})])
     assert store.order == [0, 1] and ch.removed == {2}

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from torchscope.protocol.tracefile import TraceWriter
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.demo.synthetic import make_trace
 from torchscope.tui.targets import check_target
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from torchscope.protocol.tracefile import TraceWriter
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.demo.synthetic import make_trace
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 ROOT = Path(__file__).resolve().parents[1]

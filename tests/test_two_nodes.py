@@ -73,7 +73,7 @@ class TwoNodes:
 
     @property
     def dial(self) -> dict[int, str]:
-        from torchscope.tui.multi import dialable
+        from torchscope.tui.sources.open import dialable
 
         return {r: dialable(rec.control, self.host) for r, rec in self.records.items()}
 
@@ -154,7 +154,7 @@ def two_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TwoNo
 def _found_through_rank_0(job: TwoNodes) -> list:
     """What ``torchscope tui ENDPOINT-OF-RANK-0`` opens: both ranks, rank 1 found through the
     job's c10d store and named as its host is dialled (it bound tcp://0.0.0.0:PORT)."""
-    from torchscope.tui.multi import open_sources
+    from torchscope.tui.sources.open import open_sources
 
     dial = job.dial
     assert dial[0] == f"tcp://{job.host}:{job.records[0].control.rsplit(':', 1)[1]}"

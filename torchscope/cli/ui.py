@@ -12,8 +12,8 @@ from torchscope.cli.common import fail
 
 def cmd_tui(args: argparse.Namespace) -> int:
     from torchscope.tui.app import run_tui
-    from torchscope.tui.multi import follows_job, open_sources
-    from torchscope.tui.sources import SourceError
+    from torchscope.tui.sources.base import SourceError
+    from torchscope.tui.sources.open import follows_job, open_sources
 
     try:
         # trace files, a pid or endpoint, or the only live session; a rank: its whole job
@@ -62,6 +62,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
             tty = False
         if not tty:
             return fail(f"the demo is the terminal UI, and its {name} is not a terminal")
-    from torchscope.tui.demo import run_demo
+    from torchscope.tui.demo.demo import run_demo
 
     return run_demo()

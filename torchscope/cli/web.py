@@ -69,7 +69,8 @@ def app_main(argv: list[str]) -> int:
 
     from torchscope.tui import glyphs
     from torchscope.tui.app import run_tui
-    from torchscope.tui.sources import SourceError, open_source
+    from torchscope.tui.sources.base import SourceError
+    from torchscope.tui.sources.open import open_source
     from torchscope.tui.targets import check_target
 
     os.environ[glyphs.ENV] = glyphs.WEB  # marks the browser's fonts have (see glyphs)

@@ -42,7 +42,7 @@ from torchscope.protocol.breakpoints import BreakpointError, parse_break_spec
 from torchscope.protocol.client import SessionClient, SessionRefused, SessionUnreachable
 from torchscope.protocol.frames import one_line
 from torchscope.protocol.runtime import EndpointError
-from torchscope.tui.stepping import pause_key
+from torchscope.tui.model.stepper_view import pause_key
 
 __all__ = ["build_server", "main"]
 

@@ -16,11 +16,18 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TextIO
+from typing import Protocol
 
 __all__ = ["check_target", "check_targets", "is_trace_file"]
 
 _MAGIC = b"TSCTRACE"  # torchscope.protocol.tracefile.MAGIC (read without importing zmq)
+
+
+class Terminal(Protocol):
+    """A stream the UI would draw on or read from; only whether it is a terminal counts
+    (the browser UI passes a stand-in for its pipes)."""
+
+    def isatty(self) -> bool: ...
 
 
 def is_trace_file(path: str) -> bool:
@@ -93,8 +100,8 @@ def check_target(
     target: str | None,
     *,
     wait: bool = False,
-    stdin: TextIO | None = None,
-    stdout: TextIO | None = None,
+    stdin: Terminal | None = None,
+    stdout: Terminal | None = None,
 ) -> str | None:
     """None when the UI can open on ``target``; otherwise the one-line reason it cannot."""
     problem = target_problem(command, target, wait)
@@ -108,13 +115,13 @@ def check_targets(
     targets: list[str] | None,
     *,
     wait: bool = False,
-    stdin: TextIO | None = None,
-    stdout: TextIO | None = None,
+    stdin: Terminal | None = None,
+    stdout: Terminal | None = None,
 ) -> str | None:
     """``check_target`` for the command line's targets, one or several."""
     targets = list(targets or ())
     if len(targets) > 1 or any(c in t for t in targets for c in "*?["):
-        from torchscope.tui.multi import check_files, expand_targets
+        from torchscope.tui.sources.open import check_files, expand_targets
 
         targets = expand_targets(targets)
         if len(targets) > 1:
@@ -131,7 +138,7 @@ def check_targets(
     )
 
 
-def _terminal_problem(stdin: TextIO | None, stdout: TextIO | None) -> str | None:
+def _terminal_problem(stdin: Terminal | None, stdout: Terminal | None) -> str | None:
     stdin = sys.stdin if stdin is None else stdin
     stdout = sys.stdout if stdout is None else stdout
     for name, stream in (("output", stdout), ("input", stdin)):

@@ -20,8 +20,8 @@ from textual.widgets.option_list import Option
 from torchscope.analysis.render import job_origin_text
 from torchscope.analysis.trace import fold_alerts, job_origins
 from torchscope.protocol.events import Event
-from torchscope.tui.format import check_passed, check_text, is_check, short_name, short_source
-from torchscope.tui.multi import JobAlerts
+from torchscope.tui.lanes import JobAlerts
+from torchscope.tui.model.format import check_passed, check_text, is_check, short_name, short_source
 
 
 def alert_label(alert: Event, cwd: str | None = None) -> str:

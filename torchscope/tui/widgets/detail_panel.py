@@ -32,7 +32,7 @@ from textual.widgets import Static
 
 from torchscope.protocol.events import ATEN, OP, Event
 from torchscope.tui import glyphs
-from torchscope.tui.format import (
+from torchscope.tui.model.format import (
     call_label,
     check_passed,
     check_text,
@@ -53,18 +53,10 @@ from torchscope.tui.format import (
     sparkline,
     value_rows,
 )
-from torchscope.tui.stepping import ValuesView, pause_key
-from torchscope.tui.store import (
-    FLAG_ACCUMULATE,
-    FLAGS,
-    NAME,
-    SEQ,
-    AtenRow,
-    EventStore,
-    PendingRow,
-    Row,
-    StepData,
-)
+from torchscope.tui.model.rows import FLAG_ACCUMULATE, FLAGS, NAME, SEQ, AtenRow, PendingRow, Row
+from torchscope.tui.model.stepper_view import ValuesView, pause_key
+from torchscope.tui.model.steps import StepData
+from torchscope.tui.model.store import EventStore
 from torchscope.tui.widgets.alert_list import knock_on_count
 
 _MAX_VALUES = 64  # small values shown in rows; more: the first ones and "…"

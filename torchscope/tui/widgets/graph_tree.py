@@ -38,16 +38,10 @@ from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
 from torchscope.protocol.events import Event
-from torchscope.tui import module_norms
-from torchscope.tui.format import (
-    SPARK,
-    compact_stat,
-    fnum,
-    plural,
-    short_name,
-    source_cell,
-)
-from torchscope.tui.store import EventStore, StepData
+from torchscope.tui.model import module_norms
+from torchscope.tui.model.format import SPARK, compact_stat, fnum, plural, short_name, source_cell
+from torchscope.tui.model.steps import StepData
+from torchscope.tui.model.store import EventStore
 
 _CHAIN_CAP = 500  # nodes shown at once along one chain; "… more" entries move the window
 # A step's graphs with at most this many nodes in all open with every branch expanded.

@@ -40,7 +40,7 @@ from textual.message import Message
 
 from torchscope.protocol.events import ATEN, GRAD, OP
 from torchscope.tui import glyphs
-from torchscope.tui.format import (
+from torchscope.tui.model.format import (
     event_tag,
     fit_numbers,
     shapes_text,
@@ -49,7 +49,7 @@ from torchscope.tui.format import (
     source_cell,
     stat_text,
 )
-from torchscope.tui.store import (
+from torchscope.tui.model.rows import (
     FLAG_INF_IN,
     FLAG_INF_OUT,
     FLAG_NAN_IN,
@@ -60,14 +60,13 @@ from torchscope.tui.store import (
     OP_SEQ,
     SEQ,
     AtenRow,
-    CallHits,
-    EventStore,
-    NameMatch,
     PendingRow,
     Rec,
     Row,
-    StepData,
 )
+from torchscope.tui.model.search import CallHits, NameMatch
+from torchscope.tui.model.steps import StepData
+from torchscope.tui.model.store import EventStore
 from torchscope.tui.widgets.virtual_list import Cell, VirtualList, fit, rfit
 
 

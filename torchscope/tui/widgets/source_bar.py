@@ -17,7 +17,7 @@ from torchscope.tui import glyphs
 from torchscope.tui.widgets.status_bar import fit_parts
 
 if TYPE_CHECKING:
-    from torchscope.tui.multi import Lane
+    from torchscope.tui.lanes import Lane
 
 
 def duration_text(seconds: float) -> str:

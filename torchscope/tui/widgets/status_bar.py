@@ -12,8 +12,8 @@ from textual.markup import escape
 from textual.widgets import Static
 
 from torchscope.tui import glyphs
-from torchscope.tui.format import plural
-from torchscope.tui.stepping import StepperView, pause_story
+from torchscope.tui.model.format import plural
+from torchscope.tui.model.stepper_view import StepperView, pause_story
 
 
 def _rate(x: float) -> str:

@@ -23,8 +23,10 @@ import bisect
 import math
 
 from torchscope.protocol.history import Bucket, StepPoint
-from torchscope.tui.format import SPARK
-from torchscope.tui.store import EVICTED, LOADING, ON_DISK, EventStore, HistoryIndex
+from torchscope.tui.model.format import SPARK
+from torchscope.tui.model.history_index import HistoryIndex
+from torchscope.tui.model.steps import EVICTED, LOADING, ON_DISK
+from torchscope.tui.model.store import EventStore
 from torchscope.tui.widgets.virtual_list import Cell, VirtualList, fit, rfit
 
 #: Below this width the overview columns push out the op and node counts.

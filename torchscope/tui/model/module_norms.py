@@ -17,13 +17,15 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Iterable
+from typing import Any
 
 from torchscope.protocol import codec
-from torchscope.tui.countpass import grad_norm_of
-from torchscope.tui.store import EventStore, StepData
+from torchscope.tui.model.steps import StepData
+from torchscope.tui.model.store import EventStore
 
 __all__ = [
     "MODEL_OWN",
+    "grad_norm_of",
     "module_of_param",
     "norm_history",
     "parents",
@@ -39,6 +41,18 @@ MODEL_OWN = "."
 _cache: weakref.WeakKeyDictionary[StepData, tuple[int, dict[str, float]]] = (
     weakref.WeakKeyDictionary()
 )
+
+
+def grad_norm_of(ev: dict[str, Any]) -> float | None:
+    """The norm of the gradient an AccumulateGrad node received (a parameter's gradient)."""
+    if ev.get("node") != "AccumulateGrad":
+        return None
+    go = ev.get("grad_outputs")
+    if type(go) is not list or not go or type(go[0]) is not dict:
+        return None
+    stats = go[0].get("stats")
+    norm = stats.get("norm") if type(stats) is dict else None
+    return float(norm) if isinstance(norm, (int, float)) and not isinstance(norm, bool) else None
 
 
 def module_of_param(param: str) -> str:

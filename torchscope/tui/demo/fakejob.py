@@ -25,8 +25,10 @@ from typing import Any
 
 from torchscope.protocol.breakpoints import AFTER, BEFORE, Breakpoint, BreakpointError, first_hit
 from torchscope.protocol.events import GRAD, OP, PAUSE, RESUME, Event
-from torchscope.tui.sources import ScriptedSource
-from torchscope.tui.store import Inbox, prepare
+from torchscope.tui.model.items import Refused, Reply
+from torchscope.tui.model.rows import prepare
+from torchscope.tui.sources.inbox import Inbox
+from torchscope.tui.sources.scripted import ScriptedSource
 
 __all__ = ["FakeJob"]
 
@@ -83,9 +85,9 @@ class FakeJob(ScriptedSource):
         history: list[dict[str, Any]] | None = None,
         ends: bool = False,
     ) -> None:
-        events = [e if isinstance(e, Event) else Event(e) for e in events]
-        super().__init__(events, status=status)
-        self.script = events
+        script = [e if isinstance(e, Event) else Event(e) for e in events]
+        super().__init__(script, status=status)
+        self.script: list[Event] = script
         self.history = list(history or ())  # the run's points (StepPoint.to_wire) so far
         self.ends = ends  # the job ends (the session says so) once its script ran out
         self._ended = False
@@ -107,7 +109,7 @@ class FakeJob(ScriptedSource):
         self._pause_at = pause_at
         self._phase = phase
         self._reason = reason
-        self._start = len(events) if start is None else start
+        self._start = len(script) if start is None else start
         self._inbox: Inbox | None = None
         self._all = []  # what was delivered (reloads): not the events still to come
         self._resumed_from_before = False
@@ -116,7 +118,8 @@ class FakeJob(ScriptedSource):
     def run(self, inbox: Inbox, stop: threading.Event) -> None:
         self._inbox = inbox
         session = next((e for e in self.script if e.get("kind") == "session"), None)
-        known = {k: session[k] for k in ("pid", "rank", "host", "script") if k in (session or {})}
+        keys = ("pid", "rank", "host", "script")
+        known = {k: session[k] for k in keys if k in session} if session is not None else {}
         inbox.status(mode="live", connected=True, state="connected", **known, **self.extra_status)
         if self._pause_at is not None:
             index = next(
@@ -136,7 +139,7 @@ class FakeJob(ScriptedSource):
             self._pause(self._phase, index, self._reason)
         else:
             self._emit_upto(self._start)
-        inbox.put("reply", 0, "state", {}, {"state": self.state()})  # as LiveSource asks
+        inbox.put(Reply(0, "state", {}, {"state": self.state()}))  # as LiveSource asks
         self.done.set()
         while not stop.is_set():
             try:
@@ -147,15 +150,15 @@ class FakeJob(ScriptedSource):
                 continue
             if cmd == "history":  # asked by the UI on its own as it connects: a query that
                 self.queries.append((cmd, fields))  # neither the keys sent nor moves the job
-                inbox.put("reply", token, cmd, fields, self._history(fields.get("since")))
+                inbox.put(Reply(token, cmd, fields, self._history(fields.get("since"))))
                 continue
             self.received.append((cmd, fields))
             try:
                 result = self._answer(cmd, fields)
             except (BreakpointError, ValueError) as exc:
-                inbox.put("refused", token, cmd, fields, f"{cmd}: {exc}")
+                inbox.put(Refused(token, cmd, fields, f"{cmd}: {exc}"))
             else:
-                inbox.put("reply", token, cmd, fields, result)
+                inbox.put(Reply(token, cmd, fields, result))
             self._advance()
 
     def _emit(self, events: list[Event]) -> None:

@@ -61,7 +61,7 @@ def pause_event(pause: dict) -> dict:
 
 
 # The sides of an event that came in and went out (an op's, a node's, an aten call's).
-_SIDES = {GRAD: ("grad_outputs", "grad_inputs")}
+_SIDES: dict[object, tuple[str, str]] = {GRAD: ("grad_outputs", "grad_inputs")}
 
 
 def bad_kind(summaries: Any) -> str | None:
@@ -91,7 +91,7 @@ def pause_story(pause: dict, stepper: StepperView | None = None) -> str:
     breakpoint at the value's origin, ``breakpoint 2 (op:^F.gelu$): F.gelu · …`` for another,
     ``stepped: …``, ``paused: …``; ``before`` when the event has not run yet."""
     from torchscope.analysis.render import compact_stat
-    from torchscope.tui.format import short_name, source_cell
+    from torchscope.tui.model.format import short_name, source_cell
 
     ev = pause_event(pause)
     reason = str(pause.get("reason") or "paused")

@@ -2,7 +2,7 @@
 ranks of a job, recordings) or per step (a marked op against the current one), its tensors'
 stats in rows, the outlier marked.
 
-Columns are aligned by the caller (:func:`torchscope.tui.multi.find_key`: step, op name,
+Columns are aligned by the caller (:func:`torchscope.tui.model.align.find_key`: step, op name,
 module path and occurrence, as ``torchscope diff`` aligns). Here, per tensor and stat, each
 column is judged against the median of the columns: a column whose NaN/Inf count others do not
 share, or whose norm or mean lies beyond ``atol + rtol * scale`` of the median (``diff``'s
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchscope.analysis.diff import STAT_KEYS, Options, compare_events
-from torchscope.protocol.events import ATEN, GRAD, OP, number_text
-from torchscope.tui.stepping import event_name
+from torchscope.protocol.events import ATEN, GRAD, OP, Event, number_text
+from torchscope.tui.model.stepper_view import event_name
 
 __all__ = ["Cell", "Column", "CompareTable", "build_table"]
 
@@ -144,8 +144,8 @@ def build_table(columns: list[Column], opts: Options | None = None) -> CompareTa
     for group in GROUPS.get(kind or OP, ()):
         n = max((len(_tensors(c.event, group)) for c in columns), default=0)
         for i in range(n):
-            sums = [_tensors(c.event, group)[i : i + 1] for c in columns]
-            sums = [t[0] if t else None for t in sums]
+            found_at = [_tensors(c.event, group)[i : i + 1] for c in columns]
+            sums = [t[0] if t else None for t in found_at]
             rows.append((f"{group}[{i}]", [None] * len(columns)))
             ident("  shape", lambda j, c, s=sums: _shape(s[j]))
             ident("  dtype", lambda j, c, s=sums: _dtype(s[j]))
@@ -170,9 +170,9 @@ def build_table(columns: list[Column], opts: Options | None = None) -> CompareTa
                     found = _judge(values, scale, opts)
                     if found is not None:
                         devs, med = found
-                        for j, d in enumerate(devs):
-                            if d > 0 and cells[j] is not None:
-                                cells[j].differs = True  # type: ignore[union-attr]
+                        for d, cell in zip(devs, cells, strict=True):
+                            if d > 0 and cell is not None:
+                                cell.differs = True
                         best = max(range(len(devs)), key=lambda j: devs[j])
                         ranked = sorted(devs, reverse=True)
                         # one column alone off the median (two columns: both are, alike)
@@ -194,8 +194,9 @@ def build_table(columns: list[Column], opts: Options | None = None) -> CompareTa
     else:
         events = [c.event for c in columns if c.event is not None]
         if len(events) == 2:  # what torchscope diff would say of the pair
-            found = compare_events(events[0], events[1], opts)  # type: ignore[arg-type]
-            table.why = f"they differ: {found[1]}" if found else "the same within the tolerance"
+            # a column holds the decoded event as a plain dict; diff reads it as an Event
+            differ = compare_events(Event(events[0]), Event(events[1]), opts)
+            table.why = f"they differ: {differ[1]}" if differ else "the same within the tolerance"
         elif len(events) > 2:
             differs = any(c is not None and c.differs for _, cells in rows for c in cells)
             table.why = (

@@ -1,7 +1,7 @@
 """``torchscope demo``: the UI on a simulated job, no torch and no training needed.
 
-A synthetic 2-block MLP (:mod:`torchscope.tui.synthetic`) whose step ``NAN_STEP`` makes a NaN,
-run by a :class:`~torchscope.tui.fakejob.FakeJob` that pauses, steps and answers ``inspect``
+A synthetic 2-block MLP (:mod:`torchscope.tui.demo.synthetic`) whose step ``NAN_STEP`` makes a NaN,
+run by a :class:`~torchscope.tui.demo.fakejob.FakeJob` that pauses, steps and answers ``inspect``
 like a traced job. It starts paused before the first op of step 1 with a ``nan`` breakpoint
 set, so ``c`` stops where the NaN first appears; every key of a live session works.
 """
@@ -12,8 +12,8 @@ from typing import Any
 
 from torchscope.protocol.breakpoints import BEFORE
 from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.fakejob import FakeJob
-from torchscope.tui.synthetic import make_trace
+from torchscope.tui.demo.fakejob import FakeJob
+from torchscope.tui.demo.synthetic import make_trace
 
 __all__ = ["DemoApp", "demo_source", "run_demo"]
 

@@ -5,10 +5,12 @@ each step has is only known by decoding every chunk: seconds to minutes for a la
 on a thread, each chunk's decode holds the GIL for tens of milliseconds and the UI stutters;
 done here, in its own process, it also runs on another core.
 
-    python -m torchscope.tui.countpass FILE
+    python -m torchscope.tui.sources.countpass FILE
 
-writes length-prefixed msgpack records to stdout::
+(what :class:`~torchscope.tui.sources.file.FileSource` runs) writes length-prefixed msgpack
+records to stdout::
 
+    {"history": [a history event]}
     {"counts": {step: [ops, grads, graph_nodes, alerts, events, grad_sq, grad_norms, aten]},
      "loss": {step: [value, rank]}, "alerts": [alert events],
      "final": [steps whose counts are complete], "done": chunks_done, "total": chunks}
@@ -21,7 +23,11 @@ its aten calls (the aten level). ``loss`` is the
 step's loss as known so far (it replaces the previous one): a ``loss`` field an event carries
 (rank 3), else the one-value output of the op whose backward node ran first in the step, the
 root of its backward (rank 2), else the one-value output of the step's last op before any
-backward (rank 1).
+backward (rank 1). A ``history`` record carries one of the file's ``history`` events (the run's
+loss and gradient norms), which only a decoded chunk shows: it comes ahead of the counts of the
+chunk that held it.
+
+:class:`LiveOverview` runs the same :class:`Counter` over a live session's events.
 
 Imports neither torch nor textual.
 """
@@ -31,21 +37,19 @@ from __future__ import annotations
 import struct
 import sys
 import time
-from collections.abc import Iterable, Iterator
-from typing import Any, BinaryIO
+from collections.abc import Iterable, Iterator, Sequence
+from typing import IO, Any, Protocol
 
 from torchscope.protocol import codec
-from torchscope.protocol.events import ALERT, ATEN, GRAD, GRAPH, OP, SESSION
-from torchscope.protocol.tracefile import TraceFileError, TraceReader
+from torchscope.protocol.events import ALERT, ATEN, GRAD, GRAPH, HISTORY, OP, SESSION, Event
+from torchscope.protocol.tracefile import ChunkInfo, TraceFileError, TraceReader
+from torchscope.tui.model.items import Overview
+from torchscope.tui.model.module_norms import grad_norm_of
+from torchscope.tui.model.rows import NO_STEP, step_of
+from torchscope.tui.sources.inbox import Inbox
 
 _LEN = struct.Struct("<I")
-NO_STEP = -1
 _BIG = 2**63
-
-
-def _step_of(ev: dict) -> int:
-    step = ev.get("step")
-    return step if type(step) is int else NO_STEP
 
 
 def scalar_of(summaries: Any) -> float | None:
@@ -71,16 +75,13 @@ def _is_num(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def grad_norm_of(ev: dict) -> float | None:
-    """The norm of the gradient an AccumulateGrad node received (a parameter's gradient)."""
-    if ev.get("node") != "AccumulateGrad":
-        return None
-    go = ev.get("grad_outputs")
-    if type(go) is not list or not go or type(go[0]) is not dict:
-        return None
-    stats = go[0].get("stats")
-    norm = stats.get("norm") if type(stats) is dict else None
-    return float(norm) if _is_num(norm) else None
+class Chunks(Protocol):
+    """What the count pass reads: a :class:`TraceReader`, or a reader wrapping one."""
+
+    @property
+    def chunks(self) -> Sequence[ChunkInfo]: ...
+
+    def read_chunk(self, i: int) -> list[Event]: ...
 
 
 class _Loss:
@@ -119,7 +120,7 @@ class Counter:
             kind = ev.get("kind")
             if kind == SESSION:
                 continue
-            step = _step_of(ev)
+            step = step_of(ev)
             c = self.counts.get(step)
             if c is None:
                 c = self.counts[step] = [0, 0, 0, 0, 0, 0.0, 0, 0]
@@ -187,7 +188,7 @@ class Counter:
 
 
 def passes(
-    reader: TraceReader, every: float = 0.1, *, each_chunk: bool = False
+    reader: Chunks, every: float = 0.1, *, each_chunk: bool = False
 ) -> Iterator[dict[str, Any] | None]:
     """Decode every chunk; yield a record (see the module doc) at most every ``every`` s.
     With ``each_chunk``, also yield None after every other chunk, so a caller on a thread can
@@ -228,13 +229,13 @@ def passes(
         yield {"counts": {}, "loss": {}, "alerts": [], "final": [], "done": 0, "total": 0}
 
 
-def write_record(out: BinaryIO, record: dict[str, Any]) -> None:
+def write_record(out: IO[bytes], record: dict[str, Any]) -> None:
     data = codec.pack(record)
     out.write(_LEN.pack(len(data)) + data)
     out.flush()
 
 
-def read_records(stream: BinaryIO) -> Iterator[dict[str, Any]]:
+def read_records(stream: IO[bytes]) -> Iterator[dict[str, Any]]:
     """Records written by :func:`write_record`, until the stream ends."""
     while True:
         head = stream.read(_LEN.size)
@@ -249,23 +250,99 @@ def read_records(stream: BinaryIO) -> Iterator[dict[str, Any]]:
             yield record
 
 
+class _HistoryTap:
+    """The reader the count pass decodes through: it keeps the ``history`` events of the
+    chunks decoded, to go out with the next record (a few per chunk at most: the agent sends
+    one per batch of steps or per second)."""
+
+    def __init__(self, reader: TraceReader) -> None:
+        self._reader = reader
+        self.chunks = reader.chunks
+        self._found: list[dict[str, Any]] = []
+
+    def read_chunk(self, i: int) -> list[Event]:
+        events = self._reader.read_chunk(i)
+        self._found.extend(dict(e) for e in events if e.get("kind") == HISTORY)
+        return events
+
+    def take(self, record: dict[str, Any]) -> None:
+        """Move the events found into ``record["history"]``; they leave its counts: a step
+        (or the stepless -1) that only a ``history`` event names is no recorded step."""
+        found, self._found = self._found, []
+        record["history"] = found
+        counts = record.get("counts")
+        if not found or not isinstance(counts, dict):
+            return
+        for event in found:
+            c = counts.get(step_of(event))
+            if isinstance(c, list) and len(c) > 4:
+                c[4] -= 1  # the "events" count (see countpass)
+        for step in [s for s, c in counts.items() if isinstance(c, list) and not any(c)]:
+            del counts[step]
+
+
+def count_passes(
+    reader: TraceReader, *, each_chunk: bool = False
+) -> Iterator[dict[str, Any] | None]:
+    """:func:`passes`, each record with ``history``: the ``history`` events of the
+    chunks decoded since the previous record, in file order."""
+    tap = _HistoryTap(reader)
+    for record in passes(tap, each_chunk=each_chunk):
+        if record is not None:
+            tap.take(record)
+        yield record
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The counting child (``FileSource``'s ``"process"`` pass): the records on stdout, each
+    ``history`` event in a record of its own ahead of its counts (one event is within the
+    codec's limit; the first of a ``record PID`` file holds the whole run so far)."""
     args = sys.argv[1:] if argv is None else argv
     out = sys.stdout.buffer
     if len(args) != 1:
-        write_record(out, {"error": "usage: python -m torchscope.tui.countpass FILE"})
+        write_record(out, {"error": "usage: python -m torchscope.tui.sources.countpass FILE"})
         return 2
     try:
         with TraceReader(args[0]) as reader:
-            for record in passes(reader):
-                if record is not None:
-                    write_record(out, record)
+            for record in count_passes(reader):
+                if record is None:
+                    continue
+                for event in record.pop("history"):
+                    write_record(out, {"history": [event]})
+                write_record(out, record)
+    except BrokenPipeError:  # the UI went away
+        return 0
     except (TraceFileError, OSError) as exc:
         write_record(out, {"error": str(exc)})
         return 2
-    except BrokenPipeError:  # the UI went away
-        return 0
     return 0
+
+
+class LiveOverview:
+    """The Steps panel's loss and global gradient norm for events as they stream in (a live
+    session, the demo): the same :class:`Counter` the count pass runs over a
+    recording, fed on the source's thread. ``feed`` gives the store's :class:`Overview` item."""
+
+    def __init__(self) -> None:
+        self.counter = Counter()
+
+    def feed(self, events: Iterable[Any]) -> Overview | None:
+        counter = self.counter
+        counter.add(e for e in events if isinstance(e, dict))
+        counts, _ = counter.take()
+        grads = {s: (c[5], c[6]) for s, c in counts.items() if c[6]}
+        losses = {s: (v[0], v[1]) for s, v in counter.take_losses().items()}
+        if counts:  # the loss of a step is settled once a later one runs: forget it
+            newest = max(counts)
+            counter.forget([s for s in counter.losses if s < newest - 1])
+        if not grads and not losses:
+            return None
+        return Overview(grads, losses)
+
+    def put(self, inbox: Inbox, events: Iterable[Any]) -> None:
+        item = self.feed(events)
+        if item is not None:
+            inbox.put(item)
 
 
 if __name__ == "__main__":

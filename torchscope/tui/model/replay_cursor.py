@@ -28,7 +28,7 @@ space  a recording is always paused: :meth:`ReplayCursor.place` makes the select
 =====  ===========================================================================================
 
 **Steps on disk.** A move may need a step that is not in memory (a trace file loads steps on
-request: ``ON_DISK``/``LOADING`` in :mod:`torchscope.tui.store`). Then the cursor does not move
+request: ``ON_DISK``/``LOADING`` in :mod:`.steps`). Then the cursor does not move
 and the answer is :class:`NeedStep`: ask the source for that step (``store.mark_loading(step)``
 and ``source.request_step(step)``, unless it is already ``LOADING``), and call the same move
 again once the step is resident (its number in ``Changes.loaded``). The cursor remembers how
@@ -57,10 +57,8 @@ from torchscope.protocol.breakpoints import (
     first_hit,
 )
 from torchscope.protocol.events import ATEN, GRAD, OP, Event
-from torchscope.tui.format import is_check
-from torchscope.tui.stepping import spec_text
-from torchscope.tui.store import (
-    EVICTED,
+from torchscope.tui.model.format import is_check
+from torchscope.tui.model.rows import (
     FLAG_INF_OUT,
     FLAG_NAN_OUT,
     FLAGS,
@@ -69,10 +67,11 @@ from torchscope.tui.store import (
     NAME,
     SEQ,
     SOURCE,
-    EventStore,
     Rec,
-    StepData,
 )
+from torchscope.tui.model.stepper_view import spec_text
+from torchscope.tui.model.steps import EVICTED, StepData
+from torchscope.tui.model.store import EventStore
 
 __all__ = [
     "KEYS",
@@ -264,8 +263,10 @@ def _compile(specs: Iterable[dict[str, Any] | Breakpoint]) -> list[Breakpoint]:
         if isinstance(spec, Breakpoint):
             bp = Breakpoint.from_spec(spec.id, {k: getattr(spec, k) for k in Breakpoint.KEYS})
         else:
-            bp_id = spec.get("id") if type(spec.get("id")) is int else n
-            bp = Breakpoint.from_spec(bp_id, {k: spec.get(k) for k in Breakpoint.KEYS})
+            given = spec.get("id")
+            bp = Breakpoint.from_spec(
+                given if type(given) is int else n, {k: spec.get(k) for k in Breakpoint.KEYS}
+            )
         if bp.enabled:
             out.append(bp)
     return out
@@ -406,11 +407,11 @@ class ReplayCursor:
             for t in _walk(data, pos, forward, calls=False):
                 return self._land(Landed(_pos(pos.step, t), reason))
         for step in self._steps_from(pos, forward, include=pos is None):
-            data = self._rows_of(step)
-            if isinstance(data, NeedStep):
-                return data
-            if data is not None:
-                t = data.rows[0] if forward else data.rows[-1]
+            rows = self._rows_of(step)
+            if isinstance(rows, NeedStep):
+                return rows
+            if rows is not None:
+                t = rows.rows[0] if forward else rows.rows[-1]
                 return self._land(Landed(_pos(step, t), reason))
         return Stay("at the end of the recording" if forward else "at the start of the recording")
 
@@ -622,9 +623,10 @@ class ReplayCursor:
         out: dict[int, Event] = {}
         for seq, a in self._step_origins(data.step).items():
             call = a.get("aten_seq")
-            t = data.aten.get(call) if type(call) is int else None
-            if t is not None and data.aten_parent(t) is not None:
-                seq = call
+            if type(call) is int:
+                t = data.aten.get(call)
+                if t is not None and data.aten_parent(t) is not None:
+                    seq = call
             out.setdefault(seq, a)
         return out
 
