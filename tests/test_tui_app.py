@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tui_pilot import SIZE, sync, until
+from tui_pilot import SIZE, shows, sync, until
 
 from torchscope.protocol.events import Event
 from torchscope.tui.app import TorchscopeApp
@@ -280,8 +280,8 @@ async def test_live_follow_mode_tails_until_the_user_moves():
         pos = tl.cursor
         src.feed(more[len(more) // 2 :])
         await until(pilot, lambda: app.store.info(2).n_events == len(more))
-        await pilot.pause(0.1)
-        assert tl.cursor == pos and tl.row_count() - 1 > pos
+        await until(pilot, lambda: tl.row_count() - 1 > pos, what="the new rows")
+        assert tl.cursor == pos
         await pilot.press("f")
         assert app.main.follow and tl.cursor == tl.row_count() - 1
         await pilot.press("up", "end")
@@ -328,11 +328,10 @@ async def test_evicted_step_reloads_or_says_why():
             await until(pilot, lambda: app.main.current_step is not None)
             assert not app.store.is_resident(1)
             app.main.show_step(1)
-            await pilot.pause(0.2)
             if reloadable:
                 await until(pilot, lambda: app.main.timeline.row_count() > 0)
             else:
-                assert "no longer in memory" in app.screen_text()
+                await shows(pilot, "no longer in memory")
 
     await check(True)
     await check(False)

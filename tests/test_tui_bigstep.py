@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from tui_pilot import SIZE, sync, until
+from tui_pilot import SIZE, shows, sync, until
 
 from torchscope.protocol.tracefile import TraceWriter
 from torchscope.tui.app import TorchscopeApp
@@ -69,8 +69,7 @@ async def test_first_rows_show_before_the_step_is_decoded(huge_step):
         assert 0 < timeline.row_count() < rows0
         assert app.store.info(0).state == LOADING
         assert 0 in app.store.loading
-        await pilot.pause(0.1)
-        text = app.screen_text()
+        text = await shows(pilot, "loading step 0", "loading…")
         assert "loading step 0" in text
         assert "loading…" in text  # the timeline's title
         # The UI answers keys meanwhile.
@@ -80,7 +79,7 @@ async def test_first_rows_show_before_the_step_is_decoded(huge_step):
         assert timeline.cursor == before + 1
         source.gate.set()
         await until(pilot, lambda: 0 not in app.store.loading, what="the whole step")
-        await pilot.pause(0.1)
+        await until(pilot, lambda: timeline.row_count() == rows0, what="every row")
         assert app.store.info(0).state == RESIDENT
         assert len(app.store.data(0).rows) == rows0
         assert timeline.row_count() == rows0
@@ -201,11 +200,14 @@ async def test_steps_panel_shows_loss_gradient_norm_and_a_sparkline(tmp_path):
             timeout=10,
             what="the count pass",
         )
-        await pilot.pause(0.2)
         infos = [store.steps[s] for s in store.order]
-        assert all(i.loss is not None and i.grad_norm is not None for i in infos)
+        await until(
+            pilot,
+            lambda: all(i.loss is not None and i.grad_norm is not None for i in infos),
+            what="every step's loss and |g|",
+        )
         assert math.isnan(infos[3].grad_norm) and math.isfinite(infos[4].grad_norm)
-        lines = app.screen_text().splitlines()
+        lines = (await shows(pilot, f"{infos[4].grad_norm:.4f}"[:5], "|g|")).splitlines()
         assert any("loss" in line and "|g|" in line for line in lines)
         row3 = next(line for line in lines if line.startswith("│    3 "))
         assert "nan" in row3 and "!" in row3 and "⚠" in row3

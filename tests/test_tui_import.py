@@ -15,6 +15,7 @@ def test_tui_and_protocol_import_and_replay_without_torch(tmp_path: Path) -> Non
     code = textwrap.dedent(
         f"""
         import sys
+        import time
         sys.modules["torch"] = None  # any "import torch" now raises ImportError
         import torchscope.protocol
         import torchscope.protocol.tracefile
@@ -32,9 +33,8 @@ def test_tui_and_protocol_import_and_replay_without_torch(tmp_path: Path) -> Non
         async def main():
             app = TorchscopeApp(FileSource({str(trace)!r}))
             async with app.run_test(size=(120, 30)) as pilot:
-                for _ in range(200):
-                    if app.main.timeline.row_count():
-                        break
+                deadline = time.monotonic() + 60  # a poll: long for a loaded machine
+                while not app.main.timeline.row_count() and time.monotonic() < deadline:
                     await pilot.pause(0.02)
                 assert app.main.timeline.row_count() > 0
                 await pilot.press("q")

@@ -185,8 +185,11 @@ async def test_from_the_arrival_up_to_the_origin_lands_on_it_not_on_the_aligned_
             ),
             what="the origin's event in rank 1's lane",
         )
-        # and it stays there (the aligned op does not take its place afterwards)
-        await pilot.pause(0.3)
+        # and it stays there (the aligned op does not take its place afterwards): once the
+        # step is read whole, what the source had queued applied and its messages handled
+        await until(pilot, lambda: 4 not in app.store.loading, what="step 4 read whole")
+        app.tick()
+        await pilot.pause()
         assert app.main.timeline.current_row().seq == origin["event_seq"]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tui_pilot import notes_of, sync, until
+from tui_pilot import notes_of, shows, sync, until
 
 from torchscope.protocol.events import Event
 from torchscope.protocol.tracefile import TraceWriter
@@ -193,8 +193,7 @@ async def test_an_empty_trailing_step_is_not_shown(trace_file: Path):
         await until(
             pilot, lambda: app.main.timeline.row_count() > 0 and app.main.timeline.step == 5
         )
-        await pilot.pause(0.3)
-        assert "loading" not in app.screen_text()
+        assert "loading" not in await shows(pilot, "Step 5", gone=("loading",))
 
 
 # -- 7: enter on an op whose backward has not run ---------------------------------------------
@@ -267,7 +266,7 @@ async def test_the_origin_stands_first_and_knock_on_alerts_are_counted_under_it(
         await pilot.press("a")
         detail = app.main.detail.body
         await until(pilot, lambda: "knock-on" in str(detail.render()), what="the alert's detail")
-        await pilot.pause(0.4)
+        await until(pilot, lambda: not app.main._detail_pending, what="the late detail refresh")
         text = str(detail.render())
         assert "5 knock-on alerts" in text and "step 1 · 3x parameters" in text, text
 
@@ -280,13 +279,14 @@ async def test_a_late_detail_refresh_leaves_the_graph_nodes_detail_alone():
     async with app.run_test(size=(130, 36)) as pilot:
         tl = app.main.timeline
         await until(pilot, lambda: tl.row_count() > 0, what="the step's rows")
-        await pilot.pause(0.3)
+        main = app.main  # the first row's detail (its refresh is throttled: a timer)
+        await until(pilot, lambda: main.detail.subject and not main._detail_pending, what="detail")
         gelu = next(tl.row(i) for i in range(tl.row_count()) if tl.row(i).name.endswith("gelu"))
         tl.select(gelu.kind, gelu.seq)
         await pilot.press("g")
         detail = app.main.detail.body
         await until(pilot, lambda: "backward node" in str(detail.render()), what="node detail")
-        await pilot.pause(0.4)
+        await until(pilot, lambda: not app.main._detail_pending, what="the late detail refresh")
         assert app.main.center == "graph"
         assert "backward node" in str(detail.render())
 

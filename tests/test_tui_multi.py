@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tui_pilot import sync, until
+from tui_pilot import shows, sync, until
 
 from torchscope.protocol.events import OP
 from torchscope.protocol.tracefile import TraceWriter
@@ -125,8 +125,7 @@ async def test_two_rank_files_open_with_a_selector_and_switching_keeps_the_step_
         row = app.main.timeline.current_row()
         assert (app.main.current_step, row.name, row.module) == (1, NORM, MODULE)
         assert app.status.get("rank") == 1 and app.store is app.lanes[1].store
-        await pilot.pause(0.1)
-        text = app.screen_text()
+        text = await shows(pilot, "1 rank 0", "2 rank 1")
         assert "1 rank 0" in text and "2 rank 1" in text  # the bar, at 80x24
         assert "1-2 source" in app.main.key_bar.text
         # r cycles back; the op stays
@@ -182,8 +181,7 @@ async def test_compare_view_aligns_the_op_across_ranks_and_marks_the_outlier(tmp
         assert table.why.startswith("outlier: rank 2: outputs[0] norm")
         norms = next(cells for label, cells in table.rows if label == "  norm")  # outputs[0]
         assert [c.outlier for c in norms] == [False, False, True]
-        await pilot.pause(0.1)
-        text = app.screen_text()
+        text = await shows(pilot, "◆ rank 2", "outlier: rank 2")
         assert "◆ rank 2" in text and "outlier: rank 2" in text
         await pilot.press("escape")
         assert app.screen is app.main
@@ -460,7 +458,8 @@ async def test_ranks_that_start_after_the_ui_join_it(monkeypatch):
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: len(app.lanes) == 2, what="rank 1 joined")
         await until(pilot, lambda: "2 rank 1" in bar(app), what="in the bar")
-        await pilot.pause(0.5)
+        # the next poll finds every rank here and stops following the job (no more joins)
+        await until(pilot, lambda: not app.follow_job, what="the job's ranks all here")
         assert joined == [1] and not app.follow_job
 
 

@@ -6,9 +6,8 @@ Deterministic: synthetic events (no timestamps), replay mode, fixed terminal siz
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from tui_pilot import until
 
 from torchscope.tui.app import TorchscopeApp
 from torchscope.tui.demo.synthetic import make_trace
@@ -26,11 +25,18 @@ def app(at_origin: bool = False) -> TorchscopeApp:
     )
 
 
-async def until(pilot, cond, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        await pilot.pause(0.02)
+def detail_shows_row(a: TorchscopeApp, row=None) -> bool:
+    """The detail panel shows ``row`` (the timeline's cursor row by default): a row the
+    cursor reached without a key press is shown by a throttled refresh (a timer)."""
+    main = a.main
+    row = row if row is not None else main.timeline.current_row()
+    subject = main.detail.subject
+    return (
+        not main._detail_pending
+        and row is not None
+        and subject is not None
+        and subject[:2] == ("row", row.seq)
+    )
 
 
 def loaded(step: int = 0):
@@ -40,7 +46,7 @@ def loaded(step: int = 0):
         if step != a.main.current_step:
             a.main.show_step(step)
         await until(pilot, lambda: a.main.timeline.row_count() > 0)
-        await pilot.pause(0.3)  # the throttled detail refresh
+        await until(pilot, lambda: detail_shows_row(a), what="the throttled detail refresh")
 
     return run_before
 
@@ -51,7 +57,7 @@ def on_row(name: str, step: int = 0):
         tl = pilot.app.main.timeline
         index = next(i for i in range(tl.row_count()) if tl.row(i).name == name)
         tl.move_cursor(index, user=True, center=True)
-        await pilot.pause(0.1)
+        await until(pilot, lambda: detail_shows_row(pilot.app, tl.row(index)), what="detail")
 
     return run_before
 
@@ -65,7 +71,7 @@ def test_a_recording_opens_paused_at_its_first_origin(snap_compare):
         a = pilot.app
         await until(pilot, lambda: a.store.stepper.paused is not None)
         await until(pilot, lambda: "NaN first appears" in a.screen_text())
-        await pilot.pause(0.3)  # the throttled detail refresh
+        await until(pilot, lambda: detail_shows_row(a), what="the throttled detail refresh")
 
     assert snap_compare(app(at_origin=True), terminal_size=SIZE, run_before=run_before)
 
@@ -77,10 +83,12 @@ def test_detail_of_a_backward_node_with_a_none_gradient(snap_compare):
         tl = pilot.app.main.timeline
         index = max(i for i in range(tl.row_count()) if tl.row(i).name == "AddmmBackward0")
         tl.move_cursor(index, user=True, center=True)
-        pilot.app.main.detail.focus()
-        await pilot.pause(0.1)
-        pilot.app.main.detail.scroll_end(animate=False)
-        await pilot.pause(0.1)
+        detail = pilot.app.main.detail
+        detail.focus()
+        await until(pilot, lambda: detail_shows_row(pilot.app, tl.row(index)) and detail.has_focus)
+        await until(pilot, lambda: detail.max_scroll_y > 0, what="the detail laid out")
+        detail.scroll_end(animate=False)
+        await until(pilot, lambda: detail.scroll_y == detail.max_scroll_y, what="scrolled")
 
     assert snap_compare(app(), terminal_size=SIZE, run_before=run_before)
 
@@ -117,7 +125,14 @@ def when_paused(*keys: str):
             await pilot.press(key)
         if keys:
             await until(pilot, lambda: a.main.values is not None and a.main.values.result)
-        await pilot.pause(0.3)
+        await until(
+            pilot,
+            lambda: (
+                detail_shows_row(a)
+                and (not keys or a.main.detail.values_version == a.main.values.version)
+            ),
+            what="the detail of the pause",
+        )
 
     return run_before
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from textual.widgets import Input
-from tui_pilot import SIZE, notes_of, sync, until
+from tui_pilot import SIZE, notes_of, shows, sync, until
 
 from torchscope.protocol.breakpoints import parse_break_spec
 from torchscope.tui.app import TorchscopeApp
@@ -99,8 +99,10 @@ async def test_space_pauses_before_the_next_op_then_s_runs_it():
         row = tl.current_row()
         assert row.pending and row.name == "torch.nn.functional.gelu"
         assert tl.cursor == tl.row_count() - 1 == 1
-        await pilot.pause(0.05)
-        text = app.screen_text()
+        text = await shows(
+            pilot, "⏸ paused: F.gelu · blocks.0.act", "before it runs", "not run yet"
+        )
+        await until(pilot, lambda: "before this op runs" in detail_text(app), what="the detail")
         assert "⏸ paused: F.gelu · blocks.0.act" in text and "before it runs" in text
         assert "not run yet" in text  # the pending row's stat column
         detail = detail_text(app)
@@ -113,8 +115,7 @@ async def test_space_pauses_before_the_next_op_then_s_runs_it():
         assert paused(app)["phase"] == "after" and paused(app)["event"]["seq"] == GELU0
         assert tl.pending is None and tl.paused_key == ("op", GELU0)
         assert tl.current_row().seq == GELU0
-        await pilot.pause(0.05)
-        assert "⏸ stepped: F.gelu · blocks.0.act" in app.screen_text()
+        await shows(pilot, "⏸ stepped: F.gelu · blocks.0.act")
 
 
 @sync
@@ -136,8 +137,7 @@ async def test_step_next_continue_follow_the_job_and_the_highlight_clears():
         await until(pilot, lambda: paused(app) is None, what="resume")
         await until(pilot, lambda: app.store.info(1).n_ops > 5)
         assert tl.paused_key is None and tl.pending is None
-        await pilot.pause(0.05)
-        text = app.screen_text()
+        text = await shows(pilot, gone=("PAUSED", "⏸"))
         assert "PAUSED" not in text and "⏸" not in text
         assert cmds(job) == ["step", "next", "continue"]
         assert app.sent == [("step", {}), ("next", {}), ("continue", {})]
@@ -158,15 +158,15 @@ async def test_a_breakpoint_stops_continue_and_space_when_already_paused_says_so
         assert p["phase"] == "before" and p["reason"] == "breakpoint 1"
         row = app.main.timeline.current_row()
         assert row.pending and row.kind == "grad"
-        await pilot.pause(0.05)
-        assert "1 breakpoint" in app.screen_text()
+        await shows(pilot, "1 breakpoint")
+        await until(pilot, lambda: "before this node runs" in detail_text(app), what="the detail")
         # before a node runs: the gradient that arrived, and what it will send is not known
         text = detail_text(app)
         assert "before this node runs" in text and "grad_outputs — what arrived" in text
         assert "not computed yet: paused before the node runs" in text
         await pilot.press("s")
         await until(pilot, lambda: paused(app)["phase"] == "after")
-        await pilot.pause(0.05)
+        await until(pilot, lambda: "grad_inputs — what it sends on" in detail_text(app))
         text = detail_text(app)
         assert "grad_inputs — what it sends on" in text and "not computed" not in text
         assert paused(app)["event"]["seq"] == first_seq("AddmmBackward0")
@@ -187,8 +187,9 @@ async def test_paused_detail_shows_the_call_stack_innermost_first(tmp_path: Path
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: paused(app) is not None)
         job_stack = paused(app)["stack"]
-        await pilot.pause(0.05)
-        text = str(app.main.detail.stack_box.render())
+        stack = app.main.detail.stack_box
+        await until(pilot, lambda: stack.display and "call stack" in str(stack.render()))
+        text = str(stack.render())
     assert job_stack[0][0] == str(script) and job_stack[0][1] == 21
     lines = text.splitlines()
     assert "call stack" in lines[0] and "innermost first" in lines[0]
@@ -303,7 +304,7 @@ async def test_b_makes_a_breakpoint_from_the_selected_event():
         await pilot.press("b", "down", "down", "enter")  # same source line
         await pilot.press("b", "escape")  # cancelled: nothing sent
         await until(pilot, lambda: len(job.breakpoints) == 3)
-        await pilot.pause(0.1)
+        await shows(pilot, "3 breakpoints")  # the three replies reached the store
         adds = [f for c, f in job.received if c == "break_add"]
         assert adds == [
             {"op": "^torch\\.nn\\.functional\\.gelu$"},
@@ -336,7 +337,7 @@ async def test_breakpoint_list_add_toggle_delete_and_bad_conditions():
         assert isinstance(app.screen, BreakpointsScreen)
         screen = app.screen
         await until(pilot, lambda: app.store.stepper.breakpoints, what="break_list")
-        await pilot.pause(0.05)
+        await until(pilot, lambda: re.search(r"│\s+1\s+✓\s+1\s+nan\s", app.screen_text()))
         text = app.screen_text()
         assert "condition" in text and "hits" in text
         assert re.search(r"│\s+1\s+✓\s+1\s+nan\s", text)  # id, enabled, hits, condition
@@ -344,14 +345,18 @@ async def test_breakpoint_list_add_toggle_delete_and_bad_conditions():
         # bad input: the one-line error, nothing sent
         assert screen.query_one(Input).has_focus  # typing goes to the box from the start
         await pilot.press(*"op:(", "enter")
-        await pilot.pause(0.05)
+        await until(pilot, lambda: "bad op" in str(screen.query_one("#bpl-error").render()))
         error = str(screen.query_one("#bpl-error").render())
         assert "bad op regex '('" in error
         box = screen.query_one(Input)
         box.value = "bogus"  # (typing is tested above; each key press costs a frame)
         await pilot.press("enter")
-        await pilot.pause(0.05)
-        assert "bad breakpoint condition 'bogus'" in str(screen.query_one("#bpl-error").render())
+        await until(
+            pilot,
+            lambda: (
+                "bad breakpoint condition 'bogus'" in str(screen.query_one("#bpl-error").render())
+            ),
+        )
         assert cmds(job) == ["break_list"]
         # a good one
         box.value = "module:^blocks\\.1\\.,nan"
@@ -370,21 +375,23 @@ async def test_breakpoint_list_add_toggle_delete_and_bad_conditions():
         await pilot.press("space")
         await until(pilot, lambda: app.store.stepper.breakpoints[0]["enabled"] is True)
         screen.query_one("#bpl-table").focus()
-        await pilot.pause(0.05)
+        await pilot.pause()  # the focus moves (a message)
         assert ("break_add", {"module": "^blocks\\.1\\.", "nan": "nan"}) in job.received
-        assert "nan,module:^blocks\\.1\\." in app.screen_text()
+        await shows(pilot, "nan,module:^blocks\\.1\\.")
         assert str(screen.query_one("#bpl-error").render()) == ""
         # toggle (the cursor is on the first), then delete it
         await pilot.press("space")
         await until(pilot, lambda: app.store.stepper.breakpoints[0]["enabled"] is False)
-        await pilot.pause(0.05)
-        assert re.search(r"│\s+1\s+✗\s+1\s+nan\s", app.screen_text())
+        await until(pilot, lambda: re.search(r"│\s+1\s+✗\s+1\s+nan\s", app.screen_text()))
         await pilot.press("space")
         await until(pilot, lambda: app.store.stepper.breakpoints[0]["enabled"] is True)
         await pilot.press("delete")  # asks first
-        await pilot.pause(0.05)
-        assert "delete breakpoint 1 (nan)? delete again" in str(
-            screen.query_one("#bpl-error").render()
+        await until(
+            pilot,
+            lambda: (
+                "delete breakpoint 1 (nan)? delete again"
+                in str(screen.query_one("#bpl-error").render())
+            ),
         )
         assert "break_delete" not in cmds(job)
         await pilot.press("delete")
@@ -396,8 +403,7 @@ async def test_breakpoint_list_add_toggle_delete_and_bad_conditions():
         assert job.received[-1] == ("break_add", {"nan": "nan"})
         await pilot.press("escape")
         assert not isinstance(app.screen, BreakpointsScreen)
-        await pilot.pause(0.05)
-        assert "2 breakpoints" in app.screen_text()
+        await shows(pilot, "2 breakpoints")
 
 
 @sync
@@ -691,8 +697,12 @@ async def test_a_real_job_paused_at_a_nan_step_then_continue(tmp_path: Path):
             await until(pilot, lambda: paused(app) is not None, timeout=60, what="the NaN pause")
             await until(pilot, lambda: app.main.timeline.paused_key is not None)
             assert paused_name(app) == "torch.log" and paused(app)["phase"] == "after"
-            await pilot.pause(0.1)
-            text = app.screen_text()
+            text = await shows(
+                pilot,
+                "⏸ NaN first appears: torch.log · nanjob.py:5 · ",
+                "y = torch.log(x - 10.0)",
+                "call stack",
+            )
             assert "⏸ NaN first appears: torch.log · nanjob.py:5 · " in text
             assert "nanjob.py:5" in text and "y = torch.log(x - 10.0)" in text
             assert "call stack" in text

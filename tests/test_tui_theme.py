@@ -11,7 +11,7 @@ from __future__ import annotations
 from rich.color import Color as RichColor
 from rich.color import ColorSystem
 from textual.color import Color
-from tui_pilot import SIZE, sync, until
+from tui_pilot import SIZE, focus, sync, until
 
 from torchscope.tui.app import TorchscopeApp
 from torchscope.tui.demo.synthetic import make_trace
@@ -74,7 +74,9 @@ async def loaded(pilot) -> None:
     a = pilot.app
     await until(pilot, lambda: len(a.store.order) == 3 and a.main.current_step is not None)
     await until(pilot, lambda: a.main.timeline.row_count() > 0 and a.main.steps.row_count() > 0)
-    await pilot.pause(0.2)
+    # laid out: the lists have their size (their cursor rows are rendered below)
+    await until(pilot, lambda: a.main.timeline.size.height > 0 and a.main.steps.size.height > 0)
+    await pilot.pause()
 
 
 @sync
@@ -87,13 +89,10 @@ async def test_unfocused_titles_readable_and_focus_obvious_at_256_and_16_colours
         for selector in PANELS:
             widget = main.query_one(selector)
             other = main.query_one("#steps" if selector != "#steps" else "#timeline")
-            other.focus()
-            await pilot.pause(0.1)
+            await focus(pilot, other)
             assert not widget.has_focus
             blurred = panel_colours(widget)
-            widget.focus()
-            await pilot.pause(0.1)
-            assert widget.has_focus
+            await focus(pilot, widget)
             focused = panel_colours(widget)
             assert focused["bold"] and not blurred["bold"], selector
 
@@ -122,11 +121,9 @@ async def test_the_cursor_row_of_an_unfocused_list_is_muted():
         await loaded(pilot)
         main = app.main
         for widget, other in ((main.steps, main.timeline), (main.timeline, main.steps)):
-            widget.focus()
-            await pilot.pause(0.1)
+            await focus(pilot, widget)
             focused = cursor_bg(widget)
-            other.focus()
-            await pilot.pause(0.1)
+            await focus(pilot, other)
             blurred = cursor_bg(widget)
             base = widget.background_colors[1].rich_color
             for system, _ in SYSTEMS.values():

@@ -131,7 +131,7 @@ async def test_bang_while_paused_searches_the_tensor_page_by_page_and_shows_the_
         starts = [f["start"] for c, f in job.received if c == "inspect"]
         assert starts == [0, 100_000, 200_000, 234_300]
         assert main.values.mark == BigTensorJob.NAN_AT
-        await pilot.pause(0.05)
+        await until(pilot, lambda: main.detail.values_version == main.values.version, what="shown")
         text = str(main.detail.values_box.render())
         assert "[781,:]" in text  # 234_567 = 781 * 300 + 267
         assert "first NaN/Inf of this slice: [781,267]" in text
@@ -156,7 +156,13 @@ async def test_live_steps_show_loss_and_grad_norm_as_a_recording_does():
         await until(pilot, lambda: store.overview_version > 0, what="an overview")
         src.feed(trace[len(trace) // 2 :])  # the rest streams in later
         await until(pilot, lambda: len(store.order) == 4 and store.steps[3].grad_norm is not None)
-        await pilot.pause(0.1)
+        await until(
+            pilot,
+            lambda: (
+                store.steps[3].last_seq == trace[-1]["seq"] and not store.steps[3].backward_open
+            ),
+            what="the whole trace",
+        )
         for step in range(4):
             info = store.steps[step]
             want = math.sqrt(counts[step][5]) if counts[step][6] else None

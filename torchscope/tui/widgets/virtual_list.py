@@ -150,11 +150,6 @@ class VirtualList(ScrollView, can_focus=True):
         self.virtual_size = Size(self.row_width(), count + self.HEADER_LINES)
         self.refresh()
 
-    def refresh_row(self, index: int) -> None:
-        for key in [k for k in self._cache if k[0] == index]:
-            del self._cache[key]
-        self.refresh_line(index + self.HEADER_LINES)
-
     def on_resize(self) -> None:
         self._cache.clear()
         self.virtual_size = Size(self.row_width(), self.row_count() + self.HEADER_LINES)
