@@ -70,14 +70,15 @@ class EventSource:
         raise NotImplementedError
 
     def request_step(self, step: int) -> None:
-        """Ask for all events of ``step``; answered with an inbox ``("step", ...)`` item, or
-        ``("unavailable", step, why)``. Thread-safe."""
+        """Ask for all events of ``step``; answered with an inbox ``WholeStep`` (or
+        ``StepPart`` items), or ``Unavailable`` (:mod:`torchscope.tui.model.items`).
+        Thread-safe."""
         self._requests.put(step)
 
     def command(self, cmd: str, **fields: Any) -> int:
         """Send a control command (``pause``, ``step``, ``break_add``, ``inspect``, ...) to the
-        job; returns a token (> 0) that its inbox answer carries: ``("reply", token, cmd,
-        fields, result)`` or ``("refused", token, cmd, fields, message)``. Thread-safe.
+        job; returns a token (> 0) that its inbox answer carries: a ``Reply`` or a
+        ``Refused`` item. Thread-safe.
         Raises CommandRefused at once when this source has no job to send it to."""
         if not self.can_command:
             raise CommandRefused(self.refusal)
