@@ -109,8 +109,7 @@ class TorchscopeApp(App[int]):
         self.mark: Mark | None = None
         self.tick_hz = tick_hz
         self.max_apply = max_apply
-        #: a recording with alerts opens paused at its first NaN/Inf origin (``--from-start``:
-        #: at its first step)
+        # what changed, for the screens (see screens/host.py)
         self.applied: Signal[Applied] = Signal(self, "applied")
         self.restarted: Signal[int] = Signal(self, "restarted")
         self.lane_switch: Signal[LaneSwitch] = Signal(self, "lane_switch")
@@ -118,6 +117,8 @@ class TorchscopeApp(App[int]):
         self.redraw: Signal[Redraw] = Signal(self, "redraw")
         #: the main screen is mounted and listens: the tick may apply what the sources sent
         self.views_ready = False
+        #: a recording with alerts opens paused at its first NaN/Inf origin (``--from-start``:
+        #: at its first step)
         self.main = MainScreen(
             self, live=any(lane.live for lane in self.lanes), at_origin=at_origin
         )
@@ -173,6 +174,8 @@ class TorchscopeApp(App[int]):
         return self.labels()[lane.index]
 
     def screen_ready(self) -> None:
+        """The main screen is mounted and subscribed: from the next tick on, what the sources
+        sent is applied (until then it waits in the inboxes)."""
         self.views_ready = True
 
     def show_lane(self, index: int) -> None:

@@ -1,13 +1,15 @@
 """The one screen, for live sessions and replays alike.
 
-It reads only the app's :class:`~torchscope.tui.store.EventStore` and asks the source for steps
-that are not in memory (``request_step``); whether a file or a socket answers is not its
-concern. ``apply_changes`` runs on the app's ``applied`` signal, once per batch.
+It reads only the app's :class:`~torchscope.tui.model.store.EventStore` and asks the source
+for steps that are not in memory (``request_step``); whether a file or a socket answers is not
+its concern. ``apply_changes`` runs on the app's ``applied`` signal, once per batch.
 
 The screen holds its widgets, what it shows and the key bindings; the work of each group of
 keys is a helper next to it (navigation.py, stepping.py, pause.py, values.py, evaluate.py,
-search.py, lanes.py, prompt.py), each with a :class:`~.context.MainContext` the screen
-satisfies.
+search.py, graph.py, sharing.py, lanes.py; the prompt's modes in prompt.py), each given the
+screen as a :class:`~.context.MainContext`. The app is a
+:class:`~torchscope.tui.screens.host.Host`: the screen calls it through that protocol and
+follows its signals (``applied``, ``restarted``, ``lane_switch``, ``redraw``).
 
 Step-through keys (live): ``space`` pause, ``s`` step, ``n`` next step, ``c`` continue, ``b``
 breakpoint from the selected event, ``B`` the breakpoint list, ``v`` / ``<`` / ``>`` values of
@@ -34,31 +36,29 @@ from textual.reactive import var
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Input, Label, OptionList, ProgressBar, Tree
 
-from torchscope.protocol.events import GRAD, OP, Event
+from torchscope.protocol.events import Event
 from torchscope.tui import keys
-from torchscope.tui.keys import Hint, bindings, hint
-from torchscope.tui.model.format import plural, short_name
+from torchscope.tui.keys import Hint, bindings
+from torchscope.tui.model.format import plural
 from torchscope.tui.model.rows import (
-    FLAG_INF_IN,
-    FLAG_INF_OUT,
-    FLAG_NAN_IN,
-    FLAG_NAN_OUT,
     PendingRow,
     Row,
 )
 from torchscope.tui.model.search import FieldPattern, compile_filter
-from torchscope.tui.model.stepper_view import ValuesView, event_name
+from torchscope.tui.model.stepper_view import ValuesView
 from torchscope.tui.model.steps import EVICTED, LOADING, ON_DISK
 from torchscope.tui.model.store import Changes, EventStore
-from torchscope.tui.screens.history import HistoryScreen
 from torchscope.tui.screens.host import Applied, Host, Redraw, subscribe
 from torchscope.tui.screens.main.context import Asked, Location
 from torchscope.tui.screens.main.evaluate import Evaluate
+from torchscope.tui.screens.main.graph import GraphView
+from torchscope.tui.screens.main.hints import key_hints
 from torchscope.tui.screens.main.lanes import LaneView
 from torchscope.tui.screens.main.navigation import Navigation
 from torchscope.tui.screens.main.pause import PauseMarks
 from torchscope.tui.screens.main.prompt import MODES
 from torchscope.tui.screens.main.search import Search
+from torchscope.tui.screens.main.sharing import Sharing
 from torchscope.tui.screens.main.stepping import Stepping
 from torchscope.tui.screens.main.values import Values
 from torchscope.tui.widgets.alert_list import AlertList
@@ -71,9 +71,6 @@ from torchscope.tui.widgets.source_bar import SourceBar
 from torchscope.tui.widgets.status_bar import StatusBar
 from torchscope.tui.widgets.step_list import StepList
 from torchscope.tui.widgets.virtual_list import VirtualList
-
-# A row's NaN/Inf flags (its other flags, FLAG_ACCUMULATE, say nothing of its values).
-NAN_INF = FLAG_NAN_IN | FLAG_INF_IN | FLAG_NAN_OUT | FLAG_INF_OUT
 
 
 class MainScreen(Screen[None]):
@@ -111,6 +108,8 @@ class MainScreen(Screen[None]):
         self.evaluator = Evaluate(self)
         self.finder = Search(self)
         self.lane_view = LaneView(self)
+        self.graph_view = GraphView(self)
+        self.sharing = Sharing(self)
 
     @property
     def store(self) -> EventStore:
@@ -277,51 +276,7 @@ class MainScreen(Screen[None]):
 
     def hints(self) -> list[Hint]:
         """The key bar, most useful first (it shows what fits)."""
-        live = self.live
-        paused = self.store.stepper.paused is not None
-        focus = self.focused
-        out: list[Hint] = []
-        if paused:
-            out += [hint("step"), hint("next"), hint("continue")]
-            if not live:
-                out += [hint("step_back")]
-        elif live:
-            out += [hint("pause"), hint("continue")]
-        out += self.host.lane_hints()  # several sources: 1-9, o, x
-        out += [hint("break_here"), hint("breakpoints")]
-        out += [hint("search")]
-        if focus is not self.graph:
-            out += [hint("toggle_graph")]
-        out += [hint("alerts")]
-        if paused and live:
-            out += [hint("values")]
-        if focus is self.graph:
-            out += [
-                hint("enter", "op"),
-                hint("toggle_graph", "timeline"),
-                hint("group_modules", "chains" if self.graph.by_module else None),
-            ]
-        elif focus is self.alerts:
-            out += [hint("enter", "go to alert")]
-        elif focus is self.detail:
-            out += [("↑↓", "link", "link"), hint("enter", "follow"), hint("escape", "timeline")]
-        else:
-            out += [hint("enter")]
-        if self.search is not None or (focus is self.graph and self.graph.search is not None):
-            out += [hint("next_match")]
-        out += [hint("command_line"), hint("prev_step")]
-        out += [hint("back")]
-        out += [hint("maximize_panel", "restore" if self.maximised is not None else None)]
-        if live:
-            out += [hint("follow")]
-        row = self.timeline.current_row() if self.ready else None
-        if paused or (row is not None and row.flags & NAN_INF):
-            out += [hint("first_nan")]
-        out += [hint("copy"), hint("export")]
-        out += [hint("filter"), hint("tab"), hint("stat_mode"), hint("↑↓ j k")]
-        if self.store.has_aten:
-            out += [hint("unfold_all", "fold aten" if self.timeline.unfold_all else None)]
-        return out
+        return key_hints(self, maximised=self.maximised is not None, ready=self.ready)
 
     def help_section(self) -> str | None:
         """The help's section for the focused panel (``?`` shows it right after stepping)."""
@@ -667,10 +622,7 @@ class MainScreen(Screen[None]):
 
     # -- graph -------------------------------------------------------------------------------
     def action_toggle_graph(self) -> None:
-        if self.center == "graph":
-            self.show_timeline()
-        else:
-            self.show_graph()
+        self.graph_view.toggle()
 
     def action_escape(self) -> None:
         """Back to the timeline, from wherever: a maximised panel, the graph, a side panel."""
@@ -699,88 +651,22 @@ class MainScreen(Screen[None]):
         self.refresh_status()
 
     def action_group_modules(self) -> None:
-        """``M`` in the graph: group its nodes by module ⇄ chains."""
-        if self.center != "graph":
-            self.notify("M groups the backward graph by module: g opens the graph", timeout=3)
-            return
-        by_module = self.graph.toggle_grouping()
-        self.notify(
-            "graph: module tree with each module's gradient norm (→ opens one)"
-            if by_module
-            else "graph: chains of nodes",
-            timeout=2,
-        )
-        self.graph_title()
-        self.refresh_status()
+        self.graph_view.group_modules()
 
     def graph_title(self) -> None:
-        graph = self.graph
-        sub = ["by module (M: chains)" if graph.by_module else "M: by module"]
-        if graph.node_filter is not None:
-            kept = graph.shown_count()
-            shown = plural(kept, "node")
-            sub.insert(0, f"filter /{graph.node_filter.pattern}/ {shown} (| esc: clear)")
-        if graph.search is not None:
-            n = len(graph.matches)
-            at = f"{graph.match_at + 1}/{n}" if n and graph.match_at >= 0 else plural(n, "match")
-            sub.insert(0, f"search /{graph.search.pattern}/ {at}")
-        graph.border_subtitle = " · ".join(sub)
+        self.graph_view.title()
 
     def show_graph(self, node: int | None = None) -> None:
-        step = self.current_step
-        data = self.store.data(step)
-        self.center = "graph"
-        self.graph.set_step(self.store, data, "" if data else self.timeline.message)
-        if node is None:
-            row = self.timeline.current_row()
-            if row is not None and data is not None:
-                if row.kind == GRAD:
-                    node = row.node_id
-                else:
-                    ids = data.nodes_of_op(row.seq)
-                    node = ids[0] if ids else None
-        if node is not None:
-            self.graph.reveal(node)
-        self.graph_title()
-        self.graph.focus()
-        hit = self.graph.node_at_cursor()  # the detail follows the graph's cursor from here
-        if hit is not None and data is not None:
-            self.detail.show_node(self.store, data, *hit)
+        self.graph_view.show(node)
 
     def show_timeline(self) -> None:
-        node = self.graph.current_node_id()
-        self.center = "timeline"
-        data = self.store.data(self.current_step)
-        if node is not None and data is not None:
-            grads = data.grads_of_node(node)
-            if grads:
-                self.select_in_timeline(GRAD, grads[0].seq)
-        self.timeline.focus()
+        self.graph_view.hide()
 
     def on_tree_node_highlighted(self, event: Tree.NodeHighlighted) -> None:
-        if event.control is not self.graph:
-            return
-        hit = self.graph.node_at_cursor()
-        data = self.store.data(self.current_step)
-        if hit is not None and data is not None:
-            node, call = hit
-            self.detail.show_node(self.store, data, node, call)
+        self.graph_view.node_highlighted(event)
 
     def on_tree_node_selected(self, event: Tree.NodeSelected) -> None:
-        if event.control is not self.graph:
-            return
-        hit = self.graph.node_at_cursor()
-        if hit is None or self.current_step is None:
-            return
-        node, _ = hit
-        op_seq = node.get("op_seq")
-        data = self.store.data(self.current_step)
-        if isinstance(op_seq, int) and data is not None and data.op(op_seq) is not None:
-            self.go(Location("timeline", self.current_step, OP, op_seq))
-        elif node.get("param"):
-            self.notify(f"{node.get('name')} accumulates into parameter {node['param']}")
-        else:
-            self.notify(f"{node.get('name')} (node id {node.get('id')}): no forward op recorded")
+        self.graph_view.node_selected(event)
 
     # -- alerts ------------------------------------------------------------------------------
     def action_alerts(self) -> None:
@@ -824,7 +710,7 @@ class MainScreen(Screen[None]):
     def jump_to_alert(self, alert: Event) -> None:
         self.nav.jump_to_alert(alert)
 
-    # -- search, filter, go to, export: the prompt (its modes: prompt_modes.py) -------------
+    # -- search, filter, go to, export: the prompt (its modes: prompt.py) ------------------
     def open_prompt(self, name: str) -> None:
         if self.center == "graph" and name in ("search", "filter"):
             name = "graph" if name == "search" else "graph-filter"  # the graph's own nodes
@@ -904,7 +790,7 @@ class MainScreen(Screen[None]):
     # -- export ------------------------------------------------------------------------------
     def action_export(self) -> None:
         """``e``: the step (or the filtered rows) to a JSON-lines file; asks where first.
-        On the paused event's row: edit its tensor in focus (evaluate_actions.py)."""
+        On the paused event's row: edit its tensor in focus (evaluate.py)."""
         if self.evaluator.edit_at_pause():
             return
         if self.current_step is None or self.store.data(self.current_step) is None:
@@ -912,86 +798,15 @@ class MainScreen(Screen[None]):
             return
         self.open_prompt("export")
 
-    # -- copy (OSC 52) -----------------------------------------------------------------------
+    # -- y, H (sharing.py) -------------------------------------------------------------------
     def selected_event(self) -> tuple[dict | None, str | None]:
-        """The event the user looks at (the graph's node, else the timeline's row) and the
-        module its op ran in."""
-        data = self.store.data(self.current_step)
-        if self.center == "graph" and self.focused is self.graph:
-            hit = self.graph.node_at_cursor()
-            if hit is None or data is None:
-                return None, None
-            node = hit[0]
-            op = data.op(node.get("op_seq")) if type(node.get("op_seq")) is int else None
-            module = op.module if op is not None else None
-            grads = data.grads_of_node(node.get("id"))
-            if grads:
-                return dict(self.store.event(grads[0])), module
-            stub = {"kind": GRAD, "node": node.get("name"), "node_id": node.get("id")}
-            if node.get("source"):
-                stub["source"] = node["source"]
-            return stub, module
-        row = self.timeline.current_row()
-        if row is None:
-            return None, None
-        ev = dict(row.event) if isinstance(row, PendingRow) else dict(self.store.event(row))
-        module = row.module
-        if not module and data is not None and row.op_seq is not None:
-            op = data.op(row.op_seq)
-            module = op.module if op is not None else None
-        return ev, module or None
+        return self.sharing.selected_event()
 
     def action_copy(self) -> None:
-        from torchscope.tui.screens.copy import CopyScreen, copy_choices
+        self.sharing.copy()
 
-        alert = None
-        index = self.alerts.highlighted
-        if self.focused is self.alerts and index is not None and index < len(self.alerts.alerts):
-            alert = self.alerts.alerts[index]
-        ev, module = (None, None) if alert is not None else self.selected_event()
-        fetched = None
-        values = self.values
-        row = self.timeline.current_row()
-        if (
-            alert is None
-            and values is not None
-            and values.result is not None
-            and values.choice is not None
-            and row is not None
-            and self.is_paused_row(row)
-        ):
-            fetched = (values.label(), values.result)
-        choices = copy_choices(ev, module=module, fetched=fetched, alert=alert)
-        if not choices:
-            self.notify("nothing to copy here: select an op, a node or an alert", timeout=3)
-            return
-        name = "alert" if alert is not None else event_name(ev or {})
-        self.app.push_screen(CopyScreen(short_name(name), choices), self._copied)
-
-    def _copied(self, choice: tuple[str, str, str] | None) -> None:
-        if not choice:
-            return
-        _, what, text = choice
-        self.app.copy_to_clipboard(text)
-        preview = " ".join(text.split())
-        if len(preview) > 60:
-            preview = preview[:59] + "…"
-        self.notify(f"copied {what}: {preview}", timeout=4)
-
-    # -- H: the run's history (screens/history.py) ------------------------------------------
     def action_history(self) -> None:
-        """The run's history (loss, |g|, per-module norms); from it, arm a live job."""
-        now = self.host.status.get("step") if self.live else None
-        steps = self.steps
-        row = steps.row_step(steps.cursor) if steps.cursor >= 0 else None
-        self.app.push_screen(
-            HistoryScreen(
-                self.store,
-                live=self.live,
-                job_step=now if type(now) is int else None,
-                step=row,
-            )
-        )
+        self.sharing.history()
 
     # -- misc --------------------------------------------------------------------------------
     def action_stat_mode(self) -> None:
