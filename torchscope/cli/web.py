@@ -26,7 +26,7 @@ import shlex
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 MISSING = "the browser UI needs textual-serve: pip install 'torchscope-debugger[web]'"
@@ -118,7 +118,9 @@ def same_origin(origin: str | None, host_header: str | None) -> bool:
     sends it this server's SameSite cookie, but it is another origin."""
     if origin is None:  # a navigation, or not a browser
         return True
-    return bool(host_header) and urlsplit(origin).netloc.lower() == host_header.lower()
+    if not host_header:
+        return False
+    return urlsplit(origin).netloc.lower() == host_header.lower()
 
 
 _LINK = re.compile(r"<link\b[^>]*?\bhref\s*=\s*[\"']?(https?://[^\"'\s>]*)[^>]*>", re.I)
@@ -195,9 +197,17 @@ def token_middleware(token: str, *, port: int, base: str, statics: Path | None) 
     return check_token
 
 
+class WebServer(Protocol):
+    """What ``serve`` uses of the server ``make_server`` builds (textual-serve is untyped)."""
+
+    torchscope_token: str
+
+    def serve(self) -> None: ...
+
+
 def make_server(
     target: str | None, *, host: str, port: int, max_events: int, token: str | None = None
-) -> object:
+) -> WebServer:
     """textual-serve's Server, every request of it checked for ``token`` (made if None:
     ``server.torchscope_token``)."""
     try:
@@ -210,7 +220,7 @@ def make_server(
     secret = token or new_token()
     base = base_url(host, port)
 
-    class TokenServer(Server):  # type: ignore[misc, valid-type]
+    class TokenServer(Server):
         torchscope_token = secret
 
         async def _make_app(self) -> web.Application:
@@ -283,10 +293,10 @@ def serve(
             "crosses the network unencrypted (prefer the default localhost and an SSH tunnel)",
             file=sys.stderr,
         )
-    url = f"{base_url(host, port)}/?{TOKEN_PARAM}={server.torchscope_token}"  # type: ignore[attr-defined]
+    url = f"{base_url(host, port)}/?{TOKEN_PARAM}={server.torchscope_token}"
     print(f"torchscope: open {url} in a browser (Ctrl+C stops)", file=sys.stderr)
     try:
-        server.serve()  # type: ignore[attr-defined]
+        server.serve()
     except OSError as exc:
         raise WebError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
     return 0

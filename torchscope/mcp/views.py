@@ -99,7 +99,8 @@ def _first_text(summaries: Any) -> str:
 
 
 # -- the timeline: rows of a step, search and filter ------------------------------------------
-def _step_store(events: list[Event], step: int) -> StepData:
+def _step_store(events: list[Event], step: int) -> tuple[EventStore, StepData]:
+    """The step's data, and the store that decodes its rows (``store.event(t)``)."""
     if len(events) > MAX_STEP_EVENTS:
         raise ViewError(f"step {step} has {len(events)} events: too many to read at once")
     store = EventStore(max_events=len(events) + 1)
@@ -107,14 +108,13 @@ def _step_store(events: list[Event], step: int) -> StepData:
     data = store.data(step)
     if data is None or not data.rows:
         raise ViewError(f"step {step} has no traced ops or backward nodes here")
-    data.store = store  # type: ignore[attr-defined]  # to decode rows: store.event(t)
-    return data
+    return store, data
 
 
-def _row(data: StepData, t: tuple, index: int) -> dict[str, Any]:
+def _row(store: EventStore, data: StepData, t: tuple, index: int) -> dict[str, Any]:
     """A timeline row: the op or backward node, its module (a node: its op's, or the
     parameter), where it ran, what came out, and NaN/Inf in and out."""
-    ev = data.store.event(t)  # type: ignore[attr-defined]
+    ev = store.event(t)
     ins, outs = _SIDES.get(t[KIND], ("inputs", "outputs"))
     row: dict[str, Any] = {
         "i": index,
@@ -152,7 +152,7 @@ def rows_view(
     ``/``). Both are the UI's: a case-insensitive regex over each field a row shows on its
     own (name as shown and in full, module, parameter, source as shown and in full), and a
     row also matches through its aten calls' names."""
-    data = _step_store(events, step)
+    store, data = _step_store(events, step)
     rows = data.rows
     if kind is not None:
         rows = [t for t in rows if t[KIND] == kind]
@@ -176,7 +176,7 @@ def rows_view(
     hit_set = set(hits)
     start = chosen["offset"]
     for n, (i, t) in enumerate(chosen["rows"], start):
-        r = _row(data, t, i)
+        r = _row(store, data, t, i)
         if n in hit_set:
             r["match"] = True
         shown.append(r)
@@ -277,7 +277,8 @@ def _graph_nodes(events: Iterable[Event]) -> dict[int, dict[str, Any]]:
 def _next_of(events: list[Event], grad: Event) -> list[str | None]:
     """For each of a node's grad_inputs, the node it goes to, as ``Name #id``."""
     nodes = _graph_nodes(events)
-    node = nodes.get(grad.get("node_id"))  # type: ignore[arg-type]
+    node_id = grad.get("node_id")
+    node = nodes.get(node_id) if isinstance(node_id, int) else None
     out: list[str | None] = []
     for link in (node or {}).get("next") or ():
         target = nodes.get(link[0]) if isinstance(link, list) and link else None

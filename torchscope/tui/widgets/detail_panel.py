@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 from rich.cells import cell_len, get_character_cell_size
 from textual import events
+from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.markup import escape
@@ -64,7 +65,8 @@ _MAX_TENSORS = 64
 _MAX_LINKS = 24  # node links listed for one op
 _LINK = "\x00"  # a line that starts with it is link number N: "\x00N\x00text"
 # A summary's ``stats_of``: what its numbers are of, when not the tensor itself.
-_STATS_OF = {"abs": "of |z|", "local": "of the local shard"}
+# by a summary's ``stats_of``: None (absent) for the tensor itself
+_STATS_OF: dict[str | None, str] = {"abs": "of |z|", "local": "of the local shard"}
 _ONE_LINE = 16  # a one-row tensor with at most this many values: one line, values then stats
 _PAD = 6  # where a tensor's lines go on, under its "  [0] "
 
@@ -243,7 +245,7 @@ class DetailPanel(VerticalScroll, can_focus=True):
         self._stack_build: Callable[[], str] | None = None
         self._width = 40
 
-    def compose(self):  # type: ignore[override]
+    def compose(self) -> ComposeResult:
         yield self.body
         yield self.stack_box
         yield self.values_box
@@ -268,6 +270,7 @@ class DetailPanel(VerticalScroll, can_focus=True):
     ) -> None:
         """An op or node; with ``pause``, it is where the job is paused (``values``: what
         was fetched of its tensors)."""
+        subject: tuple[Any, ...]
         subject = ("row", row.seq, row.kind, id(data), id(row) if row.pending else None)
         if pause is not None:
             subject += (pause_key(pause),)
@@ -276,7 +279,7 @@ class DetailPanel(VerticalScroll, can_focus=True):
                 self._show_values(values, scroll=True)
             return
         self.subject = subject
-        ev = row.event if row.pending else store.event(row)
+        ev = row.event if isinstance(row, PendingRow) else store.event(row)
         self.event = ev
 
         def build() -> str:
@@ -529,7 +532,8 @@ class DetailPanel(VerticalScroll, can_focus=True):
 
     # -- a pause -----------------------------------------------------------------------------
     def _pause_head(self, pause: dict, ev: dict) -> str:
-        what = {OP: "op", ATEN: "aten call"}.get(ev.get("kind"), "node")
+        kind = ev.get("kind")
+        what = "op" if kind == OP else "aten call" if kind == ATEN else "node"
         if pause.get("phase") == "before":
             where = f"[b]before[/] this {what} runs"
         else:
@@ -598,13 +602,15 @@ class DetailPanel(VerticalScroll, can_focus=True):
         if vals is None:
             lines.append("  [b]None[/] [dim](no tensor here)[/]")
             return "\n".join(lines)
-        start = result.get("start") if type(result.get("start")) is int else values.start
+        got = result.get("start")
+        start = got if type(got) is int else values.start
         end = start + len(vals)
         prev = "[@click=screen.prev_slice]◀ prev[/]" if start > 0 else "[dim]◀ prev[/]"
-        more = numel is not None and end < numel
-        nxt = "[@click=screen.next_slice]next ▶[/]" if more else "[dim]next ▶[/]"
+        has_next = numel is not None and end < numel
+        nxt = "[@click=screen.next_slice]next ▶[/]" if has_next else "[dim]next ▶[/]"
         total = f"{numel:,}" if numel is not None else "?"
-        stats = summary.get("stats") if isinstance(summary.get("stats"), dict) else {}
+        stats = summary.get("stats")
+        stats = stats if isinstance(stats, dict) else {}
         bad_known = bool(stats.get("nan") or stats.get("inf"))
         jump = "  [@click=screen.first_nan]! first NaN/Inf[/]" if bad_known else ""
         lines.append(f"  \\[{start:,}:{end:,}] of {total}  {prev}  {nxt}  [dim](< >)[/]{jump}")
@@ -670,8 +676,8 @@ class DetailPanel(VerticalScroll, can_focus=True):
         label = _u(f"[{index}]", join="")
         notes = [_u(n, "dim") for n in note or ()]
         if s is None:
-            why = _words("no gradient (input needs none, or it was not requested)", "dim")
-            units = [label, _u("None", "b")] + (notes or why)
+            none_why = _words("no gradient (input needs none, or it was not requested)", "dim")
+            units = [label, _u("None", "b")] + (notes or none_why)
             return _flow(units, width, "  ", _PAD)
         if not isinstance(s, dict):
             return [f"  \\[{index}] [dim]?[/]"]
@@ -782,7 +788,7 @@ class DetailPanel(VerticalScroll, can_focus=True):
             lines.append(f"  [dim]… {len(sums) - _MAX_TENSORS} more[/]")
         return lines
 
-    def _op(self, store: EventStore, data: StepData | None, ev: Event) -> str:
+    def _op(self, store: EventStore, data: StepData | None, ev: dict[str, Any]) -> str:
         lines = [f"[b $accent]{_e(ev.get('name', '?'))}[/]"]
         seq = ev.get("seq")
         step = ev.get("step")
@@ -814,7 +820,7 @@ class DetailPanel(VerticalScroll, can_focus=True):
                 lines.extend(self._calls_lines(store, data, op))
         return "\n".join(lines)
 
-    def _compiled_lines(self, data: StepData | None, ev: Event) -> list[str]:
+    def _compiled_lines(self, data: StepData | None, ev: dict[str, Any]) -> list[str]:
         """torch.compile: a compiled module's call says that its inside is not traced (and
         what its eager checks found); an op of an eager re-run names the call it re-ran."""
         step = data.step if data is not None else None
@@ -888,7 +894,7 @@ class DetailPanel(VerticalScroll, can_focus=True):
         return out
 
     def _grad(
-        self, store: EventStore, data: StepData | None, row: Row | PendingRow, ev: Event
+        self, store: EventStore, data: StepData | None, row: Row | PendingRow, ev: dict[str, Any]
     ) -> str:
         nid = ev.get("node_id")
         lines = [f"[b $accent]{_e(ev.get('node', '?'))}[/]"]
@@ -936,7 +942,7 @@ class DetailPanel(VerticalScroll, can_focus=True):
             tnode = None
             if data is not None and target is not None:
                 tnode = data.graph_nodes.get(target)
-            if tnode is None:
+            if target is None or tnode is None:
                 notes.append(["→ (no node)"])
                 links.append(None)
                 continue
@@ -946,7 +952,7 @@ class DetailPanel(VerticalScroll, can_focus=True):
         lines.extend(self._tensors("grad_inputs — what it sends on", gi, notes, links))
         lines.append("")
         lines.extend(self._source(ev.get("source")))
-        if data is not None and not row.pending:
+        if data is not None and not isinstance(row, PendingRow):
             lines.extend(self._calls_lines(store, data, row))
         return "\n".join(lines)
 
@@ -968,7 +974,7 @@ class DetailPanel(VerticalScroll, can_focus=True):
         return lines
 
     def _aten(
-        self, store: EventStore, data: StepData | None, row: Row | PendingRow, ev: Event
+        self, store: EventStore, data: StepData | None, row: Row | PendingRow, ev: dict[str, Any]
     ) -> str:
         """One aten call: what ran it (op or node, a link), then like an op."""
         lines = [f"[b $accent]{_e(ev.get('name', '?'))}[/]"]
@@ -1096,10 +1102,10 @@ def _shard_text(s: dict) -> str:
     return " · ".join(parts)
 
 
-def _meta_line(what: str, step: Any, module: str | None, ev: Event) -> list[Unit]:
+def _meta_line(what: str, step: Any, module: str | None, ev: dict[str, Any]) -> list[Unit]:
     """``op · event #8 · step 0 · module [b]blocks.0[/] · group of 8 ranks · 12 µs ·
     MainThread`` (the group: a collective's process group), as units (see ``_dots``)."""
-    meta = [what, f"step {step}"]
+    meta: list[str | tuple[str, int]] = [what, f"step {step}"]
     if module:
         meta.append(("module [b]" + _e(module) + "[/]", cell_len(f"module {module}")))
     if type(ev.get("group_size")) is int:

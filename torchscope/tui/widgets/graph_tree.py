@@ -40,6 +40,7 @@ from textual.widgets.tree import TreeNode
 from torchscope.protocol.events import Event
 from torchscope.tui.model import module_norms
 from torchscope.tui.model.format import SPARK, compact_stat, fnum, plural, short_name, source_cell
+from torchscope.tui.model.search import FieldPattern
 from torchscope.tui.model.steps import StepData
 from torchscope.tui.model.store import EventStore
 
@@ -162,7 +163,7 @@ class _Model:
         stack = [(head, holder)]
         while stack:
             start, hold = stack.pop()
-            chain = []
+            chain: list[Key] = []
             key: Key | None = start
             while key is not None:
                 self.index[key] = len(chain)
@@ -279,12 +280,14 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         self.data: StepData | None = None
         self.model: _Model | None = None
         self.cwd: str | None = None
-        self._tree_nodes: dict[Key, TreeNode[dict]] = {}
+        # graph node -> its tree item (not Tree's own _tree_nodes, which is keyed by NodeID)
+        self._items: dict[Key, TreeNode[dict]] = {}
         self._containers: dict[Key, TreeNode[dict]] = {}  # chain head -> tree node holding it
         self._populated: set[int] = set()  # TreeNode ids whose side branches were added
         self._shown: tuple = (None, -1, False, None)
         self.by_module = False  # M: the module tree instead of chains
-        self.node_filter: re.Pattern[str] | None = None  # |: only the nodes it matches
+        # |: only the nodes it matches
+        self.node_filter: re.Pattern[str] | FieldPattern | None = None
         # (call, module) -> the item that holds the module's own nodes
         self._groups: dict[tuple[int, str], TreeNode[dict]] = {}
         self._group_of: dict[Key, tuple[int, str]] = {}
@@ -295,7 +298,7 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         self.history: tuple[list[int], dict[str, list[float | None]]] = ([], {})
         self.open_all = False  # the step's graph is small: every branch starts expanded
         self._to_open: list[TreeNode[dict]] = []  # items to fill and expand (open_all)
-        self.search: re.Pattern[str] | None = None
+        self.search: re.Pattern[str] | FieldPattern | None = None
         self.matches: list[Key] = []
         self.match_at = -1
         self._hay: dict[Key, str] = {}
@@ -354,7 +357,7 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         self.store, self.data = store, data
         self.clear()
         self._branches.clear()
-        self._tree_nodes.clear()
+        self._items.clear()
         self._containers.clear()
         self._populated.clear()
         self._groups.clear()
@@ -488,7 +491,7 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         expandable = bool(self.model.side.get(key) or self.model.links.get(key))
         data = {"kind": "node", "key": key, "flow": flow}
         item = parent.add(self._label(key), data=data, allow_expand=expandable)
-        self._tree_nodes[key] = item
+        self._items[key] = item
         if expandable and self.open_all:
             self._to_open.append(item)
         return item
@@ -522,8 +525,8 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         while stack:
             node = stack.pop()
             data = node.data or {}
-            if data.get("kind") == "node" and self._tree_nodes.get(data["key"]) is node:
-                del self._tree_nodes[data["key"]]
+            if data.get("kind") == "node" and self._items.get(data["key"]) is node:
+                del self._items[data["key"]]
             elif data.get("kind") == "branch":
                 self._branches.pop(data["head"], None)
                 self._containers.pop(data["head"], None)
@@ -730,7 +733,7 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         keys = self._group_keys.get(item.data["group"], [])
         for key in keys[:_CHAIN_CAP]:
             leaf = item.add_leaf(self._label(key), data={"kind": "node", "key": key})
-            self._tree_nodes[key] = leaf
+            self._items[key] = leaf
         if len(keys) > _CHAIN_CAP:
             item.add_leaf(
                 Text(f"… {len(keys) - _CHAIN_CAP} more nodes (/ finds them)", style="dim"),
@@ -742,7 +745,7 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         """Nodes shown by module (``M``, or a filter: a filtered graph has no chains)."""
         return self.by_module or self.node_filter is not None
 
-    def set_filter(self, pattern: re.Pattern[str] | None) -> int:
+    def set_filter(self, pattern: re.Pattern[str] | FieldPattern | None) -> int:
         """``|`` in the graph: only the nodes ``pattern`` matches (name, node id, parameter,
         op, module, source), by module, all in view; None: the whole graph again. Returns
         how many nodes it keeps."""
@@ -795,7 +798,7 @@ class GraphTree(Tree[dict], inherit_bindings=False):
             self._hay[key] = hay
         return hay
 
-    def set_search(self, pattern: re.Pattern[str] | None) -> int:
+    def set_search(self, pattern: re.Pattern[str] | FieldPattern | None) -> int:
         """Search the nodes (name, node id, parameter, op, module, source): the matches in
         the order the tree shows them; the cursor goes to the first. Returns how many."""
         self.search = pattern
@@ -809,7 +812,7 @@ class GraphTree(Tree[dict], inherit_bindings=False):
             self._reveal_and_move(self.matches[0])
         return len(self.matches)
 
-    def _matching(self, pattern: re.Pattern[str]) -> list[Key]:
+    def _matching(self, pattern: re.Pattern[str] | FieldPattern) -> list[Key]:
         if self.model is None:
             return []
         order = self.model.display_order()
@@ -840,11 +843,12 @@ class GraphTree(Tree[dict], inherit_bindings=False):
         model = self.model
         if model is None or key not in model.nodes:
             return None
-        found = self._tree_nodes.get(key)
+        found = self._items.get(key)
         if found is not None:
             return found
         if self.grouped:
-            group = self._groups.get(self._group_of.get(key))  # type: ignore[arg-type]
+            where = self._group_of.get(key)
+            group = self._groups.get(where) if where is not None else None
             if group is None:
                 return None
             self._populate_module(group)
@@ -852,7 +856,7 @@ class GraphTree(Tree[dict], inherit_bindings=False):
             while up is not None and up is not self.root:  # the modules above it open too
                 up.expand()
                 up = up.parent
-            return self._tree_nodes.get(key)
+            return self._items.get(key)
         head = model.head.get(key)
         if head is None:
             return None
@@ -868,15 +872,15 @@ class GraphTree(Tree[dict], inherit_bindings=False):
             parent_item.expand()
             branch = self._branches.get(head)
             if branch is None:  # a one-node side branch: an item of the parent
-                return self._tree_nodes.get(key)
+                return self._items.get(key)
             self._populate(branch)
             branch.expand()
             container = branch
-        found = self._tree_nodes.get(key)
+        found = self._items.get(key)
         if found is None:  # outside the window: move the window
             self._fill_chain(container, head, model.index[key] - _CHAIN_CAP // 2)
             self._open_pending()
-            found = self._tree_nodes.get(key)
+            found = self._items.get(key)
         return found
 
     def reveal(self, node_id: int) -> bool:
@@ -924,7 +928,10 @@ class GraphTree(Tree[dict], inherit_bindings=False):
                 self._fill_chain(container, data["head"], data["start"])
                 self._open_pending()
                 self._tree_lines  # noqa: B018
-                first = next((c for c in container.children if c.data.get("kind") == "node"), None)
+                first = next(
+                    (c for c in container.children if c.data and c.data.get("kind") == "node"),
+                    None,
+                )
                 if first is not None:
                     self.move_cursor(first)
         elif kind == "link":

@@ -27,15 +27,14 @@ level. A compiled module's call (one op: what runs inside is not traced) is tagg
 from __future__ import annotations
 
 import bisect
-import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from itertools import islice
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeGuard
 
 from rich.style import Style
 from textual.binding import Binding, BindingType
-from textual.events import MouseScrollUp
+from textual.events import Click, MouseScrollUp
 from textual.message import Message
 
 from torchscope.protocol.events import ATEN, GRAD, OP
@@ -64,7 +63,7 @@ from torchscope.tui.model.rows import (
     Rec,
     Row,
 )
-from torchscope.tui.model.search import CallHits, NameMatch
+from torchscope.tui.model.search import CallHits, FieldPattern, NameMatch
 from torchscope.tui.model.steps import StepData
 from torchscope.tui.model.store import EventStore
 from torchscope.tui.widgets.virtual_list import Cell, VirtualList, fit, rfit
@@ -258,7 +257,7 @@ class OpTimeline(VirtualList):
         self.store: EventStore | None = None
         self.data: StepData | None = None
         self.step: int | None = None
-        self.pattern: re.Pattern[str] | None = None
+        self.pattern: FieldPattern | None = None
         self.message = "no step selected"
         self.follow = False
         self.live = False
@@ -316,7 +315,7 @@ class OpTimeline(VirtualList):
         elif changed and self.row_count():
             self.move_cursor(0)
 
-    def set_filter(self, pattern: re.Pattern[str] | None) -> None:
+    def set_filter(self, pattern: FieldPattern | None) -> None:
         """Keep only rows whose name, module/param or source match ``pattern``, and the aten
         calls whose name it matches, each under its row (kept for context if it does not
         match itself)."""
@@ -338,7 +337,7 @@ class OpTimeline(VirtualList):
         """Indices into ``data.rows`` of the rows the filter keeps (None: no filter)."""
         return None if self._view is None else list(self._view)
 
-    def match_positions(self, pattern: re.Pattern[str]) -> list[tuple[int, int]]:
+    def match_positions(self, pattern: FieldPattern) -> list[tuple[int, int]]:
         """Where ``pattern`` matches, in order, among the rows shown (the filter applied):
         ``(base, -1)`` for a row (``base``: its index, aten calls left out) and ``(base, j)``
         for the j-th aten call of that row, shown or folded (see ``position``)."""
@@ -668,14 +667,14 @@ class OpTimeline(VirtualList):
             return base
         return base + self._fold_before[k - 1] + len(self._fold_calls[k - 1])
 
-    def has_calls(self, row: Row | PendingRow | None) -> bool:
+    def has_calls(self, row: Row | PendingRow | None) -> TypeGuard[Row]:
         """Whether ``row`` is an op or node with aten calls (it can unfold)."""
         data = self.data
         if row is None or data is None or not data.aten or row.pending or row.kind == ATEN:
             return False
         return bool(data.aten_of(row))
 
-    def is_unfolded(self, row: Row | PendingRow | None) -> bool:
+    def is_unfolded(self, row: Row | PendingRow | None) -> TypeGuard[Row]:
         if row is None or not self.has_calls(row):
             return False
         return ((row.kind, row.seq) in self._toggled) != self.unfold_all
@@ -747,7 +746,7 @@ class OpTimeline(VirtualList):
             self._user_moved()
             self.set_unfolded(row, False)
 
-    def current_row(self) -> Row | None:
+    def current_row(self) -> Row | PendingRow | None:
         return self.row(self.cursor) if self.cursor >= 0 else None
 
     def _index_of_row(self, row: Row | PendingRow | None) -> int | None:
@@ -772,7 +771,9 @@ class OpTimeline(VirtualList):
 
     def _call_index(self, seq: int) -> int | None:
         data = self.data
-        t = data.aten.get(seq) if data is not None else None
+        if data is None:
+            return None
+        t = data.aten.get(seq)
         parent = data.aten_parent(t) if t is not None else None
         if parent is None:
             return None
@@ -849,7 +850,7 @@ class OpTimeline(VirtualList):
             self.follow = True
             self.post_message(self.FollowChanged(True))
 
-    async def _on_click(self, event) -> None:  # type: ignore[override]
+    async def _on_click(self, event: Click) -> None:
         self._user_moved()
         await super()._on_click(event)
 
@@ -951,7 +952,7 @@ class OpTimeline(VirtualList):
     def _row_cells(self, row: Row | PendingRow) -> tuple[str, str, str, str]:
         """(shapes, stat, tag, flow) of a row: what it made, its tag (see event_tag) and,
         for a backward node, its gradient flow (see flow_text; "" for anything else)."""
-        if row.pending:
+        if isinstance(row, PendingRow):
             ev = row.event
             tag = event_tag(ev)
             flow = ""
@@ -993,10 +994,12 @@ class OpTimeline(VirtualList):
         shapes, stat, tag, flow = self._row_cells(row)
         call = isinstance(row, AtenRow)
         # an aten call is styled as its op's or node's row (a pending one: by its node, if any)
-        if call:
+        if isinstance(row, AtenRow):
             is_op = row.parent.kind == OP
-        else:
+        elif isinstance(row, PendingRow):
             is_op = row.kind == OP or (row.kind == ATEN and not row.event.get("node"))
+        else:
+            is_op = row.kind == OP
         name = self._name_text(row)
         module = row.param or row.module or "-"
         flags, flag_style = self._flags(row)
@@ -1053,11 +1056,11 @@ class OpTimeline(VirtualList):
     def _kept_for_calls(self, row: Row | PendingRow) -> bool:
         """A row the filter keeps only for the aten calls under it that it matches."""
         data, pattern = self.data, self.pattern
-        if pattern is None or data is None or row.pending or self._hits is None:
+        if pattern is None or data is None or isinstance(row, PendingRow) or self._hits is None:
             return False
         return row.seq in self._hits.by_row and not pattern.search(data.haystack(row.t))
 
-    def _flags(self, row: Row) -> tuple[str, Style | None]:
+    def _flags(self, row: Row | PendingRow) -> tuple[str, Style | None]:
         f = row.flags
         parts = []
         style = None

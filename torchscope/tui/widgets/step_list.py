@@ -244,11 +244,11 @@ class StepList(VirtualList):
             ti += 1
         points_before(None)
         starts, traced, row = [], [], 0
-        for kind, a, b in segs:
+        for kind, lo, hi in segs:
             starts.append(row)
             if kind == TRACED:
-                traced.append((a, row))
-            row += b - a if kind in (TRACED, HISTORY_ROWS) else 1
+                traced.append((lo, row))
+            row += hi - lo if kind in (TRACED, HISTORY_ROWS) else 1
         self._segs, self._starts, self._traced, self._rows = segs, starts, traced, row
 
     def row_count(self) -> int:
