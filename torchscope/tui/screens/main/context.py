@@ -1,9 +1,10 @@
 """What the main screen's helpers use of it, declared once: :class:`MainContext`.
 
-The helpers (navigation, stepping, pause, values, evaluate, search, lanes, the prompt's modes)
-each hold a ``MainContext``, which :class:`~torchscope.tui.screens.main.screen.MainScreen`
-satisfies. This module imports none of them, nor the screen: they all import it, so there is
-no circle between the screen and its parts. A helper reaches another one through the screen's
+The helpers (navigation, stepping, pause, values, evaluate, search, graph, sharing, lanes, the
+key bar's hints, the prompt's modes) each hold a ``MainContext``, which
+:class:`~torchscope.tui.screens.main.screen.MainScreen` satisfies. This module imports none of
+them, nor the screen: they all import it, so there is no circle between the screen and its
+parts. A helper reaches another one through the screen's
 methods listed here, never directly.
 """
 
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
     from textual.widget import Widget
     from textual.worker import Worker
 
-    from torchscope.protocol.events import Event
     from torchscope.tui.model.rows import PendingRow, Row
     from torchscope.tui.model.search import FieldPattern
     from torchscope.tui.model.stepper_view import ValuesView
@@ -142,8 +142,6 @@ class MainContext(Protocol):
 
     def refresh_title(self) -> None: ...
 
-    def refresh_alerts(self) -> None: ...
-
     def refresh_sources(self) -> None: ...
 
     def graph_title(self) -> None: ...
@@ -158,8 +156,6 @@ class MainContext(Protocol):
     def go(self, loc: Location, *, record: bool = True) -> None: ...
 
     def select_in_timeline(self, kind: str | None, seq: int) -> bool: ...
-
-    def jump_to_alert(self, alert: Event) -> None: ...
 
     def run_command(self, text: str) -> str | None: ...
 
