@@ -176,7 +176,15 @@ def test_watch_a_training_job_then_quit_and_the_job_goes_on(term: Terminal):
 
     term.keys(ui, "q")
     assert term.wait_rc("ui") == "0"
-    time.sleep(0.5)
+    from torchscope.protocol.client import SessionClient
+
+    with SessionClient() as probe:  # the job trains on: its step count still grows
+        first = probe.connect(None, timeout=30).get("step") or 0
+        deadline = time.monotonic() + TIMEOUT
+        while (probe.hello().get("step") or 0) < first + 3:
+            assert term.rc("job") is None, "the job stopped when the UI quit"
+            assert time.monotonic() < deadline, "the job stopped training when the UI quit"
+            time.sleep(0.1)
     assert term.rc("job") is None, "the job stopped when the UI quit"
     stop.write_text("")
     assert term.wait_rc("job") == "0", term.logs()

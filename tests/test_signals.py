@@ -92,7 +92,16 @@ def test_record_killed_by_sigterm_keeps_what_it_recorded(tmp_path: Path) -> None
             cwd=tmp_path,
         )
         until_step(job, 15)
-        time.sleep(0.5)
+        # the recorder holds the job traced, then 25 of its steps go by (into the recording)
+        from torchscope.protocol.client import SessionClient
+
+        with SessionClient() as probe:
+            probe.connect(str(job.pid), timeout=30)
+            deadline = time.monotonic() + 60
+            while probe.hello()["tracing"] != "traced":
+                assert time.monotonic() < deadline and rec.poll() is None, "never recorded"
+                time.sleep(0.05)
+        until_step(job, int(until_step(job, 0).split()[1]) + 25)
         rec.send_signal(signal.SIGTERM)
         assert rec.wait(30) == 0
         assert "traced steps written to r.tsc" in (rec.stderr.read() if rec.stderr else "")

@@ -256,17 +256,19 @@ def test_pause_request_and_next_step():
     w = torch.randn(4, requires_grad=True)
     opt = torch.optim.SGD([w], lr=0.1)
     go = threading.Event()
+    at_step_1 = threading.Event()
 
     def train():
         for step in range(3):
             if step == 1:
-                go.wait(10)
+                at_step_1.set()
+                go.wait(60)
             (w * 2).sum().backward()
             opt.step()
 
     job = Job(train, stepping=True)
     job.start()
-    time.sleep(0.1)
+    assert at_step_1.wait(60), "the job never reached step 1"
     job.stepper.request_pause()
     go.set()
     point = job.wait_paused()

@@ -79,7 +79,10 @@ def test_a_pause_belongs_to_the_ui_that_asked_and_goes_with_it():
     assert point["by"] == "a UI"
     job.stepper.contact(b"ui-b")  # another UI is alive: not the owner's lease
     job.stepper.release(b"ui-b")  # that one leaving changes nothing
-    time.sleep(0.05)
+    # the paused thread still runs what its owner asks: had ui-b's leaving ended the pause,
+    # the task would be refused ("the job went on before it ran")
+    task = job.stepper.run_at_pause(lambda p: {"at": p.reason}, b"ui-a", wait=60)
+    assert task.finished.is_set() and task.result == {"at": "paused"}, vars(task)
     assert job.stepper.paused is not None
     job.stepper.release(b"ui-a")  # the owner leaves: its pause ends
     job.finish()

@@ -119,10 +119,8 @@ def test_a_ui_holds_tracing_while_its_lease_lasts_and_takes_its_breakpoints_with
         if i in (4, 5, 6):
             a._contact(b"ui", "ping")  # pings renew the lease
         if i == 7:
-            import time
-
-            time.sleep(0.4)
-            a._expire_leases()  # the publisher's tick: this UI went silent
+            # the publisher's tick, until this UI's lease (0.3 s) has passed: it went silent
+            _until(lambda: _expired(a), timeout=60)
 
     try:
         train(10, on_step=on_step)
@@ -345,6 +343,12 @@ def _job_thread(a: Agent, go: threading.Event, steps: int = 3) -> threading.Thre
     t = threading.Thread(target=body, daemon=True)
     t.start()
     return t
+
+
+def _expired(a: Agent) -> bool:
+    """The publisher's tick (leases); whether no client holds the job any more."""
+    a._expire_leases()
+    return not a.holders.describe()
 
 
 def _until(cond, timeout: float = 10.0) -> None:

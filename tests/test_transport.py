@@ -159,7 +159,10 @@ def test_snapshot_then_live_has_no_gap_or_duplicate(publishers, clients) -> None
     live: list[int] = []
     try:
         c = clients()
-        time.sleep(0.01)
+        deadline = time.monotonic() + 60
+        while fed_upto[0] == 3000:  # the job is producing when the UI comes
+            assert time.monotonic() < deadline, "the feeder never started"
+            time.sleep(0.001)
         c.connect(str(os.getpid()))
         snap = c.snapshot(100_000)
         assert snap["session"]["kind"] == "session" and snap["truncated"] is False
@@ -306,8 +309,10 @@ def test_alive_turns_false_without_frames(publishers, clients, monkeypatch) -> N
     assert c.alive
     # The job stops answering (simulated: no more frames arrive for this client).
     c.sub.setsockopt(zmq.UNSUBSCRIBE, b"")
-    time.sleep(0.5)
-    c.recv(50)
+    deadline = time.monotonic() + 60
+    while c.alive:  # ALIVE_SECONDS (0.3 s) without a frame
+        assert time.monotonic() < deadline, "still alive without frames"
+        c.recv(50)
     assert not c.alive
     pub.close()
 
@@ -402,8 +407,9 @@ def test_client_reports_refusals_and_unreachable(publishers, clients, rt: Path) 
 def test_client_skips_bad_frames(clients) -> None:
     """A publisher that sends garbage (or a newer tracer's unknown frame type)."""
     ctx = zmq.Context.instance()
-    pub = ctx.socket(zmq.PUB)
+    pub = ctx.socket(zmq.XPUB)  # a PUB that tells when the client's subscription arrived
     pub.setsockopt(zmq.LINGER, 0)
+    pub.setsockopt(zmq.RCVTIMEO, 60_000)
     port = pub.bind_to_random_port("tcp://127.0.0.1")
     c = clients()
     c.sub = c._socket(zmq.SUB)
@@ -411,7 +417,7 @@ def test_client_skips_bad_frames(clients) -> None:
     c.sub.connect(f"tcp://127.0.0.1:{port}")
     good = {"v": [1, 0], "type": "events", "frame": 1, "rank": 0, "dropped": 0,
             "events": [{"kind": "op", "seq": 1}]}  # fmt: skip
-    time.sleep(0.2)  # slow joiner (this raw PUB has no snapshot handshake)
+    assert pub.recv() == b"\x01"  # subscribed: no slow joiner (no snapshot handshake here)
     try:
         for raw in [
             b"junk",

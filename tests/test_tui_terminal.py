@@ -29,14 +29,15 @@ def screen(session: str) -> str:
     return tmux("capture-pane", "-p", "-t", session)
 
 
-def wait_for(session: str, text: str, timeout: float = 15.0) -> str:
+def wait_for(session: str, text: str, timeout: float = 15.0, gone: bool = False) -> str:
+    """Poll the terminal until it shows ``text`` (with ``gone``: until it no longer does)."""
     deadline = time.monotonic() + timeout
     while True:
         out = screen(session)
-        if text in out:
+        if (text in out) != gone:
             return out
         if time.monotonic() > deadline:
-            raise AssertionError(f"{text!r} never appeared; screen:\n{out}")
+            raise AssertionError(f"{text!r} never {'went' if gone else 'appeared'}; screen:\n{out}")
         time.sleep(0.1)
 
 
@@ -80,7 +81,7 @@ def test_replay_in_a_real_terminal(tmp_path: Path) -> None:
         tmux("send-keys", "-t", session, "?")
         wait_for(session, "torchscope — keys")
         tmux("send-keys", "-t", session, "Escape")
-        time.sleep(0.3)
+        wait_for(session, "torchscope — keys", gone=True)
         tmux("send-keys", "-t", session, "q")
         deadline = time.monotonic() + 10
         while not done.exists():
@@ -115,7 +116,8 @@ def test_a_recording_opens_at_its_origin_and_steps_both_ways_in_a_real_terminal(
         tmux(*keys, "nan", "Enter")
         wait_for(session, "1 breakpoint", timeout=60)
         tmux(*keys, "Escape")
-        time.sleep(0.3)  # the breakpoint screen closes before c reaches the main screen
+        # the breakpoint screen closes before c reaches the main screen
+        wait_for(session, "Breakpoints", timeout=60, gone=True)
         tmux(*keys, "c")
         wait_for(session, "⏸ NaN first appears: F.linear · blocks.1.fc", timeout=60)
         tmux(*keys, "q")
