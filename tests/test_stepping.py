@@ -24,6 +24,57 @@ def line_of(func: Callable, needle: str) -> str:
     return f"{inspect.getsourcefile(func)}:{first + i}"
 
 
+class WakeCounter(threading.Condition):
+    """A stepper's lock and condition that counts the waits that returned: how often its
+    paused thread woke and looked again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.woke = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        try:
+            return super().wait(timeout)
+        finally:
+            self.woke += 1  # the lock is held again here
+
+
+class StepperClock:
+    """The clock of a job's stepper, moved on by the test: a pause that must outlast its
+    lease is checked without waiting the lease out. Make it before the job starts."""
+
+    def __init__(self, job: Job, monkeypatch: pytest.MonkeyPatch) -> None:
+        from torchscope.tracer import stepper as stepper_module
+
+        self.offset = 0.0
+        clock = self
+
+        class Time:  # the ``time`` the stepper module sees
+            def __getattr__(self, name: str) -> object:
+                return getattr(time, name)
+
+            def monotonic(self) -> float:
+                return time.monotonic() + clock.offset
+
+        monkeypatch.setattr(stepper_module, "time", Time())
+        self.cv = job.stepper._cv = WakeCounter()
+
+    def pass_time(self, seconds: float) -> None:
+        """Move the clock on by ``seconds``, wake the paused thread and wait (a poll) until
+        it has looked again: a lease that applied has ended by then."""
+        with self.cv:
+            woke = self.cv.woke
+            self.offset += seconds
+            self.cv.notify_all()
+        deadline = time.monotonic() + 60
+        while True:
+            with self.cv:
+                if self.cv.woke > woke:
+                    return
+            assert time.monotonic() < deadline, "the paused thread never woke"
+            time.sleep(0.005)
+
+
 class Job(threading.Thread):
     """Runs ``body`` traced on its own thread; the test thread plays the UI."""
 
@@ -293,13 +344,14 @@ def test_lease_resumes_a_job_nobody_attends(capfd):
     assert "resumed by itself after 0.5 s: no UI is attached" in capfd.readouterr().err
 
 
-def test_wait_blocks_before_the_first_op_until_a_ui_arrives():
+def test_wait_blocks_before_the_first_op_until_a_ui_arrives(monkeypatch):
     x, w = make_inputs()
     job = Job(lambda: two_layer(x, w), wait=True, lease=0.5)
+    clock = StepperClock(job, monkeypatch)
     job.start()
     point = job.wait_paused()
     assert point["phase"] == "before" and point["reason"] == "waiting for a UI"
-    time.sleep(1.0)  # longer than the lease: --wait is not subject to it before a UI comes
+    clock.pass_time(1.0)  # longer than the lease: --wait is not subject to it before a UI comes
     assert job.stepper.paused is not None
     job.stepper.contact()
     job.stepper.request_continue()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 import torch
-from test_stepping import Job
+from test_stepping import Job, StepperClock
 
 from torchscope.protocol.breakpoints import parse_break_spec
 
@@ -42,13 +42,14 @@ def test_a_command_line_breakpoint_with_no_ui_says_where_at_once_and_is_rate_lim
     assert point["by"] == "command line"
 
 
-def test_hold_waits_for_a_ui_past_the_lease(capsys):
+def test_hold_waits_for_a_ui_past_the_lease(capsys, monkeypatch):
     job = Job(three_steps, breakpoints=[parse_break_spec("nan")], lease=0.2)
     job.stepper.hold = True
+    clock = StepperClock(job, monkeypatch)
     job.start()
     point = job.wait_paused()
     assert "waits for a UI (--hold)" in capsys.readouterr().err
-    time.sleep(0.6)  # three leases
+    clock.pass_time(0.6)  # three leases
     assert job.stepper.paused is not None and job.stepper.auto_resumed == 0
     job.stepper.contact(b"ui")
     job.stepper.request_continue(b"ui")
@@ -57,13 +58,14 @@ def test_hold_waits_for_a_ui_past_the_lease(capsys):
     job.finish()
 
 
-def test_wait_says_it_waits_then_runs_once_a_ui_connects(capsys):
+def test_wait_says_it_waits_then_runs_once_a_ui_connects(capsys, monkeypatch):
     job = Job(three_steps, wait=True, lease=0.2)
+    clock = StepperClock(job, monkeypatch)
     job.start()
     point = job.wait_paused()
     assert point["reason"] == "waiting for a UI"
     assert "waiting for a UI before the first op (--wait)" in capsys.readouterr().err
-    time.sleep(0.5)  # the lease does not apply before a UI came
+    clock.pass_time(0.5)  # the lease does not apply before a UI came
     assert job.stepper.paused is not None
     job.stepper.contact(b"ui")  # a UI connects: the job runs, no continue needed
     assert job.finish() == [0.0, 0.0, 0.0]
