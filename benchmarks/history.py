@@ -109,8 +109,7 @@ def fixed_cost_us(n: int = 2000, rounds: int = 7) -> tuple[float, float]:
 def norms_cost_us(w: Workload, n: int = 300, rounds: int = 7) -> tuple[float, float]:
     """The watch's check reduction and read on ``w``'s gradients, in µs: (the watch's own,
     with the per-module norms), best of interleaved blocks."""
-    from torchscope.tracer.watch.nan_watch import _total_norms
-    from torchscope.tracer.watch.norms import ModuleNorms
+    from torchscope.tracer.watch.norms import ModuleNorms, total_norms
 
     w.step()
     w.optimizer.zero_grad(set_to_none=False)
@@ -118,7 +117,7 @@ def norms_cost_us(w: Workload, n: int = 300, rounds: int = 7) -> tuple[float, fl
     grads = [p.grad for p in params if p.grad is not None]
     norms = ModuleNorms(lambda step, g, m: None, lambda: [w.model])
     ways = {
-        False: lambda: _total_norms(grads, []).tolist(),
+        False: lambda: total_norms(grads, []).tolist(),
         True: lambda: norms.took(0, norms.totals(params, grads, []).tolist()),
     }
     best = {False: math.inf, True: math.inf}

@@ -52,7 +52,8 @@ from workloads import MLP, WATCH_WORKLOADS, Workload  # noqa: E402
 
 import torchscope  # noqa: E402
 from torchscope.tracer.watch.capture import tensors_in  # noqa: E402
-from torchscope.tracer.watch.nan_watch import NanWatch, _total_norms  # noqa: E402
+from torchscope.tracer.watch.nan_watch import NanWatch  # noqa: E402
+from torchscope.tracer.watch.norms import total_norms  # noqa: E402
 from torchscope.tracer.watch.replay import graph_saved_bytes  # noqa: E402
 
 
@@ -126,10 +127,10 @@ def check_cost(w: Workload, n: int = 200) -> float:
     grads = [p.grad for p in w.model.parameters() if p.grad is not None]
     with torch.no_grad():
         for _ in range(10):
-            _total_norms(grads, []).tolist()
+            total_norms(grads, []).tolist()
         t0 = time.perf_counter()
         for _ in range(n):
-            _total_norms(grads, []).tolist()
+            total_norms(grads, []).tolist()
     return (time.perf_counter() - t0) / n
 
 

@@ -7,21 +7,26 @@ older package is installed (a job with both that uses ``pytorch_lightning`` take
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torchscope.integrations._lightning_hooks import LightningHooks
 
-try:
+if TYPE_CHECKING:
     from lightning.pytorch import Callback
-except ModuleNotFoundError as missing:
-    if missing.name not in ("lightning", "lightning.pytorch"):
-        raise  # Lightning is there but broken: its own error says why
+else:
     try:
-        from pytorch_lightning import Callback
-    except ModuleNotFoundError as also_missing:
-        if also_missing.name != "pytorch_lightning":
-            raise
-        raise ImportError(
-            "torchscope.integrations.lightning needs Lightning: pip install lightning"
-        ) from None
+        from lightning.pytorch import Callback
+    except ModuleNotFoundError as missing:
+        if missing.name not in ("lightning", "lightning.pytorch"):
+            raise  # Lightning is there but broken: its own error says why
+        try:
+            from pytorch_lightning import Callback
+        except ModuleNotFoundError as also_missing:
+            if also_missing.name != "pytorch_lightning":
+                raise
+            raise ImportError(
+                "torchscope.integrations.lightning needs Lightning: pip install lightning"
+            ) from None
 
 
 class TorchscopeCallback(LightningHooks, Callback):

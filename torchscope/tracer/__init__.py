@@ -1,7 +1,10 @@
 """In-process side of torchscope. Imports no textual.
 
+The public API's side: ``api`` (what ``trace()``, ``serve()``, ``step()`` do) and ``options``
+(``Options``, the one options type of trace, serve, ``torchscope run`` and the callbacks).
 What runs always, from the job's start (the dormant agent costs nothing until armed):
   ``agent``         arms and disarms at step boundaries; the commands UIs send
+  ``served_watch``, ``served_again``  the agent's NaN watch; a second ``serve()``
   ``holders``       who holds the job traced, and their leases
   ``rank_checks``   what one rank checks against the others (origins, replicas, endpoints)
   ``clock``, ``backward_calls``, ``steps``  where steps begin and end; step selections

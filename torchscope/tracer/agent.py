@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import shlex
 import signal
 import threading
 import time
@@ -49,22 +48,18 @@ from torchscope.tracer.history import HistoryCollector
 from torchscope.tracer.holders import COMMAND_LINE, UI, Holders, StepHold
 from torchscope.tracer.options import Options
 from torchscope.tracer.outputs import Outputs
-from torchscope.tracer.rank_checks import RankChecks, rank_alert
+from torchscope.tracer.rank_checks import RankChecks
 from torchscope.tracer.ranks import (
     AgreedPeriods,
     JobUiSignal,
     job_id,
     pg_timeout_seconds,
     say,
-    say_line,
 )
+from torchscope.tracer.served_watch import ServedWatch
 from torchscope.tracer.stepper import WATCH_OWNER, Stepper
-from torchscope.tracer.watch.capture import REPLAY_ATEN
 
 _agent: Agent | None = None
-# Steps traced in full after a NaN/Inf the watch could not place (it names the op and line
-# when it comes back in one of them; the tracing ends then).
-WATCH_TRACE_STEPS = 10
 STEPPING_COMMANDS = frozenset(
     "pause step next continue detach state break_list break_add break_enable break_delete "
     "inspect evaluate edit".split()
@@ -89,7 +84,7 @@ def current_clock() -> StepClock | None:
 ServeOptions = Options
 
 
-class Agent:
+class Agent(ServedWatch):
     """One per process (see :func:`serve`). ``start()`` on the training thread."""
 
     def __init__(self, options: Options | None = None) -> None:
@@ -241,165 +236,9 @@ class Agent:
         except (ValueError, OSError):
             pass
 
-    # The switch happens at the job's next backward(): not at a step boundary, which may run
-    # inside torch's loop over the optimizer hooks (installing the watch adds some), nor in a
-    # module call (the watch finds the top-level calls from a step's start: it begins looking
-    # at the next step).
-    def backward_begins(self, kwargs: dict[str, Any]) -> None:
-        if threading.get_ident() != self.clock.owner:
-            return None
-        listening, self._watch_listening = self._watch_listening, None
-        if listening is not None:
-            listening.remove()
-        if self._watch_request is not None:
-            self._apply_watch_request()
-        return None
-
-    def backward_ends(self, ok: bool) -> None:
-        pass
-
-    def _apply_watch_request(self) -> None:
-        (spec, on_nan), self._watch_request = self._watch_request, None  # type: ignore[misc]
-        try:
-            if self.watch is not None:
-                self.watch.remove()
-                self.watch = None
-            self.options.watch, self.options.on_nan = spec, on_nan
-            if spec:
-                self._start_watch()
-                self._say(
-                    f"watching every step from step {self.clock.step} ({spec}, then {on_nan})"
-                )
-            else:
-                self._say(f"not watching for NaN from step {self.clock.step}")
-        except Exception as exc:
-            self._say(f"internal error switching the NaN watch: {type(exc).__name__}: {exc}")
-
-    def _cmd_watch(self, args: dict[str, Any], client: bytes) -> dict[str, Any]:
-        from torchscope.tracer.steps import parse_watch
-
-        spec = args.get("spec")
-        if spec is not None:
-            parse_watch(spec)  # StepSpecError (a ValueError): refused with its one line
-        self.request_watch(spec, args.get("on_nan") or "continue")
-        return {"watch": spec, "step": self.clock.step}
-
-    def request_watch(self, spec: str | None, on_nan: str, now: bool = False) -> None:
-        """Switch the watch to ``spec`` (None: off) and ``on_nan`` at the job's next
-        ``backward()``; with ``now`` (``serve()`` called again) at once where the caller is the
-        training thread, as a first ``serve()`` installs it."""
-        self._watch_request = (spec, on_nan)
-        if now and threading.get_ident() == self.clock.owner:
-            self._apply_watch_request()
-        elif self._watch_listening is None:
-            self._watch_listening = backward_calls.listen(self)
-
-    def watch_setting(self) -> tuple[str | None, str]:
-        """(spec, on_nan) of the watch, as it is or as it will be at the next ``backward()``."""
-        if self._watch_request is not None:
-            return self._watch_request
-        return self.options.watch, self.options.on_nan
-
-    def _start_watch(self) -> None:
-        from torchscope.tracer.steps import parse_watch
-        from torchscope.tracer.watch.nan_watch import NanWatch
-        from torchscope.tracer.watch.norms import ModuleNorms
-
-        self.watch = NanWatch(
-            gradnorm=parse_watch(self.options.watch or "nan"),
-            on_nan=self.options.on_nan,
-            tracer_factory=self._replay_tracer,
-            step_of=lambda: self.clock.step,
-            report=self._watch_report,
-            replay_wanted=lambda: self.tracer is None,
-            live_origin=self._live_origin,
-            on_unreproduced=self._trace_after_unreproduced,
-            backward_checks=True,  # a job that updates by hand is checked after backward()
-        ).install()
-        watch = self.watch
-        if not self.options.history:
-            return
-
-        def modules() -> list:
-            # The watched top-level modules; on the first step, found as the step runs.
-            return [*watch.roots, *(c.module for c in getattr(watch, "_calls", ()))]
-
-        watch.norms = ModuleNorms(self.history.watch_norms, modules)
-
-    def _replay_tracer(self, step: int) -> Tracer:
-        """The tracer a watch replay records into: this job's file and UIs, its numbering."""
-        tracer = Tracer(
-            None,
-            values=self.options.values,
-            keep=False,
-            optimizer_ops=True,
-            aten=REPLAY_ATEN,
-            sinks=self.sinks,
-            driven=DrivenBy(self.stepper, step, self.next_seq),
-            on_alert=self._on_alert(),
-        ).start()
-        return tracer
-
-    def _live_origin(self) -> dict[str, Any] | None:
-        """The first NaN/Inf origin the armed tracer found in the current step, or None."""
-        pipeline = getattr(self.tracer, "pipeline", None)
-        if pipeline is None:
-            return None
-        with pipeline.lock:
-            pipeline.flush(wait=True)  # the step's events so far are checked
-            found = list(pipeline.alerts.step_origins)
-        return dict(found[0]) if found else None
-
     def _on_alert(self) -> Any:
         """Where an armed tracer's alerts go besides its sinks: the other ranks' checks."""
         return self.ranks.on_alert if self._multi_rank else None
-
-    def _watch_report(self, text: str) -> None:
-        if not self.options.quiet:
-            with contextlib.suppress(Exception):
-                say_line(text)  # already "torchscope: ..." (with its rank)
-        det = self.watch.detections[-1] if self.watch and self.watch.detections else None
-        self._caught_live(det)
-        if det is None or det.get("reproduced") or det.get("last_step") != det.get("step"):
-            return  # a reproduced replay recorded its own alert; a "lasted" summary is a note
-        self.emit(
-            rank_alert(
-                self.next_seq(),
-                det["step"],
-                det["what"] if det["what"] in ("nan", "inf") else "gradnorm",
-                "watch",
-                "the gradients",
-                text.removeprefix("torchscope: "),
-            )
-        )
-
-    def _trace_after_unreproduced(self, det: dict[str, Any]) -> None:
-        """The replay could not say which op and line made it: most NaNs come back, so trace
-        the next steps in full to catch it live (until it does, or for a few steps). A job
-        that stops now gets the command that finds a one-off instead."""
-        if self.watch is not None and self.watch.on_nan == "stop":
-            argv = self.options.metadata.get("argv")
-            script = shlex.join(map(str, argv)) if argv else "SCRIPT"
-            command = f"torchscope run --record trace.tsc --steps {det['step']} {script}"
-            if self._multi_rank:
-                command = f"torchrun ... -m {command}"
-            self._say(f"to name its op and line: {command} (the steps before it run dormant)")
-            return
-        if self._catching is not None and self.holders.holds(self._catching):
-            return  # already tracing to catch it
-        self._catching = self.holders.add("watch", remaining=WATCH_TRACE_STEPS)
-        self._say(
-            f"tracing the next {WATCH_TRACE_STEPS} steps in full to catch it live (it names "
-            "the op and line if it comes back)"
-        )
-
-    def _caught_live(self, det: dict[str, Any] | None) -> None:
-        """The tracing that waited for a NaN/Inf to come back named it: it ends."""
-        holder, self._catching = self._catching, None
-        if holder is not None and det is not None and det.get("traced_live"):
-            self.holders.end(holder)
-        elif holder is not None:
-            self._catching = holder
 
     def stop(self) -> None:
         """The job is done: the last traced events reach the file and the UIs, then bye."""
@@ -619,16 +458,6 @@ class Agent:
         self.armed_periods += 1
         self._watch_breakpoints()
         self._say_holders(f"tracing from step {step}")
-
-    def _watch_breakpoints(self) -> None:
-        """``on_nan="pause"`` in a traced step: the live tracer stops where the NaN/Inf first
-        appears, before the update, as the watch's replay would (breakpoints the watch owns,
-        gone when the tracing ends)."""
-        watch, stepper = self.watch, self.stepper
-        if watch is None or watch.on_nan != "pause" or stepper is None:
-            return
-        for what in ("nan", "inf"):
-            stepper.add_breakpoint({"nan": what}, owner=WATCH_OWNER)
 
     def _disarm(self, hold: StepHold | None = None, ended: bool = False) -> None:
         released = hold.released if hold is not None else []

@@ -408,9 +408,9 @@ class EventPublisher:
             self.endpoints = (actual[0], actual[1])
         except BaseException as exc:
             self._start_error = exc
-            for s in (pub, router):
-                if s is not None:
-                    s.close(linger=0)
+            for sock in (pub, router):
+                if sock is not None:
+                    sock.close(linger=0)
             if auth is not None:
                 auth.stop()
             if ctx is not None:

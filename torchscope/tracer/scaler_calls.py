@@ -110,7 +110,8 @@ def _scaler_classes() -> list[type]:
     """GradScaler and its subclasses loaded so far (``torch.amp`` is imported by torch)."""
     from torch.amp.grad_scaler import GradScaler
 
-    out, todo = [], [GradScaler]
+    out: list[type] = []
+    todo: list[type] = [GradScaler]
     while todo:
         cls = todo.pop()
         out.append(cls)

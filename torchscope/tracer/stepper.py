@@ -253,7 +253,8 @@ class Stepper:
                     self._lease_ended(point)
                     break
                 self._cv.wait(min(left, 0.5))
-            reason, self._resume_reason = self._resume_reason, None
+            # Set by whoever ended the wait (a command, the lease): never None here.
+            reason, self._resume_reason = self._resume_reason or "lease", None
             self._refuse_tasks("the job went on before it ran")
             if told and reason in _RESUMED_BY:
                 self._note(f"resumed: {_RESUMED_BY[reason]}")

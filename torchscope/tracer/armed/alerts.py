@@ -389,8 +389,9 @@ class AlertDetector:
         of the gradient, not an alert; False when it is not such a consequence."""
         noun = "NaN" if what == "nan" else "Inf"
         found = self._bad_grads.get(param)
-        if found is not None and found[0] is not None and event["step"] - found[1] <= 1:
-            origin, grad_step = found
+        found_origin = found[0] if found is not None else None
+        if found is not None and found_origin is not None and event["step"] - found[1] <= 1:
+            origin, grad_step = found_origin, found[1]
             how = f"written by the optimizer from the {noun} gradient of step {grad_step}"
         elif self._prev_blame is not None and event["step"] - self._prev_blame[1] <= 1:
             # Its own gradient looked finite when recorded, but the step before had NaN/Inf:
@@ -446,7 +447,7 @@ class AlertDetector:
         self, event: Event, what: str, where: str, label: str, call: Event | None = None
     ) -> Event:
         # The kernel's own line where it has one (a custom Function's backward), else the op's.
-        source = (call or {}).get("source") or event.get("source")
+        source = (call.get("source") if call is not None else None) or event.get("source")
         at = f" at {source}" if source else ""
         noun = "NaN" if what == "nan" else "Inf"
         verb = "enters as" if where == "input" else "first appears in"

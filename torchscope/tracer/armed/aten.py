@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import torch
@@ -98,7 +99,7 @@ def _line_inside(caller_file: str) -> str | None:
     the function activation checkpointing re-runs. None when none of them is the user's (the
     walk would otherwise reach the line that called ``backward()``). A frame walk: only for
     those calls."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         code = frame.f_code
         if code.co_filename == caller_file:
@@ -190,6 +191,8 @@ class AtenRecorder(Recorder):
         if not outs:
             return None  # sizes, scalars read out (item): nothing a summary could show
         node = _current_node()
+        # Node.metadata is a property (a dict); torch's stub declares it a method.
+        md: Any
         md = nid = node_label = None
         recompute = False
         if node is None:
@@ -265,7 +268,8 @@ class AtenRecorder(Recorder):
     def stub(self, func: Any) -> Event:
         """A call's identity before it runs (where an aten: breakpoint stops before it)."""
         node = _current_node()
-        module = self.modules.current() if node is None else node.metadata.get(NODE_MOD, "")
+        # torch's stub declares Node.metadata a method; it is a property (a dict).
+        module = self.modules.current() if node is None else node.metadata.get(NODE_MOD, "")  # type: ignore[attr-defined]
         stub = Event(
             kind=ATEN,
             seq=None,
@@ -278,7 +282,7 @@ class AtenRecorder(Recorder):
             stub["op"] = self.op_name
         return stub
 
-    def made_here(self, event: Event, ins: list, inf_arg: bool) -> str | None:
+    def made_here(self, event: dict[str, Any], ins: list, inf_arg: bool) -> str | None:
         """ "nan"/"inf" when this call made the value its outputs hold. Inputs this step's
         calls did not summarise (data, weights) are read now: paid only for a call with a bad
         output, while a nan breakpoint is set."""
@@ -306,12 +310,14 @@ class AtenMode(TorchDispatchMode):
         super().__init__()
         self.enabled = True
         self._record = recorder.record
-        self._ours = recorder.pipeline.lock._is_owned  # the tracer's own reductions
+        # The tracer's own reductions. _is_owned: CPython's RLock has it; typeshed leaves the
+        # private method out.
+        self._ours = recorder.pipeline.lock._is_owned  # type: ignore[attr-defined]
         self._report_error = recorder.report_error
         self._recorder = recorder
         self._stepper = recorder.stepper
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
         if not self.enabled or self._ours():
@@ -354,7 +360,7 @@ class AtenMode(TorchDispatchMode):
                 outs = result_tensors(out)
                 paused = pauser.pause_point(AFTER, event, {"inputs": ins, "outputs": outs}, origin)
                 if paused and any(verdicts) and not event.get("accumulate"):
-                    self._stepper.origin_stopped_inside()
+                    pauser.stepper.origin_stopped_inside()
         except Exception as exc:
             self._report_error("aten call", exc)
         return out

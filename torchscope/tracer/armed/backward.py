@@ -98,6 +98,10 @@ class NodeHooks:
         on_grad = recorder.on_batched_grad if batched else recorder.on_grad
         param_name = recorder.param_name
         scoped = recorder.aten_scope
+        # Node.metadata is a property (a dict); torch's stub declares it a method.
+        md: Any
+        nmd: Any
+        hook: partial[Any]
         infos = self.nodes
         handles = self._handles
         seen: set[int] = set()
@@ -124,7 +128,8 @@ class NodeHooks:
                 continue
             seen.add(nid)
             name = node_name(node)
-            param = param_name(node.variable) if name == "AccumulateGrad" else None
+            # AccumulateGrad's .variable (its parameter) is missing from torch's Node stub.
+            param = param_name(node.variable) if name == "AccumulateGrad" else None  # type: ignore[attr-defined]
             # An op seq of an earlier run names no op of this one; the source line still holds.
             op_seq = md.get(NODE_OP) if md.get(NODE_RUN) == run_id else None
             edges: list[list[int] | None] = []
@@ -155,7 +160,7 @@ class NodeHooks:
             if name == "AccumulateGrad" and not batched:
                 # AccumulateGrad: also what it stored in ``param.grad`` (a weak reference to
                 # the parameter, so the hook keeps nothing alive).
-                hook = partial(recorder.on_accumulate, info, weakref.ref(node.variable))
+                hook = partial(recorder.on_accumulate, info, weakref.ref(node.variable))  # type: ignore[attr-defined]
             else:
                 hook = partial(on_grad, info)
             handles.append(node.register_hook(hook))
@@ -339,7 +344,7 @@ class BackwardRecorder(Recorder):
                 self.pipeline.add(event)
         except Exception as exc:
             self.report_error("backward hook", exc)
-            return
+            return None
         stepper = self.stepper
         if stepper is not None and stepper.active:
             tensors = {"grad_outputs": list(grad_outputs), "grad_inputs": list(grad_inputs)}
@@ -364,7 +369,9 @@ class BackwardRecorder(Recorder):
                 memo = self.summaries.memo
                 # The gradient stored as it came (the usual first backward of a step): its
                 # summary is the one just made; summed into an older one: numbers unknown.
-                same = memo.get(received) if _same_view(stored, received) else None
+                same = None
+                if received is not None and _same_view(stored, received):
+                    same = memo.get(received)
                 self.summaries.backward_wrote(stored, same)
         except Exception as exc:
             self.report_error("noting a stored gradient", exc)
@@ -440,11 +447,9 @@ def _ddp_world(ddp: Any) -> int | None:
         return None
 
 
-def _same_view(stored: torch.Tensor, received: torch.Tensor | None) -> bool:
+def _same_view(stored: torch.Tensor, received: torch.Tensor) -> bool:
     """Whether the gradient AccumulateGrad stored is the very one it received: one memory,
     one layout (the engine has checked that both have the parameter's shape and dtype)."""
-    if received is None:
-        return False
     try:
         return stored.data_ptr() == received.data_ptr() and stored.stride() == received.stride()
     except RuntimeError:  # no storage (sparse, subclasses)

@@ -132,7 +132,8 @@ def kernel_group_size(args: tuple, kwargs: dict) -> int | None:
     for value in reversed(values):  # the group name comes after the reduce op's name
         if isinstance(value, str):
             try:
-                return dist.distributed_c10d._resolve_process_group(value).size()
+                group = dist.distributed_c10d.GroupName(value)  # a NewType: the str itself
+                return dist.distributed_c10d._resolve_process_group(group).size()
             except Exception:
                 continue
     return None

@@ -91,7 +91,7 @@ class CompiledCalls:
         pending = check = None
         # A model takes and returns any nest of tensors (a Hugging Face model returns a
         # ModelOutput, a dict): the op's inputs and outputs are every tensor in them.
-        inputs = ()
+        inputs: tuple[torch.Tensor, ...] = ()
         try:
             inputs = tuple(nested_tensors(args))
             pending = self._forward.before_op(compiled_call_name(module), inputs, {})

@@ -172,7 +172,7 @@ class EagerCheck:
             return
         params = {id(p): name for name, p in original.named_parameters()}
         eager_outs = [e for _, e in pairs]
-        handle = None
+        handle: Any = None
 
         def compare(grad_inputs: tuple, grad_outputs: tuple) -> None:
             handle.remove()

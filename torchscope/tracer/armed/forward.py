@@ -356,7 +356,7 @@ class ForwardMode(TorchFunctionMode):
         self._stepper = pauser.stepper if pauser is not None else None
         _custom_applies.add_mode(self)
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         # Every torch call of the job comes through here, most of them noise (``p.grad``):
         # that path is one dict lookup.
         if _is_compiling():
@@ -439,7 +439,8 @@ class _CustomApplies:
             self._modes += 1
             if self._modes == 1:
                 self._original = _Function.__dict__["apply"]
-                _Function.apply = classmethod(_traced_apply)  # type: ignore[method-assign]
+                # setattr: a classmethod where the stub types a method (a patch, not a bug).
+                setattr(_Function, "apply", classmethod(_traced_apply))  # noqa: B010
         weakref.finalize(mode, self._mode_gone)
 
     def _mode_gone(self) -> None:
@@ -448,13 +449,13 @@ class _CustomApplies:
             if self._modes == 0:
                 # Only ours goes: something the job installed over it meanwhile stays.
                 if getattr(_Function.__dict__["apply"], "__func__", None) is _traced_apply:
-                    _Function.apply = self._original  # type: ignore[method-assign]
+                    setattr(_Function, "apply", self._original)  # noqa: B010
                 self._original = None
 
 
 _custom_applies = _CustomApplies()
 _Function = torch.autograd.Function
-_plain_apply = _Function.apply.__func__  # type: ignore[attr-defined]
+_plain_apply = _Function.__dict__["apply"].__func__
 _functorch_active = torch._C._are_functorch_transforms_active
 _INTERNAL_MODULES = ("torch.", "torchscope.")
 

@@ -62,7 +62,7 @@ class ModuleTracker:
         self.compiled_calls: CompiledCallHooks | None = None
         self._compiled: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # OptimizedModules
         self._exit_hook: Callable | None = None  # the global forward hook installed
-        self._hidden: list[tuple[dict, int, Callable]] = []  # ours, out while compiled runs
+        self._hidden: list[tuple[dict, int, Any]] = []  # ours, out while compiled runs
         self._end_of_compiled: Any = None  # the hook on the compiled module that ends it
         self._names: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
         self._indexed_roots: weakref.WeakSet[nn.Module] = weakref.WeakSet()
@@ -143,7 +143,9 @@ class ModuleTracker:
         runs, so a frame compiled while the job was traced still matches once it is not (and
         the other way round). The call's end comes through a hook on that module alone."""
         self.hide_global_hooks()
-        self._end_of_compiled = module.register_forward_hook(self._exit_hook, always_call=True)
+        exit_hook = self._exit_hook
+        if exit_hook is not None:  # installed with the global hooks, before any call
+            self._end_of_compiled = module.register_forward_hook(exit_hook, always_call=True)
 
     def hide_global_hooks(self) -> Callable[[], None]:
         """Ours out of the global hook dicts (see above); returns what puts them back."""
@@ -226,11 +228,12 @@ class ModuleTracker:
                 continue
             for module in root.modules():
                 for fsdp_param in _fsdp_params(module):
-                    entry = self._params.get(id(fsdp_param.sharded_param))
-                    if entry is None or entry[0]() is not fsdp_param.sharded_param:
+                    sharded: Any = fsdp_param.sharded_param
+                    entry = self._params.get(id(sharded))
+                    if entry is None or id(entry[0]()) != id(sharded):
                         continue
                     also = [getattr(fsdp_param, "_unsharded_param", None)]
-                    also.append(local_shard(fsdp_param.sharded_param))
+                    also.append(local_shard(sharded))
                     for t in also:
                         if t is not None and id(t) not in self._params:
                             self._params[id(t)] = (weakref.ref(t), entry[1])

@@ -157,7 +157,7 @@ class Pauser:
             say(f"edited by hand at {point.where()}: {target} <- {expr}")
         return ev
 
-    def log_event(self, event: Event, bp: Breakpoint, text: str) -> None:
+    def log_event(self, event: dict[str, Any], bp: Breakpoint, text: str) -> None:
         self._emit(log_line_event(self._next_seq(), self._state.step_index, event, bp, text))
 
     def say_log(self, bp: Breakpoint, line: str, took: float) -> None:

@@ -505,7 +505,7 @@ class Tracer:
                 aten.__exit__(None, None, None)
         n = torch._C._len_torch_function_stack()
         if n > 0 and torch._C._get_function_stack_at(n - 1) is self.mode:
-            self.mode.__exit__(None, None, None)  # type: ignore[union-attr]
+            self.mode.__exit__(None, None, None)
             self._mode_pushed = False
 
     def set_eager_check(self, on: bool) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from types import CodeType
+from types import CodeType, FrameType
 
 import torch
 
@@ -43,12 +43,14 @@ def _is_internal(code: CodeType) -> bool:
 
 def _in_inductor_cache(filename: str) -> bool:
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    return bool(cache) and filename.startswith(os.path.abspath(cache) + os.sep)
+    if not cache:
+        return False
+    return filename.startswith(os.path.abspath(cache) + os.sep)
 
 
 def user_frame(depth: int = 2) -> tuple[str, int, str] | None:
     """(path, line, function) of the innermost user frame above the caller, or None."""
-    frame = sys._getframe(depth)
+    frame: FrameType | None = sys._getframe(depth)
     while frame is not None:
         if not _is_internal(frame.f_code):
             return frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name
@@ -64,7 +66,7 @@ FSDP_DIR = os.path.join(LIBRARY_DIRS[0], "distributed", "fsdp") + os.sep
 def called_from(directory: str, depth: int = 2) -> bool:
     """Whether the code that made the current call (the first frame above the caller outside
     torchscope) lies under ``directory``. A frame walk: for rare questions, not every op."""
-    frame = sys._getframe(depth)
+    frame: FrameType | None = sys._getframe(depth)
     while frame is not None and frame.f_code.co_filename.startswith(_TORCHSCOPE_DIR):
         frame = frame.f_back
     return frame is not None and frame.f_code.co_filename.startswith(directory)
@@ -92,7 +94,7 @@ def cell_site(filename: str, line: int) -> str | None:
 def user_site(depth: int = 2) -> tuple[str, str] | None:
     """``("path:line", function)`` of the innermost user frame above the caller, or None: what
     an op event records, without formatting the same line again at every call."""
-    frame = sys._getframe(depth)
+    frame: FrameType | None = sys._getframe(depth)
     internal = _internal
     while frame is not None:
         code = frame.f_code

@@ -346,8 +346,8 @@ def _flat_values(t: torch.Tensor) -> list:
 def _host_stats(x: torch.Tensor, n: int) -> dict[str, Any]:
     """Stats of a host tensor: plain sums first, shifted sums when those would cancel."""
     flat = x if x.dim() == 1 else x.reshape(-1)
-    mn, mx = torch.aminmax(flat)
-    mn, mx = mn.item(), mx.item()
+    lo, hi = torch.aminmax(flat)
+    mn, mx = lo.item(), hi.item()
     total, sq = flat.sum().item(), torch.dot(flat, flat).item()
     if not (math.isfinite(total) and math.isfinite(sq)):
         if mn - mn == 0.0 and mx - mx == 0.0:  # finite values: the sums overflowed
@@ -385,7 +385,7 @@ def _scaled_stats(x: torch.Tensor, n: int, mn: float, mx: float) -> dict[str, An
     ymn, ymx = (v.item() for v in torch.aminmax(y))
     shifted = y - ymn
     unit = _moments(n, ymn, ymx, shifted.sum().item(), torch.dot(shifted, shifted).item(), 0, 0)
-    return _stats(mn, mx, *(unit[k] * scale for k in ("mean", "std", "norm")), 0, 0)
+    return _stats(mn, mx, unit["mean"] * scale, unit["std"] * scale, unit["norm"] * scale, 0, 0)
 
 
 def _scaled_list_stats(vals: list[float]) -> dict[str, Any]:

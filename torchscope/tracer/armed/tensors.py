@@ -10,6 +10,7 @@ meaningless rather than alarming.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -45,7 +46,7 @@ class TensorSummaries:
         """Buffers are a step's own: a later view is checked anew."""
         self.uninit_storages.clear()
 
-    def summary_of(self, t: torch.Tensor, aliases: list[torch.Tensor] = ()) -> dict:  # type: ignore[assignment]
+    def summary_of(self, t: torch.Tensor, aliases: Sequence[torch.Tensor] = ()) -> dict:
         """Summary of ``t`` as it is now.
 
         Reused when this very value was summarised before, or shared with one of ``aliases``
@@ -65,7 +66,7 @@ class TensorSummaries:
         memo.put(t, s)
         return s
 
-    def _alias_summary(self, t: torch.Tensor, aliases: list[torch.Tensor]) -> dict | None:
+    def _alias_summary(self, t: torch.Tensor, aliases: Sequence[torch.Tensor]) -> dict | None:
         # Only an alias that starts at the same address can share: one data_ptr per alias
         # rules the others out (an op's output against each of its inputs, at every op).
         try:
@@ -158,7 +159,7 @@ class TensorSummaries:
             self.uninit_storages.add(t.untyped_storage().data_ptr())
         return s
 
-    def _views_uninitialized(self, t: torch.Tensor, aliases: list[torch.Tensor]) -> bool:
+    def _views_uninitialized(self, t: torch.Tensor, aliases: Sequence[torch.Tensor]) -> bool:
         """Whether ``t`` is a view of an input still uninitialised (``torch.empty`` then
         ``view``, as FSDP's all-gather buffers are): its bytes mean nothing either."""
         try:

@@ -13,7 +13,7 @@ from torch import nn
 from torch._C._autograd import _get_sequence_nr
 
 from torchscope.tracer.armed.backward import node_name
-from torchscope.tracer.eager import eager_module, is_compiled_module, rng_state
+from torchscope.tracer.eager import RngState, eager_module, is_compiled_module, rng_state
 
 # A bad step is replayed at the aten level: the report names the kernel that made the value.
 REPLAY_ATEN = True
@@ -46,7 +46,7 @@ class Call:
         self.target = replay_target(module)
         self.args = args
         self.kwargs = kwargs
-        self.rng = rng_state()
+        self.rng: RngState | None = rng_state()  # None once released
         self.autocast = autocast_state()
         self.seq_lo = _get_sequence_nr()
         self.seq_hi = self.seq_lo
@@ -95,6 +95,8 @@ class Backward:
     ):
         # Under a loss scaler (``scaler.scale(loss).backward()``): the loss as the job computed
         # it, before scaling -- what the check reads, and where a replay starts from.
+        self.unscaled: list[torch.Tensor] | None
+        self.scaler: Any
         self.unscaled, self.scaler = scaled if scaled is not None else (None, None)
         self.scale: Any = None  # the scale this backward ran with (a tensor), when scaled
         # for the loss check: no graph reference
@@ -190,8 +192,8 @@ def loop_nodes(roots: list[torch.Tensor], windows: list[tuple[int, int]]) -> tup
 def flags_of(got: tuple, sent: tuple) -> torch.Tensor | None:
     """``[got all finite, sent all finite, sent free of NaN]`` as a bool tensor on their
     device, with no host sync; None when neither holds a floating-point tensor."""
-    got, sent = _floats(got), _floats(sent)
-    device = next((t.device for t in (*got, *sent)), None)
+    got_floats, sent_floats = _floats(got), _floats(sent)
+    device = next((t.device for t in (*got_floats, *sent_floats)), None)
     if device is None:
         return None
 
@@ -204,7 +206,11 @@ def flags_of(got: tuple, sent: tuple) -> torch.Tensor | None:
         return ~torch.isnan(t)
 
     return torch.stack(
-        [every(got, torch.isfinite), every(sent, torch.isfinite), every(sent, nan_free)]
+        [
+            every(got_floats, torch.isfinite),
+            every(sent_floats, torch.isfinite),
+            every(sent_floats, nan_free),
+        ]
     )
 
 
@@ -225,10 +231,10 @@ def replay_target(module: nn.Module) -> nn.Module:
     while seen < 8:
         seen += 1
         cls = type(module).__name__
-        if cls in ("DistributedDataParallel", "DataParallel") and isinstance(
-            getattr(module, "module", None), nn.Module
-        ):
-            module = module.module
+        wrapped = cls in ("DistributedDataParallel", "DataParallel")
+        inner = getattr(module, "module", None) if wrapped else None
+        if isinstance(inner, nn.Module):
+            module = inner
         elif is_compiled_module(module):
             module = eager_module(module)
         else:

@@ -59,14 +59,16 @@ backward node it poisons), ``GradScaler`` steps it skips (they never call
 ``optimizer.step()``), module Python state changed by ``forward``, parameters modified in
 place by ``forward``, other generators than CPU/CUDA, FSDP (the replay would run collectives:
 refused). User hooks on tensors and modules run again in the replay.
+
+This module holds the watch's hooks and captures (what the check decides on); the check and
+its verdict are :mod:`.check`, the norms it reads :mod:`.norms`, the line it prints
+:mod:`.report`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
-import os
 import sys
 import threading
 import weakref
@@ -82,16 +84,15 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torchscope.tracer import backward_calls, scaler_calls
 from torchscope.tracer.clock import BY_SCALER, StepClock, an_optimizer_exists
 from torchscope.tracer.errors import ReportOnce
-from torchscope.tracer.ranks import say_line
-from torchscope.tracer.shards import local_shard
 from torchscope.tracer.watch.capture import (
     Backward,
     Call,
     LoopMarks,
-    replay_target,
     tensors_in,
     versions_of,
 )
+from torchscope.tracer.watch.check import StepCheck
+from torchscope.tracer.watch.report import print_report
 from torchscope.tracer.watch.stop import WatchStop
 
 if TYPE_CHECKING:
@@ -100,9 +101,10 @@ if TYPE_CHECKING:
 POLICIES = ("continue", "pause", "stop")
 # A loss scaler that skips this many steps in a row is said once (its scale is collapsing).
 SKIPS_TO_SAY = 20
-NAN, INF, GRADNORM = "nan", "inf", "gradnorm"
+
+
 # -- the watch -------------------------------------------------------------------------------
-class NanWatch:
+class NanWatch(StepCheck):
     """Watch every training step for NaN/Inf gradients (and loss); replay the bad one traced.
 
     gradnorm: also report a total gradient L2 norm above this.
@@ -165,7 +167,7 @@ class NanWatch:
         self.capture_bytes = int(capture_bytes)
         self.tracer_factory = tracer_factory
         self._step_of = step_of
-        self.report = report or _print_report
+        self.report = report or print_report
         self.keep_graph = keep_graph
         self.keeping = keep_graph is True  # "auto" turns this on after a detection needs it
         self.max_calls = max_calls
@@ -184,9 +186,7 @@ class NanWatch:
         self._overflow = False
         self._unseen_backward = False  # a backward whose roots the watch could not see
         self._fsdp_step = False  # a top-level call of an FSDP module this step
-        self._fsdp_modules: weakref.WeakKeyDictionary[nn.Module, bool] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._fsdp_modules: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
         self._grad_bytes = 0
         # state
         self._owner = threading.get_ident()
@@ -497,65 +497,6 @@ class NanWatch:
             # gradients are complete and the weights untouched, as at optimizer.step().
             self.before_update()
 
-    # -- the loss scaler (scaler_calls listener) -----------------------------------------------
-    def loss_scaled(self, scaler: Any, outputs: Any, scaled: Any) -> None:
-        if not self.installed or self._replaying or threading.get_ident() != self._owner:
-            return
-        if isinstance(scaled, torch.Tensor) and isinstance(outputs, torch.Tensor):
-            self._scaled = (scaled, [outputs], scaler)
-        else:
-            self._scaled = None  # several outputs scaled at once: read as the job passes them
-
-    def _take_scaled(self, roots: list[torch.Tensor]) -> tuple[list[torch.Tensor], Any] | None:
-        """The unscaled loss and its scaler, when ``roots`` is what the scaler returned."""
-        scaled, self._scaled = self._scaled, None
-        if scaled is None or len(roots) != 1 or roots[0] is not scaled[0]:
-            return None
-        return scaled[1], scaled[2]
-
-    def _scaled_backward(self) -> Backward | None:
-        """The step's last backward() when a loss scaler scaled its root, with its scale."""
-        rec = self._backwards[-1] if self._backwards else None
-        if rec is None or rec.scaler is None:
-            return None
-        if rec.scale is None:
-            rec.scale = scaler_calls.scale_of(rec.scaler)
-        return rec
-
-    def _note_scaled(self, rec: Backward, values: list[torch.Tensor]) -> None:
-        """What the skip line says later: the last loss and the scaler (no sync: read off
-        the loss already read, when it is one value)."""
-        self._last_scaler = weakref.ref(rec.scaler)
-        self._last_scaled_loss = None
-        if len(values) == 1 and values[0].numel() == 1 and values[0].device.type == "cpu":
-            with torch._C.DisableTorchFunction():
-                self._last_scaled_loss = float(values[0])
-
-    def _scaler_overflow(self, rec: Backward | None) -> bool:
-        """Whether the step's non-finite gradients are the loss scaler's: its loss is finite
-        and the same backward from the unscaled loss gives finite gradients (an fp16
-        overflow of the scaled values, which the scaler skips). Without the step's graph it
-        cannot be told; a scaled step is then taken to be the scaler's."""
-        if rec is None:
-            return False
-        if rec.roots is None or not rec.unscaled:
-            return True
-        from torchscope.tracer.watch.replay import _Untraced, graph_leaves
-
-        self._replaying = True  # the watch's own hooks stay out of it
-        try:
-            with _Untraced():
-                leaves = [t for t in graph_leaves(rec.roots) if t.requires_grad]
-            if not leaves:
-                return True
-            with torch._C.DisableTorchFunction():
-                grads = torch.autograd.grad(
-                    rec.unscaled, leaves, allow_unused=True, retain_graph=True
-                )
-                return all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
-        finally:
-            self._replaying = False
-
     def _compiled_roots(self) -> bool:
         """Whether a watched top-level module runs compiled (``torch.compile(model)`` or
         ``model.compile()``): its backward may not be retained."""
@@ -606,22 +547,6 @@ class NanWatch:
                 self._say_skips()
         else:
             self._skips = 0
-
-    def _say_skips(self) -> None:
-        """Once per stretch: the scaler has skipped many steps in a row (the classic AMP
-        failure: a NaN every step, the scale falling towards zero)."""
-        last = self._last_scaled_loss
-        loss = "" if last is None else f"; the loss is {last:.4g}"
-        scale = ""
-        scaler = self._last_scaler() if self._last_scaler is not None else None
-        if scaler is not None:
-            with contextlib.suppress(Exception):
-                scale = f" (its scale is now {scaler.get_scale():.3g})"
-        with contextlib.suppress(Exception):
-            self.report(
-                f"torchscope: the loss scaler skipped {self._skips} steps in a row{scale}"
-                f"{loss} (steps {self.step - self._skips}-{self.step - 1} made no update)"
-            )
 
     def _check_update(self, params: list[torch.Tensor], *, ends_step: bool = True) -> None:
         """The check before an update; ``WatchStop`` under "stop". ``ends_step``: the step's
@@ -679,234 +604,11 @@ class NanWatch:
             raise stop
         return detection
 
-    def _stop(self, detection: dict[str, Any] | None) -> WatchStop | None:
-        """Under "stop", what to raise before the update: every bad update is refused, the
-        first of a bad stretch and each one after it (a notebook that runs the stopped cell
-        again makes the same NaN: it must not reach the weights this time either)."""
-        if self.on_nan != "stop":
-            return None
-        if detection is not None:
-            return WatchStop(detection)
-        run = self._still_bad
-        if run is None:
-            return None
-        what = "a gradient norm above the limit" if run["what"] == GRADNORM else "NaN/Inf"
-        line = (
-            f"torchscope: still {what} at step {self.step} (first at step {run['step']}): "
-            "stopped before the update"
-        )
-        with contextlib.suppress(Exception):
-            self.report(line)
-        return WatchStop({**run, "message": line, "step": self.step})
-
-    def check(self, params: Iterable[torch.Tensor] | None = None) -> dict[str, Any] | None:
-        """Check the current gradients of ``params`` (default: the watched modules') and the
-        step's losses; on a detection replay the step, report it and return its dict.
-
-        The optimizer pre-hook calls this; a job that updates its weights by hand can call it
-        before its update. Does not end the step (the hook does, after it); never raises.
-        """
-        try:
-            params = list(params) if params is not None else self._root_params()
-            grads = [p.grad for p in params if p.grad is not None]
-            values = [v for b in self._backwards for v in b.values]
-            if not grads and not values:
-                return None
-            self.steps_checked += 1
-            norms = self.norms
-            scaled = self._scaled_backward()
-            with torch.no_grad(), torch._C.DisableTorchFunction():
-                if norms is None:
-                    total = _total_norms(grads, values)
-                else:  # the same totals, with each module's norm in the same read
-                    total = norms.totals(params, grads, values)
-                if scaled is not None and scaled.scale is not None:
-                    # The scale in the same read: the gradients are scaled, the figures not.
-                    scale = scaled.scale.to(total.device, total.dtype).reshape(1)
-                    total = torch.cat([total, scale])
-                row = total.tolist()  # the step's one host sync
-            self._step_scale = None
-            if scaled is not None and scaled.scale is not None:
-                self._step_scale = row[-1]
-                row = _unscaled(row[:-1], row[-1])
-            grad_norm, loss_norm = row[0], row[1]
-            if norms is not None:
-                norms.took(self.step, row)
-            if scaled is not None:
-                self._note_scaled(scaled, values)
-            what = None
-            bad: list[int] = []
-            in_loss = False
-            if not (math.isfinite(grad_norm) and math.isfinite(loss_norm)):
-                what, bad, in_loss = _confirm(grads, values)  # rare: a few more syncs
-                if what is not None and not in_loss and self._scaler_overflow(scaled):
-                    self.scaler_overflows += 1
-                    what = None  # the scaler's own: it skips the update and shrinks its scale
-            if what is None and self.gradnorm is not None and grad_norm > self.gradnorm:
-                what = GRADNORM
-            self._still_bad = None
-            run = self._bad_run
-            if run is not None and (what is None or _category(what) != _category(run["what"])):
-                self._end_run()
-                run = None
-            if what is None:
-                return None
-            live = None
-            if run is not None and run.get("unexplained") and not self.replay_wanted():
-                # Traced live since a detection it could not place: named now if this step's
-                # tracer found where it comes from (a loss scaler kept the weights clean).
-                live = self._live_alert(run["step"])
-            if run is not None and live is None:
-                # Still bad (NaN weights stay NaN): counted, not replayed or reported again;
-                # once per step (LBFGS calls its closure, checked each time, several times).
-                if self.step != run["last_step"]:
-                    run["repeats"] += 1
-                    run["last_step"] = self.step
-                self._still_bad = run
-                return None
-            det = self._detected(what, grad_norm, params, bad, in_loss, live)
-            self._bad_run = det
-            return det
-        except Exception as exc:
-            self._error("checking the step", exc)
-            return None
-
-    def _detected(
-        self,
-        what: str,
-        grad_norm: float,
-        params: list,
-        bad: list[int],
-        in_loss: bool,
-        live: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        step = self.step
-        det: dict[str, Any] = {
-            "step": step,
-            "what": what,
-            "grad_norm": grad_norm,
-            "in_loss": in_loss,
-            "bad_params": self._param_names([params[i] for i in bad]),
-            "origin": None,
-            "where": None,
-            "source": None,
-            "module": None,
-            "outside_modules": False,
-            "reproduced": None,
-            "replayed": False,
-            "unit_gradient": False,
-            "paused": False,
-            "placed": False,  # a loop-code origin placed from marks, not replayed (compiled)
-            "alerts": [],
-            "events": [],
-            "notes": [],
-            "message": "",
-            "repeats": 0,
-            "last_step": step,
-            "scale": self._step_scale,  # the loss scaler's, when one scaled the step
-            "optimizer_step": self._optimizer_step(step),
-        }
-        if what in (NAN, INF) and not self.replay_wanted():
-            self._take_live_origin(det, live)
-        elif what in (NAN, INF):
-            from torchscope.tracer.watch.replay import Replay
-
-            replay = Replay(self, det)
-            self.last_replay = replay
-            replay.run()
-            det["events"] = replay.events
-            fsdp_arrival = det.get("fsdp") and not det.get("in_loss")
-            if not det["reproduced"] and (
-                fsdp_arrival
-                or any(type(m).__name__ == "DistributedDataParallel" for m in self._live_roots())
-            ):
-                det["notes"].append(
-                    "this rank's replay is finite: under DDP the NaN/Inf most likely came from "
-                    "another rank through the gradient all-reduce (see that rank's report)"
-                )
-                from torchscope.tracer.rank_checks import note_watch_arrival
-
-                # Linked to the origin the other rank publishes, as full tracing links it;
-                # tracing the next steps here would only see it arrive again.
-                det["arrived"] = note_watch_arrival(step, what)
-            unplaced = det["outside_modules"] or not det["reproduced"]
-            if self.keep_graph == "auto" and not self.keeping and unplaced:
-                self.keeping = True
-                det["notes"].append("the step's graph is kept from now on (keep_graph='auto')")
-        det["message"] = describe(det, rank=_rank())
-        self.detections.append(det)
-        try:
-            self.report(det["message"])
-        except Exception as exc:
-            self._error("reporting", exc)
-        # Not named down to its op and line: the replay did not reproduce it, or it came from
-        # the loop's own forward code, which is not re-run (most NaNs come back: catch it then).
-        unexplained = (
-            det["reproduced"] is False and not det["placed"] and not det.get("arrived")
-        ) or bool(det.get("loop_forward"))
-        det["unexplained"] = unexplained
-        if unexplained and self.on_unreproduced is not None:
-            try:
-                self.on_unreproduced(det)
-            except Exception as exc:
-                self._error("on_unreproduced", exc)
-        return det
-
-    def _live_alert(self, after: int = -1) -> dict[str, Any] | None:
-        """The live tracer's first origin alert of the current step (after step ``after``)."""
-        try:
-            alert = self.live_origin()
-        except Exception as exc:
-            self._error("reading the live tracer's origin", exc)
-            return None
-        if alert is None or alert.get("step") != self.step or self.step <= after:
-            return None
-        return alert
-
-    def _take_live_origin(self, det: dict[str, Any], alert: dict[str, Any] | None) -> None:
-        """The step was traced live: its tracer's first origin alert is the detection's origin
-        (one origin for one NaN, in the tracer's own words)."""
-        if alert is None:
-            alert = self._live_alert()
-        if alert is None:
-            det["notes"].append("the step was traced live and its tracer named no origin in it")
-            det["reproduced"] = False
-            return
-        det.update(
-            reproduced=True,
-            traced_live=True,
-            origin=alert.get("name"),
-            where=alert.get("where"),
-            source=alert.get("source"),
-            module=alert.get("module") or None,
-            origin_what=alert.get("what"),
-            aten=alert.get("aten"),
-        )
-
-    def _end_run(self) -> None:
-        """The steps after a detection are fine again (or bad in another way): say how long
-        the bad stretch lasted, if it outlived its first step."""
-        run, self._bad_run = self._bad_run, None
-        if run is not None and run["repeats"]:
-            what = "a gradient norm above the limit" if run["what"] == GRADNORM else "NaN/Inf"
-            with contextlib.suppress(Exception):
-                self.report(
-                    f"torchscope: {what} from step {run['step']} lasted {run['repeats'] + 1} "
-                    f"checked steps (to step {run['last_step']}; reported once)"
-                )
-
-    def _optimizer_step(self, step: int) -> int | None:
-        """The optimizer's own number for ``step`` when a loss scaler has skipped updates
-        (steps are the loop's iterations), else None. Known when the watch started at 0."""
-        clock = self._clock
-        if clock is None or not clock.skipped or self._started_at != 0:
-            return None
-        return step - clock.skipped
-
     def _root_params(self) -> list[torch.Tensor]:
         """The watched modules' parameters (on the first step, while they are still being
         found, those of the step's top-level calls so far)."""
-        out, seen = [], set()
+        out: list[torch.Tensor] = []
+        seen = set()
         modules = self._live_roots()
         if self._discovering:
             modules += [c.module for c in self._calls]
@@ -916,15 +618,6 @@ class NanWatch:
                     seen.add(id(p))
                     out.append(p)
         return out
-
-    def _param_names(self, tensors: list[torch.Tensor]) -> list[str]:
-        if not tensors:
-            return []
-        names = {}
-        for m in self._live_roots():
-            for n, p in replay_target(m).named_parameters():
-                names.setdefault(id(p), n)
-        return [names.get(id(t), f"<tensor {tuple(t.shape)}>") for t in tensors]
 
     # -- step end ------------------------------------------------------------------------------
     def _end_step(self, count: bool = True) -> None:
@@ -1026,218 +719,5 @@ def _grad_catcher(ref: weakref.ref, call: Call, i: int) -> Callable[[torch.Tenso
     return hook
 
 
-def _unscaled(row: list[float], scale: float) -> list[float]:
-    """A check's row read off scaled gradients, as the job's unscaled values: the total
-    gradient norm divided by the scale, the loss as it is, each module's sum of squares by
-    the scale squared."""
-    if not scale or not math.isfinite(scale):
-        return row
-    return [row[0] / scale, row[1], *(x / (scale * scale) for x in row[2:])]
-
-
-def _category(what: str) -> str:
-    return GRADNORM if what == GRADNORM else "nonfinite"
-
-
 def _params_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
-
-
-def _dense(t: torch.Tensor) -> torch.Tensor:
-    """Values whose L2 norm is ``t``'s: a sparse tensor's stored values, a complex tensor's
-    real and imaginary parts (``foreach_norm`` takes no real dtype for complex input). A
-    DTensor (FSDP2) gives its local shard: the figures are this rank's (the whole would take
-    a collective, which hangs the job if the ranks' checks ever disagree)."""
-    local = local_shard(t)
-    if local is not None:
-        t = local
-    if t.is_sparse:
-        t = t._values()
-    if t.is_complex():
-        t = torch.view_as_real(t.conj() if t.is_conj() else t)  # |conj z| = |z|
-    return t
-
-
-def _norm_of(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """L2 norm of all ``tensors`` together, as a float32 0-d tensor on ``device``; NaN if any
-    is NaN, Inf if any is Inf (or the squares overflow). No host sync."""
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    for t in tensors:
-        # Nearly every gradient is a plain dense real tensor: read as it is (the check runs
-        # every step, over every gradient; _dense's questions cost more than the norm here).
-        if type(t) is not torch.Tensor or t.is_sparse or t.is_complex():
-            t = _dense(t)
-        groups.setdefault((t.device, t.dtype), []).append(t)
-    parts = []
-    for (dev, dtype), ts in groups.items():
-        norms = _foreach_norms(ts, dtype)
-        if norms is None:
-            continue
-        part = torch.linalg.vector_norm(torch.stack(norms)).float()
-        parts.append(part if dev == device else part.to(device))
-    return _combined(parts, device)
-
-
-def _foreach_norms(ts: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor] | None:
-    """Each tensor's L2 norm, in one fused call (half precisions reduced in float32); None
-    for a dtype that has none (integers, bool)."""
-    if dtype in (torch.float32, torch.float64):
-        return torch._foreach_norm(ts)
-    if dtype.is_floating_point:
-        return torch._foreach_norm(ts, dtype=torch.float32)
-    return None
-
-
-def _combined(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The L2 norm of several parts' norms (0 without any), on ``device``."""
-    if not parts:
-        return torch.zeros((), device=device)
-    return torch.linalg.vector_norm(torch.stack(parts)) if len(parts) > 1 else parts[0]
-
-
-def _total_norms(grads: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
-    device = (grads or values)[0].device
-    return torch.stack([_norm_of(grads, device), _norm_of(values, device)])
-
-
-def _confirm(
-    grads: list[torch.Tensor], values: list[torch.Tensor]
-) -> tuple[str | None, list[int], bool]:
-    """Exact verdict after a non-finite norm: ("nan"/"inf"/None, indices of bad grads, whether
-    a loss is bad)."""
-    with torch.no_grad(), torch._C.DisableTorchFunction():
-        kinds = []
-        for t in (*grads, *values):
-            t = _dense(t)
-            if not (t.dtype.is_floating_point or t.dtype.is_complex):
-                kinds.append((False, False))
-                continue
-            kinds.append((bool(torch.isnan(t).any()), bool(torch.isinf(t).any())))
-    bad = [i for i, (n, f) in enumerate(kinds[: len(grads)]) if n or f]
-    in_loss = any(n or f for n, f in kinds[len(grads) :])
-    if any(n for n, _ in kinds):
-        return NAN, bad, in_loss
-    if any(f for _, f in kinds):
-        return INF, bad, in_loss
-    return None, [], False
-
-
-def _rank() -> int | None:
-    try:
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            return int(os.environ["RANK"])
-    except (KeyError, ValueError):
-        pass
-    return None
-
-
-def _print_report(text: str) -> None:
-    say_line(text)  # already says who (and which rank)
-
-
-def _short(source: str | None) -> str | None:
-    if not source:
-        return source
-    path, sep, line = source.rpartition(":")
-    if not sep:
-        return source
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        rel = path
-    return f"{rel if not rel.startswith('..') else path}:{line}"
-
-
-def describe(det: dict[str, Any], rank: int | None = None) -> str:
-    """The one line a detection prints."""
-    who = f"torchscope[rank {rank}]" if rank is not None else "torchscope"
-    step = _step_words(det)
-    if det["what"] == GRADNORM:
-        return f"{who}: gradient norm {det['grad_norm']:.4g} above the limit at step {step}"
-    noun = "NaN" if det["what"] == NAN else "Inf"
-    if det["reproduced"]:
-        noun = "NaN" if det.get("origin_what", det["what"]) == NAN else "Inf"
-        source = _short(det.get("source"))
-        at = f" at {source}" if source else ""
-        at = (f" in {det['module']}" if det.get("module") else "") + at
-        if det.get("loop_forward"):
-            site = _short(det.get("backward_source"))
-            return (
-                f"{who}: {noun} first appears at step {step} in the forward, outside the module "
-                "calls (training-loop code: the loss is non-finite, the replayed modules' "
-                f"outputs are not{f'; backward() at {site}' if site else ''}); in the backward "
-                f"it first shows at {det['backward_node']} — replayed"
-            )
-        if det["where"] == "input":
-            text = f"{who}: {noun} enters at step {step} as {det['origin']}{at}"
-        else:
-            origin, where = det["origin"], det["where"]
-            if det.get("aten"):  # the replay ran at the aten level: the kernel, then its op
-                origin = f"{det['aten']} inside {origin}"
-            text = f"{who}: {noun} first appears at step {step} in {origin} ({where}){at}"
-        if det.get("outside_modules"):
-            site = _short(det.get("backward_source"))
-            text += " outside the module calls (training-loop code"
-            text += f"; backward() at {site})" if site else ")"
-        text += " — traced live" if det.get("traced_live") else " — replayed"
-        if det.get("unit_gradient"):
-            text += " (backward from a unit gradient: output gradients were above the capture cap)"
-        return text
-    if det.get("placed"):
-        noun = "NaN" if det.get("origin_what", det["what"]) == NAN else "Inf"
-        return _placed_line(det, who, noun)
-    if det.get("outside_modules"):
-        return (
-            f"{who}: {noun} first appears at step {step} in the backward, outside the module "
-            "calls (training-loop code between the loss and the modules' outputs: the "
-            "gradients arriving at those outputs are already non-finite); not replayed there: "
-            + ("; ".join(det.get("notes") or []) or "the step's graph was not kept")
-        )
-    where = "the loss" if det.get("in_loss") and not det.get("bad_params") else "the gradients"
-    if det.get("fsdp") and det.get("in_loss"):
-        return (
-            f"{who}: {noun} in the loss at step {step}: this rank's own forward made it (under "
-            "FSDP the step is not replayed: its collectives would run on this rank alone)"
-        )
-    if det.get("fsdp") and det.get("arrived"):
-        return (
-            f"{who}: {noun} in the gradients at step {step} came from another rank through "
-            "FSDP's gradient reduce-scatter (this rank's loss is finite); linked to that rank's "
-            "origin when it names it"
-        )
-    if det.get("arrived"):
-        return (
-            f"{who}: {noun} in {where} at step {step}, but the replay did not reproduce it: "
-            "this rank's replay is finite, so it came from another rank through the gradient "
-            "all-reduce; linked to that rank's origin when it names it"
-        )
-    reasons = "; ".join(det.get("notes") or []) or "no replayed op or node made it"
-    return (
-        f"{who}: {noun} in {where} at step {step}, but the replay did not reproduce it "
-        f"({reasons}) — origin unknown"
-    )
-
-
-def _step_words(det: dict[str, Any]) -> str:
-    """``12``, or ``12 (optimizer step 5)`` when a loss scaler skipped updates before it."""
-    opt = det.get("optimizer_step")
-    return f"{det['step']}" if opt is None else f"{det['step']} (optimizer step {opt})"
-
-
-def _placed_line(det: dict[str, Any], who: str, noun: str) -> str:
-    """A loop-code origin placed from the marks of the step's own backward (a compiled model
-    keeps no graph to replay it over)."""
-    site = _short(det.get("backward_source"))
-    at = f"; backward() at {site}" if site else ""
-    how = "placed, not replayed (a compiled model keeps no graph to replay)"
-    if det.get("loop_forward"):
-        return (
-            f"{who}: {noun} first appears at step {_step_words(det)} in the forward, outside the "
-            "module calls (training-loop code: the loss is non-finite, the replayed modules' "
-            f"outputs are not{at}); in the backward it first shows at {det['backward_node']} "
-            f"— {how}"
-        )
-    return (
-        f"{who}: {noun} first appears at step {_step_words(det)} in {det['origin']} (backward) "
-        f"outside the module calls (training-loop code{at}) — {how}"
-    )

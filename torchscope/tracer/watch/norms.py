@@ -1,4 +1,6 @@
-"""Per-module gradient norms for the run's history, inside the NaN watch's one host read.
+"""The NaN watch's norms: the totals its check reads each step (every gradient's and the
+loss's L2 norm, one fused reduction per device, no host sync; the exact verdict after a
+non-finite one), and the per-module gradient norms for the run's history, in the same read.
 
 The watch's check already takes ``torch._foreach_norm`` of every gradient, stacks the norms
 and reduces them on the device to one total, which it reads with the step's only host sync
@@ -30,16 +32,104 @@ from torch import nn
 
 from torchscope.protocol.history import ModuleValues
 from torchscope.tracer.errors import ReportOnce
+from torchscope.tracer.shards import local_shard
 from torchscope.tracer.watch.capture import replay_target
-from torchscope.tracer.watch.nan_watch import (
-    _combined,
-    _dense,
-    _foreach_norms,
-    _norm_of,
-    _total_norms,
-)
 
 OTHER = "(other)"
+
+NAN, INF, GRADNORM = "nan", "inf", "gradnorm"  # what a check finds
+
+
+# -- the check's norms: one fused reduction per device, no host sync ------------------------
+def unscaled(row: list[float], scale: float) -> list[float]:
+    """A check's row read off scaled gradients, as the job's unscaled values: the total
+    gradient norm divided by the scale, the loss as it is, each module's sum of squares by
+    the scale squared."""
+    if not scale or not math.isfinite(scale):
+        return row
+    return [row[0] / scale, row[1], *(x / (scale * scale) for x in row[2:])]
+
+
+def dense(t: torch.Tensor) -> torch.Tensor:
+    """Values whose L2 norm is ``t``'s: a sparse tensor's stored values, a complex tensor's
+    real and imaginary parts (``foreach_norm`` takes no real dtype for complex input). A
+    DTensor (FSDP2) gives its local shard: the figures are this rank's (the whole would take
+    a collective, which hangs the job if the ranks' checks ever disagree)."""
+    local = local_shard(t)
+    if local is not None:
+        t = local
+    if t.is_sparse:
+        t = t._values()
+    if t.is_complex():
+        t = torch.view_as_real(t.conj() if t.is_conj() else t)  # |conj z| = |z|
+    return t
+
+
+def norm_of(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """L2 norm of all ``tensors`` together, as a float32 0-d tensor on ``device``; NaN if any
+    is NaN, Inf if any is Inf (or the squares overflow). No host sync."""
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for t in tensors:
+        # Nearly every gradient is a plain dense real tensor: read as it is (the check runs
+        # every step, over every gradient; dense's questions cost more than the norm here).
+        if type(t) is not torch.Tensor or t.is_sparse or t.is_complex():
+            t = dense(t)
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    parts = []
+    for (dev, dtype), ts in groups.items():
+        norms = foreach_norms(ts, dtype)
+        if norms is None:
+            continue
+        part = torch.linalg.vector_norm(torch.stack(norms)).float()
+        parts.append(part if dev == device else part.to(device))
+    return combined(parts, device)
+
+
+def foreach_norms(ts: list[torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, ...] | None:
+    """Each tensor's L2 norm, in one fused call (half precisions reduced in float32); None
+    for a dtype that has none (integers, bool)."""
+    if dtype in (torch.float32, torch.float64):
+        return torch._foreach_norm(ts)
+    if dtype.is_floating_point:
+        return torch._foreach_norm(ts, dtype=torch.float32)
+    return None
+
+
+def combined(parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The L2 norm of several parts' norms (0 without any), on ``device``."""
+    if not parts:
+        return torch.zeros((), device=device)
+    return torch.linalg.vector_norm(torch.stack(parts)) if len(parts) > 1 else parts[0]
+
+
+def total_norms(grads: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+    device = (grads or values)[0].device
+    return torch.stack([norm_of(grads, device), norm_of(values, device)])
+
+
+def confirm(
+    grads: list[torch.Tensor], values: list[torch.Tensor]
+) -> tuple[str | None, list[int], bool]:
+    """Exact verdict after a non-finite norm: ("nan"/"inf"/None, indices of bad grads, whether
+    a loss is bad)."""
+    with torch.no_grad(), torch._C.DisableTorchFunction():
+        kinds = []
+        for t in (*grads, *values):
+            t = dense(t)
+            if not (t.dtype.is_floating_point or t.dtype.is_complex):
+                kinds.append((False, False))
+                continue
+            kinds.append((bool(torch.isnan(t).any()), bool(torch.isinf(t).any())))
+    bad = [i for i, (n, f) in enumerate(kinds[: len(grads)]) if n or f]
+    in_loss = any(n or f for n, f in kinds[len(grads) :])
+    if any(n for n, _ in kinds):
+        return NAN, bad, in_loss
+    if any(f for _, f in kinds):
+        return INF, bad, in_loss
+    return None, [], False
+
+
+# -- per-module norms for the history -------------------------------------------------------
 
 
 class _Plan:
@@ -54,17 +144,17 @@ class _Plan:
         # (device, dtype) -> (positions in the grads list, module index of each, on device)
         groups: dict[tuple[torch.device, torch.dtype], tuple[list[int], list[int]]] = {}
         # Groups whose gradients are all plain dense real tensors: each step takes them as
-        # they are, without asking every one of them again what ``_dense`` asks.
+        # they are, without asking every one of them again what ``dense`` asks.
         mixed: set[tuple[torch.device, torch.dtype]] = set()
         for i, p in enumerate(params):
-            g = _dense(p.grad)  # type: ignore[arg-type]
+            g = dense(p.grad)  # type: ignore[arg-type]
             m = names.setdefault(owner.get(id(p), OTHER), len(names))
-            key = (g.device, g.dtype)
-            pos, mods = groups.setdefault(key, ([], []))
+            group = (g.device, g.dtype)
+            pos, mods = groups.setdefault(group, ([], []))
             pos.append(i)
             mods.append(m)
             if g is not p.grad or type(g) is not torch.Tensor:
-                mixed.add(key)
+                mixed.add(group)
         self.names = tuple(names)
         self.index = names
         self.groups = [
@@ -139,7 +229,7 @@ class ModuleNorms:
         self, params: list[torch.Tensor], grads: list[torch.Tensor], values: list[torch.Tensor]
     ) -> torch.Tensor:
         """What the watch reads: [total gradient norm, loss norm, module squares...], on the
-        device of the first gradient (as ``_total_norms``), float32. No host sync. A failure
+        device of the first gradient (as ``total_norms``), float32. No host sync. A failure
         here must not cost the watch its check: it falls back to the watch's own totals."""
         if not self.failed:
             try:
@@ -147,13 +237,13 @@ class ModuleNorms:
             except Exception as exc:
                 self.failed = True
                 self._error("computing them", exc)
-        return _total_norms(grads, values)
+        return total_norms(grads, values)
 
     def _totals(
         self, params: list[torch.Tensor], grads: list[torch.Tensor], values: list[torch.Tensor]
     ) -> torch.Tensor:
         if not grads:
-            return _total_norms(grads, values)
+            return total_norms(grads, values)
         with_grad = [p for p in params if p.grad is not None]
         key = tuple(id(p) for p in with_grad)
         owner = self._names()
@@ -168,19 +258,19 @@ class ModuleNorms:
         device = grads[0].device
         parts, squares = [], []
         for dev, dtype, pos, mods, plain in plan.groups:
-            ts = [grads[i] for i in pos] if plain else [_dense(grads[i]) for i in pos]
-            norms = _foreach_norms(ts, dtype)
+            ts = [grads[i] for i in pos] if plain else [dense(grads[i]) for i in pos]
+            norms = foreach_norms(ts, dtype)
             if norms is None:
                 continue
             stacked = torch.stack(norms)
-            # As nan_watch._norm_of does, so the total is the same number the check uses.
+            # As norm_of does, so the total is the same number the check uses.
             part = _float32(torch.linalg.vector_norm(stacked))
             parts.append(part if dev == device else part.to(device))
             sq = torch.zeros(len(plan.names), device=dev).index_add_(
                 0, mods, _float32(stacked).square()
             )
             squares.append(sq if dev == device else sq.to(device))
-        total, loss = _combined(parts, device), _norm_of(values, device)
+        total, loss = combined(parts, device), norm_of(values, device)
         return torch.cat([torch.stack([total, loss]), _summed(squares, len(plan.names), device)])
 
     def took(self, step: int, row: list[float]) -> None:

@@ -107,7 +107,7 @@ class _Untraced:
         self._grad = torch.no_grad()
         self._grad.__enter__()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self._grad.__exit__(*exc)
         self._ctx.__exit__(*exc)
 
@@ -329,6 +329,7 @@ class Replay:
     # -- phase 1: forward ------------------------------------------------------------------
     def _forward(self) -> None:
         for call in self.calls:
+            assert call.rng is not None  # a replayed call is not released yet
             with _Untraced():
                 set_rng_state(call.rng)
             with contextlib.ExitStack() as stack:

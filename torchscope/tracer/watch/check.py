@@ -1,0 +1,392 @@
+"""The NaN watch's check: before each update, are the step's gradients and loss finite (and
+the gradient norm under its limit)? One read of the norms (:mod:`.norms`), the verdict, the
+replay of a bad step (:mod:`.replay`), its report (:mod:`.report`) and the policy.
+
+:class:`StepCheck` is the part of :class:`~torchscope.tracer.watch.nan_watch.NanWatch` that
+decides; the watch's hooks and captures (what it decides on) stay there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torchscope.tracer import scaler_calls
+from torchscope.tracer.clock import StepClock
+from torchscope.tracer.errors import ReportOnce
+from torchscope.tracer.watch.capture import Backward, Call, replay_target
+from torchscope.tracer.watch.norms import GRADNORM, INF, NAN, confirm, total_norms, unscaled
+from torchscope.tracer.watch.report import describe, job_rank
+from torchscope.tracer.watch.stop import WatchStop
+
+if TYPE_CHECKING:
+    from torchscope.tracer.armed.session import Tracer
+
+
+class StepCheck:
+    """The check, its verdict and the loss scaler's part in it (mixed into ``NanWatch``)."""
+
+    # Set by NanWatch (its constructor says what each is).
+    gradnorm: float | None
+    on_nan: str
+    report: Callable[[str], None]
+    keep_graph: bool | str
+    keeping: bool
+    on_unreproduced: Callable[[dict[str, Any]], None] | None
+    replay_wanted: Callable[[], bool]
+    live_origin: Callable[[], dict[str, Any] | None]
+    detections: list[dict[str, Any]]
+    steps_checked: int
+    last_replay: Any
+    norms: Any
+    installed: bool
+    _replaying: bool
+    _unseen_backward: bool
+    _fsdp_step: bool
+    max_calls: int
+    tracer_factory: Callable[[int], Tracer] | None
+    _owner: int
+    _calls: list[Call]
+    _backwards: list[Backward]
+    _current_backward: Backward | None
+    _overflow: bool
+    _error: ReportOnce
+    _clock: StepClock | None
+    _started_at: int
+    _skips: int
+    _scaled: tuple[torch.Tensor, list[torch.Tensor], Any] | None
+    _checked_at_backward: bool
+    scaler_overflows: int
+    _last_scaled_loss: float | None
+    _last_scaler: weakref.ref | None
+    _step_scale: float | None
+    _bad_run: dict[str, Any] | None
+    _still_bad: dict[str, Any] | None
+
+    @property
+    def step(self) -> int:
+        raise NotImplementedError
+
+    def _root_params(self) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def _live_roots(self) -> list[torch.nn.Module]:
+        raise NotImplementedError
+
+    # -- the loss scaler (scaler_calls listener) -----------------------------------------------
+    def loss_scaled(self, scaler: Any, outputs: Any, scaled: Any) -> None:
+        if not self.installed or self._replaying or threading.get_ident() != self._owner:
+            return
+        if isinstance(scaled, torch.Tensor) and isinstance(outputs, torch.Tensor):
+            self._scaled = (scaled, [outputs], scaler)
+        else:
+            self._scaled = None  # several outputs scaled at once: read as the job passes them
+
+    def _take_scaled(self, roots: list[torch.Tensor]) -> tuple[list[torch.Tensor], Any] | None:
+        """The unscaled loss and its scaler, when ``roots`` is what the scaler returned."""
+        scaled, self._scaled = self._scaled, None
+        if scaled is None or len(roots) != 1 or roots[0] is not scaled[0]:
+            return None
+        return scaled[1], scaled[2]
+
+    def _scaled_backward(self) -> Backward | None:
+        """The step's last backward() when a loss scaler scaled its root, with its scale."""
+        rec = self._backwards[-1] if self._backwards else None
+        if rec is None or rec.scaler is None:
+            return None
+        if rec.scale is None:
+            rec.scale = scaler_calls.scale_of(rec.scaler)
+        return rec
+
+    def _note_scaled(self, rec: Backward, values: list[torch.Tensor]) -> None:
+        """What the skip line says later: the last loss and the scaler (no sync: read off
+        the loss already read, when it is one value)."""
+        self._last_scaler = weakref.ref(rec.scaler)
+        self._last_scaled_loss = None
+        if len(values) == 1 and values[0].numel() == 1 and values[0].device.type == "cpu":
+            with torch._C.DisableTorchFunction():
+                self._last_scaled_loss = float(values[0])
+
+    def _scaler_overflow(self, rec: Backward | None) -> bool:
+        """Whether the step's non-finite gradients are the loss scaler's: its loss is finite
+        and the same backward from the unscaled loss gives finite gradients (an fp16
+        overflow of the scaled values, which the scaler skips). Without the step's graph it
+        cannot be told; a scaled step is then taken to be the scaler's."""
+        if rec is None:
+            return False
+        if rec.roots is None or not rec.unscaled:
+            return True
+        from torchscope.tracer.watch.replay import _Untraced, graph_leaves
+
+        self._replaying = True  # the watch's own hooks stay out of it
+        try:
+            with _Untraced():
+                leaves = [t for t in graph_leaves(rec.roots) if t.requires_grad]
+            if not leaves:
+                return True
+            with torch._C.DisableTorchFunction():
+                grads = torch.autograd.grad(
+                    rec.unscaled, leaves, allow_unused=True, retain_graph=True
+                )
+                return all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
+        finally:
+            self._replaying = False
+
+    def _say_skips(self) -> None:
+        """Once per stretch: the scaler has skipped many steps in a row (the classic AMP
+        failure: a NaN every step, the scale falling towards zero)."""
+        last = self._last_scaled_loss
+        loss = "" if last is None else f"; the loss is {last:.4g}"
+        scale = ""
+        scaler = self._last_scaler() if self._last_scaler is not None else None
+        if scaler is not None:
+            with contextlib.suppress(Exception):
+                scale = f" (its scale is now {scaler.get_scale():.3g})"
+        with contextlib.suppress(Exception):
+            self.report(
+                f"torchscope: the loss scaler skipped {self._skips} steps in a row{scale}"
+                f"{loss} (steps {self.step - self._skips}-{self.step - 1} made no update)"
+            )
+
+    def _stop(self, detection: dict[str, Any] | None) -> WatchStop | None:
+        """Under "stop", what to raise before the update: every bad update is refused, the
+        first of a bad stretch and each one after it (a notebook that runs the stopped cell
+        again makes the same NaN: it must not reach the weights this time either)."""
+        if self.on_nan != "stop":
+            return None
+        if detection is not None:
+            return WatchStop(detection)
+        run = self._still_bad
+        if run is None:
+            return None
+        what = "a gradient norm above the limit" if run["what"] == GRADNORM else "NaN/Inf"
+        line = (
+            f"torchscope: still {what} at step {self.step} (first at step {run['step']}): "
+            "stopped before the update"
+        )
+        with contextlib.suppress(Exception):
+            self.report(line)
+        return WatchStop({**run, "message": line, "step": self.step})
+
+    def check(self, params: Iterable[torch.Tensor] | None = None) -> dict[str, Any] | None:
+        """Check the current gradients of ``params`` (default: the watched modules') and the
+        step's losses; on a detection replay the step, report it and return its dict.
+
+        The optimizer pre-hook calls this; a job that updates its weights by hand can call it
+        before its update. Does not end the step (the hook does, after it); never raises.
+        """
+        try:
+            params = list(params) if params is not None else self._root_params()
+            grads = [p.grad for p in params if p.grad is not None]
+            values = [v for b in self._backwards for v in b.values]
+            if not grads and not values:
+                return None
+            self.steps_checked += 1
+            norms = self.norms
+            scaled = self._scaled_backward()
+            with torch.no_grad(), torch._C.DisableTorchFunction():
+                if norms is None:
+                    total = total_norms(grads, values)
+                else:  # the same totals, with each module's norm in the same read
+                    total = norms.totals(params, grads, values)
+                if scaled is not None and scaled.scale is not None:
+                    # The scale in the same read: the gradients are scaled, the figures not.
+                    scale = scaled.scale.to(total.device, total.dtype).reshape(1)
+                    total = torch.cat([total, scale])
+                row = total.tolist()  # the step's one host sync
+            self._step_scale = None
+            if scaled is not None and scaled.scale is not None:
+                self._step_scale = row[-1]
+                row = unscaled(row[:-1], row[-1])
+            grad_norm, loss_norm = row[0], row[1]
+            if norms is not None:
+                norms.took(self.step, row)
+            if scaled is not None:
+                self._note_scaled(scaled, values)
+            what = None
+            bad: list[int] = []
+            in_loss = False
+            if not (math.isfinite(grad_norm) and math.isfinite(loss_norm)):
+                what, bad, in_loss = confirm(grads, values)  # rare: a few more syncs
+                if what is not None and not in_loss and self._scaler_overflow(scaled):
+                    self.scaler_overflows += 1
+                    what = None  # the scaler's own: it skips the update and shrinks its scale
+            if what is None and self.gradnorm is not None and grad_norm > self.gradnorm:
+                what = GRADNORM
+            self._still_bad = None
+            run = self._bad_run
+            if run is not None and (what is None or category(what) != category(run["what"])):
+                self._end_run()
+                run = None
+            if what is None:
+                return None
+            live = None
+            if run is not None and run.get("unexplained") and not self.replay_wanted():
+                # Traced live since a detection it could not place: named now if this step's
+                # tracer found where it comes from (a loss scaler kept the weights clean).
+                live = self._live_alert(run["step"])
+            if run is not None and live is None:
+                # Still bad (NaN weights stay NaN): counted, not replayed or reported again;
+                # once per step (LBFGS calls its closure, checked each time, several times).
+                if self.step != run["last_step"]:
+                    run["repeats"] += 1
+                    run["last_step"] = self.step
+                self._still_bad = run
+                return None
+            det = self._detected(what, grad_norm, params, bad, in_loss, live)
+            self._bad_run = det
+            return det
+        except Exception as exc:
+            self._error("checking the step", exc)
+            return None
+
+    def _detected(
+        self,
+        what: str,
+        grad_norm: float,
+        params: list,
+        bad: list[int],
+        in_loss: bool,
+        live: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        step = self.step
+        det: dict[str, Any] = {
+            "step": step,
+            "what": what,
+            "grad_norm": grad_norm,
+            "in_loss": in_loss,
+            "bad_params": self._param_names([params[i] for i in bad]),
+            "origin": None,
+            "where": None,
+            "source": None,
+            "module": None,
+            "outside_modules": False,
+            "reproduced": None,
+            "replayed": False,
+            "unit_gradient": False,
+            "paused": False,
+            "placed": False,  # a loop-code origin placed from marks, not replayed (compiled)
+            "alerts": [],
+            "events": [],
+            "notes": [],
+            "message": "",
+            "repeats": 0,
+            "last_step": step,
+            "scale": self._step_scale,  # the loss scaler's, when one scaled the step
+            "optimizer_step": self._optimizer_step(step),
+        }
+        if what in (NAN, INF) and not self.replay_wanted():
+            self._take_live_origin(det, live)
+        elif what in (NAN, INF):
+            from torchscope.tracer.watch.replay import Replay
+
+            replay = Replay(self, det)
+            self.last_replay = replay
+            replay.run()
+            det["events"] = replay.events
+            fsdp_arrival = det.get("fsdp") and not det.get("in_loss")
+            if not det["reproduced"] and (
+                fsdp_arrival
+                or any(type(m).__name__ == "DistributedDataParallel" for m in self._live_roots())
+            ):
+                det["notes"].append(
+                    "this rank's replay is finite: under DDP the NaN/Inf most likely came from "
+                    "another rank through the gradient all-reduce (see that rank's report)"
+                )
+                from torchscope.tracer.rank_checks import note_watch_arrival
+
+                # Linked to the origin the other rank publishes, as full tracing links it;
+                # tracing the next steps here would only see it arrive again.
+                det["arrived"] = note_watch_arrival(step, what)
+            unplaced = det["outside_modules"] or not det["reproduced"]
+            if self.keep_graph == "auto" and not self.keeping and unplaced:
+                self.keeping = True
+                det["notes"].append("the step's graph is kept from now on (keep_graph='auto')")
+        det["message"] = describe(det, rank=job_rank())
+        self.detections.append(det)
+        try:
+            self.report(det["message"])
+        except Exception as exc:
+            self._error("reporting", exc)
+        # Not named down to its op and line: the replay did not reproduce it, or it came from
+        # the loop's own forward code, which is not re-run (most NaNs come back: catch it then).
+        unexplained = (
+            det["reproduced"] is False and not det["placed"] and not det.get("arrived")
+        ) or bool(det.get("loop_forward"))
+        det["unexplained"] = unexplained
+        if unexplained and self.on_unreproduced is not None:
+            try:
+                self.on_unreproduced(det)
+            except Exception as exc:
+                self._error("on_unreproduced", exc)
+        return det
+
+    def _live_alert(self, after: int = -1) -> dict[str, Any] | None:
+        """The live tracer's first origin alert of the current step (after step ``after``)."""
+        try:
+            alert = self.live_origin()
+        except Exception as exc:
+            self._error("reading the live tracer's origin", exc)
+            return None
+        if alert is None or alert.get("step") != self.step or self.step <= after:
+            return None
+        return alert
+
+    def _take_live_origin(self, det: dict[str, Any], alert: dict[str, Any] | None) -> None:
+        """The step was traced live: its tracer's first origin alert is the detection's origin
+        (one origin for one NaN, in the tracer's own words)."""
+        if alert is None:
+            alert = self._live_alert()
+        if alert is None:
+            det["notes"].append("the step was traced live and its tracer named no origin in it")
+            det["reproduced"] = False
+            return
+        det.update(
+            reproduced=True,
+            traced_live=True,
+            origin=alert.get("name"),
+            where=alert.get("where"),
+            source=alert.get("source"),
+            module=alert.get("module") or None,
+            origin_what=alert.get("what"),
+            aten=alert.get("aten"),
+        )
+
+    def _end_run(self) -> None:
+        """The steps after a detection are fine again (or bad in another way): say how long
+        the bad stretch lasted, if it outlived its first step."""
+        run, self._bad_run = self._bad_run, None
+        if run is not None and run["repeats"]:
+            what = "a gradient norm above the limit" if run["what"] == GRADNORM else "NaN/Inf"
+            with contextlib.suppress(Exception):
+                self.report(
+                    f"torchscope: {what} from step {run['step']} lasted {run['repeats'] + 1} "
+                    f"checked steps (to step {run['last_step']}; reported once)"
+                )
+
+    def _optimizer_step(self, step: int) -> int | None:
+        """The optimizer's own number for ``step`` when a loss scaler has skipped updates
+        (steps are the loop's iterations), else None. Known when the watch started at 0."""
+        clock = self._clock
+        if clock is None or not clock.skipped or self._started_at != 0:
+            return None
+        return step - clock.skipped
+
+    def _param_names(self, tensors: list[torch.Tensor]) -> list[str]:
+        if not tensors:
+            return []
+        names: dict[int, str] = {}
+        for m in self._live_roots():
+            for n, p in replay_target(m).named_parameters():
+                names.setdefault(id(p), n)
+        return [names.get(id(t), f"<tensor {tuple(t.shape)}>") for t in tensors]
+
+
+def category(what: str) -> str:
+    return GRADNORM if what == GRADNORM else "nonfinite"
