@@ -360,14 +360,22 @@ def _until(cond, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_a_recorder_is_not_a_ui_for_wait_or_for_pauses():
+def test_a_recorder_is_not_a_ui_for_wait_or_for_pauses(monkeypatch):
     """A recorder that comes and goes does not end --wait; the last UI quitting ends a
     command-line breakpoint's pause at once although a recorder is still attached (it held
     the job for the whole lease, 'its UI stopped responding')."""
-    import time
+    from test_stepping import WakeCounter
 
     from torchscope.protocol.breakpoints import parse_break_spec
+    from torchscope.tracer.stepper import Stepper
 
+    init = Stepper.__init__
+
+    def counting(self, *args, **kwargs) -> None:  # the agent's stepper counts its wakes
+        init(self, *args, **kwargs)
+        self._cv = WakeCounter()
+
+    monkeypatch.setattr(Stepper, "__init__", counting)
     go = threading.Event()
     go.set()
     a = Agent(ServeOptions(live=False, wait=True, lease=30))
@@ -375,7 +383,16 @@ def test_a_recorder_is_not_a_ui_for_wait_or_for_pauses():
     _until(lambda: a.stepper is not None and a.stepper.paused is not None)
     a._cmd_arm({"by": "record"}, b"rec")
     a._cmd_disarm({}, b"rec")
-    time.sleep(0.3)
+    cv = a.stepper._cv
+    with cv:  # the waiting thread looks again: it still waits (a UI never came)
+        woke = cv.woke
+        cv.notify_all()
+
+    def looked() -> bool:
+        with cv:
+            return cv.woke > woke
+
+    _until(looked, timeout=60)
     assert a.stepper.paused is not None and a.stepper.paused.reason == "waiting for a UI"
     a._cmd_arm({"by": "ui"}, b"ui")  # a UI: the job goes on
     job.join(20)
