@@ -172,6 +172,9 @@ def test_a_ui_holds_one_rank_paused_past_the_process_group_timeout_and_no_rank_d
             # The same job without torchscope, meanwhile: started now that the traced ranks
             # wait (not competing with their start for the CPU), with no short timeout.
             plain = torchrun(str(NAN_JOB), cwd=tmp_path, env=REFERENCE)
+            # A fixed time, on purpose: the pause must outlast the process group's timeout,
+            # a real-time clock inside the other rank's collective (another process): no
+            # condition of ours can stand for it.
             while time.monotonic() - held < HOLD:  # past the group's timeout
                 ui.request("ping")
                 time.sleep(0.5)
@@ -241,6 +244,8 @@ def test_a_ui_on_every_rank_arms_them_together_and_a_pause_on_one_kills_neither(
             # The same job without torchscope, meanwhile: started now that the traced ranks
             # wait (not competing with them for the CPU before), with no short timeout.
             plain = torchrun(str(STEADY_JOB), cwd=tmp_path, env={"JOB_SLEEP": "0", **REFERENCE})
+            # A fixed time, on purpose: the pause outlasts the process group's timeout (a
+            # real-time clock in the ranks' collectives, other processes)
             while time.monotonic() - held < HOLD:  # past the group's timeout
                 ui0.request("ping")
                 ui1.request("ping")

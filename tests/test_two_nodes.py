@@ -192,6 +192,8 @@ def test_one_ui_reaches_rank_0_alone_finds_rank_1_and_pauses_and_continues_both(
                         states[rank] = state
                 time.sleep(0.05)
             held = time.monotonic()
+            # A fixed time, on purpose: that both ranks stay paused is checked over a while,
+            # in two other processes (their leases and collectives run on real clocks)
             while time.monotonic() - held < 1.0:  # held, both, while the UI is there
                 for ui in uis.values():
                     assert ui.request("state", timeout=10)["state"]["paused"] is not None
