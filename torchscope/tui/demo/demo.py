@@ -8,6 +8,7 @@ set, so ``c`` stops where the NaN first appears; every key of a live session wor
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from torchscope.protocol.breakpoints import BEFORE
@@ -45,6 +46,10 @@ def demo_source(steps: int = STEPS, nan_step: int = NAN_STEP) -> FakeJob:
 
 class DemoApp(TorchscopeApp):
     """The app on the demo job, saying what it is once it opens."""
+
+    # textual reads a relative CSS_PATH beside the module that defines the class: this one
+    # lives in demo/, the app's stylesheet beside app.py
+    CSS_PATH = str(Path(__file__).resolve().parent.parent / "app.tcss")
 
     def on_mount(self) -> None:
         super().on_mount()
