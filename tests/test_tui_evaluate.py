@@ -74,7 +74,7 @@ async def test_p_and_e_on_a_live_job_at_its_pause(tmp_path: Path):
             await until(pilot, lambda: paused(app) and paused(app)["since"] != since, what="s")
             assert paused(app)["phase"] == "after"
             tl = main.timeline
-            await until(pilot, lambda: tl.current_row() and main._is_paused_row(tl.current_row()))
+            await until(pilot, lambda: tl.current_row() and main.is_paused_row(tl.current_row()))
             await pilot.press("p")
             note = await ask(pilot, app, notes, "out.min()")
             assert note.startswith("out.min() = 0")
