@@ -275,6 +275,8 @@ def test_source_line_grad_norm_and_step_conditions():
     job.start()
     first = job.wait_paused()
     assert first["reason"] == "breakpoint 1" and first["event"]["step"] == 1
+    # the pause carries the breakpoint as set: a UI need not have its list yet
+    assert first["breakpoint"]["id"] == 1 and first["breakpoint"]["module"] == "^1$"
     assert first["event"]["module"] == "1" and name_of(first) == "torch.nn.functional.linear"
     job.stepper.request_continue()
     job.wait_running(first)
@@ -290,6 +292,7 @@ def test_source_line_grad_norm_and_step_conditions():
     assert sorted(nodes) == ["AddmmBackward0", "TBackward0"]
     second = point
     assert second["reason"] == "breakpoint 2" and second["event"]["step"] == 2
+    assert second["breakpoint"]["grad_norm"] == 1.0
     assert second["event"]["kind"] == "grad"
     norms = [
         s["stats"]["norm"]

@@ -773,3 +773,21 @@ def test_the_pause_story_says_why_and_where_in_one_line():
     assert pause_story({"reason": "step", "phase": "after", "event": node}) == (
         "stepped: MulBackward0 · 2 → 4"
     )
+
+
+def test_a_nan_pause_says_so_before_the_ui_has_the_jobs_breakpoints():
+    """The pause carries the breakpoint that made it: the first words are right even when
+    the state reply with the job's list of breakpoints has not arrived."""
+    from torchscope.tui.model.stepper_view import StepperView, pause_story
+
+    log = {
+        "kind": "op",
+        "name": "torch.log",
+        "source": "/home/u/job.py:5",
+        "inputs": [{"shape": [], "values": [-10.0], "stats": {"norm": 10.0}}],
+        "outputs": [{"shape": [], "values": [float("nan")], "stats": {"nan": 1}}],
+    }
+    pause = {"reason": "breakpoint 1", "phase": "after", "event": log}
+    assert pause_story(pause, StepperView()).startswith("breakpoint 1: torch.log")
+    told = {**pause, "breakpoint": {"id": 1, "nan": "nan"}}
+    assert pause_story(told, StepperView()).startswith("NaN first appears: torch.log")

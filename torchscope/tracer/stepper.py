@@ -61,9 +61,12 @@ class PausePoint:
     # Runs expressions and edits on the training thread (tracer/armed/evaluate.py); None
     # where this pause cannot (an aten call's).
     evaluator: Any = None
+    # The breakpoint that stopped here, as set (its spec): a UI that has not yet read the
+    # job's list of breakpoints still tells a NaN breakpoint's pause from another's.
+    breakpoint: dict[str, Any] | None = None
 
     def describe(self) -> dict[str, Any]:
-        return {
+        described = {
             "phase": self.phase,
             "event": self.event,
             "reason": self.reason,
@@ -71,6 +74,9 @@ class PausePoint:
             "since": self.since,
             "by": "command line" if self.owner is None else "a UI",
         }
+        if self.breakpoint is not None:
+            described["breakpoint"] = self.breakpoint
+        return described
 
     def where(self) -> str:
         ev = self.event
@@ -323,6 +329,14 @@ class Stepper:
     def owner_of(self, reason: str) -> Any:
         """Who owns the breakpoint a pause ``reason`` names (None for others)."""
         return self._owner_of(reason)
+
+    def breakpoint_of(self, reason: str) -> dict[str, Any] | None:
+        """The spec of the breakpoint a pause ``reason`` names (None for other reasons)."""
+        if not reason.startswith("breakpoint "):
+            return None
+        with self._cv:
+            bp = self.breakpoints.get(int(reason.split()[1]))
+            return bp.to_dict() if bp is not None else None
 
     def _owner_of(self, reason: str) -> Any:
         if reason.startswith("breakpoint "):

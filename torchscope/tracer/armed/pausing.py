@@ -83,6 +83,7 @@ class Pauser:
                 reason += " at a loss scaler's overflow (the scaler skips this step's update)"
             pipeline.flush(wait=True)  # everything up to here reaches the UI and the file
             point = PausePoint(phase, event, tensors, thread_stack(self._owner), reason)
+            point.breakpoint = stepper.breakpoint_of(reason)
             if event.get("kind") != ATEN:
                 point.evaluator = Evaluator(self, point, call)
             step = self._state.step_index

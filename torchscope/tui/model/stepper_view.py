@@ -102,7 +102,10 @@ def pause_story(pause: dict, stepper: StepperView | None = None) -> str:
         head = f"{bad_kind(ev.get(outs)) or 'NaN/Inf'} first appears"
     if reason.startswith("breakpoint"):
         bp_id = reason.removeprefix("breakpoint").strip()
-        bp = stepper.breakpoint(int(bp_id)) if stepper is not None and bp_id.isdigit() else None
+        # The pause's own copy first: the list of breakpoints may not have arrived yet.
+        bp = pause.get("breakpoint") if isinstance(pause.get("breakpoint"), dict) else None
+        if bp is None and stepper is not None and bp_id.isdigit():
+            bp = stepper.breakpoint(int(bp_id))
         bad = bad_kind(ev.get(outs)) if phase != "before" else None
         if bp is not None and bad is not None and (bp.get("nan") or bp.get("inf")):
             head = f"{bad} first appears" if bad_kind(ev.get(ins)) is None else f"{bad} here"
