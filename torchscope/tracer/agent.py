@@ -326,8 +326,8 @@ class Agent(ServedWatch):
                 self.tracer = None
             if hold.traced and self.tracer is None:
                 self._arm(step, hold)
-            elif hold.traced:
-                self.tracer.boundary(step)  # type: ignore[union-attr]
+            elif hold.traced and self.tracer is not None:
+                self.tracer.boundary(step)
                 if hold.released:
                     self._announce(hold.released)
             else:

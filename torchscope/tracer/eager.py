@@ -20,6 +20,7 @@ def is_compiled_module(module: object) -> bool:
 
 def eager_module(module: nn.Module) -> nn.Module:
     """The module a compiled one wraps (what runs eagerly); any other module itself."""
+    # torch's Module stub types any attribute a Tensor or a Module; _orig_mod is a Module.
     return module._orig_mod if is_compiled_module(module) else module  # type: ignore[return-value]
 
 

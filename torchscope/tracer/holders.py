@@ -162,8 +162,11 @@ class Holders:
             for holder in self._holders.values():
                 if not holder.waiting:
                     continue
+                condition = holder.condition
+                if condition is None:
+                    continue
                 for p in points:
-                    if holder.condition.holds(p):  # type: ignore[union-attr]
+                    if condition.holds(p):
                         holder.fired_at = p.step
                         fired.append(holder)
                         break

@@ -9,7 +9,7 @@ any the caller gave.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from torchscope.protocol.events import Event
@@ -19,13 +19,13 @@ Sink = Callable[[list[Event]], None]
 
 
 class Outputs:
-    def __init__(self, sinks: list[Sink] = ()) -> None:  # type: ignore[assignment]
+    def __init__(self, sinks: Sequence[Sink] = ()) -> None:
         self.sinks: list[Sink] = list(sinks)
         self.stepper: Stepper | None = None
         self.writer: Any = None  # TraceWriter
         self.publisher: Any = None  # EventPublisher
 
-    def start_stepper(self, breakpoints: list[dict[str, Any]], **options: Any) -> Stepper:
+    def start_stepper(self, breakpoints: Iterable[dict[str, Any]], **options: Any) -> Stepper:
         """Step-through control, with the breakpoints the job was started with."""
         self.stepper = Stepper(**options)
         for spec in breakpoints:

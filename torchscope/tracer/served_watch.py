@@ -80,7 +80,10 @@ class ServedWatch:
         pass
 
     def _apply_watch_request(self) -> None:
-        (spec, on_nan), self._watch_request = self._watch_request, None  # type: ignore[misc]
+        request, self._watch_request = self._watch_request, None
+        if request is None:
+            return
+        spec, on_nan = request
         try:
             if self.watch is not None:
                 self.watch.remove()

@@ -7,6 +7,7 @@ collective or fails; what a rank holds is its local shard. The tracer reads that
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 
@@ -20,6 +21,6 @@ def local_shard(t: torch.Tensor) -> torch.Tensor | None:
     return t._local_tensor
 
 
-def placements(t: torch.Tensor) -> str:
+def placements(t: Any) -> str:
     """A DTensor's placements as the user reads them (``Shard(dim=0)``)."""
-    return ", ".join(map(repr, t.placements))  # type: ignore[attr-defined]
+    return ", ".join(map(repr, t.placements))

@@ -30,7 +30,7 @@ class StepSelection:
         """The last selected step, or None when the selection never ends."""
         if self.all_steps or self.every or any(hi is None for _, hi in self.ranges):
             return None
-        return max((hi for _, hi in self.ranges), default=None)  # type: ignore[type-var]
+        return max((hi for _, hi in self.ranges if hi is not None), default=None)
 
 
 ALL_STEPS = StepSelection(all_steps=True)

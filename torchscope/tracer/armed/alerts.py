@@ -76,12 +76,14 @@ VIEW_OPS = frozenset(
 
 def _bad(summary: dict | None) -> str | None:
     """'nan', 'inf' or None for one summary (a summary without stats is never blamed)."""
-    stats = summary.get("stats") if summary else None
+    if not summary:
+        return None
+    stats = summary.get("stats")
     if not stats or "nan" not in stats:
         return None
     if stats["nan"]:
         return "nan"
-    if stats["inf"] and not summary.get(INF_INTENDED):  # type: ignore[union-attr]
+    if stats["inf"] and not summary.get(INF_INTENDED):
         return "inf"
     return None
 
@@ -464,7 +466,10 @@ class AlertDetector:
         if call is not None:  # "aten.mm.default inside AddmmBackward0 (node 57, created by ...)"
             named = f"{call['name']} inside {label}"
             if event["kind"] == GRAD:
-                made_by = (self._op_names or {}).get(event.get("op_seq"))  # type: ignore[arg-type]
+                op_seq = event.get("op_seq")
+                made_by = (
+                    self._op_names.get(op_seq) if self._op_names and op_seq is not None else None
+                )
                 by = f", created by {made_by}" if made_by else ""
                 named += f" (node {event.get('node_id')}{by})"
         seq = self.next_seq()

@@ -160,6 +160,7 @@ class NodeHooks:
             if name == "AccumulateGrad" and not batched:
                 # AccumulateGrad: also what it stored in ``param.grad`` (a weak reference to
                 # the parameter, so the hook keeps nothing alive).
+                # .variable: not in torch's Node stub (see above).
                 hook = partial(recorder.on_accumulate, info, weakref.ref(node.variable))  # type: ignore[attr-defined]
             else:
                 hook = partial(on_grad, info)
@@ -348,7 +349,9 @@ class BackwardRecorder(Recorder):
         stepper = self.stepper
         if stepper is not None and stepper.active:
             tensors = {"grad_outputs": list(grad_outputs), "grad_inputs": list(grad_inputs)}
-            self.pauser.pause_point(AFTER, event, tensors)  # type: ignore[union-attr]
+            pauser = self.pauser
+            assert pauser is not None  # built with the stepper
+            pauser.pause_point(AFTER, event, tensors)
             return _edited(tensors["grad_inputs"], grad_inputs)
         return None
 
@@ -402,7 +405,9 @@ class BackwardRecorder(Recorder):
             self.report_error("backward pre-hook", exc)
             return None
         tensors = {"grad_outputs": list(grad_outputs)}
-        self.pauser.pause_point(BEFORE, stub, tensors)  # type: ignore[union-attr]
+        pauser = self.pauser
+        assert pauser is not None  # pre-hooks are installed only for a stepper
+        pauser.pause_point(BEFORE, stub, tensors)
         return _edited(tensors["grad_outputs"], grad_outputs)
 
     def _grad_event(self, info: NodeInfo, go: list, gi: list | None) -> Event:

@@ -31,6 +31,7 @@ def install() -> None:
     global _installed
     if _installed:
         return
+    # typeshed leaves out the private hook every shown or recorded warning goes through.
     original = warnings._showwarnmsg  # type: ignore[attr-defined]
 
     def show(msg: Any) -> None:
@@ -43,7 +44,7 @@ def install() -> None:
             pass  # a warning is never lost for our sake
         original(msg)
 
-    warnings._showwarnmsg = show  # type: ignore[attr-defined]
+    warnings._showwarnmsg = show  # type: ignore[attr-defined]  # (typeshed: as above)
     _installed = True
 
 

@@ -322,7 +322,9 @@ class ForwardRecorder(Recorder):
             return pending
         tensors = {"inputs": list(pending.tensors)}
         call = {"args": args, "kwargs": kwargs or {}}  # for expressions at the pause
-        if self.pauser.pause_point(BEFORE, stub, tensors, call=call):  # type: ignore[union-attr]
+        pauser = self.pauser
+        assert pauser is not None  # asked only while a stepper is active
+        if pauser.pause_point(BEFORE, stub, tensors, call=call):
             return pending._replace(t0=time.perf_counter_ns())
         return pending
 
@@ -336,7 +338,9 @@ class ForwardRecorder(Recorder):
         """Maybe pause after the op ran (or act: log, edit its output in place); ``call``:
         its args, kwargs and result, for expressions."""
         tensors = {"inputs": list(pending.tensors), "outputs": outs}
-        self.pauser.pause_point(AFTER, event, tensors, call=call)  # type: ignore[union-attr]
+        pauser = self.pauser
+        assert pauser is not None  # asked only while a stepper is active
+        pauser.pause_point(AFTER, event, tensors, call=call)
 
 
 class ForwardMode(TorchFunctionMode):

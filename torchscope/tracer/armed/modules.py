@@ -84,11 +84,11 @@ class ModuleTracker:
         if listener is not None:
             tell_enter, tell_exit = listener.module_enter, listener.module_exit
 
-            def enter(module: nn.Module, args: object) -> None:
+            def enter(module: nn.Module, args: tuple) -> None:
                 self._enter(module, args)
                 tell_enter()
 
-            def exit_(module: nn.Module, args: object, output: object) -> None:
+            def exit_(module: nn.Module, args: tuple, output: object) -> None:
                 tell_exit()
                 self._exit(module, args, output)
 
@@ -111,7 +111,7 @@ class ModuleTracker:
             stack = self._local.stack = []
         return stack
 
-    def _enter(self, module: nn.Module, args: object) -> None:
+    def _enter(self, module: nn.Module, args: tuple) -> None:
         if _is_compiling():
             return  # inside a torch.compile graph: no Python state of ours may be traced
         if self.owner is not None and _get_ident() != self.owner and _current_node() is None:
@@ -124,17 +124,17 @@ class ModuleTracker:
             name = self._name_unknown(module, stack)
         stack.append(name)
         if self._compiled and module in self._compiled and self.compiled_calls is not None:
-            self.compiled_calls.enter(module, args)  # type: ignore[arg-type]
+            self.compiled_calls.enter(module, args)
             self._hide_hooks_during(module)
 
-    def _exit(self, module: nn.Module, args: object, output: object) -> None:
+    def _exit(self, module: nn.Module, args: tuple, output: object) -> None:
         if _is_compiling():
             return
         stack = self._stack()
         if stack:
             if self._compiled and module in self._compiled and self.compiled_calls is not None:
                 self._show_hooks()
-                self.compiled_calls.exit(module, args, output)  # type: ignore[arg-type]
+                self.compiled_calls.exit(module, args, output)
             stack.pop()
 
     def _hide_hooks_during(self, module: nn.Module) -> None:
@@ -324,6 +324,7 @@ def _fsdp_params(module: nn.Module) -> list:
     if not is_fsdp2(module):
         return []
     try:
+        # torch's Module stub types any attribute a Tensor or a Module: not a method.
         state = module._get_fsdp_state()  # type: ignore[operator]
         return [p for group in state._fsdp_param_groups for p in group.fsdp_params]
     except Exception:

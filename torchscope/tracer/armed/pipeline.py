@@ -90,7 +90,8 @@ class EventPipeline:
 
     def _add_step(self) -> None:
         step, self._step_event = self._step_event, None
-        self.add(step)  # type: ignore[arg-type]
+        if step is not None:
+            self.add(step)
 
     def flush(self, wait: bool = False) -> None:
         """Seal the open batch and deliver every sealed batch that is ready (all if ``wait``)."""
@@ -166,11 +167,13 @@ class EventPipeline:
 
     def _clean(self, step: int | None) -> bool:
         marks = self._step_marks
-        mark = marks.get(step) if type(step) is int else None
+        if type(step) is not int:
+            return False
+        mark = marks.get(step)
         if mark is None:
             return False
         if len(marks) > 1:  # steps before this batch's first are delivered: forget them
-            for old in [s for s in marks if s < step]:  # type: ignore[operator]
+            for old in [s for s in marks if s < step]:
                 del marks[old]
         return mark == nonfinite_made()
 

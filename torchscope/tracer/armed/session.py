@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,12 +98,12 @@ class Tracer:
         optimizer_steps: bool = True,
         optimizer_ops: bool = False,
         live: bool | None = None,
-        breakpoints: list[dict[str, Any]] = (),  # type: ignore[assignment]
+        breakpoints: Sequence[dict[str, Any]] = (),
         wait: bool = False,
         lease: float = 10.0,
         stepping: bool = False,
         metadata: dict[str, Any] | None = None,
-        sinks: list[Sink] = (),  # type: ignore[assignment]
+        sinks: Sequence[Sink] = (),
         driven: DrivenBy | None = None,
         on_alert: Callable[[Event], None] | None = None,
         aten: bool | str | None = None,
@@ -142,6 +142,7 @@ class Tracer:
         max_events = None if keep is True else (int(keep) if keep else 0)
         self.trace = Trace()
         if max_events:
+            # Trace.events is typed a list (torchscope.analysis); keep=N bounds it instead.
             self.trace.events = deque(maxlen=max_events)  # type: ignore[assignment]
         self._keep = bool(keep)
         self.summarizer = Summarizer(values)
@@ -461,12 +462,14 @@ class Tracer:
 
     def _begin_step(self) -> None:
         traced = self.step_index in self.steps
-        self.backward.begin_step()  # type: ignore[union-attr]
+        backward, pipeline = self.backward, self.pipeline
+        assert backward is not None and pipeline is not None  # built at start()
+        backward.begin_step()
         self.summaries.forget_uninitialized()
         self._set_active(traced)
         if traced:
             step = Event(kind=STEP, seq=self.next_seq(), step=self.step_index, t=time.time())
-            self.pipeline.open_step(step)  # type: ignore[union-attr]
+            pipeline.open_step(step)
 
     def _set_active(self, active: bool) -> None:
         """Enter or leave the traced state; untraced steps run with no mode and no hooks."""
@@ -480,7 +483,8 @@ class Tracer:
         self._enable_modes(active)
         on_owner = threading.get_ident() == self._owner
         if active and not self._mode_pushed and on_owner:
-            self.mode.__enter__()  # type: ignore[union-attr]
+            assert self.mode is not None  # built at start()
+            self.mode.__enter__()
             if self.aten_mode is not None:
                 self.aten_mode.__enter__()
             self._mode_pushed = True
@@ -488,7 +492,8 @@ class Tracer:
             self._pop_modes()
 
     def _enable_modes(self, enabled: bool) -> None:
-        self.mode.enabled = enabled  # type: ignore[union-attr]
+        assert self.mode is not None  # built at start()
+        self.mode.enabled = enabled
         if self.aten_mode is not None:
             self.aten_mode.enabled = enabled
 

@@ -458,11 +458,13 @@ def _source_ref(t: torch.Tensor) -> tuple[weakref.ref, int] | None:
 def _live_source(source: tuple[weakref.ref, int] | None) -> torch.Tensor | None:
     """The real floating form of a summarised tensor while it still holds the numbers it was
     summarised with (alive, same version); None once it is gone or changed."""
-    t = source[0]() if source is not None else None
+    if source is None:
+        return None
+    t = source[0]()
     if t is None:
         return None
     try:
-        if t._version != source[1]:  # type: ignore[index]
+        if t._version != source[1]:
             return None
         with torch._C.DisableTorchFunction(), torch.no_grad():
             return _stat_view(t, keep_half=True)[0]
@@ -485,7 +487,7 @@ def _overflow_stats(
         except RuntimeError:
             pass
     known = mean if math.isfinite(mean) else None
-    return {**_stats(mn, mx, known, None, None, 0, 0), "moments_exact": False}  # type: ignore[arg-type]
+    return {**_stats(mn, mx, known, None, None, 0, 0), "moments_exact": False}
 
 
 def _count_nonfinite(
@@ -629,7 +631,15 @@ def _nonfinite_stats(mn: float, mx: float, nan: int, inf: int) -> dict:
     return _stats(mn, mx, mean, std, norm, nan, inf)
 
 
-def _stats(mn: float, mx: float, mean: float, std: float, norm: float, nan: int, inf: int) -> dict:
+def _stats(
+    mn: float,
+    mx: float,
+    mean: float | None,
+    std: float | None,
+    norm: float | None,
+    nan: int,
+    inf: int,
+) -> dict:
     return {
         "min": mn,
         "max": mx,

@@ -147,7 +147,9 @@ class _Plan:
         # they are, without asking every one of them again what ``dense`` asks.
         mixed: set[tuple[torch.device, torch.dtype]] = set()
         for i, p in enumerate(params):
-            g = dense(p.grad)  # type: ignore[arg-type]
+            grad = p.grad
+            assert grad is not None  # the parameters that have a gradient
+            g = dense(grad)
             m = names.setdefault(owner.get(id(p), OTHER), len(names))
             group = (g.device, g.dtype)
             pos, mods = groups.setdefault(group, ([], []))

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -136,7 +136,7 @@ def graph_leaves(roots: list[torch.Tensor]) -> list[torch.Tensor]:
     return leaves
 
 
-def graph_saved_bytes(roots: list[torch.Tensor], exclude: list[torch.Tensor] = ()) -> int:  # type: ignore[assignment]
+def graph_saved_bytes(roots: list[torch.Tensor], exclude: Sequence[torch.Tensor] = ()) -> int:
     """Bytes of the distinct storages a retained graph's nodes hold through their saved
     tensors, not counting leaves (parameters) and ``exclude`` (inputs): what a non-retaining
     backward would have freed. For measurement, not for the hot path."""
@@ -281,9 +281,11 @@ class Replay:
             elif self.marked:
                 self._place_from_marks()
         finally:
+            stepper = tracer.stepper
             for bp in bps:
-                with contextlib.suppress(Exception):
-                    tracer.stepper.delete_breakpoint(bp)  # type: ignore[union-attr]
+                if stepper is not None:
+                    with contextlib.suppress(Exception):
+                        stepper.delete_breakpoint(bp)
             try:
                 tracer.stop()
             finally:
