@@ -238,7 +238,14 @@ def test_device_values_arrive_in_batches_in_order_without_a_read_per_step():
     assert [p.loss for p in c.history.points][-2:] == [None, None]
 
 
-def test_per_module_norms_equal_vector_norm_of_each_modules_gradients():
+@pytest.mark.parametrize("flat", [True, False], ids=["flat copy", "a norm per tensor"])
+def test_per_module_norms_equal_vector_norm_of_each_modules_gradients(flat, monkeypatch):
+    """Both ways of reading the norms: the CPU's flat copy of many small gradients, and one
+    fused norm per tensor (the accelerators' way, and the CPU's for large gradients)."""
+    from torchscope.tracer.watch import norms
+
+    if not flat:
+        monkeypatch.setattr(norms, "FLAT_MAX_ELEMENTS", 0)
     a, _ = agent(watch="nan")
     model = models.mlp(0)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -457,3 +464,45 @@ def test_the_history_adds_no_hook_and_no_thread_to_the_dormant_agent():
     # One listener in the backward wrapper the step clock installs anyway.
     assert during["listeners"] == sorted([StepClock.__name__, HistoryCollector.__name__])
     assert hooks() == before[0]
+
+
+@pytest.mark.parametrize("flat", [True, False], ids=["flat copy", "a norm per tensor"])
+def test_module_norms_of_non_finite_gradients(flat, monkeypatch):
+    """A NaN gradient makes the total and its own module's figure NaN, not the others'."""
+    from torchscope.tracer.watch import norms
+
+    if not flat:
+        monkeypatch.setattr(norms, "FLAT_MAX_ELEMENTS", 0)
+    model = models.mlp(0)
+    params = list(model.parameters())
+    for p in params:
+        p.grad = torch.full_like(p, 0.5)
+    got = []
+    module_norms = norms.ModuleNorms(lambda *a: got.append(a), lambda: [model])
+    every = torch.cat([p.grad.flatten() for p in params])
+    row = module_norms.totals(params, [p.grad for p in params], [torch.tensor(2.0)]).tolist()
+    assert row[0] == pytest.approx(torch.linalg.vector_norm(every).item(), rel=1e-6)
+    assert row[1] == 2.0
+    params[2].grad[0, 0] = float("nan")
+    row = module_norms.totals(params, [p.grad for p in params], [torch.tensor(2.0)]).tolist()
+    assert math.isnan(row[0])
+    module_norms.took(3, row)
+    step, grad_norm, per_module = got[-1]
+    assert step == 3 and math.isnan(grad_norm)
+    assert math.isnan(per_module["2"]) and per_module["0"] == pytest.approx(
+        torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in params[:2]])).item()
+    )
+
+
+def test_the_cpus_flat_copy_sums_squares_where_float32_cannot_hold_them():
+    """Gradients of 1e20: squares no float32 holds; the total is summed in float64."""
+    from torchscope.tracer.watch import norms
+
+    model = models.mlp(0)
+    params = list(model.parameters())
+    for p in params:
+        p.grad = torch.full_like(p, 1e20)
+    module_norms = norms.ModuleNorms(lambda *a: None, lambda: [model])
+    row = module_norms.totals(params, [p.grad for p in params], [torch.tensor(2.0)]).tolist()
+    every = torch.cat([p.grad.flatten().double() for p in params])
+    assert row[0] == pytest.approx(torch.linalg.vector_norm(every).item(), rel=1e-6)

@@ -764,3 +764,36 @@ def test_the_benchmark_prints_its_table():
     for row in ("| untraced |", "| watch nan (keep_graph=True) |", "| detect_anomaly() |"):
         assert row in proc.stdout
     assert "| retained graph (saved activations a plain backward frees) |" in proc.stdout
+
+
+def test_the_watch_reads_the_parameters_parameters_would_give_in_its_order():
+    """The check's own walk of the modules (every step, without Module.parameters()'s name
+    building) gives the same parameters, once each, in the same order: shared submodules,
+    tied weights, an empty slot, several roots."""
+    from torchscope.tracer.watch.nan_watch import parameters_of
+
+    shared = torch.nn.Linear(3, 3)
+    a = torch.nn.Sequential(torch.nn.Linear(2, 3), shared, torch.nn.ReLU(), shared)
+    b = torch.nn.ModuleDict({"x": torch.nn.Linear(3, 2), "y": torch.nn.Sequential(shared)})
+    b["z"] = torch.nn.Linear(3, 3, bias=False)  # a None slot in _parameters
+    b["z"].weight = shared.weight  # tied
+    every = list(dict.fromkeys(p for m in (a, b) for p in m.parameters()))
+    assert [id(p) for p in parameters_of([a, b])] == [id(p) for p in every]
+    assert [id(p) for p in parameters_of([a, a])] == [id(p) for p in a.parameters()]
+
+
+def test_a_bad_gradient_is_named_when_other_parameters_have_none():
+    """The names of the bad gradients index the parameters that have one: a frozen layer
+    before them must not shift the names."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    model[0].requires_grad_(False)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    w, _ = watch()
+    with w:
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            model[1].bias.grad.fill_(float("nan"))
+            opt.step()
+    assert w.detections and w.detections[0]["bad_params"] == ["1.bias"]

@@ -79,6 +79,9 @@ class StepCheck:
     def _live_roots(self) -> list[torch.nn.Module]:
         raise NotImplementedError
 
+    def _watched_modules(self) -> list[torch.nn.Module]:
+        raise NotImplementedError
+
     # -- the loss scaler (scaler_calls listener) -----------------------------------------------
     def loss_scaled(self, scaler: Any, outputs: Any, scaled: Any) -> None:
         if not self.installed or self._replaying or threading.get_ident() != self._owner:
@@ -182,8 +185,14 @@ class StepCheck:
         before its update. Does not end the step (the hook does, after it); never raises.
         """
         try:
-            params = list(params) if params is not None else self._root_params()
-            grads = [p.grad for p in params if p.grad is not None]
+            # Those with a gradient, and their gradients: one read of ``.grad`` each.
+            with_grad: list[torch.Tensor] = []
+            grads: list[torch.Tensor] = []
+            for p in params if params is not None else self._root_params():
+                g = p.grad
+                if g is not None:
+                    with_grad.append(p)
+                    grads.append(g)
             values = [v for b in self._backwards for v in b.values]
             if not grads and not values:
                 return None
@@ -194,7 +203,7 @@ class StepCheck:
                 if norms is None:
                     total = total_norms(grads, values)
                 else:  # the same totals, with each module's norm in the same read
-                    total = norms.totals(params, grads, values)
+                    total = norms.totals(with_grad, grads, values)
                 if scaled is not None and scaled.scale is not None:
                     # The scale in the same read: the gradients are scaled, the figures not.
                     scale = scaled.scale.to(total.device, total.dtype).reshape(1)
@@ -239,7 +248,7 @@ class StepCheck:
                     run["last_step"] = self.step
                 self._still_bad = run
                 return None
-            det = self._detected(what, grad_norm, params, bad, in_loss, live)
+            det = self._detected(what, grad_norm, with_grad, bad, in_loss, live)
             self._bad_run = det
             return det
         except Exception as exc:
@@ -382,7 +391,7 @@ class StepCheck:
         if not tensors:
             return []
         names: dict[int, str] = {}
-        for m in self._live_roots():
+        for m in self._watched_modules():
             for n, p in replay_target(m).named_parameters():
                 names.setdefault(id(p), n)
         return [names.get(id(t), f"<tensor {tuple(t.shape)}>") for t in tensors]

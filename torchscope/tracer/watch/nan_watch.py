@@ -607,17 +607,15 @@ class NanWatch(StepCheck):
     def _root_params(self) -> list[torch.Tensor]:
         """The watched modules' parameters (on the first step, while they are still being
         found, those of the step's top-level calls so far)."""
-        out: list[torch.Tensor] = []
-        seen = set()
+        return parameters_of(self._watched_modules())
+
+    def _watched_modules(self) -> list[nn.Module]:
+        """The watched top-level modules (on the first step, while they are still being
+        found, the step's top-level calls so far)."""
         modules = self._live_roots()
         if self._discovering:
             modules += [c.module for c in self._calls]
-        for m in modules:
-            for p in m.parameters():
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    out.append(p)
-        return out
+        return modules
 
     # -- step end ------------------------------------------------------------------------------
     def _end_step(self, count: bool = True) -> None:
@@ -721,3 +719,24 @@ def _grad_catcher(ref: weakref.ref, call: Call, i: int) -> Callable[[torch.Tenso
 
 def _params_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def parameters_of(modules: list[nn.Module]) -> list[torch.Tensor]:
+    """The parameters of ``modules`` and their submodules, each once, in ``parameters()``'s
+    order. Read every step: ``Module.parameters()`` builds a name for every submodule and
+    parameter through three generators, which on a model of many small layers costs more
+    than the check's norms; this walks the same dicts without them."""
+    out: list[torch.Tensor] = []
+    seen: set[int] = set()
+    stack = list(reversed(modules))
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        for p in module._parameters.values():
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+        stack.extend(m for m in reversed(module._modules.values()) if m is not None)
+    return out

@@ -8,7 +8,9 @@ and reduces them on the device to one total, which it reads with the step's only
 from the same stacked norms (the same operations, so the same number), and beside it the L2
 norm of each module's own parameters' gradients: the squares of the per-parameter norms summed
 by module with one ``index_add_`` on the device. Both go out in the same ``.tolist()``: no
-extra sync, a few small kernels per step.
+extra sync, a few small kernels per step. On the CPU, where ``_foreach_norm`` is a loop of
+one reduction per tensor, a group of many small gradients is read instead through one flat
+copy and one segmented sum of squares (in float64): the same figures to rounding.
 
 A module here is the one that owns the parameter directly (``blocks.3.attn.c_attn`` for
 ``blocks.3.attn.c_attn.weight``), named as in the watched top-level modules
@@ -160,9 +162,36 @@ class _Plan:
         self.names = tuple(names)
         self.index = names
         self.groups = [
-            (dev, dtype, pos, _on(dev, mods), (dev, dtype) not in mixed)
+            (
+                dev,
+                dtype,
+                pos,
+                _on(dev, mods),
+                (dev, dtype) not in mixed,
+                _flat_lengths(dev, dtype, [params[i] for i in pos], (dev, dtype) in mixed),
+            )
             for (dev, dtype), (pos, mods) in groups.items()
         ]
+
+
+# The CPU has no fused ``_foreach_norm``: it runs one reduction per gradient, and on a model
+# of many small tensors those calls are most of the check. Up to this many elements in all
+# (a copy of 4 MB of float32 gradients), one copy into a flat buffer and one segmented sum
+# cost fewer calls; above it the copy would cost more than the calls it saves.
+FLAT_MAX_ELEMENTS = 1 << 20
+FLAT_MIN_TENSORS = 4
+
+
+def _flat_lengths(
+    device: torch.device, dtype: torch.dtype, params: list[torch.Tensor], mixed: bool
+) -> torch.Tensor | None:
+    """Each gradient's number of elements, where a group is read through a flat copy."""
+    if device.type != "cpu" or mixed or not dtype.is_floating_point:
+        return None
+    sizes = [p.numel() for p in params]
+    if len(sizes) < FLAT_MIN_TENSORS or min(sizes) == 0 or sum(sizes) > FLAT_MAX_ELEMENTS:
+        return None
+    return torch.tensor(sizes, dtype=torch.long)
 
 
 def _on(device: torch.device, values: list[int]) -> torch.Tensor:
@@ -231,7 +260,8 @@ class ModuleNorms:
         self, params: list[torch.Tensor], grads: list[torch.Tensor], values: list[torch.Tensor]
     ) -> torch.Tensor:
         """What the watch reads: [total gradient norm, loss norm, module squares...], on the
-        device of the first gradient (as ``total_norms``), float32. No host sync. A failure
+        device of the first gradient (as ``total_norms``), float32; ``grads[i]`` is
+        ``params[i].grad``. No host sync. A failure
         here must not cost the watch its check: it falls back to the watch's own totals."""
         if not self.failed:
             try:
@@ -246,8 +276,7 @@ class ModuleNorms:
     ) -> torch.Tensor:
         if not grads:
             return total_norms(grads, values)
-        with_grad = [p for p in params if p.grad is not None]
-        key = tuple(id(p) for p in with_grad)
+        key = tuple(map(id, params))
         owner = self._names()
         plan = self._plan
         if plan is None or plan.key != key:
@@ -255,12 +284,21 @@ class ModuleNorms:
             if plan is None:
                 if len(self._plans) >= 8:
                     self._plans.clear()
-                plan = self._plans[key] = _Plan(key, with_grad, owner)
+                plan = self._plans[key] = _Plan(key, params, owner)
             self._plan = plan
         device = grads[0].device
         parts, squares = [], []
-        for dev, dtype, pos, mods, plain in plan.groups:
+        for dev, dtype, pos, mods, plain, lengths in plan.groups:
             ts = [grads[i] for i in pos] if plain else [dense(grads[i]) for i in pos]
+            if lengths is not None:
+                # Squares summed in float64: no square of a float32 gradient overflows there.
+                flat = torch._utils._flatten_dense_tensors(ts).double()
+                each = torch.segment_reduce(flat.square(), "sum", lengths=lengths)
+                sq = torch.zeros(len(plan.names), dtype=torch.float64).index_add_(0, mods, each)
+                part, sq = _float32(sq.sum().sqrt()), _float32(sq)
+                parts.append(part if dev == device else part.to(device))
+                squares.append(sq if dev == device else sq.to(device))
+                continue
             norms = foreach_norms(ts, dtype)
             if norms is None:
                 continue
