@@ -168,3 +168,34 @@ def test_trace_takes_its_documented_options_and_refuses_others():
     for bad in ({"sinks": []}, {"step": 1}):
         with pytest.raises(TypeError, match=repr(next(iter(bad)))):
             torchscope.trace(**bad)
+
+
+def test_options_are_checked_in_one_line_each():
+    """trace() and serve() check their keywords through torchscope.Options: an option of the
+    other says so, a bad value is refused before anything starts."""
+    with pytest.raises(TypeError, match=r"'watch' \(it is an option of serve\(\)\)"):
+        torchscope.Options.for_trace(watch="nan")
+    with pytest.raises(TypeError, match=r"'keep' \(it is an option of trace\(\)\)"):
+        torchscope.Options.for_serve(keep=3)
+    for bad, words in (
+        ({"values": -1}, "values must be"),
+        ({"steps": "x"}, "bad step spec"),
+        ({"on_nan": "halt"}, "on_nan must be one of"),
+        ({"lease": 0}, "lease must be a positive"),
+        ({"aten": "("}, "not a regular expression"),
+    ):
+        with pytest.raises((TypeError, ValueError), match=words) as info:
+            torchscope.Options.for_serve(**bad)
+        assert "\n" not in str(info.value)
+
+
+def test_step_moves_a_trace_block_that_hooks_no_optimizer():
+    """With optimizer_steps=False and the update's ops traced, only torchscope.step() ends a
+    step, and step(n) numbers it."""
+    with torchscope.trace(optimizer_steps=False, optimizer_ops=True) as tr:
+        torch.ones(2).add(1)
+        torchscope.step()
+        torch.ones(2).mul(2)
+        torchscope.step(7)
+        torch.ones(2).sub(1)
+    assert sorted({e["step"] for e in tr.ops}) == [0, 1, 7]

@@ -132,10 +132,15 @@ class Tracer:
                 driven.stepper = self.outputs.start_stepper(
                     breakpoints, lease_seconds=lease, wait_for_ui=wait, attach_hint=hint
                 )
-            if optimizer_steps or not optimizer_ops:
-                # Standalone, the tracer counts steps itself; driven, the agent's clock calls
-                # the same three methods (update_begins, update_ends, boundary).
-                self.clock = StepClock(self, optimizer_steps=optimizer_steps)
+            # Standalone, the tracer counts steps itself; driven, the agent's clock calls the
+            # same three methods (update_begins, update_ends, boundary). Without optimizer
+            # steps, and with the update's ops traced, it hooks no optimizer: it only takes
+            # torchscope.step().
+            self.clock = StepClock(
+                self,
+                optimizer_steps=optimizer_steps,
+                optimizer_hooks=optimizer_steps or not optimizer_ops,
+            )
         self.stepper = driven.stepper
         self.step_index = driven.step
         self.next_seq = driven.next_seq
@@ -452,13 +457,6 @@ class Tracer:
             self._begin_step()
         except Exception as exc:
             self.report_error("advancing the step", exc)
-
-    def advance_step(self) -> None:
-        """End the current step and begin the next one (``torchscope.step()``)."""
-        if self.clock is not None:
-            self.clock.advance()
-        else:
-            self.boundary(self.step_index + 1)
 
     def _begin_step(self) -> None:
         traced = self.step_index in self.steps
