@@ -375,15 +375,21 @@ print("finished", flush=True)
 UI_THAT_DIES = """
 import sys, time
 from torchscope.protocol.client import SessionClient
-for _ in range(300):  # the job may not have registered yet
+deadline = time.monotonic() + 120  # the job may not have registered yet (torch loading)
+while True:
     c = SessionClient()
     try:
         c.connect(sys.argv[1])
         break
     except Exception:
         c.close()
+        if time.monotonic() > deadline:
+            raise
         time.sleep(0.1)
-while c.request("state")["state"]["paused"] is None:
+def paused_at_a_breakpoint():  # not at --wait's pause before the first op, which this ends
+    paused = c.request("state", timeout=30)["state"]["paused"]
+    return paused is not None and paused["reason"] != "waiting for a UI"
+while not paused_at_a_breakpoint():
     time.sleep(0.05)
 print("paused", flush=True)
 time.sleep(60)  # killed while the job waits on us
@@ -493,7 +499,10 @@ def test_killed_ui_while_paused_lets_the_job_finish(tmp_path):
     import subprocess
     import sys
 
-    job = _job(tmp_path, "--break-on", "nan", "--lease", "2")
+    # --wait: the job waits for the UI before its first op, so that its NaN pause comes with
+    # the UI attached (without it, a loaded machine could start the UI after the unattended
+    # pause's 2 s lease had run out, and the UI would never see the job paused).
+    job = _job(tmp_path, "--wait", "--break-on", "nan", "--lease", "2")
     ui_script = tmp_path / "ui.py"
     ui_script.write_text(UI_THAT_DIES)
     ui = subprocess.Popen(

@@ -431,3 +431,26 @@ def test_numbering_a_step_with_its_own_number_changes_nothing():
         a.stop()
     assert a.clock.step == 5
     assert traced_steps(events) == [1, 2]
+
+
+def test_a_live_agent_serves_its_commands_from_the_moment_a_ui_can_find_it(monkeypatch):
+    """The publisher registers the session (a UI finds it in ``ls``) as it starts: the
+    stepper's and the agent's commands are in place by then. (They once came after: a UI
+    that connected at once had its first ``state`` refused as not supported.)"""
+    from torchscope.tracer.publisher import EventPublisher
+
+    at_start: dict = {}
+    real_start = EventPublisher.start
+
+    def start(self):
+        at_start.update(commands=set(self.commands), on_request=self.on_request)
+        return real_start(self)
+
+    monkeypatch.setattr(EventPublisher, "start", start)
+    a = Agent(ServeOptions(live=True, quiet=True)).start()
+    try:
+        assert a.publisher is not None
+    finally:
+        a.stop()
+    assert {"state", "continue", "arm", "disarm", "history"} <= at_start["commands"]
+    assert at_start["on_request"] is not None

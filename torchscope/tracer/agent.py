@@ -203,11 +203,15 @@ class Agent(ServedWatch):
         )
 
     def _start_publisher(self, session: Event) -> None:
-        publisher = self.outputs.start_publisher(
-            session, self.clock.step, lambda: self.clock.step, lambda t: self._say(t, force=True)
+        self.outputs.start_publisher(
+            session,
+            self.clock.step,
+            lambda: self.clock.step,
+            lambda t: self._say(t, force=True),
+            setup=self._setup_publisher,  # before it starts: a UI may come at once
         )
-        if publisher is None:
-            return
+
+    def _setup_publisher(self, publisher: Any) -> None:
         publisher.tracing_state = self._tracing_state
         publisher.commands.update(
             {

@@ -43,24 +43,36 @@ class Outputs:
         self.sinks.append(self.writer.write)
 
     def start_publisher(
-        self, session: Event, step: int, current_step: Callable[[], int], say: Callable[[str], None]
+        self,
+        session: Event,
+        step: int,
+        current_step: Callable[[], int],
+        say: Callable[[str], None],
+        setup: Callable[[Any], None] | None = None,
     ) -> Any:
         """Stream events to UIs and take their commands; a job whose live view cannot start
-        still runs (and records, when asked). Returns the publisher, or None."""
+        still runs (and records, when asked). Returns the publisher, or None.
+
+        Its commands (the stepper's, then ``setup``'s) are in place before it starts: a UI
+        finds the session as soon as it is registered, and its first ``state`` or ``arm``
+        must not be refused as unsupported."""
         from torchscope.tracer.publisher import EventPublisher  # pyzmq only when live
 
         try:
-            publisher = EventPublisher(session, sndhwm=100).start()
+            publisher = EventPublisher(session, sndhwm=100)
+            publisher.note_step(step)
+            stepper = self.stepper
+            if stepper is not None:
+                publisher.commands.update(stepping_commands(stepper, current_step))
+                publisher.on_request = lambda client, cmd: stepper.contact(client)
+            if setup is not None:
+                setup(publisher)
+            publisher.start()
         except Exception as exc:  # unsafe runtime dir, bad TORCHSCOPE_BIND, bind failure
             say(f"live view disabled: {exc}")
             return None
-        publisher.note_step(step)
         self.sinks.append(publisher)
         self.publisher = publisher
-        stepper = self.stepper
-        if stepper is not None:
-            publisher.commands.update(stepping_commands(stepper, current_step))
-            publisher.on_request = lambda client, cmd: stepper.contact(client)
         return publisher
 
     def emit(self, events: list[Event]) -> None:
