@@ -475,11 +475,11 @@ async def test_live_session_over_zeromq_snapshot_stream_and_bye(runtime_dir):
 
 
 RERUN_SCRIPT = """
-import time, torch
+import os, time, torch
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(STEPS):
+while not os.path.exists(STOP):  # trains on until the test has seen what it waits for
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
     opt.zero_grad()
@@ -495,15 +495,17 @@ async def test_live_ui_says_the_job_ended_and_follows_its_next_run(tmp_path: Pat
 
     script = tmp_path / "train.py"
 
-    def start(steps: int) -> subprocess.Popen:
-        script.write_text(RERUN_SCRIPT.replace("STEPS", str(steps)))
+    def start(stop: Path) -> subprocess.Popen:
+        # Each run trains until its stop file exists, not for a fixed time: on a loaded
+        # machine a run of 15 steps could end before the UI had armed it and shown a step.
+        script.write_text(RERUN_SCRIPT.replace("STOP", repr(str(stop))))
         return subprocess.Popen(
             [sys.executable, "-m", "torchscope", "run", "--quiet", str(script)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
 
-    first = start(15)
+    first = start(tmp_path / "stop-first")
     second = None
     try:
         app = TorchscopeApp(
@@ -512,9 +514,10 @@ async def test_live_ui_says_the_job_ended_and_follows_its_next_run(tmp_path: Pat
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: app.status.get("pid") == first.pid, 30, "first run")
             await ready(pilot, app)
+            (tmp_path / "stop-first").touch()  # the first run ends
             assert first.wait(60) == 0
             await until(pilot, lambda: not app.status.get("connected"), 30, "the end seen")
-            second = start(40)
+            second = start(tmp_path / "stop-second")  # runs on until killed below
             await until(pilot, lambda: app.status.get("pid") == second.pid, 30, "second run")
             await until(pilot, lambda: app.store.session is not None, 10, "new session")
             assert app.store.session["pid"] == second.pid  # a fresh store, not a mixture
