@@ -286,10 +286,10 @@ def test_a_recording_answers_from_kept_summaries_and_says_what_it_cannot():
 
 # -- over the wire: a UI that holds the job, a client that does not ----------------------------
 JOB = """
-import time, torch
+import os, time, torch
 torch.manual_seed(0)
 w = torch.randn(4, 4, requires_grad=True)
-for step in range(200):
+while not os.path.exists(STOP):  # trains until the test lets it end (not a fixed time)
     y = torch.relu(torch.randn(2, 4) @ w)
     y.sum().backward()
     w.grad = None
@@ -302,7 +302,8 @@ def test_over_the_wire_only_a_holder_evaluates_and_edits(tmp_path):
     from torchscope.protocol.client import SessionRefused
 
     script = tmp_path / "job.py"
-    script.write_text(JOB)
+    stop = tmp_path / "stop"
+    script.write_text(JOB.replace("STOP", repr(str(stop))))
     job = subprocess.Popen(
         [sys.executable, "-m", "torchscope", "run", "--lease", "30", str(script)],
         stdout=subprocess.PIPE,
@@ -331,6 +332,7 @@ def test_over_the_wire_only_a_holder_evaluates_and_edits(tmp_path):
             ui.request("evaluate", expr="x[")
         assert "\n" not in str(err.value)
         ui.request("detach")
+        stop.touch()
         out, _ = job.communicate(timeout=120)
         assert job.returncode == 0 and "finished" in out
     finally:
@@ -346,7 +348,7 @@ def test_record_pid_with_a_logpoint_and_an_edit(tmp_path):
     from torchscope.protocol.tracefile import TraceReader
 
     script = tmp_path / "job.py"
-    script.write_text(JOB)
+    script.write_text(JOB.replace("STOP", repr(str(tmp_path / "stop"))))  # killed below
     job = subprocess.Popen(
         [sys.executable, "-m", "torchscope", "run", str(script)],
         stdout=subprocess.PIPE,

@@ -422,7 +422,9 @@ def _wait_paused(client, timeout: float = 30.0, after: dict | None = None) -> di
     raise AssertionError("the job did not pause")
 
 
-def _connect(pid: int, timeout: float = 30.0):
+def _connect(pid: int, timeout: float = 120.0):
+    """A client of the job ``pid``, once it has registered (loading torch on a loaded machine
+    has taken over 30 s)."""
     from torchscope.protocol.client import SessionClient, SessionUnreachable
     from torchscope.protocol.runtime import EndpointError
 
