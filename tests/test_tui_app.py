@@ -412,8 +412,9 @@ async def test_a_hundred_thousand_event_step_stays_responsive():
         for key in ("end", "pageup", "up", "home", "pagedown"):
             await pilot.press(key)
         # Pilot's press sleeps until the app looks idle; the point is that it returns at all
-        # quickly and lands where asked (the benchmark measures real latency).
-        assert time.perf_counter() - t < 10
+        # quickly and lands where asked (the benchmark measures real latency). Under 1 s on
+        # an idle machine; a loaded CI box (the suite 4x slower) once took 10.1 s.
+        assert time.perf_counter() - t < 30
         assert tl.cursor == tl.page_height
         await pilot.press("vertical_line", *"Gelu", "enter")
         assert tl.row_count() == 2 * 9000
