@@ -326,7 +326,7 @@ def test_authorized_client_round_trip(keys, ip: str, publishers, rt: Path) -> No
     pub = publishers(events_endpoint=ANY, control_endpoint=ANY, register=True)
     assert all(e.startswith("tcp://0.0.0.0:") for e in pub.endpoints)
     with SessionClient() as c:
-        hello = c.connect(f"tcp://{ip}:{port_of(pub.endpoints[1])}", timeout=3)
+        hello = c.connect(f"tcp://{ip}:{port_of(pub.endpoints[1])}", timeout=30)
         assert hello["events_endpoint"] == pub.endpoints[0]
         assert c.events_endpoint == f"tcp://{ip}:{port_of(pub.endpoints[0])}"  # rewritten
         assert c.subscribed
@@ -338,7 +338,7 @@ def test_authorized_client_round_trip(keys, ip: str, publishers, rt: Path) -> No
     (record,) = ep.list_sessions()
     assert record.control == pub.endpoints[1]
     with SessionClient() as c:
-        c.connect(record, timeout=3)
+        c.connect(record, timeout=30)
         assert c.subscribed
         pub(ops(5, 6))
         assert [e["seq"] for e in some_events(c)] == [5]
@@ -352,7 +352,7 @@ def test_other_clients_get_nothing(
     control = f"tcp://{ip}:{port_of(pub.endpoints[1])}"
     events = f"tcp://{ip}:{port_of(pub.endpoints[0])}"
     good = SessionClient()
-    good.connect(control, timeout=3)  # proves the job is up and streaming meanwhile
+    good.connect(control, timeout=30)  # proves the job is up and streaming meanwhile
     requests = pub.requests
 
     if who == "no CURVE":
@@ -404,7 +404,7 @@ def test_loopback_publisher_is_curve_with_session_keys(keys, publishers, sockets
     dealer.send(build_request(1, "ping"))
     assert not dealer.poll(500, zmq.POLLIN)
     with SessionClient() as c:  # the same user: no set-up
-        c.connect(pub.endpoints[1], timeout=3)
+        c.connect(pub.endpoints[1], timeout=30)
         assert c.subscribed and c.ping() < 1
 
 
@@ -418,5 +418,5 @@ def test_authorizations_are_read_at_start(keys, ip: str, publishers, tmp_path, m
     with SessionClient() as c, pytest.raises(SessionUnreachable):
         c.connect(f"tcp://{ip}:{port_of(pub.endpoints[1])}", timeout=0.3)
     with SessionClient() as c:
-        c.connect(f"tcp://{ip}:{port_of(pub2.endpoints[1])}", timeout=3)
+        c.connect(f"tcp://{ip}:{port_of(pub2.endpoints[1])}", timeout=30)
         assert c.subscribed

@@ -98,7 +98,7 @@ def test_a_pause_lasts_as_long_as_its_owner_talks_not_anyone_else():
     job.stepper.request_pause(b"ui-a")
     job.start()
     job.wait_paused()
-    deadline = time.monotonic() + 1.0
+    deadline = time.monotonic() + 30  # the 0.3 s lease runs out
     while time.monotonic() < deadline and job.stepper.paused is not None:
         job.stepper.contact(b"ui-b")  # a second UI pinging does not keep ui-a's pause
         time.sleep(0.05)
@@ -136,21 +136,21 @@ def test_the_job_says_on_stderr_when_a_ui_pauses_it_and_when_it_goes_on():
     ):
         t = threading.Thread(target=lambda r=reason: results.append(stepper.at_point(point(r))))
         t.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while stepper.paused is None and time.monotonic() < deadline:
             time.sleep(0.01)
         let_go()
-        t.join(10)
+        t.join(60)
     assert results == ["step", "continue"]
     assert len(notes) == 1 and notes[0].startswith("paused at ")
     assert notes[0].endswith("at a UI's request (a UI holds it)")  # not "by paused"
     # the pause by "step" was the UI's own stepping: said nothing, and its end neither
     t = threading.Thread(target=lambda: results.append(stepper.at_point(point("breakpoint 1"))))
     t.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while stepper.paused is None and time.monotonic() < deadline:
         time.sleep(0.01)
     stepper.request_continue(b"ui")
-    t.join(10)
+    t.join(60)
     assert notes[1:] == [notes[1], "resumed: the UI continued"]
     assert notes[1].endswith("by breakpoint 1 (a UI holds it)")

@@ -408,7 +408,7 @@ def test_a_recorder_is_not_a_ui_for_wait_or_for_pauses(monkeypatch):
     _until(lambda: a.stepper.paused is not None)
     first = a.stepper.paused
     a._cmd_disarm({}, b"ui")  # q in the UI; the recorder stays
-    _until(lambda: a.stepper.paused is not first, timeout=5)  # not the 30 s lease
+    _until(lambda: a.stepper.paused is not first, timeout=20)  # not the 30 s lease
     assert a.stepper.auto_resumed == 0
     a._cmd_detach({}, b"rec")  # the command line's breakpoint goes: the job runs out
     job.join(20)

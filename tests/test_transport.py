@@ -57,7 +57,7 @@ def rt(monkeypatch: pytest.MonkeyPatch):
 @pytest.fixture(autouse=True)
 def _no_thread_left():
     yield
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + 15
     while any(t.name == "torchscope-publisher" for t in threading.enumerate()):
         assert time.monotonic() < deadline, "a publisher thread outlived its test"
         time.sleep(0.01)
@@ -170,7 +170,7 @@ def test_snapshot_then_live_has_no_gap_or_duplicate(publishers, clients) -> None
         assert seqs == list(range(len(seqs)))  # the ring from the start, in order
         assert 3000 <= len(seqs) < total  # taken while the job was still producing
         # Keep up with the job, as a UI does (a UI that falls behind sees counted drops).
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(seqs) + len(live) < total + 3:
             live += [e["seq"] for e in c.recv_events(50)]
     finally:
@@ -230,7 +230,7 @@ def test_ui_that_never_reads_never_blocks_the_job(publishers, clients) -> None:
     elapsed = time.perf_counter() - t0
     assert elapsed < 3.0, f"sink calls took {elapsed:.2f} s with a stuck UI"
     assert worst <= 2000
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while pub.dropped == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert pub.dropped > 0  # counted, not waited for
@@ -268,7 +268,7 @@ def test_bye_and_heartbeat(publishers, clients) -> None:
     c.connect(None)
     pub.note_step(7)
     beats: list[dict] = []
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 30
     while len(beats) < 2 and time.monotonic() < deadline:
         beats += [f for f in c.recv(50) if f["type"] == "heartbeat"]
     assert len(beats) >= 2
@@ -279,7 +279,7 @@ def test_bye_and_heartbeat(publishers, clients) -> None:
     pub(ops(0, 5))
     pub.close()
     frames: list[dict] = []
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + 30
     while not c.ended and time.monotonic() < deadline:
         frames += c.recv(50)
     # What the job produced before close() still goes out, then the bye.
@@ -431,7 +431,7 @@ def test_client_skips_bad_frames(clients) -> None:
         ]:
             pub.send(raw)
         frames: list[dict] = []
-        deadline = time.monotonic() + 2
+        deadline = time.monotonic() + 30
         while len(frames) < 3 and time.monotonic() < deadline:
             frames += c.recv(50)
         assert [f["frame"] for f in frames] == [1, 2, 5]
@@ -618,21 +618,21 @@ def test_job_killed_then_next_run_is_found(rt: Path, clients, monkeypatch, tmp_p
 
     first = launch()
     try:
-        rec = client_mod.wait_for_session(str(script), timeout=10)
+        rec = client_mod.wait_for_session(str(script), timeout=60)
         assert rec is not None and rec.pid == first.pid
         c = clients()
         c.connect(rec)
         assert some_events(c) and c.alive
         first.send_signal(signal.SIGKILL)  # no bye, no unregister
         first.wait()
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + 30
         while c.alive and time.monotonic() < deadline:
             c.recv(50)
         assert not c.alive and not c.ended
         second = launch()
         try:
             nxt = client_mod.wait_for_session(
-                "train_job.py", timeout=10, newer_than=rec.started, exclude_pids=(rec.pid,)
+                "train_job.py", timeout=60, newer_than=rec.started, exclude_pids=(rec.pid,)
             )
             assert nxt is not None and nxt.pid == second.pid
             assert [r.pid for r in ep.list_sessions()] == [second.pid]  # dead one pruned
@@ -674,7 +674,7 @@ def test_real_tracer_streams_ops_and_grads(publishers, clients) -> None:
         tracer.stop()
     want = len(tracer.events)
     events: list = []
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while len(events) < want and time.monotonic() < deadline:
         events += c.recv_events(50)
     assert [e["seq"] for e in events] == [e["seq"] for e in tracer.events]

@@ -83,7 +83,7 @@ def test_same_user_connects_with_no_setup(host: str, rt: Path, monkeypatch, clos
     for target in (pub.endpoints[1], None, str(os.getpid())):
         c = SessionClient()
         closing.append(c)
-        info = c.connect(target, timeout=3)
+        info = c.connect(target, timeout=30)
         assert c.subscribed and info["events_endpoint"] == pub.endpoints[0]
         pub(ops(0, 3))
         assert [e["seq"] for e in some_events(c)] == [0, 1, 2]
@@ -104,7 +104,7 @@ def test_without_the_session_keys_nothing_gets_through(
     control, events = pub.endpoints[1], pub.endpoints[0]
     good = SessionClient()
     closing.append(good)
-    good.connect(control, timeout=3)  # the job is up and streaming meanwhile
+    good.connect(control, timeout=30)  # the job is up and streaming meanwhile
     requests = pub.requests
 
     keys = None

@@ -41,7 +41,7 @@ def stuck_sub(pub: EventPublisher, name: bytes) -> zmq.Socket:
     s.setsockopt(zmq.SUBSCRIBE, b"")
     s.setsockopt(zmq.SUBSCRIBE, TOKEN_PREFIX + name)  # lets us see it is in place
     s.connect(pub.endpoints[0])
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 30
     while TOKEN_PREFIX + name not in pub._tokens:
         assert time.monotonic() < deadline, "the raw SUB never got subscribed"
         time.sleep(0.01)
@@ -97,18 +97,18 @@ def test_stuck_raw_subscriber_costs_only_itself(rt: Path, closing) -> None:
     # once the stuck one's queue was full (~1,200 frames in the field, far fewer here).
     n_events = 30_000
     burst(pub, n_events, follows=reader)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while len(reader.seqs) < n_events and time.monotonic() < deadline:
         time.sleep(0.02)
     got = len(reader.seqs)
     # Heartbeats still come after the burst.
     beats = reader.kinds.count("heartbeat")
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 30
     while reader.kinds.count("heartbeat") == beats and time.monotonic() < deadline:
         time.sleep(0.02)
     assert reader.kinds.count("heartbeat") > beats, "no heartbeat reached the good UI"
     pub.close()
-    reader.join(5)
+    reader.join(30)
     assert good.ended, "'bye' never reached the good UI"
     # The good UI got every event, in order, and its own loss count says so.
     assert got == n_events, f"the good UI got {got} of {n_events} events"
@@ -133,13 +133,13 @@ def test_slow_ui_counts_its_own_losses(rt: Path, closing) -> None:
     reader.start()
     n_events = 10_000
     burst(pub, n_events, follows=reader)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while pub.events_sent < n_events and time.monotonic() < deadline:
         time.sleep(0.02)
     assert pub.events_sent == n_events
     # Now the slow UI catches up: what is still queued, then heartbeats that carry the total.
     slow_seqs: list[int] = []
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         for f in slow.recv(50):
             if f["type"] == "events":
@@ -152,6 +152,6 @@ def test_slow_ui_counts_its_own_losses(rt: Path, closing) -> None:
     # Whole frames of 10 events (heartbeats it missed carry none).
     assert slow.events_lost % 10 == 0 and slow.events_lost <= 10 * slow.frames_lost
     pub.close()
-    reader.join(5)
+    reader.join(30)
     assert good.ended and good.events_lost == 0 and reader.seqs == list(range(n_events))
     assert pub.dropped == 0
