@@ -96,7 +96,7 @@ class Job(threading.Thread):
     def stepper(self):
         return self.tracer.stepper
 
-    def wait_paused(self, timeout: float = 10.0) -> dict:
+    def wait_paused(self, timeout: float = 60.0) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             point = self.stepper.paused
@@ -106,7 +106,7 @@ class Job(threading.Thread):
             time.sleep(0.005)
         raise AssertionError("the job did not pause")
 
-    def wait_running(self, previous: dict, timeout: float = 10.0) -> None:
+    def wait_running(self, previous: dict, timeout: float = 60.0) -> None:
         """Until the pause ``previous`` is over (the job may pause again right after)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

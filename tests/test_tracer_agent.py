@@ -331,7 +331,7 @@ def _job_thread(a: Agent, go: threading.Event, steps: int = 3) -> threading.Thre
     def body() -> None:
         a.start()  # the training thread owns the clock
         try:
-            go.wait(10)
+            go.wait(60)
             model = models.mlp()
             opt = torch.optim.SGD(model.parameters(), lr=0.01)
             for _ in range(steps):
@@ -351,7 +351,7 @@ def _expired(a: Agent) -> bool:
     return not a.holders.describe()
 
 
-def _until(cond, timeout: float = 10.0) -> None:
+def _until(cond, timeout: float = 60.0) -> None:
     import time
 
     deadline = time.monotonic() + timeout

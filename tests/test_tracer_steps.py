@@ -162,7 +162,7 @@ def test_a_nested_trace_keeps_its_own_steps_and_another_threads_gets_nothing(cap
             target=lambda: got.append(_traced(lambda: torch.ones(2) * 2)), name="worker"
         )
         worker.start()
-        worker.join(10)
+        worker.join(60)
     assert sorted({o.step for o in outer.ops}) == [0, 1, 2, 3]
     assert sorted({o.step for o in inner.ops}) == [2]  # its step 1: the outer run's 2
     assert got == [[]]

@@ -72,7 +72,7 @@ def test_trace_started_on_a_worker_thread():
         with torchscope.trace() as tr:
             ready.set()
             a = torch.ones(2) * 2
-            go.wait(5)
+            go.wait(60)
             b = a + 1
         result["tr"] = tr
         result["b"] = b
@@ -80,7 +80,7 @@ def test_trace_started_on_a_worker_thread():
     ready, go = threading.Event(), threading.Event()
     t = threading.Thread(target=worker, name="tracer-thread")
     t.start()
-    ready.wait(5)
+    ready.wait(60)
     # meanwhile on the main thread: no mode here, nothing recorded
     assert torch._C._len_torch_function_stack() == 0
     main = (torch.zeros(3) - 1).sum()

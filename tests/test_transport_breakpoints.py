@@ -158,7 +158,7 @@ def test_control_replies_stay_fast_under_catastrophic_breakpoints(rt: Path) -> N
     stop = threading.Event()
     checked = [0]
     try:
-        client.connect(None, timeout=3)
+        client.connect(None, timeout=30)
         client.request("break_add", op=CATASTROPHIC)
         client.request("break_add", op="^F\\.linear$", module=r"^(.|.)*X$")
         all_names = names(300)

@@ -206,7 +206,7 @@ def test_y_copies_through_osc52_into_a_real_terminals_clipboard(tmp_path: Path) 
             ["tmux", "-L", sock, *args], capture_output=True, text=True, check=True, timeout=10
         ).stdout
 
-    def wait_for(text: str, timeout: float = 15.0) -> str:
+    def wait_for(text: str, timeout: float = 60.0) -> str:
         deadline = time.monotonic() + timeout
         while True:
             out = tmux("capture-pane", "-p", "-t", "ui")

@@ -44,7 +44,7 @@ class Harness:
         )
         self.thread.start()
 
-    def until(self, cond, timeout: float = 10.0) -> Harness:
+    def until(self, cond, timeout: float = 60.0) -> Harness:
         deadline = time.monotonic() + timeout
         while True:
             items = self.inbox.drain()
@@ -61,7 +61,7 @@ class Harness:
 
     def stop(self) -> None:
         self.stop_event.set()
-        self.thread.join(5)
+        self.thread.join(30)
         assert not self.thread.is_alive()
 
 

@@ -29,7 +29,7 @@ def screen(session: str) -> str:
     return tmux("capture-pane", "-p", "-t", session)
 
 
-def wait_for(session: str, text: str, timeout: float = 15.0, gone: bool = False) -> str:
+def wait_for(session: str, text: str, timeout: float = 60.0, gone: bool = False) -> str:
     """Poll the terminal until it shows ``text`` (with ``gone``: until it no longer does)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -83,7 +83,7 @@ def test_replay_in_a_real_terminal(tmp_path: Path) -> None:
         tmux("send-keys", "-t", session, "Escape")
         wait_for(session, "torchscope — keys", gone=True)
         tmux("send-keys", "-t", session, "q")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while not done.exists():
             assert time.monotonic() < deadline, screen(session)
             time.sleep(0.1)
