@@ -9,7 +9,7 @@ analysis starts from. Imports neither torch nor textual, and pandas only in ``to
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableSequence
 from typing import Any
 
 from torchscope.protocol.events import ALERT, ERROR, GRAD, GRAPH, OP, SESSION, STEP, Event
@@ -154,7 +154,8 @@ class Trace:
     damaged: str | None
 
     def __init__(self, events: Iterable[Event] = ()) -> None:
-        self.events: list[Event] = list(events)
+        # A list; a bounded deque where the tracer keeps only the newest (``trace(keep=N)``).
+        self.events: MutableSequence[Event] = list(events)
 
     def append(self, event: Event) -> None:
         self.events.append(event)

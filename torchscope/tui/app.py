@@ -11,7 +11,7 @@ talks to the job; their replies come back through the same inbox, are applied to
 a notification, never an exception.
 
 Several sources (the ranks of a torchrun job, recordings side by side) are one
-:class:`~torchscope.tui.multi.Lane` each: its own source thread, inbox, store and status. The
+:class:`~torchscope.tui.lanes.Lane` each: its own source thread, inbox, store and status. The
 main screen shows one lane at a time (``1``-``9``, ``r``), keeping the step and the op (aligned
 by name, module and occurrence); the source bar says which lanes are paused. Stepping
 commands (``space``, ``s``, ``n``, ``c``) go to every lane that takes commands unless ``o``

@@ -147,8 +147,7 @@ class Tracer:
         max_events = None if keep is True else (int(keep) if keep else 0)
         self.trace = Trace()
         if max_events:
-            # Trace.events is typed a list (torchscope.analysis); keep=N bounds it instead.
-            self.trace.events = deque(maxlen=max_events)  # type: ignore[assignment]
+            self.trace.events = deque(maxlen=max_events)  # keep=N: the newest N
         self._keep = bool(keep)
         self.summarizer = Summarizer(values)
         self.modules = ModuleTracker()

@@ -154,7 +154,8 @@ class Counter:
                     state = losses[step] = _Loss()
                 if not state.backward:
                     state.backward = True
-                    root = state.scalars.get(ev.get("op_seq"))  # type: ignore[arg-type]
+                    op_seq = ev.get("op_seq")
+                    root = state.scalars.get(op_seq) if type(op_seq) is int else None
                     if root is not None:
                         self._loss(step, root, 2)
                     state.scalars = {}

@@ -54,9 +54,10 @@ def expand_targets(targets: list[str] | None) -> list[str]:
             out.extend(found or [t])  # no match: the target stays, and is refused by name
         else:
             out.append(t)
-    groups = {m.group(1) for m in map(_RANK_FILE.match, out) if m}
-    if len(out) > 1 and len(groups) == 1 and all(_RANK_FILE.match(t) for t in out):
-        out.sort(key=lambda p: int(_RANK_FILE.match(p).group(2)))  # type: ignore[union-attr]
+    matches = [_RANK_FILE.match(t) for t in out]
+    ranks = [m for m in matches if m is not None]
+    if len(out) > 1 and len(ranks) == len(out) and len({m.group(1) for m in ranks}) == 1:
+        out = [m.string for m in sorted(ranks, key=lambda m: int(m.group(2)))]
     return out
 
 

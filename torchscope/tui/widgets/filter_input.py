@@ -21,7 +21,7 @@ from textual.widgets import Input
 
 
 class Mode(Protocol):
-    """What the box needs of a prompt mode (``torchscope.tui.screens.prompt_modes``)."""
+    """What the box needs of a prompt mode (``torchscope.tui.screens.main.prompt``)."""
 
     name: str
     title: str

@@ -19,7 +19,7 @@ parameter for AccumulateGrad, the op that created it, its module and ``file:line
 
 ``M`` shows the nodes by module instead, as a module tree (``blocks`` > ``blocks.0`` >
 ``blocks.0.attn``): each module with a heat bar and the norm of the gradients its parameters
-received in the step (see :mod:`torchscope.tui.module_norms`), and a sparkline of that norm
+received in the step (see :mod:`torchscope.tui.model.module_norms`), and a sparkline of that norm
 over the steps in memory.
 """
 

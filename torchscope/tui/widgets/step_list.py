@@ -6,7 +6,7 @@ steps that are not in memory. Once known, the step's loss (the value at the root
 backward: blank before that runs) and global gradient norm come first, with a bar scaling that
 norm against every step's (a spike stands out), and the panel's subtitle is a sparkline of
 the norms across all steps: a replay's count pass finds them (see countpass), a live session's
-source as the events stream in (``sources.LiveOverview``, the same counter).
+source as the events stream in (``sources.countpass.LiveOverview``, the same counter).
 
 Where traced steps are not consecutive (152 then 164: the job ran untraced between, dormant
 or attached later), a dim row between them says so (``… 11 steps not traced``, shorter where
