@@ -244,7 +244,9 @@ def test_per_module_norms_equal_vector_norm_of_each_modules_gradients(flat, monk
     fused norm per tensor (the accelerators' way, and the CPU's for large gradients)."""
     from torchscope.tracer.watch import norms
 
-    if not flat:
+    if flat:
+        monkeypatch.setattr(norms, "FLAT_MIN_TENSORS", 1)  # the model has only six
+    else:
         monkeypatch.setattr(norms, "FLAT_MAX_ELEMENTS", 0)
     a, _ = agent(watch="nan")
     model = models.mlp(0)
@@ -332,9 +334,9 @@ def test_a_dormant_recording_keeps_no_history_in_the_snapshot_ring(tmp_path):
     try:
         losses = train(80)
         with SessionClient() as ui:
-            ui.connect(a.publisher.record.control, timeout=10)
+            ui.connect(a.publisher.record.control, timeout=30)
             snap = ui.snapshot()
-            reply = ui.request("history", timeout=10)
+            reply = ui.request("history", timeout=30)
     finally:
         a.stop()
     assert not [e for e in snap["events"] if e["kind"] == HISTORY]
@@ -471,7 +473,9 @@ def test_module_norms_of_non_finite_gradients(flat, monkeypatch):
     """A NaN gradient makes the total and its own module's figure NaN, not the others'."""
     from torchscope.tracer.watch import norms
 
-    if not flat:
+    if flat:
+        monkeypatch.setattr(norms, "FLAT_MIN_TENSORS", 1)  # the model has only six
+    else:
         monkeypatch.setattr(norms, "FLAT_MAX_ELEMENTS", 0)
     model = models.mlp(0)
     params = list(model.parameters())
@@ -483,6 +487,7 @@ def test_module_norms_of_non_finite_gradients(flat, monkeypatch):
     row = module_norms.totals(params, [p.grad for p in params], [torch.tensor(2.0)]).tolist()
     assert row[0] == pytest.approx(torch.linalg.vector_norm(every).item(), rel=1e-6)
     assert row[1] == 2.0
+    assert all((group[5] is not None) == flat for group in module_norms._plan.groups)
     params[2].grad[0, 0] = float("nan")
     row = module_norms.totals(params, [p.grad for p in params], [torch.tensor(2.0)]).tolist()
     assert math.isnan(row[0])
@@ -494,10 +499,11 @@ def test_module_norms_of_non_finite_gradients(flat, monkeypatch):
     )
 
 
-def test_the_cpus_flat_copy_sums_squares_where_float32_cannot_hold_them():
+def test_the_cpus_flat_copy_sums_squares_where_float32_cannot_hold_them(monkeypatch):
     """Gradients of 1e20: squares no float32 holds; the total is summed in float64."""
     from torchscope.tracer.watch import norms
 
+    monkeypatch.setattr(norms, "FLAT_MIN_TENSORS", 1)
     model = models.mlp(0)
     params = list(model.parameters())
     for p in params:
@@ -506,3 +512,4 @@ def test_the_cpus_flat_copy_sums_squares_where_float32_cannot_hold_them():
     row = module_norms.totals(params, [p.grad for p in params], [torch.tensor(2.0)]).tolist()
     every = torch.cat([p.grad.flatten().double() for p in params])
     assert row[0] == pytest.approx(torch.linalg.vector_norm(every).item(), rel=1e-6)
+    assert all(group[5] is not None for group in module_norms._plan.groups)  # the flat copy
