@@ -163,7 +163,7 @@ def test_a_ui_holds_one_rank_paused_past_the_process_group_timeout_and_no_rank_d
         deadline = time.monotonic() + 60
         rank1 = job_ranks(job, deadline)[1]
         with SessionClient() as ui:
-            ui.connect(rank1, timeout=10)
+            ui.connect(rank1, timeout=30)
             ui.request("arm")  # as the UI does: this client is there
             while ui.request("state")["state"]["paused"] is None:
                 assert time.monotonic() < deadline, "rank 1 did not pause at its NaN"
@@ -219,8 +219,8 @@ def test_a_ui_on_every_rank_arms_them_together_and_a_pause_on_one_kills_neither(
         )
         assert f"job {ranks[0].job} · 2 of 2 ranks here" in ls.stdout, ls.stdout
         with SessionClient() as ui0, SessionClient() as ui1:
-            ui0.connect(ranks[0], timeout=10)
-            hello = ui1.connect(ranks[1], timeout=10)
+            ui0.connect(ranks[0], timeout=30)
+            hello = ui1.connect(ranks[1], timeout=30)
             # Found through the job too (its c10d store), as a UI on another host would.
             while True:  # each rank registers at its first step boundary
                 try:
@@ -294,7 +294,7 @@ def test_wait_holds_every_rank_until_one_ui_reaches_the_job(tmp_path):
         )
         assert not any(line.startswith("rank ") for line in output.out.splitlines())  # no step
         with SessionClient() as ui:
-            ui.connect(rank1, timeout=10)
+            ui.connect(rank1, timeout=30)
             ui.request("arm")
             while job.poll() is None:
                 assert time.monotonic() < deadline, "the job did not finish"

@@ -51,9 +51,9 @@ def test_history_of_a_500_step_job_attached_at_step_400_survives_its_clients(tmp
     try:
         read_until_step(job, 400, lines)
         with SessionClient() as ui:
-            ui.connect(str(job.pid), timeout=10)
-            first = ui.request("history", timeout=10)
-            ui.request("arm", timeout=10)  # a UI: holds it traced while it talks
+            ui.connect(str(job.pid), timeout=30)
+            first = ui.request("history", timeout=30)
+            ui.request("arm", timeout=30)  # a UI: holds it traced while it talks
             wait_traced(ui, "traced")
             # A while of live history: 2 s, and on a loaded machine until the first comes.
             deadline, limit = time.monotonic() + 2, time.monotonic() + 60
@@ -65,8 +65,8 @@ def test_history_of_a_500_step_job_attached_at_step_400_survives_its_clients(tmp
         # Another client, later: the same history, the first one's traced steps marked.
         read_until_step(job, 0, lines)
         with SessionClient() as other:
-            other.connect(str(job.pid), timeout=10)
-            second = other.request("history", timeout=10)
+            other.connect(str(job.pid), timeout=30)
+            second = other.request("history", timeout=30)
         finish(job, lines)
     finally:
         job.kill()
@@ -104,7 +104,7 @@ def test_history_ls_record_and_dump_from_the_command_line(tmp_path: Path):
         as_jsonl = torchscope("history", pid, "--format", "jsonl", "--since", "9")
         listing = torchscope("ls").stdout
         with SessionClient() as client:
-            client.connect(pid, timeout=10)
+            client.connect(pid, timeout=30)
             with pytest.raises(SessionRefused, match="not a condition") as refused:
                 client.request("arm", when="loss>>1")
             assert "\n" not in str(refused.value)

@@ -406,7 +406,7 @@ async def test_one_ui_over_both_ranks_of_a_real_torchrun_job(tmp_path: Path):
         from torchscope.protocol.client import SessionClient, SessionRefused
 
         with SessionClient() as probe:
-            probe.connect(ranks[1], timeout=10)
+            probe.connect(ranks[1], timeout=30)
             while True:
                 try:
                     probe.request("ranks")

@@ -180,14 +180,14 @@ def test_one_ui_reaches_rank_0_alone_finds_rank_1_and_pauses_and_continues_both(
         with SessionClient() as ui0, SessionClient() as ui1:
             uis = {0: ui0, 1: ui1}
             for rank, ui in uis.items():
-                ui.connect(sources[rank].target, timeout=10)
+                ui.connect(sources[rank].target, timeout=30)
             for ui in uis.values():
-                ui.request("pause", timeout=10)
+                ui.request("pause", timeout=30)
             states: dict[int, dict] = {}
             while len(states) < 2:
                 assert time.monotonic() < job.deadline, f"not both paused: {states}"
                 for rank, ui in uis.items():
-                    state = ui.request("state", timeout=10)["state"]
+                    state = ui.request("state", timeout=30)["state"]
                     if state["paused"] is not None:
                         states[rank] = state
                 time.sleep(0.05)
@@ -196,11 +196,11 @@ def test_one_ui_reaches_rank_0_alone_finds_rank_1_and_pauses_and_continues_both(
             # in two other processes (their leases and collectives run on real clocks)
             while time.monotonic() - held < 1.0:  # held, both, while the UI is there
                 for ui in uis.values():
-                    assert ui.request("state", timeout=10)["state"]["paused"] is not None
+                    assert ui.request("state", timeout=30)["state"]["paused"] is not None
                 time.sleep(0.2)
             job.pace.unlink()
             for ui in uis.values():
-                ui.request("continue", timeout=10)
+                ui.request("continue", timeout=30)
         job.finish()
     for node, (out, err) in zip(job.nodes, job.outs, strict=True):
         assert ended_well(node["job"], err), err[-3000:]
@@ -301,7 +301,7 @@ def test_a_laptop_reaches_every_rank_through_one_socks_tunnel(
             sources = _found_through_rank_0(job)
             for rank, source in enumerate(sources):
                 with SessionClient() as ui:
-                    assert ui.connect(source.target, timeout=10)["rank"] == rank
+                    assert ui.connect(source.target, timeout=30)["rank"] == rank
                     assert ui.subscribed
             job.finish()
     finally:
