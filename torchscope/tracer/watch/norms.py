@@ -70,6 +70,12 @@ def dense(t: torch.Tensor) -> torch.Tensor:
 def norm_of(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """L2 norm of all ``tensors`` together, as a float32 0-d tensor on ``device``; NaN if any
     is NaN, Inf if any is Inf (or the squares overflow). No host sync."""
+    if len(tensors) == 1:
+        t = tensors[0]
+        if type(t) is torch.Tensor and t.dim() == 0 and t.dtype.is_floating_point:
+            # The loss, nearly always: its norm is its absolute value (one call, not four).
+            norm = _float32(t.abs())
+            return norm if t.device == device else norm.to(device)
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in tensors:
         # Nearly every gradient is a plain dense real tensor: read as it is (the check runs
