@@ -219,12 +219,19 @@ async def test_the_ui_shows_a_recordings_whole_history_in_the_step_list_and_H(wi
     async with app.run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: len(app.store.history) == STEPS, what="the history")
         steps = app.main.steps
-        await until(pilot, lambda: steps.row_count() >= STEPS, what="a row per step")
-        rows = {}
-        for i in range(steps.row_count()):
-            point = steps.history_at(i)
-            if point is not None:
-                rows[point.step] = "".join(t for t, _ in steps.render_row(i, 40))
+        want = set(range(1, STEPS)) - set(WINDOW)
+
+        def history_rows() -> dict[int, str]:
+            found = {}
+            for i in range(steps.row_count()):
+                point = steps.history_at(i)
+                if point is not None:
+                    found[point.step] = "".join(t for t, _ in steps.render_row(i, 40))
+            return found
+
+        # The step list takes the file's steps and its history in turns: wait for both.
+        await until(pilot, lambda: set(history_rows()) == want, what="a row per step")
+        rows = history_rows()
         # Every dormant step is a history row with its loss; the window's are traced rows
         # (and step 0, which the file's session event names: a row of its own, as in any
         # recording).
