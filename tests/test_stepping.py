@@ -335,6 +335,45 @@ def test_pause_request_and_next_step():
     job.finish()
 
 
+def _paused_where_a_pause_lands_mid_backward(ranks_meet: bool) -> dict:
+    """Where a UI's pause asked for halfway through a backward stops."""
+    w = torch.ones(4, requires_grad=True)
+    holder: list[Job] = []
+
+    class AskPause(torch.autograd.Function):  # the UI's p, pressed while the backward runs
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            holder[0].stepper.request_pause()
+            return g
+
+    def train():
+        (AskPause.apply(w * 2) * 3).sum().backward()
+        return torch.add(w.detach(), 1)
+
+    job = Job(train, stepping=True)
+    holder.append(job)
+    job.tracer.gate(ranks_meet, "")  # a single process: there is nobody to meet
+    job.start()
+    point = job.wait_paused()
+    job.stepper.request_continue()
+    job.finish()
+    return point
+
+
+def test_a_pause_asked_during_the_backward_of_ranks_that_meet_waits_until_it_ends():
+    # Alone, the pause stops at once: after the node it was asked in.
+    alone = _paused_where_a_pause_lands_mid_backward(ranks_meet=False)
+    assert alone["event"]["kind"] == "grad" and name_of(alone) == "AskPauseBackward"
+    # Ranks that meet before every backward: another rank may already wait in this backward's
+    # all-reduce, in C++, for this one, so the pause stops at the first op after it.
+    ranks = _paused_where_a_pause_lands_mid_backward(ranks_meet=True)
+    assert (ranks["phase"], name_of(ranks)) == ("before", "Tensor.detach"), ranks["event"]
+
+
 def test_lease_resumes_a_job_nobody_attends(capfd):
     x, w = make_inputs()
     job = Job(lambda: two_layer(x, w), breakpoints=[{"op": "relu"}], lease=0.5)

@@ -174,10 +174,15 @@ class Stepper:
         phase: str,
         event: dict[str, Any],
         origin: Callable[[dict], str | None] = lambda e: None,
+        *,
+        pause_here: bool = True,
     ) -> str | None:
         """The reason to pause at this point, or None. ``origin(event)`` gives the alert
-        verdict ("nan"/"inf"/None) once the event's numbers are resolved."""
+        verdict ("nan"/"inf"/None) once the event's numbers are resolved. ``pause_here``
+        False: a UI's pause waits for a later point (breakpoints and steps still stop)."""
         mode = self._mode
+        if mode == PAUSE and not pause_here:
+            mode = RUN
         if event.get("kind") == ATEN and not (mode == STEP and self._in_aten):
             # Inside an op or node only an aten: breakpoint stops, and a step from where one
             # stopped; a pause or a step from an op or node stops at the next op or node.

@@ -207,8 +207,12 @@ class BackwardRecorder(Recorder):
 
     def run_backward(self, call: str, func: Any, args: tuple, kwargs: dict) -> Any:
         state = self.state
+        pauser = self.pauser
+        was_between = pauser.between_ranks if pauser is not None else False
         if state.gated and call != "torch.autograd.grad":
             state.meet_ranks(f"{call}()")
+            if pauser is not None:
+                pauser.between_ranks = True
         hooks = None
         self.scaled = False
         try:
@@ -235,6 +239,8 @@ class BackwardRecorder(Recorder):
                 self._note_returned_grads(grads)
             return grads
         finally:
+            if pauser is not None:
+                pauser.between_ranks = was_between
             if self.aten_scope is not None:
                 self.aten_scope.unwind()
             if hooks is not None:

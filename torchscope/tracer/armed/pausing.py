@@ -41,6 +41,9 @@ class Pauser:
         self._owner = owner  # the traced thread's ident, whose stack a pause shows
         self._said: set[int] = set()  # breakpoints whose action said its line already
         self.edits = 0  # tensors changed by hand in this armed period
+        # Inside a backward of ranks that meet before it: another rank may already wait in
+        # this backward's all-reduce for this one, so a UI's pause stops after it instead.
+        self.between_ranks = False
 
     def _origin_of(self, event: dict) -> str | None:
         seq = event.get("seq")
@@ -74,7 +77,9 @@ class Pauser:
                 pipeline.flush(wait=True)
             if phase == AFTER and stepper.actions and event.get("kind") != ATEN:
                 self._act(event, tensors, call, origin or self._origin_of)
-            reason = stepper.should_pause(phase, event, origin or self._origin_of)
+            reason = stepper.should_pause(
+                phase, event, origin or self._origin_of, pause_here=not self.between_ranks
+            )
             if reason is None:
                 return False
             if event.get("seq") in pipeline.alerts.overflows:
