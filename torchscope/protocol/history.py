@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 
-@dataclass
+@dataclass(slots=True)  # one per step of a long run: small and quick to make
 class StepPoint:
     """One step of the run.
 

@@ -309,6 +309,15 @@ class Agent(ServedWatch):
         with contextlib.suppress(Exception):
             ranks.match_arrivals()
         self._history_at_boundary(step)
+        if self.tracer is None and self._periods is None and self.holders.idle:
+            # Dormant and nobody holds it: nothing to arm, disarm, announce or agree on. Every
+            # step of a dormant job passes here: the least work (small fast steps feel it).
+            if self.history.sending:
+                self._send_history()
+            if self.publisher is not None:
+                self.publisher.note_step(step)
+            self.history.traced(False)
+            return
         if self.tracer is not None and self.tracer.modules.has_ddp:
             with contextlib.suppress(Exception):
                 roots = self.tracer.modules.ddp_roots()

@@ -221,7 +221,16 @@ class HistoryCollector:
         self, point: StepPoint, root: torch.Tensor | None, scaler: Any, on_device: list
     ) -> None:
         """The step's loss and scale: host values read now, device values kept for a copy."""
-        if root is not None and root.numel() == 1 and root.dtype.is_floating_point:
+        if root is None:
+            pass
+        elif root.is_cpu and "cpu" in self.host_devices:
+            # The common case, every step: one read, then whether it was a loss (a root of
+            # several values cannot be read as one, an integer or complex one is no loss).
+            if root.numel() == 1:
+                value = root.item()
+                if type(value) is float:
+                    point.loss = value
+        elif root.numel() == 1 and root.dtype.is_floating_point:
             if root.device.type in self.host_devices:
                 point.loss = root.item()  # one call: no detach or reshape to make first
             else:

@@ -114,6 +114,11 @@ class Holders:
     def __bool__(self) -> bool:
         return bool(self._holders)
 
+    @property
+    def idle(self) -> bool:
+        """Nobody holds the job and nobody let go since the last boundary (nothing to say)."""
+        return not self._holders and not self._released
+
     def add(
         self,
         label: str,
