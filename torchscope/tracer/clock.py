@@ -102,7 +102,7 @@ class StepClock:
                 register_optimizer_step_post_hook(self._after_update),
             ]
             self._scaler = scaler_calls.listen(self)
-        if self.backward_steps and self._backward is None:
+        if self.backward_steps and self._backward is None and not self._optimizer_seen:
             self._backward = backward_calls.listen(self)
         return self
 
@@ -173,6 +173,10 @@ class StepClock:
                 # one optimizer step (gradient accumulation): count as the optimizer does.
                 self.step -= self._provisional
                 self._provisional = 0
+                # backward() never ends a step again: stop listening (a call less per step).
+                if self._backward is not None:
+                    self._backward.remove()
+                    self._backward = None
             self.advance(BY_OPTIMIZER)
         else:
             self.listener.update_ends()

@@ -190,8 +190,21 @@ class HistoryCollector:
         on_device: list[tuple[str, torch.Tensor]] = []
         if root is None and scaler is None:
             pass  # no backward in the step: nothing to read
+        elif (
+            type(root) is torch.Tensor
+            and scaler is None
+            and root.is_cpu
+            and "cpu" in self.host_devices
+            and not _modes_on()
+        ):
+            # The common case, every step of a dormant job: one read on the host. A root of
+            # several values cannot be read as one; an integer or complex one is no loss.
+            if root.numel() == 1:
+                value = root.item()
+                if type(value) is float:
+                    point.loss = value
         elif _plain(root) and not _modes_on():
-            self._read_values(point, root, scaler, on_device)  # the common case: no mode to leave
+            self._read_values(point, root, scaler, on_device)  # no mode to leave
         else:
             # Outside any mode (a traced step's would record these) and any subclass's
             # handler; nothing here makes a graph (values are read or detached), so no
@@ -210,9 +223,14 @@ class HistoryCollector:
                 self._tensors.extend((i, name, t) for name, t in on_device)
             else:
                 self._add(point, added)
-            self._take_copy(added, wait=False)
-            due = len(self._waiting) >= self.batch or self.flush_soon or self.eager
-            if self._waiting and self._copy is None and due:
+            if self._copy is not None:
+                self._take_copy(added, wait=False)
+            waiting = self._waiting
+            if (
+                waiting
+                and self._copy is None
+                and (len(waiting) >= self.batch or self.flush_soon or self.eager)
+            ):
                 self.flush_soon = False
                 self._start_copy(added)
         return added
@@ -223,13 +241,6 @@ class HistoryCollector:
         """The step's loss and scale: host values read now, device values kept for a copy."""
         if root is None:
             pass
-        elif root.is_cpu and "cpu" in self.host_devices:
-            # The common case, every step: one read, then whether it was a loss (a root of
-            # several values cannot be read as one, an integer or complex one is no loss).
-            if root.numel() == 1:
-                value = root.item()
-                if type(value) is float:
-                    point.loss = value
         elif root.numel() == 1 and root.dtype.is_floating_point:
             if root.device.type in self.host_devices:
                 point.loss = root.item()  # one call: no detach or reshape to make first
