@@ -797,3 +797,33 @@ def test_a_bad_gradient_is_named_when_other_parameters_have_none():
             model[1].bias.grad.fill_(float("nan"))
             opt.step()
     assert w.detections and w.detections[0]["bad_params"] == ["1.bias"]
+
+
+@pytest.mark.parametrize("bad", [None, "nan", "inf", "huge"])
+def test_the_checks_total_over_many_small_cpu_gradients_is_their_norm(bad):
+    """Many small CPU gradients are read through one flat copy: the same norm (in float64, so
+    squares of large float32 values do not overflow), and a NaN or Inf anywhere shows."""
+    from torchscope.tracer.watch import norms
+
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(16, 16, generator=g) for _ in range(20)] + [torch.randn(16)] * 20
+    if bad == "huge":
+        grads[7] = grads[7] * 1e30  # squares overflow float32, the norm does not
+    elif bad is not None:
+        grads[7] = grads[7].clone()
+        grads[7][3, 4] = float(bad)
+    assert len(grads) >= norms.FLAT_MIN_TENSORS
+    total = norms.norm_of(grads, torch.device("cpu"))
+    expected = torch.linalg.vector_norm(torch.cat([t.flatten() for t in grads]).double()).float()
+    assert total.dtype == torch.float32
+    if bad == "nan":
+        assert total.isnan()
+    elif bad == "inf":
+        assert total.isinf()
+    else:
+        assert torch.isfinite(total)
+        torch.testing.assert_close(total, expected, rtol=1e-6, atol=0)
+        # and the per-tensor way (below the flat read's threshold) agrees to rounding
+        per_tensor = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        if bad is None:
+            torch.testing.assert_close(total, per_tensor, rtol=1e-5, atol=0)

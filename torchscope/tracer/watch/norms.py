@@ -76,15 +76,21 @@ def norm_of(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
             # The loss, nearly always: its norm is its absolute value (one call, not four).
             norm = _float32(t.abs())
             return norm if t.device == device else norm.to(device)
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    groups: dict[tuple[torch.device, torch.dtype, bool], list[torch.Tensor]] = {}
     for t in tensors:
         # Nearly every gradient is a plain dense real tensor: read as it is (the check runs
         # every step, over every gradient; dense's questions cost more than the norm here).
         if type(t) is not torch.Tensor or t.is_sparse or t.is_complex():
             t = dense(t)
-        groups.setdefault((t.device, t.dtype), []).append(t)
+        groups.setdefault((t.device, t.dtype, type(t) is torch.Tensor), []).append(t)
     parts = []
-    for (dev, dtype), ts in groups.items():
+    for (dev, dtype, plain), ts in groups.items():
+        if plain and _flat_readable(dev, dtype, ts):
+            # Squares summed in float64, as the module norms' flat read does.
+            flat = torch._utils._flatten_dense_tensors(ts).double()
+            part = _float32(torch.linalg.vector_norm(flat))
+            parts.append(part if dev == device else part.to(device))
+            continue
         norms = foreach_norms(ts, dtype)
         if norms is None:
             continue
@@ -183,8 +189,9 @@ class _Plan:
 # The CPU has no fused ``_foreach_norm``: it runs one reduction per gradient, and on a model
 # of many small tensors those calls are most of the check. Up to this many elements in all
 # (a copy of 4 MB of float32 gradients), one copy into a flat buffer and one segmented sum
-# cost fewer calls; above it the copy would cost more than the calls it saves. It takes ten
-# calls of its own: below eight gradients a norm each costs no more.
+# cost fewer calls (the check's total alone, without module norms: one norm of that copy);
+# above it the copy would cost more than the calls it saves. It takes ten calls of its own:
+# below eight gradients a norm each costs no more.
 FLAT_MAX_ELEMENTS = 1 << 20
 FLAT_MIN_TENSORS = 8
 
@@ -193,12 +200,17 @@ def _flat_lengths(
     device: torch.device, dtype: torch.dtype, params: list[torch.Tensor], mixed: bool
 ) -> torch.Tensor | None:
     """Each gradient's number of elements, where a group is read through a flat copy."""
-    if device.type != "cpu" or mixed or not dtype.is_floating_point:
+    if mixed or not _flat_readable(device, dtype, params):
         return None
-    sizes = [p.numel() for p in params]
-    if len(sizes) < FLAT_MIN_TENSORS or min(sizes) == 0 or sum(sizes) > FLAT_MAX_ELEMENTS:
-        return None
-    return torch.tensor(sizes, dtype=torch.long)
+    return torch.tensor([p.numel() for p in params], dtype=torch.long)
+
+
+def _flat_readable(device: torch.device, dtype: torch.dtype, ts: list[torch.Tensor]) -> bool:
+    """Whether a group of plain dense tensors is read through one flat copy (see above)."""
+    if device.type != "cpu" or not dtype.is_floating_point or len(ts) < FLAT_MIN_TENSORS:
+        return False
+    sizes = [t.numel() for t in ts]
+    return min(sizes) > 0 and sum(sizes) <= FLAT_MAX_ELEMENTS
 
 
 def _on(device: torch.device, values: list[int]) -> torch.Tensor:
