@@ -197,6 +197,33 @@ def test_jobs_without_an_optimizer_count_a_step_per_backward():
     assert a.clock.counted_by == "backward"
 
 
+def test_a_job_that_updates_by_hand_beside_an_optimizer_it_never_steps_counts_its_loop():
+    """An optimizer built and never stepped (kept for its state dict, a scheduler): the
+    weights written between two backward() calls show the loop updates by hand, and from
+    then on every backward() ends a step, numbered as the loop's iterations."""
+    gc.collect()
+    model = models.mlp()
+    idle = torch.optim.SGD(model.parameters(), lr=0.01)
+    a, _ = agent()
+    numbers = []
+    try:
+        for _ in range(6):
+            model(torch.randn(2, 8)).pow(2).mean().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(p.grad, alpha=-0.01)
+                    p.grad = None
+            numbers.append(a.clock.step)
+    finally:
+        a.stop()
+    # Step 0 ends when the second backward() shows the weights changed; from then on as in a
+    # job without an optimizer (each update by hand belongs to the step numbered as its loop).
+    assert numbers == [0, 1, 2, 3, 4, 5]
+    assert a.steps_seen() == (6, 0)  # the last step ended at its backward()
+    assert a.clock.counted_by == "backward"
+    del idle
+
+
 def test_gradient_accumulation_counts_optimizer_steps_from_the_first_micro_batch():
     """The job holds its optimizer when the first backward() ends: micro-batches are never
     steps, so a trace from the start numbers each step once (it numbered the first step's

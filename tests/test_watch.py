@@ -592,10 +592,12 @@ def test_a_model_call_that_raises_on_the_first_step_leaves_the_watch_working(rec
     assert det["reproduced"] is True and w.roots == [model]
 
 
-def hand_train(steps: int, ctx) -> tuple[list[float], nn.Module]:
-    """word_language_model's loop: no optimizer, the update written out after backward()."""
+def hand_train(steps: int, ctx, idle_optimizer: bool = False) -> tuple[list[float], nn.Module]:
+    """word_language_model's loop: no optimizer, the update written out after backward().
+    ``idle_optimizer``: one is built (for its state dict, a scheduler) and never stepped."""
     torch.manual_seed(0)
     model = SqrtNet()
+    idle = torch.optim.SGD(model.parameters(), lr=0.05) if idle_optimizer else None
     losses = []
     with ctx:
         for step in range(steps):
@@ -606,6 +608,7 @@ def hand_train(steps: int, ctx) -> tuple[list[float], nn.Module]:
                     p -= 0.05 * p.grad
                     p.grad = None
             losses.append(loss.item())
+    del idle
     return losses, model
 
 
@@ -627,6 +630,24 @@ def test_a_job_that_updates_by_hand_is_checked_after_each_backward():
     stopping, _ = watch(on_nan="stop", backward_checks=True)
     with pytest.raises(WatchStop):
         hand_train(5, stopping)  # out of step 3's backward(), before its update
+
+
+def test_a_job_that_updates_by_hand_beside_an_optimizer_it_never_steps_is_checked_too():
+    """An optimizer that exists but never steps made the watch wait for a step() that never
+    came: silent on a NaN. The weights written between two backward() calls give the loop
+    away (gradient accumulation leaves them alone); steps keep the loop's numbers."""
+    gc.collect()
+    plain, _ = hand_train(5, contextlib.nullcontext(), idle_optimizer=True)
+    w, lines = watch(backward_checks=True)
+    losses, _ = hand_train(5, w, idle_optimizer=True)
+    assert bits(losses) == bits(plain)
+    (det,) = w.detections
+    assert (det["step"], det["origin"], det["where"]) == (3, "torch.sqrt", "forward")
+    assert lines[0].startswith("torchscope: NaN first appears at step 3")
+
+    stopping, _ = watch(on_nan="stop", backward_checks=True)
+    with pytest.raises(WatchStop):
+        hand_train(5, stopping, idle_optimizer=True)
 
 
 def test_a_watched_model_can_be_deep_copied_and_pickled_without_the_watch():

@@ -414,8 +414,8 @@ class Agent(ServedWatch):
         steps, traced = self.clock.step, self.traced_steps
         if self.last_step == "empty":
             traced -= 1
-        elif self.last_step == "ran" or steps == 0:
-            steps += 1
+        elif self.last_step == "ran" or steps == 0 or self.clock.ended_unseen:
+            steps += 1  # (a job that updates by hand ends its last step at its backward())
         return steps, max(traced, 0)
 
     def _agreed_period(self, step: int, wanted: bool) -> str | None:

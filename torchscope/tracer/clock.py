@@ -23,8 +23,10 @@ not the next step's work) but at the next module call or backward, whichever com
 A job that holds an optimizer when its first ``backward()`` ends never counts that way: its
 ``step()`` ends the steps, and the micro-batches of gradient accumulation before it belong to
 one step (a trace that numbered them as steps would number two steps alike once the optimizer
-renumbered). Otherwise the first ``optimizer.step()`` turns these provisional boundaries off
-and renumbers the step as the optimizer counts it.
+renumbered), unless its weights change between two ``backward()`` ends with no ``step()``
+between them (a loop that updates by hand beside an optimizer it never steps). Otherwise the
+first ``optimizer.step()`` turns these provisional boundaries off and renumbers the step as
+the optimizer counts it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import gc
 import sys
 import threading
+import weakref
 from typing import Any, Protocol
 
 from torch.nn.modules import module as module_mod
@@ -84,6 +87,8 @@ class StepClock:
         self._manual_seen = False
         self._provisional = 0  # steps counted from backward() before any optimizer step
         self._optimizer_held: bool | None = None  # asked once, at the first backward() end
+        self._hand_writes: HandWrites | None = None  # while held: whether the loop writes
+        self.ended_unseen = False  # set by remove(): the last step had ended (see there)
         self._hooks: list[Any] = []
         self._resume_hook: Any = None  # settles an update whose step() raised
         self._pending_hook: Any = None  # takes a boundary deferred after backward()
@@ -107,6 +112,8 @@ class StepClock:
         return self
 
     def remove(self) -> None:
+        # A backward() ended the last step; its boundary (the next module call) never came.
+        self.ended_unseen = self._pending_hook is not None
         for hook in (*self._hooks, self._resume_hook, self._pending_hook):
             if hook is not None:
                 hook.remove()
@@ -173,6 +180,7 @@ class StepClock:
                 # one optimizer step (gradient accumulation): count as the optimizer does.
                 self.step -= self._provisional
                 self._provisional = 0
+                self._hand_writes = None
                 # backward() never ends a step again: stop listening (a call less per step).
                 if self._backward is not None:
                     self._backward.remove()
@@ -227,8 +235,17 @@ class StepClock:
         if ok and self._pending_hook is None and self._counts_backward():
             if self._optimizer_held is None:
                 self._optimizer_held = an_optimizer_exists()
+                self._hand_writes = HandWrites() if self._optimizer_held else None
             if self._optimizer_held:
-                return
+                writes = self._hand_writes
+                if writes is None or not writes.written():
+                    return
+                # Its optimizer never steps: the loop updates by hand after each backward().
+                # The first step ended unseen at its update: it ends now, and this one at
+                # the next module call or backward(), as every later one.
+                self._optimizer_held, self._hand_writes = False, None
+                self._provisional += 1
+                self.advance(BY_BACKWARD)
             self._pending_hook = module_mod.register_module_forward_pre_hook(
                 lambda module, args: self._take_pending()
             )
@@ -261,7 +278,12 @@ def _on_stack(frame: Any, start: Any, limit: int = 64) -> bool:
 
 
 def an_optimizer_exists() -> bool:
-    """Whether this process holds a torch optimizer (whose ``step()`` will end the steps).
+    """Whether this process holds a torch optimizer (whose ``step()`` will end the steps)."""
+    return bool(_optimizers())
+
+
+def _optimizers() -> list[Optimizer]:
+    """The torch optimizers this process holds.
 
     ``Optimizer.__init__`` marks its class's ``step`` as hooked, so a process that never
     built one pays nothing here; one that did pays one pass over the collector's objects."""
@@ -270,6 +292,30 @@ def an_optimizer_exists() -> bool:
         cls = classes.pop()
         if getattr(cls.__dict__.get("step"), "hooked", False):
             # type(o), not isinstance: that asks proxies for __class__ (some warn when asked)
-            return any(issubclass(type(o), Optimizer) for o in gc.get_objects())
+            return [o for o in gc.get_objects() if issubclass(type(o), Optimizer)]
         classes.extend(cls.__subclasses__())
-    return False
+    return []
+
+
+class HandWrites:
+    """Whether a loop that holds an optimizer updates its weights by hand all the same: the
+    weights the optimizers hold were written between two ``backward()`` ends with no
+    ``optimizer.step()`` between them (gradient accumulation leaves them alone). Asked only
+    until an optimizer steps; each question reads every such weight's version counter."""
+
+    def __init__(self) -> None:
+        self._weights: list[weakref.ref] | None = None
+        self._last: int | None = None
+
+    def written(self) -> bool:
+        """Whether the weights changed since the last time this was asked."""
+        if self._weights is None:
+            self._weights = [
+                weakref.ref(p)
+                for opt in _optimizers()
+                for group in opt.param_groups
+                for p in group["params"]
+            ]
+        version = sum(p._version for ref in self._weights if (p := ref()) is not None)
+        last, self._last = self._last, version
+        return last is not None and version != last

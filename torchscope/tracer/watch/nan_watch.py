@@ -82,7 +82,7 @@ from torch.nn.modules import module as module_mod
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from torchscope.tracer import backward_calls, scaler_calls
-from torchscope.tracer.clock import BY_SCALER, StepClock, an_optimizer_exists
+from torchscope.tracer.clock import BY_SCALER, HandWrites, StepClock, an_optimizer_exists
 from torchscope.tracer.errors import ReportOnce
 from torchscope.tracer.watch.capture import (
     Backward,
@@ -230,6 +230,7 @@ class NanWatch(StepCheck):
         # In a job with no optimizer, check each step when its backward() ends (the agent's
         # watch: such a job calls no before_update() of its own).
         self._hand_updates: bool | None = None if backward_checks else False
+        self._hand_writes: HandWrites | None = None  # until an optimizer steps (see there)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def install(self) -> NanWatch:
@@ -508,9 +509,15 @@ class NanWatch(StepCheck):
 
     def _updates_by_hand(self) -> bool:
         """Whether this job updates its weights by hand (it held no optimizer when its first
-        backward ended): then each backward ends a step, and is checked there."""
+        backward ended, or it writes the weights of one it never steps): then each backward
+        ends a step, and is checked there."""
         if self._hand_updates is None:
             self._hand_updates = not an_optimizer_exists()
+            self._hand_writes = None if self._hand_updates else HandWrites()
+        writes = self._hand_writes
+        if not self._hand_updates and writes is not None and writes.written():
+            self._hand_updates, self._hand_writes = True, None
+            self._step += 1  # the first step ended unseen, at its update (as the clock counts)
         return self._hand_updates
 
     # -- the optimizer update (StepClock listener: nested step() calls are one update) ---------
@@ -521,7 +528,7 @@ class NanWatch(StepCheck):
         the closure makes the gradients, inside ``step()``."""
         if not self.installed or self._replaying:
             return False
-        self._hand_updates = False  # an optimizer ends the steps after all
+        self._hand_updates, self._hand_writes = False, None  # an optimizer ends the steps
         if self._checked_at_backward:
             self._checked_at_backward = False
             self._end_step()  # checked when its scaled backward() ended
