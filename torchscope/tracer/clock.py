@@ -234,8 +234,9 @@ class StepClock:
     def backward_ends(self, ok: bool) -> None:
         if ok and self._pending_hook is None and self._counts_backward():
             if self._optimizer_held is None:
-                self._optimizer_held = an_optimizer_exists()
-                self._hand_writes = HandWrites() if self._optimizer_held else None
+                optimizers = held_optimizers()
+                self._optimizer_held = bool(optimizers)
+                self._hand_writes = HandWrites(optimizers) if optimizers else None
             if self._optimizer_held:
                 writes = self._hand_writes
                 if writes is None or not writes.written():
@@ -277,13 +278,8 @@ def _on_stack(frame: Any, start: Any, limit: int = 64) -> bool:
     return False
 
 
-def an_optimizer_exists() -> bool:
-    """Whether this process holds a torch optimizer (whose ``step()`` will end the steps)."""
-    return bool(_optimizers())
-
-
-def _optimizers() -> list[Optimizer]:
-    """The torch optimizers this process holds.
+def held_optimizers() -> list[Optimizer]:
+    """The torch optimizers this process holds (whose ``step()`` will end the steps).
 
     ``Optimizer.__init__`` marks its class's ``step`` as hooked, so a process that never
     built one pays nothing here; one that did pays one pass over the collector's objects."""
@@ -303,19 +299,13 @@ class HandWrites:
     ``optimizer.step()`` between them (gradient accumulation leaves them alone). Asked only
     until an optimizer steps; each question reads every such weight's version counter."""
 
-    def __init__(self) -> None:
-        self._weights: list[weakref.ref] | None = None
+    def __init__(self, optimizers: list[Optimizer]) -> None:
+        groups = [group for opt in optimizers for group in opt.param_groups]
+        self._weights = [weakref.ref(p) for group in groups for p in group["params"]]
         self._last: int | None = None
 
     def written(self) -> bool:
         """Whether the weights changed since the last time this was asked."""
-        if self._weights is None:
-            self._weights = [
-                weakref.ref(p)
-                for opt in _optimizers()
-                for group in opt.param_groups
-                for p in group["params"]
-            ]
         version = sum(p._version for ref in self._weights if (p := ref()) is not None)
         last, self._last = self._last, version
         return last is not None and version != last

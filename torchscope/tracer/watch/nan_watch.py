@@ -82,7 +82,7 @@ from torch.nn.modules import module as module_mod
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from torchscope.tracer import backward_calls, scaler_calls
-from torchscope.tracer.clock import BY_SCALER, HandWrites, StepClock, an_optimizer_exists
+from torchscope.tracer.clock import BY_SCALER, HandWrites, StepClock, held_optimizers
 from torchscope.tracer.errors import ReportOnce
 from torchscope.tracer.watch.capture import (
     Backward,
@@ -512,8 +512,9 @@ class NanWatch(StepCheck):
         backward ended, or it writes the weights of one it never steps): then each backward
         ends a step, and is checked there."""
         if self._hand_updates is None:
-            self._hand_updates = not an_optimizer_exists()
-            self._hand_writes = None if self._hand_updates else HandWrites()
+            optimizers = held_optimizers()
+            self._hand_updates = not optimizers
+            self._hand_writes = HandWrites(optimizers) if optimizers else None
         writes = self._hand_writes
         if not self._hand_updates and writes is not None and writes.written():
             self._hand_updates, self._hand_writes = True, None
