@@ -304,12 +304,10 @@ class Agent(ServedWatch):
         """Step ``step`` begins: arm or disarm here, never inside a step."""
         ranks = self.ranks
         if ranks.rank_records is None and self._in_job and self.publisher is not None:
-            with contextlib.suppress(Exception):  # once
+            with contextlib.suppress(Exception):
                 ranks.share_endpoint(self.publisher.record.to_dict())
-        try:  # noqa: SIM105 (every step: cheaper than contextlib.suppress)
+        with contextlib.suppress(Exception):
             ranks.match_arrivals()
-        except Exception:
-            pass
         self._history_at_boundary(step)
         if self.tracer is None and self._periods is None and self.holders.idle:
             # Dormant and nobody holds it: nothing to arm, disarm, announce or agree on. Every

@@ -160,8 +160,7 @@ class StepClock:
         if self._depth > 1:
             return  # a subclass's step() calling super().step(): one update
         self._outer = caller
-        if self._pending_hook is not None:
-            self._drop_pending()
+        self._drop_pending()
         if self.listener.update_begins(args, kwargs):
             # Post-hooks do not run when step() raises: the next module call settles it.
             self._resume_hook = module_mod.register_module_forward_pre_hook(self._update_failed)
@@ -172,10 +171,7 @@ class StepClock:
         if self._depth > 1:
             self._depth -= 1
             return
-        if self._resume_hook is not None:
-            self._settle()
-        else:  # _settle() without the call: every step passes here
-            self._depth, self._outer = 0, None
+        self._settle()
         self._updates += 1
         if self.optimizer_steps:
             if not self._optimizer_seen:

@@ -162,84 +162,66 @@ class HistoryCollector:
     def step_ends(self, new: int, *, skipped: bool = False) -> list[StepPoint]:
         """Step ``new`` begins: the step before it gets its point (``skipped``: a loss scaler
         skipped its update). Returns the points that reached the history now (this one, or
-        a batch whose values arrived). One function: every step of a dormant job runs it."""
+        a batch whose values arrived)."""
         try:
-            opened, self._open = self._open, new
-            if opened is None:  # the first boundary: the step that begins now is the first
-                return []
-            if new > opened + 1:
-                return []  # numbered anew (torchscope.step(n)): the same step goes on
-            closing = new - 1
-            root, self._root = self._root, None
-            scaler, self._scaler = self._scaler, None
-            point = StepPoint(
-                closing,
-                grad_norm=self._grad_norm,
-                module_norms=self._module_norms,
-                traced=self._traced,
-                skipped=skipped,
-            )
-            self._grad_norm = self._module_norms = None
-            on_device: list[tuple[str, torch.Tensor]] = []
-            if root is None and scaler is None:
-                pass  # no backward in the step: nothing to read
-            elif (
-                type(root) is torch.Tensor
-                and scaler is None
-                and root.is_cpu
-                and "cpu" in self.host_devices
-                and not torch._C._len_torch_function_stack()  # _modes_on(), a call less
-                and not torch._C._len_torch_dispatch_stack()
-            ):
-                # The common case, every step of a dormant job: one read on the host. A root of
-                # several values cannot be read as one; an integer or complex one is no loss.
-                if root.numel() == 1:
-                    value = root.item()
-                    if type(value) is float:
-                        point.loss = value
-            elif _plain(root) and not _modes_on():
-                self._read_values(point, root, scaler, on_device)  # no mode to leave
-            else:
-                # Outside any mode (a traced step's would record these) and any subclass's
-                # handler; nothing here makes a graph (values are read or detached), so no
-                # grad-mode switch either.
-                with torch._C.DisableTorchFunction(), _DisableTorchDispatch():
-                    self._read_values(point, root, scaler, on_device)
-            added: list[StepPoint] = []
-            with self.lock:
-                if closing < opened:
-                    # Renumbered back (micro-batches counted as steps before the first
-                    # optimizer step were one step): what was said of them goes.
-                    self._forget_from(closing)
-                if on_device or self._waiting:
-                    i = len(self._waiting)
-                    self._waiting.append(point)
-                    self._tensors.extend((i, name, t) for name, t in on_device)
-                else:
-                    self._add(point, added)
-                if self._copy is not None:
-                    self._take_copy(added, wait=False)
-                waiting = self._waiting
-                if (
-                    waiting
-                    and self._copy is None
-                    and (len(waiting) >= self.batch or self.flush_soon or self.eager)
-                ):
-                    self.flush_soon = False
-                    self._start_copy(added)
-            return added
+            return self._step_ends(new, skipped)
         except Exception as exc:
             self._error("at a step boundary", exc)
             self._root = None
             return []
 
+    def _step_ends(self, new: int, skipped: bool) -> list[StepPoint]:
+        opened, self._open = self._open, new
+        if opened is None:  # the first boundary: the step that begins now is the first
+            return []
+        if new > opened + 1:
+            return []  # numbered anew (torchscope.step(n)): the same step goes on
+        closing = new - 1
+        root, self._root = self._root, None
+        scaler, self._scaler = self._scaler, None
+        point = StepPoint(
+            closing,
+            grad_norm=self._grad_norm,
+            module_norms=self._module_norms,
+            traced=self._traced,
+            skipped=skipped,
+        )
+        self._grad_norm = self._module_norms = None
+        on_device: list[tuple[str, torch.Tensor]] = []
+        if root is None and scaler is None:
+            pass  # no backward in the step: nothing to read
+        elif _plain(root) and not _modes_on():
+            self._read_values(point, root, scaler, on_device)  # the common case: no mode to leave
+        else:
+            # Outside any mode (a traced step's would record these) and any subclass's
+            # handler; nothing here makes a graph (values are read or detached), so no
+            # grad-mode switch either.
+            with torch._C.DisableTorchFunction(), _DisableTorchDispatch():
+                self._read_values(point, root, scaler, on_device)
+        added: list[StepPoint] = []
+        with self.lock:
+            if closing < opened:
+                # Renumbered back (micro-batches counted as steps before the first
+                # optimizer step were one step): what was said of them goes.
+                self._forget_from(closing)
+            if on_device or self._waiting:
+                i = len(self._waiting)
+                self._waiting.append(point)
+                self._tensors.extend((i, name, t) for name, t in on_device)
+            else:
+                self._add(point, added)
+            self._take_copy(added, wait=False)
+            due = len(self._waiting) >= self.batch or self.flush_soon or self.eager
+            if self._waiting and self._copy is None and due:
+                self.flush_soon = False
+                self._start_copy(added)
+        return added
+
     def _read_values(
         self, point: StepPoint, root: torch.Tensor | None, scaler: Any, on_device: list
     ) -> None:
         """The step's loss and scale: host values read now, device values kept for a copy."""
-        if root is None:
-            pass
-        elif root.numel() == 1 and root.dtype.is_floating_point:
+        if root is not None and root.numel() == 1 and root.dtype.is_floating_point:
             if root.device.type in self.host_devices:
                 point.loss = root.item()  # one call: no detach or reshape to make first
             else:

@@ -516,7 +516,7 @@ class NanWatch(StepCheck):
             self._hand_updates = not optimizers
             self._hand_writes = HandWrites(optimizers) if optimizers else None
         writes = self._hand_writes
-        if not self._hand_updates and writes is not None and writes.written():
+        if writes is not None and writes.written():  # (None once the question is settled)
             self._hand_updates, self._hand_writes = True, None
             self._step += 1  # the first step ended unseen, at its update (as the clock counts)
         return self._hand_updates
