@@ -77,6 +77,14 @@ CELLS = [
     print(ls.stdout)
     import os; print("PID", os.getpid())
     """,
+    # 6: a healthy step, then a NaN made by the loop's own code (outside the model)
+    """
+    train(1)
+    loss = torch.sqrt(model(torch.randn(16, 4)).pow(2).mean() - 100.0)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    """,
 ]
 
 
@@ -175,3 +183,13 @@ def test_a_kernel_without_a_notebook_name_is_shown_as_ipykernel(monkeypatch):
     assert kernel.kernel_script() == "exp 3.ipynb"
     monkeypatch.setattr(kernel, "shell", lambda: None)
     assert kernel.kernel_script() is None  # a plain script: its own file, as before
+
+
+def test_a_nan_the_loop_code_makes_is_placed_at_its_cell_and_line(notebook):
+    """Outside the module calls, the watch names the backward() call: by its cell and line."""
+    cell = notebook[5]
+    (error,) = errors(cell)
+    assert error["ename"] == "WatchStop"
+    said = [x for x in text(cell, "stderr").splitlines() if "first appears" in x]
+    assert said and "ipykernel_" not in said[0], text(cell, "stderr")
+    assert "outside the module calls" in said[0] and "backward() at cell 6, line 4)" in said[0]

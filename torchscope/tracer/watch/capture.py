@@ -276,8 +276,8 @@ def autocast_state() -> tuple[tuple[str, torch.dtype], ...]:
 
 
 def _call_site() -> str | None:
-    """``file:line`` of the user's ``backward()`` call."""
-    from torchscope.tracer.armed.source import user_frame
+    """``file:line`` (``cell 4, line 11`` in a notebook) of the user's ``backward()`` call."""
+    from torchscope.tracer.armed.source import site_text, user_frame
 
     frame = user_frame(2)
-    return f"{frame[0]}:{frame[1]}" if frame else None
+    return site_text(frame[0], frame[1]) if frame else None
