@@ -90,8 +90,9 @@ def test_a_recording_opens_on_its_first_traced_step_in_view(late_recording, size
     try:
         out = term.until(lambda s: "Step 250" in s and "F.linear" in s, "step 250's ops")
         assert "no events in this step" not in out
-        if size[0] >= 100:  # the step list shows, its row for step 250 in view
-            assert re.search(r"│\s*250\s", out), out
+        if size[0] >= 100:  # the step list shows, its row for step 250 in view (the list
+            # takes the file's history in turns: it may draw its first rows a frame earlier)
+            term.until(lambda s: re.search(r"│\s*250\s", s), "step 250's row in the step list")
     finally:
         term.close()
 
