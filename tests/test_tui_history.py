@@ -285,6 +285,36 @@ async def test_the_step_list_holds_the_history_steps_with_their_values():
 
 
 @sync
+async def test_the_cursor_stays_on_its_step_and_in_view_when_history_rows_come_before_it():
+    # A recording opened on a late step: its rows come first, the run's history after.
+    app = TorchscopeApp(ScriptedSource(gappy_trace(), mode="replay"))
+    async with app.run_test(size=(120, 40)) as pilot:
+        steps = app.main.steps
+        await until(pilot, lambda: len(app.store.order) == 5, what="the traced steps")
+        app.main.show_step(164)
+        await until(pilot, lambda: steps.current_step == 164, what="the cursor on 164")
+        app.source.feed([history_event(points_wire(range(161)), seq=10_000)])
+        await until(pilot, lambda: steps.row_count() > 160, what="the history's rows")
+        assert steps.current_step == 164 and app.main.current_step == 164
+        await until(pilot, steps.cursor_visible, what="164's row in view")
+
+
+def test_the_step_list_sees_each_history_that_replaces_the_last():
+    # Out of order, a history is merged into a fresh index each time: two of them between
+    # two looks at the list still change its rows.
+    store = EventStore()
+    steps = StepList()
+    steps.bind_store(store)
+    store.take_history({"points": points_wire(range(50, 60))})
+    assert steps.row_count() == 10
+    for k in range(1, 20):
+        store.take_history({"points": points_wire([50 - 2 * k + 1])})
+        store.take_history({"points": points_wire([50 - 2 * k])})
+        assert steps.row_count() == 10 + 2 * k
+        assert steps.row_step(0) == 50 - 2 * k
+
+
+@sync
 async def test_the_step_list_shows_folded_buckets_as_ranges_and_stays_fast():
     store = EventStore(live=True)
     store.history = RunHistory(keep=100_000, bucket=100)

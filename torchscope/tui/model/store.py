@@ -136,6 +136,7 @@ class EventStore:
         self.reloadable = reloadable
         self.steps: dict[int, StepInfo] = {}
         self.order: list[int] = []  # sorted step numbers
+        self.order_version = 0  # bumped when a step joins or leaves ``order``
         self._data: OrderedDict[int, StepData] = OrderedDict()  # LRU: oldest use first
         self.alerts: list[Event] = []
         self._alert_seqs: set[Any] = set()  # as the alerts carry them (maybe no int)
@@ -296,6 +297,7 @@ class EventStore:
         if info.state == ON_DISK and not self.complete:
             return  # a file still being written: the step may yet begin
         self.order.pop()
+        self.order_version += 1
         del self.steps[step]
         data = self._data.pop(step, None)
         if data is not None:
@@ -317,6 +319,7 @@ class EventStore:
                 self.order.append(step)
             else:
                 bisect.insort(self.order, step)
+            self.order_version += 1
             ch.steps_added = True
         return info
 

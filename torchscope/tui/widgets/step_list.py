@@ -140,6 +140,9 @@ class StepList(VirtualList):
         self._traced: list[tuple[int, int]] = []  # (order index a, first row) of TRACED segs
         self._rows = 0
         self._layout_of: tuple | None = None
+        #: The step the cursor is on: rows come and go before it (a run's history arriving
+        #: after its traced steps) and the cursor stays on its step, not on its row number.
+        self._cursor_step: int | None = None
 
     @property
     def has_overview(self) -> bool:
@@ -178,6 +181,7 @@ class StepList(VirtualList):
     def bind_store(self, store: EventStore) -> None:
         self.store = store
         self._layout_of = None
+        self._cursor_step = None
 
     # -- the rows ------------------------------------------------------------------------------
     def _layout(self) -> list[Segment]:
@@ -185,14 +189,9 @@ class StepList(VirtualList):
         store = self.store
         order = store.order if store is not None else []
         index = store.history_index if store is not None else None
-        key = (
-            id(order),
-            len(order),
-            order[0] if order else 0,
-            order[-1] if order else 0,
-            id(index),
-            index.version if index is not None else -1,
-        )
+        # The store's counters, never ids: a history index replaced twice between two looks
+        # can be a new object at a freed one's address, with the same version.
+        key = (store.order_version, store.history_version) if store is not None else None
         if key != self._layout_of:
             self._layout_of = key
             self._build(order, index)
@@ -269,6 +268,36 @@ class StepList(VirtualList):
         a, row = self._traced[k]
         return row + i - a
 
+    def row_of_step(self, step: int) -> int | None:
+        """The row about ``step``: its traced row, else its history row, else its bucket's."""
+        store = self.store
+        if store is None:
+            return None
+        i = store.step_index(step)
+        if i is not None:
+            return self._row_of(i)
+        self._layout()
+        index = store.history_index
+        for (kind, a, b), start in zip(self._segs, self._starts, strict=True):
+            if kind == HISTORY_ROWS and index.steps[a] <= step <= index.steps[b - 1]:
+                j = bisect.bisect_left(index.steps, step, a, b)
+                return start + j - a if index.steps[j] == step else None
+            if kind == BUCKET and index.buckets[a].first <= step <= index.buckets[a].last:
+                return start
+        return None
+
+    def refresh_rows(self, *, clear: bool = True) -> None:
+        """As VirtualList's, the cursor kept on its step (its row may have moved)."""
+        super().refresh_rows(clear=clear)
+        step = self._cursor_step
+        row = self.row_of_step(step) if step is not None else None
+        if row is None:
+            self._cursor_step = self.row_step(self.cursor)
+        elif row != self.cursor:
+            self.cursor = row
+            self.scroll_to_cursor()
+            self.reveal_after_refresh()
+
     def _seg_at(self, index: int) -> tuple[Segment, int] | None:
         if self.store is None or not 0 <= index < self.row_count():
             return None
@@ -320,6 +349,7 @@ class StepList(VirtualList):
             if index < 0:
                 index = 1
         super().move_cursor(index, user=user, center=center)
+        self._cursor_step = self.row_step(self.cursor)
 
     @property
     def current_step(self) -> int | None:

@@ -579,7 +579,8 @@ class MainScreen(Screen[None]):
     # -- list events -------------------------------------------------------------------------
     def on_virtual_list_highlighted(self, event: VirtualList.Highlighted) -> None:
         if event.widget is self.steps:
-            step = self.steps.step_at(event.index)
+            # the cursor's step, not the message's row: rows may have come in before it since
+            step = self.steps.current_step
             if event.user and step is not None and step != self.current_step:
                 if step != self.store.newest_step:
                     self.set_follow(False)
