@@ -85,6 +85,13 @@ CELLS = [
     loss.backward()
     opt.step()
     """,
+    # 7: the same NaN again: the steps after a NaN the watch could not place are traced
+    """
+    loss = torch.sqrt(model(torch.randn(16, 4)).pow(2).mean() - 100.0)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    """,
 ]
 
 
@@ -193,3 +200,16 @@ def test_a_nan_the_loop_code_makes_is_placed_at_its_cell_and_line(notebook):
     said = [x for x in text(cell, "stderr").splitlines() if "first appears" in x]
     assert said and "ipykernel_" not in said[0], text(cell, "stderr")
     assert "outside the module calls" in said[0] and "backward() at cell 6, line 4)" in said[0]
+
+
+def test_a_nan_it_could_not_place_is_caught_live_when_the_kernel_runs_it_again(notebook):
+    """A stopped notebook gets no shell command (it has no script): the kernel lives on, and
+    the steps its next cells run are traced in full; the NaN, made again, is named live."""
+    said = text(notebook[5], "stderr")
+    assert "torchscope run" not in said and "SCRIPT" not in said
+    assert "torchscope: tracing the next 10 steps the kernel runs in full" in said
+    (error,) = errors(notebook[6])
+    assert error["ename"] == "WatchStop"
+    again = [x for x in text(notebook[6], "stderr").splitlines() if "first appears" in x]
+    assert again, text(notebook[6], "stderr")
+    assert "in torch.sqrt (forward) at cell 7, line 1 — traced live" in again[0]

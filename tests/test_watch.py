@@ -612,6 +612,27 @@ def hand_train(steps: int, ctx, idle_optimizer: bool = False) -> tuple[list[floa
     return losses, model
 
 
+def test_a_python_scalar_nan_of_the_loop_code_is_replayed_to_its_backward_node():
+    """``loss * float("nan")``: MulBackward0 saves the scalar as a wrapped number, which the
+    aten mode would see as a float; the replay reads it and places the NaN (it failed)."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w, lines = watch()
+    with w:
+        for step in range(3):
+            loss = model(torch.ones(2, 4)).sum()
+            if step == 1:
+                loss = loss * float("nan")
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    det = w.detections[0]
+    assert not [n for n in det["notes"] if "replay failed" in n], det["notes"]
+    assert det["outside_modules"] and det["step"] == 1
+    assert "in the backward it first shows at MulBackward0" in lines[0]
+
+
 def test_a_job_that_updates_by_hand_is_checked_after_each_backward():
     """With no optimizer, the check runs when backward() ends: the gradients complete and the
     weights not yet updated (under torchscope run it never ran at all: a silent watch)."""

@@ -27,6 +27,7 @@ there is one (in order after the step's events still in flight), else straight t
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import os
@@ -272,6 +273,7 @@ class Agent(ServedWatch):
             self.outputs.close()
             if _agent is self:
                 _agent = None
+            atexit.unregister(self.stop)  # serve()'s: a stopped agent is not kept alive
             with contextlib.suppress(ValueError, OSError):
                 if signal.getsignal(signal.SIGTERM) is _on_sigterm:
                     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -345,13 +347,31 @@ class Agent(ServedWatch):
                     self._announce(hold.released)
             else:
                 self._disarm(hold)
-            if self.tracer is not None:
-                self.traced_steps += 1
-                self.tracer.gate(hold.gated, scope or "")
-                self.tracer.set_eager_check(self.options.eager_check or hold.eager_check)
-            self.history.traced(self.tracer is not None)
+            self._step_opens(hold, scope or "")
         except Exception as exc:  # never into the job
             self._say(f"internal error at a step boundary: {type(exc).__name__}: {exc}")
+
+    def _step_opens(self, hold: StepHold, scope: str) -> None:
+        if self.tracer is not None:
+            self.traced_steps += 1
+            self.tracer.gate(hold.gated, scope)
+            self.tracer.set_eager_check(self.options.eager_check or hold.eager_check)
+        self.history.traced(self.tracer is not None)
+
+    def arm_between_cells(self) -> None:
+        """Trace from now on, in the step that is open: a notebook's cell stopped before its
+        update, and the kernel runs that step again in a later cell, with no boundary before
+        it. Called between two cells, outside every hook of the job."""
+        if self.tracer is not None:
+            return
+        step = self.clock.step
+        try:
+            hold = self.holders.at_boundary(step)
+            if hold.traced:
+                self._arm(step, hold)
+            self._step_opens(hold, "")
+        except Exception as exc:  # never into the job
+            self._say(f"internal error arming between cells: {type(exc).__name__}: {exc}")
 
     # -- the run's history (training thread, at step boundaries) --------------------------------
     def _history_at_boundary(self, step: int) -> None:

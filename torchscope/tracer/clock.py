@@ -119,6 +119,10 @@ class StepClock:
                 hook.remove()
         self._hooks = []
         self._resume_hook = self._pending_hook = None
+        # A step() that raised leaves its frame here: gone with the clock, or the frame would
+        # hold the loop's locals (model, optimizer, batch) for as long as the clock lives.
+        self._depth = 0
+        self._outer = None
         if self._scaler is not None:
             self._scaler.remove()
             self._scaler = None

@@ -11,8 +11,10 @@ Nothing here imports IPython: a job that has not loaded it is no notebook.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 KERNEL_SCRIPT = "ipykernel"  # what `torchscope ls` shows for a kernel whose notebook is unknown
@@ -57,3 +59,24 @@ def kernel_script() -> str | None:
     if isinstance(path, str) and path.strip():
         return os.path.basename(path.rstrip("/\\")) or path
     return KERNEL_SCRIPT
+
+
+def after_this_cell(then: Callable[[], None]) -> bool:
+    """Call ``then`` once, when the running cell has finished (an error ended it or not): the
+    moment between two cells, outside every hook of the job. False outside an IPython shell,
+    where nothing is called."""
+    ip = shell()
+    events = getattr(ip, "events", None)
+    if events is None:
+        return False
+
+    def once(*_: Any) -> None:
+        with contextlib.suppress(Exception):
+            events.unregister("post_run_cell", once)
+        then()
+
+    try:
+        events.register("post_run_cell", once)
+    except Exception:
+        return False
+    return True

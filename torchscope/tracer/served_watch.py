@@ -18,6 +18,7 @@ from torchscope.tracer.armed.session import DrivenBy, Tracer
 from torchscope.tracer.clock import StepClock
 from torchscope.tracer.history import HistoryCollector
 from torchscope.tracer.holders import Holders
+from torchscope.tracer.kernel import after_this_cell, shell
 from torchscope.tracer.options import Options
 from torchscope.tracer.rank_checks import rank_alert
 from torchscope.tracer.ranks import say_line
@@ -60,6 +61,9 @@ class ServedWatch:
         raise NotImplementedError
 
     def _say(self, text: str, force: bool = False) -> None:
+        raise NotImplementedError
+
+    def arm_between_cells(self) -> None:
         raise NotImplementedError
 
     # The switch happens at the job's next backward(): not at a step boundary, which may run
@@ -195,9 +199,11 @@ class ServedWatch:
 
     def _trace_after_unreproduced(self, det: dict[str, Any]) -> None:
         """The replay could not say which op and line made it: most NaNs come back, so trace
-        the next steps in full to catch it live (until it does, or for a few steps). A job
-        that stops now gets the command that finds a one-off instead."""
-        if self.watch is not None and self.watch.on_nan == "stop":
+        the next steps in full to catch it live (until it does, or for a few steps). A script
+        that stops now gets the command that finds a one-off instead; a notebook's kernel
+        lives on, and the steps its next cells run are the ones traced."""
+        stops = self.watch is not None and self.watch.on_nan == "stop"
+        if stops and shell() is None:
             argv = self.options.metadata.get("argv")
             script = shlex.join(map(str, argv)) if argv else "SCRIPT"
             command = f"torchscope run --record trace.tsc --steps {det['step']} {script}"
@@ -208,9 +214,12 @@ class ServedWatch:
         if self._catching is not None and self.holders.holds(self._catching):
             return  # already tracing to catch it
         self._catching = self.holders.add("watch", remaining=WATCH_TRACE_STEPS)
+        if stops:  # the stopped step runs again in a later cell: traced from the next cell
+            after_this_cell(self.arm_between_cells)
+        which = "the kernel runs " if stops else ""
         self._say(
-            f"tracing the next {WATCH_TRACE_STEPS} steps in full to catch it live (it names "
-            "the op and line if it comes back)"
+            f"tracing the next {WATCH_TRACE_STEPS} steps {which}in full to catch it live (it "
+            "names the op and line if it comes back)"
         )
 
     def _caught_live(self, det: dict[str, Any] | None) -> None:

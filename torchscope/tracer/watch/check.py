@@ -337,13 +337,15 @@ class StepCheck:
         return det
 
     def _live_alert(self, after: int = -1) -> dict[str, Any] | None:
-        """The live tracer's first origin alert of the current step (after step ``after``)."""
+        """The live tracer's first origin alert of the current step, from step ``after`` on
+        (the step that was bad, run again: a notebook's stopped step in a later cell, traced
+        this time)."""
         try:
             alert = self.live_origin()
         except Exception as exc:
             self._error("reading the live tracer's origin", exc)
             return None
-        if alert is None or alert.get("step") != self.step or self.step <= after:
+        if alert is None or alert.get("step") != self.step or self.step < after:
             return None
         return alert
 

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch.autograd.graph import get_gradient_edge
 from torch.optim import optimizer as optimizer_mod
+from torch.utils._python_dispatch import _disable_current_modes
 
 from torchscope.protocol.events import ALERT, ATEN
 from torchscope.tracer.armed.backward import NODE_ID, NODE_MOD, NODE_OP, NODE_SRC, node_name
@@ -99,16 +100,21 @@ def isolated_optimizer_hooks():
 
 
 class _Untraced:
-    """The replay's own bookkeeping ops stay out of the trace."""
+    """The replay's own bookkeeping ops stay out of the trace, at both levels. (Under the
+    aten mode, a saved Python scalar -- ``loss * float("nan")`` saves one as a wrapped number
+    -- would reach the mode as a float, and reading it would fail.)"""
 
     def __enter__(self) -> None:
         self._ctx = torch._C.DisableTorchFunction()
         self._ctx.__enter__()
+        self._modes = _disable_current_modes()
+        self._modes.__enter__()
         self._grad = torch.no_grad()
         self._grad.__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         self._grad.__exit__(*exc)
+        self._modes.__exit__(*exc)
         self._ctx.__exit__(*exc)
 
 
