@@ -633,6 +633,34 @@ def test_a_python_scalar_nan_of_the_loop_code_is_replayed_to_its_backward_node()
     assert "in the backward it first shows at MulBackward0" in lines[0]
 
 
+@pytest.mark.parametrize(
+    ("made", "node"),
+    [(lambda loss: loss / torch.zeros(()), "DivBackward0"),
+     (lambda loss: torch.log(loss * 0), "LogBackward0")],
+    ids=["div", "log"],
+)  # fmt: skip
+def test_a_loss_the_loop_code_made_infinite_is_placed_in_the_forward(made, node):
+    """``loss / 0`` and ``log(0)`` in loop code: their backward nodes save finite values and
+    make Inf from a finite gradient, yet the Inf was the loss's first: the forward's loop code
+    made it, and the node is only where the backward shows it (it was named the origin)."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w, lines = watch()
+    with w:
+        for step in range(3):
+            loss = model(torch.ones(2, 4)).pow(2).mean()
+            if step == 1:
+                loss = made(loss)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    det = w.detections[0]
+    assert det["step"] == 1 and det["where"] == "forward" and det["outside_modules"]
+    assert lines[0].startswith("torchscope: Inf first appears at step 1 in the forward, outside")
+    assert f"in the backward it first shows at {node}" in lines[0]
+
+
 def test_a_job_that_updates_by_hand_is_checked_after_each_backward():
     """With no optimizer, the check runs when backward() ends: the gradients complete and the
     weights not yet updated (under torchscope run it never ran at all: a silent watch)."""

@@ -263,7 +263,12 @@ class Replay:
                 self._guarded("backward over the step's graph", self._retained_backward)
                 self._flush()
                 origin = self._first_alert(("backward",), start=mark)
-                if origin is not None and self._locate(origin):
+                tainted = origin is not None and self._locate(origin)
+                # A loop-code node of a step whose loss is non-finite (``x / 0``, ``log(0)``:
+                # their nodes save finite values) shows what the forward made, as a tainted
+                # one does: the replayed module calls are finite, so loop code made it.
+                loop_loss = bool(self.det.get("in_loss")) and self.det["outside_modules"]
+                if origin is not None and (tainted or loop_loss):
                     # The node computed from NaN/Inf the step's forward saved in it: a forward
                     # NaN arriving, not a backward origin (a traced run would not blame it).
                     name = origin.get("name")
