@@ -18,6 +18,7 @@ import torchscope
 from torchscope.tracer import backward_calls
 from torchscope.tracer.armed.session import current_tracer
 from torchscope.tracer.watch.nan_watch import NanWatch, WatchStop
+from torchscope.tracer.watch.report import short_source
 
 ORIGINAL_AUTOGRAD_BACKWARD = torch.autograd.backward
 ORIGINAL_TENSOR_BACKWARD = torch.Tensor.backward
@@ -659,6 +660,32 @@ def test_a_loss_the_loop_code_made_infinite_is_placed_in_the_forward(made, node)
     assert det["step"] == 1 and det["where"] == "forward" and det["outside_modules"]
     assert lines[0].startswith("torchscope: Inf first appears at step 1 in the forward, outside")
     assert f"in the backward it first shows at {node}" in lines[0]
+
+
+def nan_batch_loop(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    for step in range(steps):
+        x = torch.ones(2, 4)
+        if step == 1:
+            x[0, 0] = float("nan")  # a bad batch
+        loss = model(x).pow(2).mean()  # the model's call
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def test_an_op_of_torchs_own_modules_is_placed_at_the_users_call_not_at_the_replay():
+    """F.linear inside nn.Linear has no line of the user's own: a traced run names the line
+    that called the model. The replay runs under optimizer.step(), and named that line."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w, lines = watch()
+    with w:
+        nan_batch_loop(model, opt, 3)
+    det = w.detections[0]
+    assert det["where"] == "input" and "of torch.nn.functional.linear" in det["origin"]
+    assert det["source"] == line_of(nan_batch_loop, "# the model's call")
+    assert lines[0].endswith(f"at {short_source(det['source'])} — replayed")
 
 
 def test_a_job_that_updates_by_hand_is_checked_after_each_backward():

@@ -13,6 +13,7 @@ from torch import nn
 from torch._C._autograd import _get_sequence_nr
 
 from torchscope.tracer.armed.backward import node_name
+from torchscope.tracer.armed.source import site_text, user_frame
 from torchscope.tracer.eager import RngState, eager_module, is_compiled_module, rng_state
 
 # A bad step is replayed at the aten level: the report names the kernel that made the value.
@@ -35,6 +36,7 @@ class Call:
         "rng",
         "seq_hi",
         "seq_lo",
+        "site",
         "target",
         "unit",
         "versions",
@@ -51,6 +53,9 @@ class Call:
         self.seq_lo = _get_sequence_nr()
         self.seq_hi = self.seq_lo
         self.versions = versions_of(args, kwargs)
+        # (path, line, function) of the user's line that called the module: a replay runs it
+        # again from there (see replay.called_at), not from the optimizer.step() it runs under
+        self.site = user_frame(2)
         self.versions_after: list[int] = []
         self.out_grads: dict[int, torch.Tensor] = {}
         self.grad_bytes = 0
@@ -277,7 +282,5 @@ def autocast_state() -> tuple[tuple[str, torch.dtype], ...]:
 
 def _call_site() -> str | None:
     """``file:line`` (``cell 4, line 11`` in a notebook) of the user's ``backward()`` call."""
-    from torchscope.tracer.armed.source import site_text, user_frame
-
     frame = user_frame(2)
     return site_text(frame[0], frame[1]) if frame else None

@@ -353,7 +353,7 @@ class Replay:
                     args, kwargs = _cut(call.args), _cut(call.kwargs or {})
                 lo = torch._C._autograd._get_sequence_nr()
                 try:
-                    out = call.target(*args, **kwargs)
+                    out = called_at(call.site, call.target, args, kwargs)
                 except Exception as exc:
                     self.det["notes"].append(
                         f"replaying {type(call.target).__name__} raised "
@@ -552,6 +552,26 @@ class Replay:
         for b, old in saved:
             if b.shape != old.shape or not torch.equal(b, old):
                 b.copy_(old)
+
+
+def called_at(site: tuple[str, int, str] | None, f: Any, args: tuple, kwargs: dict) -> Any:
+    """``f(*args, **kwargs)`` as called from ``site``, the user's line (path, line, function)
+    that made the captured call: the replayed ops inside torch's own modules (``F.linear`` of
+    an ``nn.Linear``) find it as their source, as a traced run would, not the line of the
+    ``optimizer.step()`` the replay runs under. The call goes through a function compiled
+    under the user's file name and line."""
+    if site is None or not isinstance(site[1], int) or site[1] < 1:
+        return f(*args, **kwargs)
+    path, line, name = site
+    code = compile("\n" * (line - 1) + "def _at(f, a, k): return f(*a, **k)\n", path, "exec")
+    scope: dict[str, Any] = {}
+    exec(code, scope)
+    at = scope["_at"]
+    renamed = {"co_name": name}
+    if hasattr(at.__code__, "co_qualname"):  # Python 3.11+
+        renamed["co_qualname"] = name
+    at.__code__ = at.__code__.replace(**renamed)
+    return at(f, args, kwargs)
 
 
 def _holds_nonfinite(node: Any) -> bool:
