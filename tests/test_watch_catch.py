@@ -51,6 +51,26 @@ def test_a_loop_code_nan_it_cannot_replay_is_caught_live_the_next_time(tmp_path)
     assert lines[-1] == "torchscope: 16 step(s) seen, 1 traced"
 
 
+def test_a_one_off_loop_code_nan_is_placed_in_the_forward_and_its_weights_are_no_new_origin(
+    tmp_path,
+):
+    """No scaler: the bad update is made. The first detection, with no graph kept, still
+    says the loop's forward made it (the loss is NaN, the replayed modules are finite); the
+    weights that update wrote are what its gradients did, not the NaN come back."""
+    job = ("--no-scaler", *LOOP_NAN[:4], "--steps", "16")  # once, not --persist
+    proc = run("--watch", "nan", cwd=tmp_path, job=job)
+    assert proc.returncode == 0, proc.stderr
+    lines = said(proc)
+    assert lines[1] == (
+        "torchscope: NaN first appears at step 12 in the forward, outside the module calls "
+        "(training-loop code: the loss is non-finite, the replayed modules' outputs are not; "
+        f"backward() at {line_of('scaler.scale(loss).backward()')}) — replayed"
+    )
+    assert lines[2].startswith("torchscope: tracing the next 10 steps in full")
+    assert not any("traced live" in s or "enters" in s for s in lines)
+    assert "torchscope: NaN/Inf from step 12 lasted 4 checked steps" in lines[3]
+
+
 def test_a_job_that_stops_gets_the_command_that_names_a_one_off(tmp_path):
     proc = run("--watch", "nan", "--on-nan", "stop", cwd=tmp_path, job=LOOP_NAN)
     assert proc.returncode == 3, proc.stderr

@@ -240,6 +240,8 @@ class StepCheck:
                 # Traced live since a detection it could not place: named now if this step's
                 # tracer found where it comes from (a loss scaler kept the weights clean).
                 live = self._live_alert(run["step"])
+                if live is not None and _written_by_update(live, run, self.step):
+                    live = None  # the last bad step's update wrote it: not the NaN come back
             if run is not None and live is None:
                 # Still bad (NaN weights stay NaN): counted, not replayed or reported again;
                 # once per step (LBFGS calls its closure, checked each time, several times).
@@ -401,3 +403,15 @@ class StepCheck:
 
 def category(what: str) -> str:
     return GRADNORM if what == GRADNORM else "nonfinite"
+
+
+def _written_by_update(alert: dict[str, Any], run: dict[str, Any], step: int) -> bool:
+    """Whether a live alert is a parameter the update after the run's last bad step made
+    NaN/Inf (the job goes on under "continue"): what the bad gradients did, not an origin."""
+    name = alert.get("name")
+    return (
+        alert.get("where") == "input"
+        and isinstance(name, str)
+        and name.startswith("parameter ")
+        and step == run["last_step"] + 1
+    )

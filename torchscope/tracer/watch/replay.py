@@ -202,15 +202,17 @@ class Replay:
             notes.append("nothing of the step was captured (no top-level module call with grad)")
             det["reproduced"] = False
             return
-        self._note_changed_inputs()
+        faithful = not self._note_changed_inputs()
         t0 = time.perf_counter()
         watch._replaying = True
         with _Untraced():
             saved_rng = rng_state()
             buffers = self._save_buffers()
+        forward_finite = False
         try:
             with isolated_optimizer_hooks():
                 self._traced_phases()
+            forward_finite = faithful and self._forward_finite()
         except Exception as exc:
             notes.append(f"the replay failed: {type(exc).__name__}: {_first_line(exc)}")
         finally:
@@ -231,11 +233,12 @@ class Replay:
         det["alerts"] = [e for e in self.events if e.get("kind") == ALERT]
         if det["reproduced"] is None:
             det["reproduced"] = False
-            if det.get("in_loss") and not det.get("bad_params") and not det.get("placed"):
-                notes.append(
-                    "the loss is non-finite but the replayed module calls are not: it comes "
-                    "from code outside them, which is not re-run"
-                )
+            if det.get("in_loss") and not det.get("placed") and forward_finite:
+                # The loss is non-finite and every module call replayed finite: the loop's
+                # own forward code made it (not re-run; with no graph kept, no node to show).
+                det.update(loop_forward=True, where="forward", outside_modules=True)
+                if watch._backwards:
+                    det["backward_source"] = watch._backwards[0].source
 
     def _traced_phases(self) -> None:
         factory = self.watch.tracer_factory or default_tracer
@@ -447,6 +450,15 @@ class Replay:
         if any(rec.marks is not None and rec.marks.truncated for rec in self.marked):
             det["notes"].append("the loop code's graph was too large to mark all its nodes")
 
+    def _forward_finite(self) -> bool:
+        """Every captured module call replayed, and none made or took a NaN/Inf."""
+        return (
+            bool(self.calls)
+            and not self.watch._overflow
+            and len(self.replayed) == len(self.calls)
+            and self._first_alert(("forward", "input")) is None
+        )
+
     def _bad_output_grads(self) -> bool:
         """A gradient that arrived non-finite at a module call's output (all of them exact)."""
         if any(call.unit for call in self.calls):
@@ -524,17 +536,23 @@ class Replay:
         if not any(c.seq_lo <= seq < c.seq_hi for c in self.calls):
             self.det["outside_modules"] = True
 
-    def _note_changed_inputs(self) -> None:
+    def _note_changed_inputs(self) -> bool:
+        """Notes the calls whose inputs changed (the replay sees other numbers than the step
+        did); returns whether any did."""
+        changed = False
         for call in self.calls:
             after = call.versions_after
             if len(after) == len(call.versions) and after != call.versions:
+                changed = True
                 self.det["notes"].append(
                     f"{type(call.target).__name__} wrote into its own inputs during the step"
                 )
             if versions_of(call.args, call.kwargs) != after:
+                changed = True
                 self.det["notes"].append(
                     f"inputs of {type(call.target).__name__} were changed in place after its call"
                 )
+        return changed
 
     # -- state -------------------------------------------------------------------------------
     def _save_buffers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:

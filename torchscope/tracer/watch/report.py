@@ -48,13 +48,7 @@ def describe(det: dict[str, Any], rank: int | None = None) -> str:
         at = f" at {source}" if source else ""
         at = (f" in {det['module']}" if det.get("module") else "") + at
         if det.get("loop_forward"):
-            site = short_source(det.get("backward_source"))
-            return (
-                f"{who}: {noun} first appears at step {step} in the forward, outside the module "
-                "calls (training-loop code: the loss is non-finite, the replayed modules' "
-                f"outputs are not{f'; backward() at {site}' if site else ''}); in the backward "
-                f"it first shows at {det['backward_node']} — replayed"
-            )
+            return loop_forward_line(det, who, noun, "replayed")
         if det["where"] == "input":
             text = f"{who}: {noun} enters at step {step} as {det['origin']}{at}"
         else:
@@ -73,6 +67,8 @@ def describe(det: dict[str, Any], rank: int | None = None) -> str:
     if det.get("placed"):
         noun = "NaN" if det.get("origin_what", det["what"]) == NAN else "Inf"
         return placed_line(det, who, noun)
+    if det.get("loop_forward"):  # no graph kept: no backward node to show it at
+        return loop_forward_line(det, who, noun, "replayed")
     if det.get("outside_modules"):
         return (
             f"{who}: {noun} first appears at step {step} in the backward, outside the module "
@@ -118,13 +114,23 @@ def placed_line(det: dict[str, Any], who: str, noun: str) -> str:
     at = f"; backward() at {site}" if site else ""
     how = "placed, not replayed (a compiled model keeps no graph to replay)"
     if det.get("loop_forward"):
-        return (
-            f"{who}: {noun} first appears at step {step_words(det)} in the forward, outside the "
-            "module calls (training-loop code: the loss is non-finite, the replayed modules' "
-            f"outputs are not{at}); in the backward it first shows at {det['backward_node']} "
-            f"— {how}"
-        )
+        return loop_forward_line(det, who, noun, how)
     return (
         f"{who}: {noun} first appears at step {step_words(det)} in {det['origin']} (backward) "
         f"outside the module calls (training-loop code{at}) — {how}"
+    )
+
+
+def loop_forward_line(det: dict[str, Any], who: str, noun: str, how: str) -> str:
+    """A forward origin in the loop's own code (between module calls, not re-run): the loss
+    is non-finite and the replayed module calls are not; the backward node where it first
+    shows, when the step's graph was kept or marked."""
+    site = short_source(det.get("backward_source"))
+    at = f"; backward() at {site}" if site else ""
+    node = det.get("backward_node")
+    shows = f"; in the backward it first shows at {node}" if node else ""
+    return (
+        f"{who}: {noun} first appears at step {step_words(det)} in the forward, outside the "
+        "module calls (training-loop code: the loss is non-finite, the replayed modules' "
+        f"outputs are not{at}){shows} — {how}"
     )
