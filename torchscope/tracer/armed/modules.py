@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn.modules import module as module_mod
 
 from torchscope.tracer.eager import is_compiled_module
+from torchscope.tracer.global_hooks import QuietHook
 from torchscope.tracer.shards import local_shard
 
 _GLOBAL_HOOK_DICTS = (
@@ -93,8 +94,8 @@ class ModuleTracker:
                 self._exit(module, args, output)
 
         self._handles = [
-            module_mod.register_module_forward_pre_hook(enter),
-            module_mod.register_module_forward_hook(exit_, always_call=True),
+            QuietHook(module_mod.register_module_forward_pre_hook(enter)),
+            QuietHook(module_mod.register_module_forward_hook(exit_, always_call=True)),
         ]
         self._exit_hook = exit_
 

@@ -21,7 +21,15 @@ from torchscope.tracer import scaler_calls
 from torchscope.tracer.clock import StepClock
 from torchscope.tracer.errors import ReportOnce
 from torchscope.tracer.watch.capture import Backward, Call, replay_target
-from torchscope.tracer.watch.norms import GRADNORM, INF, NAN, confirm, total_norms, unscaled
+from torchscope.tracer.watch.norms import (
+    GRADNORM,
+    INF,
+    NAN,
+    confirm,
+    norm_of,
+    total_norms,
+    unscaled,
+)
 from torchscope.tracer.watch.report import describe, job_rank
 from torchscope.tracer.watch.stop import WatchStop
 
@@ -240,7 +248,7 @@ class StepCheck:
                 # Traced live since a detection it could not place: named now if this step's
                 # tracer found where it comes from (a loss scaler kept the weights clean).
                 live = self._live_alert(run["step"])
-                if live is not None and _written_by_update(live, run, self.step):
+                if live is not None and self._written_by_update(run, with_grad):
                     live = None  # the last bad step's update wrote it: not the NaN come back
             if run is not None and live is None:
                 # Still bad (NaN weights stay NaN): counted, not replayed or reported again;
@@ -338,6 +346,17 @@ class StepCheck:
                 self._error("on_unreproduced", exc)
         return det
 
+    def _written_by_update(self, run: dict[str, Any], params: list[torch.Tensor]) -> bool:
+        """Whether the weights are non-finite right after the run's last bad step: its update
+        wrote them (the job goes on under "continue"), and what the live tracer finds in
+        this step (a parameter entering, a compiled model's output) is what the bad
+        gradients did, not the NaN coming back. Asked only at a live alert: a host read."""
+        if self.step != run["last_step"] + 1 or not params:
+            return False
+        with torch.no_grad(), torch._C.DisableTorchFunction():
+            weights = [p.detach() for p in params]
+            return not math.isfinite(norm_of(weights, weights[0].device).item())
+
     def _live_alert(self, after: int = -1) -> dict[str, Any] | None:
         """The live tracer's first origin alert of the current step, from step ``after`` on
         (the step that was bad, run again: a notebook's stopped step in a later cell, traced
@@ -403,15 +422,3 @@ class StepCheck:
 
 def category(what: str) -> str:
     return GRADNORM if what == GRADNORM else "nonfinite"
-
-
-def _written_by_update(alert: dict[str, Any], run: dict[str, Any], step: int) -> bool:
-    """Whether a live alert is a parameter the update after the run's last bad step made
-    NaN/Inf (the job goes on under "continue"): what the bad gradients did, not an origin."""
-    name = alert.get("name")
-    return (
-        alert.get("where") == "input"
-        and isinstance(name, str)
-        and name.startswith("parameter ")
-        and step == run["last_step"] + 1
-    )

@@ -84,6 +84,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torchscope.tracer import backward_calls, scaler_calls
 from torchscope.tracer.clock import BY_SCALER, HandWrites, StepClock, held_optimizers
 from torchscope.tracer.errors import ReportOnce
+from torchscope.tracer.global_hooks import QuietHook
 from torchscope.tracer.watch.capture import (
     Backward,
     Call,
@@ -307,9 +308,11 @@ class NanWatch(StepCheck):
         self._root_hooks = []
         self._depth = 0
         self._global_hooks = [
-            module_mod.register_module_forward_pre_hook(self._global_pre),
-            module_mod.register_module_forward_hook(
-                self._global_post, with_kwargs=True, always_call=True
+            QuietHook(module_mod.register_module_forward_pre_hook(self._global_pre)),
+            QuietHook(
+                module_mod.register_module_forward_hook(
+                    self._global_post, with_kwargs=True, always_call=True
+                )
             ),
         ]
         self._discovering = True
