@@ -146,7 +146,14 @@ def two_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TwoNo
             node["rank"] = record.rank
         assert sorted(records) == [0, 1] and records[0].job == records[1].job
         monkeypatch.setenv("TORCHSCOPE_RUNTIME_DIR", str(_private_dir(tmp_path / "laptop")))
-        yield TwoNodes(host, nodes, records, pace)
+        try:
+            yield TwoNodes(host, nodes, records, pace)
+        except Exception as exc:  # what each rank said, beside what went wrong
+            said = "".join(
+                f"\n--- node {n} stderr ---\n{node['output'].err[-2000:]}"
+                for n, node in enumerate(nodes)
+            )
+            raise AssertionError(f"{type(exc).__name__}: {exc}{said}") from exc
     finally:
         kill(*jobs)
 
