@@ -613,21 +613,28 @@ def hand_train(steps: int, ctx, idle_optimizer: bool = False) -> tuple[list[floa
     return losses, model
 
 
-def test_a_python_scalar_nan_of_the_loop_code_is_replayed_to_its_backward_node():
-    """``loss * float("nan")``: MulBackward0 saves the scalar as a wrapped number, which the
-    aten mode would see as a float; the replay reads it and places the NaN (it failed)."""
+def watched_loop_code(made) -> tuple[NanWatch, list[str]]:
+    """Three watched steps of a Linear whose loss the loop's own code passes through
+    ``made`` at step 1."""
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     w, lines = watch()
     with w:
         for step in range(3):
-            loss = model(torch.ones(2, 4)).sum()
+            loss = model(torch.ones(2, 4)).pow(2).mean()
             if step == 1:
-                loss = loss * float("nan")
+                loss = made(loss)
             opt.zero_grad()
             loss.backward()
             opt.step()
+    return w, lines
+
+
+def test_a_python_scalar_nan_of_the_loop_code_is_replayed_to_its_backward_node():
+    """``loss * float("nan")``: MulBackward0 saves the scalar as a wrapped number, which the
+    aten mode would see as a float; the replay reads it and places the NaN (it failed)."""
+    w, lines = watched_loop_code(lambda loss: loss * float("nan"))
     det = w.detections[0]
     assert not [n for n in det["notes"] if "replay failed" in n], det["notes"]
     assert det["outside_modules"] and det["step"] == 1
@@ -644,18 +651,7 @@ def test_a_loss_the_loop_code_made_infinite_is_placed_in_the_forward(made, node)
     """``loss / 0`` and ``log(0)`` in loop code: their backward nodes save finite values and
     make Inf from a finite gradient, yet the Inf was the loss's first: the forward's loop code
     made it, and the node is only where the backward shows it (it was named the origin)."""
-    torch.manual_seed(0)
-    model = nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    w, lines = watch()
-    with w:
-        for step in range(3):
-            loss = model(torch.ones(2, 4)).pow(2).mean()
-            if step == 1:
-                loss = made(loss)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+    w, lines = watched_loop_code(made)
     det = w.detections[0]
     assert det["step"] == 1 and det["where"] == "forward" and det["outside_modules"]
     assert lines[0].startswith("torchscope: Inf first appears at step 1 in the forward, outside")
