@@ -362,3 +362,64 @@ def test_a_ui_asks_one_eager_checked_step_beside_its_own_hold():
     checks = [e for e in events if e["kind"] == "alert" and e.get("what") == "eager_check"]
     assert {e["step"] for e in checks} == {3} and len(checks) == 2
     assert {e["step"] for e in events if e["kind"] == "op"} == {2, 3, 4, 5}  # still held
+
+
+class Net(torch.nn.Module):
+    """A model of the user's own class: ``module.compile()`` compiles its forward (torch's own
+    containers are skipped by Dynamo)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.nn.functional.gelu(self.a(x)))
+
+
+def train_in_place_compiled(traced_steps: range) -> tuple[list[float], list]:
+    """Four steps of a model compiled in place (built and compiled inside the first step, as
+    a script traced from its start does), traced where asked."""
+    losses, sessions = [], []
+    tr = None
+    for i in range(4):
+        if i in traced_steps and tr is None:
+            tr = torchscope.trace().start()
+            sessions.append(tr)
+        if i == 0:
+            torch.manual_seed(0)
+            model = Net()
+            model.compile(backend="aot_eager")
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if tr is not None and i + 1 not in traced_steps:
+            tr.stop()
+            tr = None
+    # torch's own compiled call again, not the tracer's wrapper of it
+    assert type(model.__dict__["_compiled_call_impl"]).__name__ == "function"
+    return losses, sessions
+
+
+def test_a_model_compiled_in_place_is_one_op_and_never_recompiles():
+    """``model.compile()`` calls straight into compiled code, with no module hook before it:
+    the tracer wraps its compiled call while armed (found at arming, or as it is compiled),
+    so the call runs with the modes off, as ``torch.compile(model)``'s does. Dynamo never
+    compiles the tracer's code, the model compiles once whether tracing began before it was
+    compiled or after, and ``nn.Module.compile`` is torch's own again after the session."""
+    torch._dynamo.reset()
+    expected, _ = train_in_place_compiled(range(0))
+    original_compile = torch.nn.Module.compile
+    for traced in (range(0, 2), range(2, 4)):
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        losses, (tr,) = train_in_place_compiled(traced)
+        assert losses == expected
+        assert tr.errors == []
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1, traced
+        calls = [o for o in tr.ops if o.name == "torch.compile:Net"]
+        assert [o.step for o in calls] == [0, 1]  # one call per traced step
+        assert not {o.name for o in tr.ops} & {"torch.nn.functional.linear", "torch._C._nn.linear"}
+        assert torch.nn.Module.compile is original_compile

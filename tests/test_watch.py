@@ -750,9 +750,11 @@ def test_a_watched_model_can_be_deep_copied_and_pickled_without_the_watch():
     assert (det["step"], det["origin"], det["reproduced"]) == (3, "torch.sqrt", True)
 
 
-def test_a_model_compiled_by_inductor_trains_under_the_watch():
+def test_a_model_compiled_by_inductor_trains_under_the_watch_and_compiles_once():
     """Inductor's backward donates its buffers and refuses retain_graph: the watch does not
-    ask for it on a compiled model (step 1's backward raised)."""
+    ask for it on a compiled model (step 1's backward raised). The watch's search for the
+    top-level modules leaves no trace in the compiled frame's guards (its global hooks are out
+    while the compiled module runs): the model compiled no second time after the search."""
     torch._dynamo.reset()
 
     def compiled():
@@ -763,9 +765,58 @@ def test_a_model_compiled_by_inductor_trains_under_the_watch():
         return model(data(step, 8, 4)).pow(2).mean()
 
     plain, _ = train(compiled, loop, 3)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     w, _ = watch()
     losses, _ = train(compiled, loop, 3, ctx=w)
     assert bits(losses) == bits(plain) and w.steps_checked == 3
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def train_compiled_in_place(steps: int, *, w: NanWatch | None, watch_first: bool):
+    """``SqrtNet`` compiled in place (``model.compile()``), the watch installed before the
+    model is compiled or after."""
+    torch.manual_seed(0)
+    with contextlib.ExitStack() as stack:
+        if w is not None and watch_first:
+            stack.enter_context(w)
+        model = SqrtNet()
+        model.compile(backend="aot_eager")
+        if w is not None and not watch_first:
+            stack.enter_context(w)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        losses = []
+        for step in range(steps):
+            opt.zero_grad()
+            loss = sqrt_loop(model, step)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return losses, model
+
+
+@pytest.mark.parametrize("watch_first", [True, False], ids=["watch_first", "compiled_first"])
+def test_a_nan_in_a_model_compiled_in_place_is_replayed_to_its_op_and_compiles_once(
+    watch_first,
+):
+    """``model.compile()`` sends the model's calls straight into compiled code, where no hook
+    sees them: the watch listens to the compiled call itself (found when the watch starts, or
+    as ``compile()`` runs), replays the call in the model's own code, and its search for the
+    top-level modules leaves the compiled frame's guards alone. Afterwards nothing of it is
+    left on the model or on ``nn.Module.compile``."""
+    original_compile = nn.Module.compile
+    torch._dynamo.reset()
+    plain, _ = train_compiled_in_place(5, w=None, watch_first=False)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    w, _ = watch()
+    losses, model = train_compiled_in_place(5, w=w, watch_first=watch_first)
+    assert bits(losses) == bits(plain)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    (det,) = w.detections
+    assert (det["step"], det["origin"], det["reproduced"]) == (3, "torch.sqrt", True)
+    assert nn.Module.compile is original_compile
+    assert type(model.__dict__["_compiled_call_impl"]).__name__ == "function"
 
 
 class ComplexNet(nn.Module):

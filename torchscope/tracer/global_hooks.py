@@ -10,6 +10,11 @@ It is ignored while one of ours is installed, and only then: the filter goes wit
 of them, and so does every trace of our hooks in torch's global dicts. (A job's own global
 hooks next to ours would lose the warning meanwhile: it would have warned already, at their
 first compiled call before ours.)
+
+Dynamo also guards a compiled frame on the global hooks it saw when compiling
+(``len(_global_forward_hooks)``): ours step out of the global dicts while a compiled module
+runs (``hide``/``show``), so that a frame compiled while ours were there still matches once
+they are gone, and the other way round.
 """
 
 from __future__ import annotations
@@ -22,6 +27,15 @@ from typing import Any, cast
 from torch.nn.modules import module as module_mod
 
 _MESSAGE = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
+
+_GLOBAL_HOOK_DICTS = (
+    module_mod._global_forward_pre_hooks,
+    module_mod._global_forward_hooks,
+    module_mod._global_forward_hooks_always_called,
+    module_mod._global_forward_hooks_with_kwargs,
+)
+
+Hidden = list[tuple[dict, int, Any]]
 
 _lock = threading.Lock()
 _held = 0
@@ -73,3 +87,18 @@ class QuietHook:
         if self._held:
             self._held = False
             _release()
+
+
+def hide(hooks: list[QuietHook]) -> Hidden:
+    """Take ``hooks`` out of torch's global hook dicts; ``show`` puts them back."""
+    hidden: Hidden = []
+    for table in _GLOBAL_HOOK_DICTS:
+        for h in hooks:
+            if h.id in table:
+                hidden.append((table, h.id, table.pop(h.id)))
+    return hidden
+
+
+def show(hidden: Hidden) -> None:
+    for table, i, value in hidden:
+        table[i] = value

@@ -39,7 +39,7 @@ from torchscope.tracer.armed.collectives import KERNEL_PREFIXES, WAIT_KERNEL, ke
 from torchscope.tracer.armed.modules import ModuleTracker
 from torchscope.tracer.armed.recorder_base import Recorder
 from torchscope.tracer.armed.recorder_shared import THIS_THREAD
-from torchscope.tracer.armed.source import _is_internal as is_internal
+from torchscope.tracer.armed.source import is_internal
 
 _current_node = torch._C._current_autograd_node
 _is_compiling = torch.compiler.is_compiling

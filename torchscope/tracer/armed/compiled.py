@@ -13,6 +13,12 @@ The call is one ``op`` event, ``torch.compile:<class of the compiled module>`` m
 made (``CompiledFunctionBackward`` under AOTAutograd backends) tagged as its nodes, so the
 backward shows both sides of the compiled graph's node. What runs inside is not traced.
 
+A module compiled in place (``model.compile()``) is called straight into its compiled code, with
+no hook of ours before it: the module tracker wraps its compiled call for the length of the
+session (``tracer/in_place.py``), so that it steps the modes off and is one op like the other.
+Those in the user's reach are found at arming, those compiled later as they are compiled, and
+those inside a module that runs eagerly when it is indexed.
+
 A ``torch.compile``'d *function* has no module hooks to step the modes off around it. Dynamo
 calls the enter hooks of the function's compile context at every call, before the guards run:
 when a job is armed, the compiled functions in the user's modules get one that steps the
@@ -25,13 +31,10 @@ the trace as values made outside the traced ops.
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
-import sysconfig
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from types import FunctionType, ModuleType
+from types import FunctionType
 from typing import Any
 
 import torch
@@ -41,7 +44,7 @@ from torchscope.protocol.events import Event
 from torchscope.tracer.armed.calls import nested_tensors
 from torchscope.tracer.armed.eager_check import EagerCheck
 from torchscope.tracer.armed.forward import ForwardRecorder
-from torchscope.tracer.armed.source import LIBRARY_DIRS
+from torchscope.tracer.armed.source import user_modules
 from torchscope.tracer.eager import eager_module
 from torchscope.tracer.ranks import say
 
@@ -231,7 +234,7 @@ def arm_compiled_functions(calls: CompiledCalls | None) -> int:
 def _compiled_function_contexts() -> Iterator[Any]:
     """The Dynamo compile contexts of the ``torch.compile``'d functions (and methods of classes)
     defined at the top level of the user's modules."""
-    for module in _user_modules():
+    for module in user_modules():
         for value in list(vars(module).values()):
             if isinstance(value, type) and value.__module__ == module.__name__:
                 candidates = list(vars(value).values())
@@ -254,33 +257,3 @@ def _compile_context(fn: object) -> Any:
         if isinstance(getattr(value, "enter_exit_hooks", None), list):
             return value
     return None
-
-
-_INSTALLED = os.sep + "site-packages" + os.sep
-_INSTALLED_DEBIAN = os.sep + "dist-packages" + os.sep
-
-
-def _user_modules() -> Iterator[ModuleType]:
-    """``__main__`` and the modules loaded from outside the standard library, the installed
-    packages, torch and torchscope."""
-    paths = sysconfig.get_paths()
-    library = (
-        tuple(
-            {
-                os.path.abspath(paths[k]) + os.sep
-                for k in ("stdlib", "platstdlib", "purelib", "platlib")
-            }
-        )
-        + LIBRARY_DIRS
-    )
-    for name, module in list(sys.modules.items()):
-        if not isinstance(module, ModuleType):
-            continue
-        path = module.__dict__.get("__file__")
-        if name == "__main__" or (
-            isinstance(path, str)
-            and not os.path.abspath(path).startswith(library)
-            and _INSTALLED not in path
-            and _INSTALLED_DEBIAN not in path
-        ):
-            yield module

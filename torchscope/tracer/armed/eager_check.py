@@ -33,6 +33,7 @@ from torch.func import functional_call
 from torchscope.protocol.events import ALERT, Event
 from torchscope.tracer.armed.calls import nested_tensors
 from torchscope.tracer.eager import drew_random, eager_module, rng_state, set_rng_state
+from torchscope.tracer.in_place import running_eagerly
 
 EAGER_CHECK = "eager_check"
 # torch.testing.assert_close's defaults: (rtol, atol) per dtype.
@@ -144,7 +145,7 @@ class EagerCheck:
             set_rng_state(self._rng_before)
         drew = False
         try:
-            with self._tagged(op["seq"]):
+            with self._tagged(op["seq"]), running_eagerly(original):
                 eager = functional_call(original, buffers, args, strict=False)
         finally:
             with self._quiet():

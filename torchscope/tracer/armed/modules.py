@@ -16,15 +16,11 @@ import torch
 from torch import nn
 from torch.nn.modules import module as module_mod
 
+from torchscope.tracer import global_hooks, in_place
 from torchscope.tracer.eager import is_compiled_module
 from torchscope.tracer.global_hooks import QuietHook
 from torchscope.tracer.shards import local_shard
 
-_GLOBAL_HOOK_DICTS = (
-    module_mod._global_forward_pre_hooks,
-    module_mod._global_forward_hooks,
-    module_mod._global_forward_hooks_always_called,
-)
 # Looked up once: the hooks run at every module call (dynamo recognises the function object
 # itself, however it is reached).
 _is_compiling = torch.compiler.is_compiling
@@ -62,8 +58,13 @@ class ModuleTracker:
         self.listener: ModuleCallListener | None = None
         self.compiled_calls: CompiledCallHooks | None = None
         self._compiled: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # OptimizedModules
+        self._enter_hook: Callable | None = None  # the global forward pre-hook installed
         self._exit_hook: Callable | None = None  # the global forward hook installed
-        self._hidden: list[tuple[dict, int, Any]] = []  # ours, out while compiled runs
+        # Modules compiled in place, listened to while the tracker is in use (in_place.py):
+        # what stops each; and nn.Module.compile, wrapped meanwhile.
+        self._in_place: list[Callable[[], None]] = []
+        self._compile_calls = in_place.CompileCalls(self.wrap_compiled_in_place)
+        self._hidden: global_hooks.Hidden = []  # ours, out while compiled runs
         self._end_of_compiled: Any = None  # the hook on the compiled module that ends it
         self._names: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
         self._indexed_roots: weakref.WeakSet[nn.Module] = weakref.WeakSet()
@@ -85,25 +86,33 @@ class ModuleTracker:
         if listener is not None:
             tell_enter, tell_exit = listener.module_enter, listener.module_exit
 
-            def enter(module: nn.Module, args: tuple) -> None:
-                self._enter(module, args)
+            def enter(module: nn.Module, args: tuple, in_place: bool = False) -> None:
+                self._enter(module, args, in_place)
                 tell_enter()
 
-            def exit_(module: nn.Module, args: tuple, output: object) -> None:
+            def exit_(
+                module: nn.Module, args: tuple, output: object, in_place: bool = False
+            ) -> None:
                 tell_exit()
-                self._exit(module, args, output)
+                self._exit(module, args, output, in_place)
 
         self._handles = [
             QuietHook(module_mod.register_module_forward_pre_hook(enter)),
             QuietHook(module_mod.register_module_forward_hook(exit_, always_call=True)),
         ]
-        self._exit_hook = exit_
+        self._enter_hook, self._exit_hook = enter, exit_
+        self._compile_calls.install()
 
     def remove(self) -> None:
         self._show_hooks()
         for h in self._handles:
             h.remove()
         self._handles = []
+        self._enter_hook = self._exit_hook = None
+        self._compile_calls.remove()
+        for stop in self._in_place:
+            stop()
+        self._in_place = []
         self._local = threading.local()
 
     def _stack(self) -> list:
@@ -112,7 +121,9 @@ class ModuleTracker:
             stack = self._local.stack = []
         return stack
 
-    def _enter(self, module: nn.Module, args: tuple) -> None:
+    def _enter(self, module: nn.Module, args: tuple, in_place: bool = False) -> None:
+        """``in_place``: a call of a module compiled in place, into its compiled code (when
+        such a module runs its own code, the watch's replay, it is traced as any other)."""
         if _is_compiling():
             return  # inside a torch.compile graph: no Python state of ours may be traced
         if self.owner is not None and _get_ident() != self.owner and _current_node() is None:
@@ -124,44 +135,38 @@ class ModuleTracker:
         if name is None:
             name = self._name_unknown(module, stack)
         stack.append(name)
-        if self._compiled and module in self._compiled and self.compiled_calls is not None:
+        compiled = in_place or (self._compiled and module in self._compiled)
+        if compiled and self.compiled_calls is not None:
             self.compiled_calls.enter(module, args)
             self._hide_hooks_during(module)
 
-    def _exit(self, module: nn.Module, args: tuple, output: object) -> None:
+    def _exit(self, module: nn.Module, args: tuple, output: object, in_place: bool = False) -> None:
         if _is_compiling():
             return
         stack = self._stack()
         if stack:
-            if self._compiled and module in self._compiled and self.compiled_calls is not None:
+            compiled = in_place or (self._compiled and module in self._compiled)
+            if compiled and self.compiled_calls is not None:
                 self._show_hooks()
                 self.compiled_calls.exit(module, args, output)
             stack.pop()
 
     def _hide_hooks_during(self, module: nn.Module) -> None:
-        """Dynamo guards a compiled frame on the global module hooks it saw when compiling
-        (``len(_global_forward_hooks)``): ours leave the global dicts while a compiled module
-        runs, so a frame compiled while the job was traced still matches once it is not (and
-        the other way round). The call's end comes through a hook on that module alone."""
+        """Ours leave the global dicts while a compiled module runs (see ``global_hooks``);
+        the call's end comes through a hook on that module alone (or through our wrapper of
+        a module compiled in place)."""
         self.hide_global_hooks()
         exit_hook = self._exit_hook
-        if exit_hook is not None:  # installed with the global hooks, before any call
+        if exit_hook is not None and is_compiled_module(module):
             self._end_of_compiled = module.register_forward_hook(exit_hook, always_call=True)
 
     def hide_global_hooks(self) -> Callable[[], None]:
         """Ours out of the global hook dicts (see above); returns what puts them back."""
-        ids = [h.id for h in self._handles]
-        hidden = []
-        for hooks in _GLOBAL_HOOK_DICTS:
-            for i in ids:
-                if i in hooks:
-                    hidden.append((hooks, i, hooks.pop(i)))
-        self._hidden = hidden
+        self._hidden = global_hooks.hide(self._handles)
         return self._show_hooks
 
     def _show_hooks(self) -> None:
-        for hooks, i, hook in self._hidden:
-            hooks[i] = hook
+        global_hooks.show(self._hidden)
         self._hidden = []
         if self._end_of_compiled is not None:
             self._end_of_compiled.remove()
@@ -210,6 +215,8 @@ class ModuleTracker:
                 seen.add(id(mod))
                 if is_compiled_module(mod):
                     self._compiled.add(mod)
+                elif in_place.is_compiled_in_place(mod):
+                    self.wrap_compiled_in_place(mod)
                 name = _unwrapped(name)
                 # The root itself is "" (the model) or its label ("Discriminator").
                 self._names[mod] = prefix + name if name else prefix.removesuffix(":")
@@ -238,6 +245,20 @@ class ModuleTracker:
                     for t in also:
                         if t is not None and id(t) not in self._params:
                             self._params[id(t)] = (weakref.ref(t), entry[1])
+
+    def wrap_compiled_in_place(self, module: nn.Module) -> None:
+        """A module compiled in place is called straight into its compiled code: its calls
+        come through ``in_place.listen`` instead, which the tracker takes as the hooks take a
+        ``torch.compile(module)`` call (one op, run with the modes off)."""
+        self._in_place.append(in_place.listen(module, self))
+
+    def call_begins(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if self._enter_hook is not None:
+            self._enter_hook(module, args, True)
+
+    def call_ends(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if self._exit_hook is not None:
+            self._exit_hook(module, args, output, True)
 
     def _root_label(self, root: nn.Module) -> str:
         cls = type(root).__name__

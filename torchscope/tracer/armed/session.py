@@ -42,6 +42,7 @@ from torchscope.tracer.armed.summary import Summarizer
 from torchscope.tracer.armed.tensors import TensorSummaries
 from torchscope.tracer.clock import StepClock
 from torchscope.tracer.errors import ReportOnce
+from torchscope.tracer.in_place import modules_compiled_in_place
 from torchscope.tracer.outputs import Outputs
 from torchscope.tracer.ranks import env_int, job_id, say
 from torchscope.tracer.stepper import Stepper
@@ -211,6 +212,8 @@ class Tracer:
         self._build_recorders(pipeline)
         try:
             arm_compiled_functions(self.compiled_calls)
+            for root in modules_compiled_in_place():  # found before their first call
+                self.modules.index_root(root)
         except Exception as exc:
             self.report_error("finding compiled functions", exc)
         caller_warnings.install()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import sys
-from types import CodeType, FrameType
+import sysconfig
+from collections.abc import Iterator
+from types import CodeType, FrameType, ModuleType
 
 import torch
 
@@ -27,7 +29,8 @@ _GENERATED_PREFIXES = ("<frozen ", "<eval_with_key>")
 _GENERATED_DIR_MARK = os.sep + "torchinductor_"
 
 
-def _is_internal(code: CodeType) -> bool:
+def is_internal(code: CodeType) -> bool:
+    """Code of torch's, torchscope's, or code torch generated."""
     filename = code.co_filename
     verdict = _internal.get(filename)
     if verdict is None:
@@ -52,7 +55,7 @@ def user_frame(depth: int = 2) -> tuple[str, int, str] | None:
     """(path, line, function) of the innermost user frame above the caller, or None."""
     frame: FrameType | None = sys._getframe(depth)
     while frame is not None:
-        if not _is_internal(frame.f_code):
+        if not is_internal(frame.f_code):
             return frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name
         frame = frame.f_back
     return None
@@ -98,9 +101,9 @@ def user_site(depth: int = 2) -> tuple[str, str] | None:
     internal = _internal
     while frame is not None:
         code = frame.f_code
-        verdict = internal.get(code.co_filename)  # _is_internal, inlined: once per frame
+        verdict = internal.get(code.co_filename)  # is_internal, inlined: once per frame
         if verdict is None:
-            verdict = _is_internal(code)
+            verdict = is_internal(code)
         if not verdict:
             key = (code.co_filename, frame.f_lineno)
             site = _sites.get(key)
@@ -122,7 +125,37 @@ def thread_stack(ident: int, limit: int = 32) -> list[tuple[str, int, str]]:
     frame = sys._current_frames().get(ident)
     out: list[tuple[str, int, str]] = []
     while frame is not None and len(out) < limit:
-        if not _is_internal(frame.f_code):
+        if not is_internal(frame.f_code):
             out.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
         frame = frame.f_back
     return out
+
+
+_INSTALLED = os.sep + "site-packages" + os.sep
+_INSTALLED_DEBIAN = os.sep + "dist-packages" + os.sep
+
+
+def user_modules() -> Iterator[ModuleType]:
+    """``__main__`` and the modules loaded from outside the standard library, the installed
+    packages, torch and torchscope."""
+    paths = sysconfig.get_paths()
+    library = (
+        tuple(
+            {
+                os.path.abspath(paths[k]) + os.sep
+                for k in ("stdlib", "platstdlib", "purelib", "platlib")
+            }
+        )
+        + LIBRARY_DIRS
+    )
+    for name, module in list(sys.modules.items()):
+        if not isinstance(module, ModuleType):
+            continue
+        path = module.__dict__.get("__file__")
+        if name == "__main__" or (
+            isinstance(path, str)
+            and not os.path.abspath(path).startswith(library)
+            and _INSTALLED not in path
+            and _INSTALLED_DEBIAN not in path
+        ):
+            yield module

@@ -84,7 +84,8 @@ class StepCheck:
     def _root_params(self) -> list[torch.Tensor]:
         raise NotImplementedError
 
-    def _live_roots(self) -> list[torch.nn.Module]:
+    @property
+    def roots(self) -> list[torch.nn.Module]:
         raise NotImplementedError
 
     def _watched_modules(self) -> list[torch.nn.Module]:
@@ -312,7 +313,7 @@ class StepCheck:
             fsdp_arrival = det.get("fsdp") and not det.get("in_loss")
             if not det["reproduced"] and (
                 fsdp_arrival
-                or any(type(m).__name__ == "DistributedDataParallel" for m in self._live_roots())
+                or any(type(m).__name__ == "DistributedDataParallel" for m in self.roots)
             ):
                 det["notes"].append(
                     "this rank's replay is finite: under DDP the NaN/Inf most likely came from "

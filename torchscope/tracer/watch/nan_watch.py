@@ -68,8 +68,6 @@ its verdict are :mod:`.check`, the norms it reads :mod:`.norms`, the line it pri
 from __future__ import annotations
 
 import contextlib
-import functools
-import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable
@@ -78,13 +76,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torch._C._autograd import _get_sequence_nr
-from torch.nn.modules import module as module_mod
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from torchscope.tracer import backward_calls, scaler_calls
 from torchscope.tracer.clock import BY_SCALER, HandWrites, StepClock, held_optimizers
 from torchscope.tracer.errors import ReportOnce
-from torchscope.tracer.global_hooks import QuietHook
 from torchscope.tracer.watch.capture import (
     Backward,
     Call,
@@ -94,6 +90,7 @@ from torchscope.tracer.watch.capture import (
 )
 from torchscope.tracer.watch.check import StepCheck
 from torchscope.tracer.watch.report import print_report
+from torchscope.tracer.watch.roots import TopLevelCalls
 from torchscope.tracer.watch.stop import WatchStop
 
 if TYPE_CHECKING:
@@ -194,15 +191,8 @@ class NanWatch(StepCheck):
         self._lock = threading.Lock()
         self._step = 0
         self._started_at = 0  # the step the watch was installed at
-        self._depth = 0  # top-level module calls in progress (owner thread)
         self._replaying = False
-        # Weak: a watch that outlives a model (a sweep building one per trial) must not keep
-        # it alive; a model that is gone is simply no longer watched.
-        self._root_refs: list[weakref.ref[nn.Module]] = [weakref.ref(m) for m in roots or ()]
-        self._explicit_roots = roots is not None
-        self._discovering = False
-        self._global_hooks: list[Any] = []
-        self._root_hooks: list[Any] = []
+        self._top = TopLevelCalls(self, roots)
         # Tells the watch when an optimizer update begins (nested and failed step() calls
         # included), as it tells the tracer: the check runs there.
         self._clock: StepClock | None = None
@@ -243,10 +233,7 @@ class NanWatch(StepCheck):
         self._clock = StepClock(self).install()
         # After the clock's hook: it sees the job's own closure, the update this one wraps.
         self._closure_hook = register_optimizer_step_pre_hook(self._wrap_closure)
-        if self._explicit_roots:
-            self._hook_roots()  # roots=() watches no module calls: the check alone
-        else:
-            self._discover()
+        self._top.install()
         self._listening = backward_calls.listen(self)
         self._scaling = scaler_calls.listen(self)
         self.installed = True
@@ -262,10 +249,7 @@ class NanWatch(StepCheck):
             self._closure_hook.remove()
             self._closure_hook = None
         self._closure_update = False
-        for h in (*self._global_hooks, *self._root_hooks):
-            h.remove()
-        self._global_hooks, self._root_hooks = [], []
-        self._discovering = False
+        self._top.remove()
         if self._listening is not None:
             self._listening.remove()
             self._listening = None
@@ -291,106 +275,25 @@ class NanWatch(StepCheck):
 
     @property
     def roots(self) -> list[nn.Module]:
-        return self._live_roots()
+        return self._top.live_roots()
 
-    def _live_roots(self) -> list[nn.Module]:
-        live = [m for m in (r() for r in self._root_refs) if m is not None]
-        if len(live) != len(self._root_refs):
-            self._root_refs = [weakref.ref(m) for m in live]
-        return live
+    # -- capture (the calls come from TopLevelCalls) ------------------------------------------
+    @property
+    def replaying(self) -> bool:
+        return self._replaying
 
-    # -- finding and hooking top-level modules -------------------------------------------------
-    def _discover(self) -> None:
-        """Global module hooks until the next check: they find the top-level calls (and
-        capture them meanwhile); every module call pays for them, on this step only."""
-        for h in self._root_hooks:
-            h.remove()
-        self._root_hooks = []
-        self._depth = 0
-        self._global_hooks = [
-            QuietHook(module_mod.register_module_forward_pre_hook(self._global_pre)),
-            QuietHook(
-                module_mod.register_module_forward_hook(
-                    self._global_post, with_kwargs=True, always_call=True
-                )
-            ),
-        ]
-        self._discovering = True
+    @property
+    def owner(self) -> int:
+        return self._owner
 
-    def _end_discovery(self, found: list[nn.Module]) -> None:
-        for h in self._global_hooks:
-            h.remove()
-        self._global_hooks = []
-        self._discovering = False
-        live = self._live_roots()
-        known = {id(m) for m in live}
-        for m in found:
-            if id(m) not in known:
-                known.add(id(m))
-                self._root_refs.append(weakref.ref(m))
-        self._hook_roots()
+    def call_raised(self) -> None:
+        self._pending = None  # nothing of that call reaches a gradient
 
-    def _hook_roots(self) -> None:
-        for h in self._root_hooks:
-            h.remove()
-        self._depth = 0
-        hooks = []
-        for m in self._live_roots():
-            pre, post = _RootHook(self, "_root_pre"), _RootHook(self, "_root_post")
-            hooks.append(m.register_forward_pre_hook(pre, with_kwargs=True))
-            hooks.append(m.register_forward_hook(post, with_kwargs=True, always_call=True))
-        self._root_hooks = hooks
-
-    def _global_pre(self, module: nn.Module, args: tuple) -> None:
-        if torch.compiler.is_compiling() or self._replaying:
-            return
-        if threading.get_ident() != self._owner:
-            return
-        try:
-            depth = self._depth
-            self._depth = depth + 1
-            if depth == 0:
-                self._begin_call(module, args, None)  # kwargs: in the post-hook
-        except Exception as exc:
-            self._error("capturing a module call", exc)
-
-    def _global_post(self, module: nn.Module, args: tuple, *rest: Any) -> None:
-        # (kwargs, output) after a forward that returned. After one that raised, torch calls
-        # global always_call hooks with (module, args, None) whatever with_kwargs said.
-        if torch.compiler.is_compiling() or self._replaying:
-            return
-        if threading.get_ident() != self._owner:
-            return
-        try:
-            self._depth = max(self._depth - 1, 0)
-            if self._depth == 0:
-                if len(rest) == 2:
-                    self._end_call(module, rest[0], rest[1])
-                else:
-                    self._pending = None  # the call raised: nothing of it reaches a gradient
-        except Exception as exc:
-            self._error("capturing a module call", exc)
-
-    def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if torch.compiler.is_compiling() or self._replaying:
-            return None
-        if threading.get_ident() != self._owner:
-            return None
-        try:
-            depth = self._depth
-            self._depth = depth + 1
-            if depth == 0:
-                self._begin_call(module, args, kwargs)
-        except Exception as exc:
-            self._error("capturing a module call", exc)
-        return None
-
-    def _root_post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        self._global_post(module, args, kwargs, output)
-        return None
+    def report_error(self, what: str, exc: BaseException) -> None:
+        self._error(what, exc)
 
     # -- capture -------------------------------------------------------------------------------
-    def _begin_call(self, module: nn.Module, args: tuple, kwargs: dict | None) -> None:
+    def begin_call(self, module: nn.Module, args: tuple, kwargs: dict | None) -> None:
         self._pending = None
         if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
             return  # evaluation: nothing of it reaches a gradient
@@ -412,7 +315,7 @@ class NanWatch(StepCheck):
             known = self._fsdp_modules[module] = is_fsdp(module)
         return known
 
-    def _end_call(self, module: nn.Module, kwargs: dict, output: Any) -> None:
+    def end_call(self, module: nn.Module, kwargs: dict, output: Any) -> None:
         call, self._pending = self._pending, None
         if call is None or call.module is not module:
             return
@@ -505,7 +408,7 @@ class NanWatch(StepCheck):
         """Whether a watched top-level module runs compiled (``torch.compile(model)`` or
         ``model.compile()``): its backward may not be retained."""
         # The step's own top-level calls too: on the first step the roots are still found.
-        for m in (*self._live_roots(), *(c.module for c in self._calls)):
+        for m in (*self._top.live_roots(), *(c.module for c in self._calls)):
             if getattr(m, "_compiled_call_impl", None) is not None or hasattr(m, "_orig_mod"):
                 return True
         return False
@@ -623,8 +526,8 @@ class NanWatch(StepCheck):
     def _watched_modules(self) -> list[nn.Module]:
         """The watched top-level modules (on the first step, while they are still being
         found, the step's top-level calls so far)."""
-        modules = self._live_roots()
-        if self._discovering:
+        modules = self._top.live_roots()
+        if self._top.discovering:
             modules += [c.module for c in self._calls]
         return modules
 
@@ -636,11 +539,11 @@ class NanWatch(StepCheck):
         if not count:
             return
         self._step += 1
-        self._look_again(calls, had_backward)
+        self._top.look_again(calls, had_backward)
 
     def _end_captures(self) -> None:
         """A closure's call was checked: drop what it captured, the step goes on (unnumbered)."""
-        self._look_again(*self._drop_captures())
+        self._top.look_again(*self._drop_captures())
 
     def _drop_captures(self) -> tuple[list[Call], bool]:
         calls, self._calls = self._calls, []
@@ -658,40 +561,8 @@ class NanWatch(StepCheck):
         self._fsdp_step = False
         return calls, had_backward
 
-    def _look_again(self, calls: list[Call], had_backward: bool) -> None:
-        if not self.installed or self._explicit_roots:
-            return
-        if self._discovering:
-            if calls or self._root_refs:
-                self._end_discovery([c.module for c in calls])
-        elif had_backward and not calls:
-            self._discover()  # the model was replaced (or compiled) since: look again
-
 
 # -- helpers ---------------------------------------------------------------------------------
-class _RootHook:
-    """The watch's hook on a watched top-level module, which copies and pickles of the module
-    do not take along: ``copy.deepcopy`` (an EMA model, ``AveragedModel``) and pickling
-    (``torch.save(model)``) get an inert stand-in made of the standard library, so the copy
-    needs neither this watch (its locks cannot be copied) nor torchscope to load."""
-
-    __slots__ = ("_method", "_watch")
-
-    def __init__(self, watch: NanWatch, method: str) -> None:
-        self._watch = weakref.ref(watch)
-        self._method = method
-
-    def __call__(self, *args: Any) -> None:
-        watch = self._watch()
-        if watch is not None:
-            getattr(watch, self._method)(*args)
-
-    def __reduce__(self) -> tuple:
-        # sys.audit("...", module, args, ...) returns None and does nothing unless the
-        # program installed an audit hook: a no-op hook for any signature.
-        return (functools.partial, (sys.audit, "torchscope.inactive_hook"))
-
-
 class _CheckedClosure:
     """The closure ``optimizer.step()`` gets under the watch: the job's own, then the check
     (before the update, which runs after the closure returns). ``WatchStop`` under "stop"

@@ -42,6 +42,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torchscope.protocol.events import ALERT, ATEN
 from torchscope.tracer.armed.backward import NODE_ID, NODE_MOD, NODE_OP, NODE_SRC, node_name
 from torchscope.tracer.eager import rng_state, set_rng_state
+from torchscope.tracer.in_place import running_eagerly
 from torchscope.tracer.watch.capture import (
     REPLAY_ATEN,
     Backward,
@@ -350,6 +351,7 @@ class Replay:
                 set_rng_state(call.rng)
             with contextlib.ExitStack() as stack:
                 stack.enter_context(torch.enable_grad())
+                stack.enter_context(running_eagerly(call.target))  # model.compile()'s own code
                 for dev, dtype in call.autocast:
                     stack.enter_context(torch.autocast(dev, dtype=dtype))
                 with _Untraced():
