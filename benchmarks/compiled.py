@@ -1,6 +1,7 @@
 """What tracing a torch.compile'd model costs, and what arming it costs later.
 
-    python benchmarks/compiled.py [--backend inductor|aot_eager] [--steps N] [--repeats R]
+    python benchmarks/compiled.py [--backend inductor|aot_eager] [--in-place] [--steps N]
+                                  [--repeats R]
 
 The MLP workload (overhead.py's) compiled, each row through the public API with garbage
 collection on, interleaved in rounds (overhead.py's harness):
@@ -12,7 +13,8 @@ collection on, interleaved in rounds (overhead.py's harness):
 
 and, measured once: the first traced step of a model compiled before arming against an
 untraced step (a recompile would show here as seconds), and the compiles Dynamo counted
-while arming and disarming (0 is what a user must pay).
+while arming and disarming (0 is what a user must pay). ``--in-place``: the model compiled
+with ``model.compile()`` instead of ``torch.compile(model)``.
 """
 
 from __future__ import annotations
@@ -36,9 +38,13 @@ from workloads import Workload, make_mlp  # noqa: E402
 import torchscope  # noqa: E402
 
 
-def compiled_mlp(backend: str) -> Workload:
+def compiled_mlp(backend: str, in_place: bool = False) -> Workload:
     w = make_mlp()
-    compiled = torch.compile(w.model, backend=backend)
+    if in_place:
+        w.model.compile(backend=backend)
+        compiled = w.model
+    else:
+        compiled = torch.compile(w.model, backend=backend)
     x, y = torch.randn(64, 256), torch.randn(64, 256)
     opt = w.optimizer
 
@@ -48,7 +54,8 @@ def compiled_mlp(backend: str) -> Workload:
         loss.backward()
         opt.step()
 
-    return Workload("mlp", f"{w.description}, torch.compile({backend})", w.model, opt, step)
+    how = f"model.compile(backend={backend!r})" if in_place else f"torch.compile({backend})"
+    return Workload("mlp", f"{w.description}, {how}", w.model, opt, step)
 
 
 def rows() -> list[Config]:
@@ -83,13 +90,14 @@ def arming_cost(w: Workload) -> tuple[float, float, int]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--backend", default="inductor")
+    p.add_argument("--in-place", action="store_true", help="model.compile() instead")
     p.add_argument("--steps", type=int, default=5, help="timed steps per block (5)")
     p.add_argument("--repeats", type=int, default=10, help="rounds (10)")
     args = p.parse_args(argv)
     warnings.simplefilter("ignore", UserWarning)  # torch's note on global module hooks
     torch.set_num_threads(1)
     start = time.perf_counter()
-    w = compiled_mlp(args.backend)
+    w = compiled_mlp(args.backend, args.in_place)
     for _ in range(3):
         w.step()  # compiled, untraced: as a job runs before anyone attaches
     compile_s = time.perf_counter() - start

@@ -376,6 +376,23 @@ class Net(torch.nn.Module):
         return self.b(torch.nn.functional.gelu(self.a(x)))
 
 
+class InPlaceJob:
+    """A training job that holds its model (as a trainer does: no local names it)."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.model = Net()
+        self.model.compile(backend="aot_eager")
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    def step(self) -> float:
+        loss = self.model(torch.randn(4, 8)).pow(2).mean()
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        return loss.item()
+
+
 def train_in_place_compiled(traced_steps: range) -> tuple[list[float], list]:
     """Four steps of a model compiled in place (built and compiled inside the first step, as
     a script traced from its start does), traced where asked."""
@@ -386,26 +403,20 @@ def train_in_place_compiled(traced_steps: range) -> tuple[list[float], list]:
             tr = torchscope.trace().start()
             sessions.append(tr)
         if i == 0:
-            torch.manual_seed(0)
-            model = Net()
-            model.compile(backend="aot_eager")
-            opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        loss = model(torch.randn(4, 8)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+            job = InPlaceJob()
+        losses.append(job.step())
         if tr is not None and i + 1 not in traced_steps:
             tr.stop()
             tr = None
     # torch's own compiled call again, not the tracer's wrapper of it
-    assert type(model.__dict__["_compiled_call_impl"]).__name__ == "function"
+    assert type(job.model.__dict__["_compiled_call_impl"]).__name__ == "function"
     return losses, sessions
 
 
 def test_a_model_compiled_in_place_is_one_op_and_never_recompiles():
     """``model.compile()`` calls straight into compiled code, with no module hook before it:
-    the tracer wraps its compiled call while armed (found at arming, or as it is compiled),
+    the tracer wraps its compiled call while armed (found at arming, here as an attribute of
+    the job's object, or as it is compiled),
     so the call runs with the modes off, as ``torch.compile(model)``'s does. Dynamo never
     compiles the tracer's code, the model compiles once whether tracing began before it was
     compiled or after, and ``nn.Module.compile`` is torch's own again after the session."""

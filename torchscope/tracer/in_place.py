@@ -18,7 +18,7 @@ import contextlib
 import sys
 import weakref
 from collections.abc import Callable, Iterator
-from types import FrameType
+from types import FrameType, ModuleType
 from typing import Any, Protocol
 
 import torch
@@ -110,7 +110,8 @@ def running_eagerly(module: nn.Module) -> Iterator[None]:
 def modules_compiled_in_place() -> list[nn.Module]:
     """The modules in the user's reach that are or hold a module compiled in place: in the
     globals of the user's modules, and in the locals of the calling thread's frames outside
-    torch and torchscope (a loop's ``model``, a training step's ``self``)."""
+    torch and torchscope (a loop's ``model``, a training step's ``self``), and as attributes
+    of the other objects there (a trainer's ``self.model``)."""
     values: list[Any] = []
     for module in user_modules():
         values.extend(vars(module).values())
@@ -119,6 +120,9 @@ def modules_compiled_in_place() -> list[nn.Module]:
         if not is_internal(frame.f_code):
             values.extend(frame.f_locals.values())
         frame = frame.f_back
+    # One level into the other objects there: a trainer's ``self.model``, a workload's model.
+    for value in list(values):
+        values.extend(_modules_held_by(value))
     found: list[nn.Module] = []
     seen: set[int] = set()
     for value in values:
@@ -128,6 +132,19 @@ def modules_compiled_in_place() -> list[nn.Module]:
             if any(is_compiled_in_place(m) for m in value.modules()):
                 found.append(value)
     return found
+
+
+def _modules_held_by(value: Any) -> list[nn.Module]:
+    """The modules among the attributes of an instance of some other class."""
+    if issubclass(type(value), (nn.Module, type, ModuleType)):
+        return []
+    try:
+        held = object.__getattribute__(value, "__dict__")
+    except AttributeError:  # a builtin, a class with __slots__
+        return []
+    if not isinstance(held, dict):
+        return []
+    return [v for v in list(held.values()) if issubclass(type(v), nn.Module)]
 
 
 class CompileCalls:
