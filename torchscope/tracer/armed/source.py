@@ -135,27 +135,37 @@ _INSTALLED = os.sep + "site-packages" + os.sep
 _INSTALLED_DEBIAN = os.sep + "dist-packages" + os.sep
 
 
+# The verdict per module file: arming asks for the user's modules (twice), and a process with
+# torch loaded holds over a thousand.
+_user_files: dict[str, bool] = {}
+_library: tuple[str, ...] | None = None  # the standard library's and installed packages' dirs
+
+
 def user_modules() -> Iterator[ModuleType]:
     """``__main__`` and the modules loaded from outside the standard library, the installed
     packages, torch and torchscope."""
-    paths = sysconfig.get_paths()
-    library = (
-        tuple(
-            {
-                os.path.abspath(paths[k]) + os.sep
-                for k in ("stdlib", "platstdlib", "purelib", "platlib")
-            }
-        )
-        + LIBRARY_DIRS
-    )
     for name, module in list(sys.modules.items()):
         if not isinstance(module, ModuleType):
             continue
         path = module.__dict__.get("__file__")
-        if name == "__main__" or (
-            isinstance(path, str)
-            and not os.path.abspath(path).startswith(library)
-            and _INSTALLED not in path
-            and _INSTALLED_DEBIAN not in path
-        ):
+        if name == "__main__":
             yield module
+        elif isinstance(path, str):
+            verdict = _user_files.get(path)
+            if verdict is None:
+                verdict = _user_files[path] = _is_user_file(path)
+            if verdict:
+                yield module
+
+
+def _is_user_file(path: str) -> bool:
+    global _library
+    if _library is None:
+        paths = sysconfig.get_paths()
+        where = ("stdlib", "platstdlib", "purelib", "platlib")
+        _library = tuple({os.path.abspath(paths[k]) + os.sep for k in where}) + LIBRARY_DIRS
+    return (
+        not os.path.abspath(path).startswith(_library)
+        and _INSTALLED not in path
+        and _INSTALLED_DEBIAN not in path
+    )
