@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import itertools
+import operator
 import os
 import signal
 import threading
@@ -113,7 +115,8 @@ class Agent(ServedWatch):
         self._watch_listening: backward_calls.Listening | None = None
         self._blocked_said = False
         self._catching: Any = None  # the hold tracing steps until a NaN/Inf comes back
-        self.history = HistoryCollector(lambda: self.clock.owner)
+        # The training thread, asked at every backward(): read without a Python call.
+        self.history = HistoryCollector(functools.partial(operator.attrgetter("owner"), self.clock))
         self._history_listening: Any = None  # HistoryCollector.listen()
 
     @property
@@ -305,20 +308,30 @@ class Agent(ServedWatch):
     def boundary(self, step: int) -> None:
         """Step ``step`` begins: arm or disarm here, never inside a step."""
         ranks = self.ranks
-        if ranks.rank_records is None and self._in_job and self.publisher is not None:
+        publisher = self.outputs.publisher
+        if ranks.rank_records is None and self._in_job and publisher is not None:
             with contextlib.suppress(Exception):
-                ranks.share_endpoint(self.publisher.record.to_dict())
-        with contextlib.suppress(Exception):
-            ranks.match_arrivals()
+                ranks.share_endpoint(publisher.record.to_dict())
+        if ranks.arrivals:
+            with contextlib.suppress(Exception):
+                ranks.match_arrivals()
         self._history_at_boundary(step)
-        if self.tracer is None and self._periods is None and self.holders.idle:
+        holders = self.holders
+        if (
+            self.tracer is None
+            and self._periods is None
+            and not holders.held
+            and not holders.released
+        ):
             # Dormant and nobody holds it: nothing to arm, disarm, announce or agree on. Every
-            # step of a dormant job passes here: the least work (small fast steps feel it).
-            if self.history.sending:
+            # step of a dormant job passes here: the least work (small fast steps feel it:
+            # each call here is about a thousand instructions, counted per step).
+            history = self.history
+            if history.sending:
                 self._send_history()
-            if self.publisher is not None:
-                self.publisher.note_step(step)
-            self.history.traced(False)
+            if publisher is not None:
+                publisher.step = step  # what note_step() does, without the call
+            history.traced_now = False
             return
         if self.tracer is not None and self.tracer.modules.has_ddp:
             with contextlib.suppress(Exception):
@@ -356,7 +369,7 @@ class Agent(ServedWatch):
             self.traced_steps += 1
             self.tracer.gate(hold.gated, scope)
             self.tracer.set_eager_check(self.options.eager_check or hold.eager_check)
-        self.history.traced(self.tracer is not None)
+        self.history.traced_now = self.tracer is not None
 
     def arm_between_cells(self) -> None:
         """Trace from now on, in the step that is open: a notebook's cell stopped before its
@@ -380,7 +393,7 @@ class Agent(ServedWatch):
         history = self.history
         skipped = self.clock.counted_by == BY_SCALER
         added = history.step_ends(step, skipped=skipped) if self.options.history else []
-        if not self.holders:
+        if not self.holders.held:
             history.eager = False
             return
         try:

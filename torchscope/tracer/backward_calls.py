@@ -7,9 +7,9 @@ watch keeps the step's graph for a replay. ``Tensor.backward`` calls
 spellings. It is installed while at least one listener wants it and removed after the last
 one leaves, restoring the original function.
 
-A listener's ``backward_begins(kwargs)`` runs before the call on the calling thread and may
-return replacement keyword arguments (``retain_graph``); a listener that sets
-``needs_arguments = True`` gets every argument by name there (``tensors`` are the roots).
+A listener's ``backward_begins(kwargs)`` runs before the call on the calling thread, with the
+roots as ``kwargs["tensors"]``; a listener that sets ``needs_arguments = True`` gets every
+argument by name there and may return replacement keyword arguments (``retain_graph``).
 ``backward_ends(ok)`` runs after it,
 also when it raised. Nested calls (a backward inside a backward hook) are not reported: only
 the outermost call of a thread is a step's backward. Listener errors never reach the job,
@@ -59,19 +59,25 @@ def _make_wrapper(original: Any) -> Any:
     def backward(*args: Any, **kwargs: Any) -> Any:
         depth = getattr(_depth, "n", 0)
         listeners = _listeners if depth == 0 else ()
-        if args and _by_name and listeners:
-            bound = dict(zip(PARAMETERS, args, strict=False))  # one dict per call, not two
-            if kwargs:
-                bound.update(kwargs)
-            kwargs, args = bound, ()
+        if not listeners:
+            seen: dict[str, Any] = kwargs
+        elif _by_name:
+            if args:
+                bound = dict(zip(PARAMETERS, args, strict=False))  # one dict per call, not two
+                if kwargs:
+                    bound.update(kwargs)
+                kwargs, args = bound, ()
+            seen = kwargs
+        else:  # only the roots: the call keeps its arguments as they came
+            seen = {"tensors": args[0] if args else kwargs.get("tensors")}
         for listener in listeners:
             try:
-                changed = listener.backward_begins(kwargs)
+                changed = listener.backward_begins(seen)
             except Exception as exc:
                 _report(exc)
                 changed = None
-            if changed is not None:
-                kwargs = changed
+            if changed is not None and _by_name:
+                kwargs = seen = changed
         _depth.n = depth + 1
         ok = False
         try:

@@ -80,7 +80,7 @@ class StepClock:
         self.backward_steps = backward_steps
         self._optimizer_hooks = optimizer_hooks
         self.counted_by: str | None = None  # the rule that ended a step last
-        self._owner = threading.get_ident()
+        self.owner = threading.get_ident()  # the training thread (install() takes its own)
         self._depth = 0  # optimizer.step() calls in progress
         self._outer: Any = None  # the frame of the outermost one (nesting, or a raise)
         self._optimizer_seen = False
@@ -100,7 +100,7 @@ class StepClock:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def install(self) -> StepClock:
-        self._owner = threading.get_ident()
+        self.owner = threading.get_ident()
         if self._optimizer_hooks and not self._hooks:
             self._hooks = [
                 register_optimizer_step_pre_hook(self._before_update),
@@ -130,10 +130,6 @@ class StepClock:
             self._backward.remove()
             self._backward = None
 
-    @property
-    def owner(self) -> int:
-        return self._owner
-
     # -- the rules -----------------------------------------------------------------------------
     def advance(self, by: str = BY_CALL) -> None:
         """End the current step (``torchscope.step()``, or a rule below)."""
@@ -155,7 +151,7 @@ class StepClock:
         self.listener.boundary(self.step)
 
     def _before_update(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
-        if threading.get_ident() != self._owner:
+        if threading.get_ident() != self.owner:
             return
         caller = sys._getframe(1)  # torch's wrapper around this step() call
         if self._depth and not _on_stack(self._outer, caller):
@@ -164,18 +160,22 @@ class StepClock:
         if self._depth > 1:
             return  # a subclass's step() calling super().step(): one update
         self._outer = caller
-        self._drop_pending()
+        if self._pending_hook is not None:
+            self._drop_pending()
         if self.listener.update_begins(args, kwargs):
             # Post-hooks do not run when step() raises: the next module call settles it.
             self._resume_hook = module_mod.register_module_forward_pre_hook(self._update_failed)
 
     def _after_update(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
-        if threading.get_ident() != self._owner:
+        if threading.get_ident() != self.owner:
             return
         if self._depth > 1:
             self._depth -= 1
             return
-        self._settle()
+        self._depth = 0  # _settle(), inline: this runs at every step
+        self._outer = None
+        if self._resume_hook is not None:
+            self._settle()
         self._updates += 1
         if self.optimizer_steps:
             if not self._optimizer_seen:
@@ -206,11 +206,11 @@ class StepClock:
 
     # -- a loss scaler's step() that skipped the update ------------------------------------------
     def scaler_step_begins(self, scaler: Any, optimizer: Any) -> None:
-        if threading.get_ident() == self._owner:
+        if threading.get_ident() == self.owner:
             self._updates_at_scaler = self._updates
 
     def scaler_step_ends(self, scaler: Any, optimizer: Any, ok: bool) -> None:
-        if threading.get_ident() != self._owner:
+        if threading.get_ident() != self.owner:
             return
         before, self._updates_at_scaler = self._updates_at_scaler, None
         if ok and before == self._updates and self.optimizer_steps:
@@ -227,11 +227,11 @@ class StepClock:
             and self.optimizer_steps
             and not self._optimizer_seen
             and not self._manual_seen
-            and threading.get_ident() == self._owner
+            and threading.get_ident() == self.owner
         )
 
     def backward_begins(self, kwargs: dict[str, Any]) -> None:
-        if self._pending_hook is not None and threading.get_ident() == self._owner:
+        if self._pending_hook is not None and threading.get_ident() == self.owner:
             self._take_pending()  # two backward calls with no module call between them
         return None
 
@@ -256,7 +256,7 @@ class StepClock:
             )
 
     def _take_pending(self) -> None:
-        if threading.get_ident() != self._owner or self._pending_hook is None:
+        if threading.get_ident() != self.owner or self._pending_hook is None:
             return
         self._drop_pending()
         if self._counts_backward():

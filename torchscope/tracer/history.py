@@ -47,15 +47,8 @@ _DisableTorchDispatch = torch._C._DisableTorchDispatch
 _DeviceValue = tuple[int, str, torch.Tensor]
 
 
-def _plain(t: torch.Tensor | None) -> bool:
-    return t is None or type(t) is torch.Tensor
-
-
-def _modes_on() -> bool:
-    """Whether a torch-function or dispatch mode is on the stack (a traced step's, the
-    job's own): reading a value then needs them switched off. Two cheap calls, where
-    switching them off and on costs more than the read itself on a small step."""
-    return bool(torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack())
+_function_modes = torch._C._len_torch_function_stack
+_dispatch_modes = torch._C._len_torch_dispatch_stack
 
 
 class _Copy:
@@ -90,7 +83,7 @@ class HistoryCollector:
     batch: device values read to the host every this many steps.
     """
 
-    needs_arguments = True  # backward_calls: the roots by name (Tensor.backward passes them)
+    needs_arguments = False  # backward_calls: the roots alone (its ``tensors``)
     host_devices: tuple[str, ...] = ("cpu",)  # read at once; others in batches (tests: none)
 
     def __init__(
@@ -113,7 +106,7 @@ class HistoryCollector:
         self._grad_norm: float | None = None  # the watch's, for the current step
         self._module_norms: ModuleValues | None = None
         self._open: int | None = None  # the step being gathered
-        self._traced = False  # whether it is traced
+        self.traced_now = False  # whether the step being gathered is traced (set at arming)
         self._waiting: list[StepPoint] = []  # closed, some value still on a device
         self._tensors: list[_DeviceValue] = []  # ... and those values
         self._copy: _Copy | None = None
@@ -129,14 +122,18 @@ class HistoryCollector:
         if threading.get_ident() != self._owner():
             return None
         roots = kwargs.get("tensors")
-        if isinstance(roots, (tuple, list)):
-            roots = roots[0] if len(roots) == 1 else None
-        scaled, self._scaled = self._scaled, None
+        if type(roots) is not torch.Tensor:  # the loss itself, nearly always: no more to ask
+            if isinstance(roots, (tuple, list)):
+                roots = roots[0] if len(roots) == 1 else None
+            if not isinstance(roots, torch.Tensor):
+                roots = None
         self._scaler = None
-        if scaled is not None and roots is scaled[0]:
-            _, roots, self._scaler = scaled  # the loss before the scaler scaled it
+        if self._scaled is not None:
+            scaled, self._scaled = self._scaled, None
+            if roots is scaled[0]:
+                _, roots, self._scaler = scaled  # the loss before the scaler scaled it
         # No torch call here (a traced step's mode would see it): checked at the boundary.
-        self._root = roots if isinstance(roots, torch.Tensor) else None
+        self._root = roots
         return None
 
     def backward_ends(self, ok: bool) -> None:
@@ -163,59 +160,64 @@ class HistoryCollector:
         """Step ``new`` begins: the step before it gets its point (``skipped``: a loss scaler
         skipped its update). Returns the points that reached the history now (this one, or
         a batch whose values arrived)."""
+        # Every step of a dormant job passes here: its checks are inline (a call costs about
+        # a thousand instructions, each step).
         try:
-            return self._step_ends(new, skipped)
+            opened, self._open = self._open, new
+            if opened is None:  # the first boundary: the step that begins now is the first
+                return []
+            if new > opened + 1:
+                return []  # numbered anew (torchscope.step(n)): the same step goes on
+            closing = new - 1
+            root, self._root = self._root, None
+            scaler, self._scaler = self._scaler, None
+            point = StepPoint(
+                closing,
+                grad_norm=self._grad_norm,
+                module_norms=self._module_norms,
+                traced=self.traced_now,
+                skipped=skipped,
+            )
+            self._grad_norm = self._module_norms = None
+            on_device: list[tuple[str, torch.Tensor]] = []
+            if root is None and scaler is None:
+                pass  # no backward in the step: nothing to read
+            elif (root is None or type(root) is torch.Tensor) and not (
+                # A torch-function or dispatch mode on the stack (a traced step's, the job's
+                # own): reading a value then needs them switched off (two cheap calls, where
+                # switching them off and on costs more than the read on a small step).
+                _function_modes() or _dispatch_modes()
+            ):
+                self._read_values(point, root, scaler, on_device)  # the common case
+            else:
+                # Outside any mode (a traced step's would record these) and any subclass's
+                # handler; nothing here makes a graph (values are read or detached), so no
+                # grad-mode switch either.
+                with torch._C.DisableTorchFunction(), _DisableTorchDispatch():
+                    self._read_values(point, root, scaler, on_device)
+            added: list[StepPoint] = []
+            with self.lock:
+                if closing < opened:
+                    # Renumbered back (micro-batches counted as steps before the first
+                    # optimizer step were one step): what was said of them goes.
+                    self._forget_from(closing)
+                if on_device or self._waiting:
+                    i = len(self._waiting)
+                    self._waiting.append(point)
+                    self._tensors.extend((i, name, t) for name, t in on_device)
+                else:
+                    self._add(point, added)
+                if self._copy is not None:
+                    self._take_copy(added, wait=False)
+                due = len(self._waiting) >= self.batch or self.flush_soon or self.eager
+                if self._waiting and self._copy is None and due:
+                    self.flush_soon = False
+                    self._start_copy(added)
+            return added
         except Exception as exc:
             self._error("at a step boundary", exc)
             self._root = None
             return []
-
-    def _step_ends(self, new: int, skipped: bool) -> list[StepPoint]:
-        opened, self._open = self._open, new
-        if opened is None:  # the first boundary: the step that begins now is the first
-            return []
-        if new > opened + 1:
-            return []  # numbered anew (torchscope.step(n)): the same step goes on
-        closing = new - 1
-        root, self._root = self._root, None
-        scaler, self._scaler = self._scaler, None
-        point = StepPoint(
-            closing,
-            grad_norm=self._grad_norm,
-            module_norms=self._module_norms,
-            traced=self._traced,
-            skipped=skipped,
-        )
-        self._grad_norm = self._module_norms = None
-        on_device: list[tuple[str, torch.Tensor]] = []
-        if root is None and scaler is None:
-            pass  # no backward in the step: nothing to read
-        elif _plain(root) and not _modes_on():
-            self._read_values(point, root, scaler, on_device)  # the common case: no mode to leave
-        else:
-            # Outside any mode (a traced step's would record these) and any subclass's
-            # handler; nothing here makes a graph (values are read or detached), so no
-            # grad-mode switch either.
-            with torch._C.DisableTorchFunction(), _DisableTorchDispatch():
-                self._read_values(point, root, scaler, on_device)
-        added: list[StepPoint] = []
-        with self.lock:
-            if closing < opened:
-                # Renumbered back (micro-batches counted as steps before the first
-                # optimizer step were one step): what was said of them goes.
-                self._forget_from(closing)
-            if on_device or self._waiting:
-                i = len(self._waiting)
-                self._waiting.append(point)
-                self._tensors.extend((i, name, t) for name, t in on_device)
-            else:
-                self._add(point, added)
-            self._take_copy(added, wait=False)
-            due = len(self._waiting) >= self.batch or self.flush_soon or self.eager
-            if self._waiting and self._copy is None and due:
-                self.flush_soon = False
-                self._start_copy(added)
-        return added
 
     def _read_values(
         self, point: StepPoint, root: torch.Tensor | None, scaler: Any, on_device: list
@@ -240,10 +242,6 @@ class HistoryCollector:
             setattr(point, name, value.item())
         else:
             on_device.append((name, value))
-
-    def traced(self, traced: bool) -> None:
-        """Whether the step that just began is traced (asked after arming)."""
-        self._traced = traced
 
     def _add(self, point: StepPoint, added: list[StepPoint]) -> None:
         self.history.add(point)

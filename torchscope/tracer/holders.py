@@ -107,17 +107,20 @@ class Holders:
         self._stepper = stepper  # the job's stepper, if any: a client's breakpoints go with it
         self._say = say
         self._lock = threading.Lock()
-        self._holders: dict[int, Holder] = {}
+        # Read at every step boundary (``held``: whether anyone holds the job, ``released``:
+        # whether someone let go since the last one), so plain attributes: not to be changed
+        # from outside.
+        self.held: dict[int, Holder] = {}
         self._ids = itertools.count(1)
-        self._released: list[Holder] = []  # gone since the last boundary (to announce)
+        self.released: list[Holder] = []  # gone since the last boundary (to announce)
 
     def __bool__(self) -> bool:
-        return bool(self._holders)
+        return bool(self.held)
 
     @property
     def idle(self) -> bool:
         """Nobody holds the job and nobody let go since the last boundary (nothing to say)."""
-        return not self._holders and not self._released
+        return not self.held and not self.released
 
     def add(
         self,
@@ -138,7 +141,7 @@ class Holders:
             if client is not None and not also:
                 old = self._client_holder(client)
                 if old is not None:
-                    del self._holders[old.id]
+                    del self.held[old.id]
             holder = Holder(
                 next(self._ids),
                 label,
@@ -150,21 +153,21 @@ class Holders:
                 from_step=from_step,
                 condition=condition,
             )
-            self._holders[holder.id] = holder
+            self.held[holder.id] = holder
         return holder
 
     def conditional(self) -> bool:
         """Whether a hold waits for a condition (the agent then reads the history's values
         without waiting for a batch)."""
         with self._lock:
-            return any(h.waiting for h in self._holders.values())
+            return any(h.waiting for h in self.held.values())
 
     def note(self, points: list[StepPoint]) -> list[Holder]:
         """New points of the run's history, at a step boundary: the holds whose condition
         holds for one of them take steps from now on. Returns those."""
         fired = []
         with self._lock:
-            for holder in self._holders.values():
+            for holder in self.held.values():
                 if not holder.waiting:
                     continue
                 condition = holder.condition
@@ -180,14 +183,14 @@ class Holders:
     def ready(self) -> bool:
         """Someone holds (or is about to hold) the job traced: not only holds that wait."""
         with self._lock:
-            return any(not h.waiting for h in self._holders.values())
+            return any(not h.waiting for h in self.held.values())
 
     def at_boundary(self, step: int) -> StepHold:
         """Each holder says whether it takes ``step``; those done with their steps go."""
         with self._lock:
             traced = gated = by_ui = eager_check = False
             aten = []
-            for holder in list(self._holders.values()):
+            for holder in list(self.held.values()):
                 takes = holder.takes(step)
                 if takes is None:
                     self._drop(holder)
@@ -198,14 +201,14 @@ class Holders:
                     if takes and holder.aten is not None:
                         aten.append(holder.aten)
                     eager_check = eager_check or bool(takes and holder.eager_check)
-            gone, self._released = self._released, []
+            gone, self.released = self.released, []
         client_left = any(h.client is not None for h in gone)
         return StepHold(traced, gated, by_ui, [h.id for h in gone], client_left, aten, eager_check)
 
     def holds(self, holder: Holder) -> bool:
         """Whether ``holder`` still holds the job (it may have taken all its steps)."""
         with self._lock:
-            return holder.id in self._holders
+            return holder.id in self.held
 
     def end(self, holder: Holder) -> None:
         """``holder`` has what it held the job for: it lets go (said at the next boundary)."""
@@ -240,24 +243,24 @@ class Holders:
         """Clients silent for longer than ``lease`` let go."""
         now = time.monotonic()
         with self._lock:
-            for holder in list(self._holders.values()):
+            for holder in list(self.held.values()):
                 if holder.client is not None and now - holder.last_contact > lease:
                     self._say(f"a {holder.label} stopped responding; its hold on tracing ended")
                     self._drop(holder)
 
     def describe(self) -> list[dict[str, Any]]:
         with self._lock:
-            return [h.describe() for h in self._holders.values()]
+            return [h.describe() for h in self.held.values()]
 
     def client_labels(self) -> list[str]:
         with self._lock:
-            return [h.label for h in self._holders.values() if h.client is not None]
+            return [h.label for h in self.held.values() if h.client is not None]
 
     def _drop(self, holder: Holder) -> None:
         """Called with the lock held."""
-        if self._holders.pop(holder.id, None) is None:
+        if self.held.pop(holder.id, None) is None:
             return
-        self._released.append(holder)
+        self.released.append(holder)
         if holder.client is None:
             return
         stepper = self._stepper()
@@ -269,10 +272,10 @@ class Holders:
                 stepper.detach_uis()
 
     def _a_ui_holds(self) -> bool:
-        return any(h.is_ui for h in self._holders.values())
+        return any(h.is_ui for h in self.held.values())
 
     def _client_holder(self, client: bytes) -> Holder | None:
-        return next((h for h in self._holders.values() if h.client == client), None)
+        return next((h for h in self.held.values() if h.client == client), None)
 
     def _client_holders(self, client: bytes) -> list[Holder]:
-        return [h for h in self._holders.values() if h.client == client]
+        return [h for h in self.held.values() if h.client == client]

@@ -99,7 +99,7 @@ class RankChecks:
         self._endpoint_shared = False
         self.rank_records: list[str] | None = None  # every rank's session record (JSON)
         # step -> (what, lookups left, arrival alert id, say it): NaN/Inf that arrived here
-        self._arrivals: dict[int, tuple[str, int, str | None, bool]] = {}
+        self.arrivals: dict[int, tuple[str, int, str | None, bool]] = {}
         global _current
         _current = self
 
@@ -158,24 +158,24 @@ class RankChecks:
         rank's arrival alert, which the link names; ``say``: the link also goes to stderr,
         as the watch reports there): linked to that rank's origin at the next boundaries."""
         with self._lock:
-            self._arrivals.setdefault(step, (what, ORIGIN_LOOKUPS, arrival, say))
+            self.arrivals.setdefault(step, (what, ORIGIN_LOOKUPS, arrival, say))
 
     def match_arrivals(self) -> None:
         """At a step boundary: the origins other ranks have published for the steps where a
         NaN/Inf arrived here, as one link alert each (no waiting: asked again at later steps;
         the last time, an origin of an earlier step on that rank counts)."""
-        if not self._arrivals:
+        if not self.arrivals:
             return
         origins = self._rank_origins()
         with self._lock:
-            pending = dict(self._arrivals)
+            pending = dict(self.arrivals)
         for step, (what, left, arrival, say) in pending.items():
             found = origins.find(step, earlier=left <= 1) if origins is not None else []
             with self._lock:
                 if found or left <= 1:
-                    self._arrivals.pop(step, None)
+                    self.arrivals.pop(step, None)
                 else:
-                    self._arrivals[step] = (what, left - 1, arrival, say)
+                    self.arrivals[step] = (what, left - 1, arrival, say)
             for rank, at, origin in found[:1]:  # one origin per arrival: the lowest rank's
                 alert = link_alert(self._next_seq(), step, what, rank, at, origin, arrival)
                 self._emit(alert)
@@ -248,7 +248,7 @@ class RankChecks:
         get a short while to arrive."""
         fp = self._fingerprints
         deadline = time.monotonic() + seconds
-        while (self._arrivals or (fp is not None and fp.pending)) and time.monotonic() < deadline:
+        while (self.arrivals or (fp is not None and fp.pending)) and time.monotonic() < deadline:
             with contextlib.suppress(Exception):
                 self.match_arrivals()
                 self.report_divergence(final=True)
