@@ -819,6 +819,36 @@ def test_a_nan_in_a_model_compiled_in_place_is_replayed_to_its_op_and_compiles_o
     assert type(model.__dict__["_compiled_call_impl"]).__name__ == "function"
 
 
+class Holder(nn.Module):
+    """A module holding the model, never called itself (as a Lightning module holds its
+    network and calls it from ``training_step``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = SqrtNet()
+        self.net.compile(backend="aot_eager")
+
+    def training_step(self, step: int) -> torch.Tensor:
+        return sqrt_loop(self.net, step)
+
+
+def test_a_model_compiled_in_place_inside_a_module_never_called_is_watched():
+    """The watch finds the model compiled in place inside the module the loop holds (its
+    frame's ``holder``), and its call, the step's top-level one, is captured and replayed."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    holder = Holder()
+    opt = torch.optim.SGD(holder.parameters(), lr=0.05)
+    w, _ = watch()
+    with w:
+        for step in range(5):
+            opt.zero_grad()
+            holder.training_step(step).backward()
+            opt.step()
+    (det,) = w.detections
+    assert (det["step"], det["origin"], det["reproduced"]) == (3, "torch.sqrt", True)
+
+
 class ComplexNet(nn.Module):
     """A complex weight beside a real one (spectral layers): the watch's norms take both."""
 

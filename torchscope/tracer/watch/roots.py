@@ -249,12 +249,20 @@ class TopLevelCalls:
             self.discover()  # the model was replaced (or compiled) since: look again
 
     def _compiled_in_place(self) -> list[nn.Module]:
-        """Top-level modules compiled in place (``model.compile()``), which no module hook
-        sees called: looked for in the user's globals and frames, once per search."""
+        """Modules compiled in place (``model.compile()``), which no module hook sees called:
+        looked for in the user's globals and frames, once per search. Those inside another
+        module too: a Lightning module's ``self.net`` is called from ``training_step``, never
+        through the module that holds it (when that one is called, its call is the top-level
+        one, and the inner call nests in it)."""
         if self._searched_in_place:
             return []
         self._searched_in_place = True
-        return [m for m in in_place.modules_compiled_in_place() if in_place.is_compiled_in_place(m)]
+        found: dict[int, nn.Module] = {}
+        for holder in in_place.modules_compiled_in_place():
+            for m in holder.modules():
+                if in_place.is_compiled_in_place(m):
+                    found.setdefault(id(m), m)
+        return list(found.values())
 
 
 class _Stop:
