@@ -89,6 +89,32 @@ class QuietHook:
             _release()
 
 
+class Aside:
+    """Our global hooks out of torch's dicts while a compiled module runs (``hide``), and the
+    hook on that module that ends its call; ``show`` puts the first back and removes the
+    second."""
+
+    __slots__ = ("_end", "_hidden")
+
+    def __init__(self) -> None:
+        self._hidden: Hidden = []
+        self._end: Any = None
+
+    def hide(self, hooks: list[QuietHook], during: Any = None, end: Any = None, **how: Any) -> None:
+        """``during``, ``end``: the module whose forward hook ``end`` (registered with
+        ``always_call`` and ``how``) ends the call."""
+        self._hidden = hide(hooks)
+        if during is not None and end is not None:
+            self._end = during.register_forward_hook(end, always_call=True, **how)
+
+    def show(self) -> None:
+        show(self._hidden)
+        self._hidden = []
+        if self._end is not None:
+            self._end.remove()
+            self._end = None
+
+
 def hide(hooks: list[QuietHook]) -> Hidden:
     """Take ``hooks`` out of torch's global hook dicts; ``show`` puts them back."""
     hidden: Hidden = []

@@ -64,8 +64,7 @@ class ModuleTracker:
         # what stops each; and nn.Module.compile, wrapped meanwhile.
         self._in_place: list[Callable[[], None]] = []
         self._compile_calls = in_place.CompileCalls(self.wrap_compiled_in_place)
-        self._hidden: global_hooks.Hidden = []  # ours, out while compiled runs
-        self._end_of_compiled: Any = None  # the hook on the compiled module that ends it
+        self._aside = global_hooks.Aside()  # ours, out while compiled runs
         self._names: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
         self._indexed_roots: weakref.WeakSet[nn.Module] = weakref.WeakSet()
         # id(param) -> (weakref to param, qualified name); ids are checked against the weakref.
@@ -155,22 +154,17 @@ class ModuleTracker:
         """Ours leave the global dicts while a compiled module runs (see ``global_hooks``);
         the call's end comes through a hook on that module alone (or through our wrapper of
         a module compiled in place)."""
-        self.hide_global_hooks()
-        exit_hook = self._exit_hook
-        if exit_hook is not None and is_compiled_module(module):
-            self._end_of_compiled = module.register_forward_hook(exit_hook, always_call=True)
+        self._aside.hide(
+            self._handles, module if is_compiled_module(module) else None, self._exit_hook
+        )
 
     def hide_global_hooks(self) -> Callable[[], None]:
         """Ours out of the global hook dicts (see above); returns what puts them back."""
-        self._hidden = global_hooks.hide(self._handles)
+        self._aside.hide(self._handles)
         return self._show_hooks
 
     def _show_hooks(self) -> None:
-        global_hooks.show(self._hidden)
-        self._hidden = []
-        if self._end_of_compiled is not None:
-            self._end_of_compiled.remove()
-            self._end_of_compiled = None
+        self._aside.show()
 
     def in_compiled_call(self) -> bool:
         return self.compiled_calls is not None and self.compiled_calls.active()

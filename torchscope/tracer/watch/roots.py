@@ -67,8 +67,7 @@ class TopLevelCalls:
         self._searched_in_place = False  # this search looked for modules compiled in place
         self._compile_calls = in_place.CompileCalls(self._compiled_now)
         self._global_hooks: list[Any] = []
-        self._hidden: global_hooks.Hidden = []  # the global hooks, out while compiled runs
-        self._end_of_compiled: Any = None  # the hook on that compiled module that ends it
+        self._aside = global_hooks.Aside()  # the global hooks, out while compiled runs
         self._root_hooks: list[Any] = []
 
     def install(self) -> None:
@@ -161,7 +160,7 @@ class TopLevelCalls:
             and not self._watch.replaying
             and threading.get_ident() == self._watch.owner
         ):
-            self._hidden = global_hooks.hide(self._global_hooks)  # see _hide_global_hooks_during
+            self._aside.hide(self._global_hooks)  # see _hide_global_hooks_during
 
     def call_ends(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         self._compiled_post(module, args, kwargs, output)
@@ -185,10 +184,7 @@ class TopLevelCalls:
         """A compiled frame is guarded on the global hooks it was compiled with (see
         ``global_hooks``): the search's leave while a compiled module runs, or the model would
         compile once more when the search ends. The call ends through a hook on the module."""
-        self._hidden = global_hooks.hide(self._global_hooks)
-        self._end_of_compiled = module.register_forward_hook(
-            self._compiled_post, with_kwargs=True, always_call=True
-        )
+        self._aside.hide(self._global_hooks, module, self._compiled_post, with_kwargs=True)
 
     def _compiled_post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         self._show_global_hooks()
@@ -197,11 +193,7 @@ class TopLevelCalls:
         self._global_post(module, args, *((kwargs, output) if output is not None else ()))
 
     def _show_global_hooks(self) -> None:
-        global_hooks.show(self._hidden)
-        self._hidden = []
-        if self._end_of_compiled is not None:
-            self._end_of_compiled.remove()
-            self._end_of_compiled = None
+        self._aside.show()
 
     def _global_post(self, module: nn.Module, args: tuple, *rest: Any) -> None:
         # (kwargs, output) after a forward that returned. After one that raised, torch calls
