@@ -323,9 +323,10 @@ class Agent(ServedWatch):
             and not holders.held
             and not holders.released
         ):
-            # Dormant and nobody holds it: nothing to arm, disarm, announce or agree on. Every
-            # step of a dormant job passes here: the least work (small fast steps feel it:
-            # each call here is about a thousand instructions, counted per step).
+            # Dormant, nobody holds it and nobody let go since the last boundary: nothing to
+            # arm, disarm, announce or agree on. Every step of a dormant job passes here: the
+            # least work (small fast steps feel it: each call here is about a thousand
+            # instructions, counted per step).
             history = self.history
             if history.sending:
                 self._send_history()

@@ -117,11 +117,6 @@ class Holders:
     def __bool__(self) -> bool:
         return bool(self.held)
 
-    @property
-    def idle(self) -> bool:
-        """Nobody holds the job and nobody let go since the last boundary (nothing to say)."""
-        return not self.held and not self.released
-
     def add(
         self,
         label: str,
