@@ -240,6 +240,7 @@ def test_y_copies_through_osc52_into_a_real_terminals_clipboard(tmp_path: Path) 
         wait_for("go to · enter")
         tmux("send-keys", "-t", "ui", "-l", f"#{op['seq']}")
         tmux("send-keys", "-t", "ui", "Enter")
+        wait_for("go to · enter", gone=True)  # the box closed: the next key is the table's
         wait_for(f"event #{op['seq']}")
         tmux("send-keys", "-t", "ui", "y")
         wait_for("Copy · F.linear")

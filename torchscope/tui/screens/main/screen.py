@@ -597,8 +597,10 @@ class MainScreen(Screen[None]):
     def _show_followed_detail(self) -> None:
         self._detail_pending = False
         # The user has since opened the graph or gone to the alerts: what they look at there
-        # owns the detail now.
-        if self.center == "timeline" and not self.alerts.has_focus:
+        # (an alert or a node, in the detail) owns the detail now.
+        subject = self.detail.subject
+        mine = subject is not None and subject[0] in ("alert", "node")
+        if self.center == "timeline" and not self.alerts.has_focus and not mine:
             self.show_detail()
 
     def show_detail(self) -> None:
@@ -756,8 +758,10 @@ class MainScreen(Screen[None]):
         prompt.mode.typed(self, pattern)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        # the value at enter, not the box's now: a key typed after enter can land in the box
+        # before this message is handled
         if event.input is self.filter and self.filter.mode is not None:
-            self.filter.mode.submitted(self, self.filter.value)
+            self.filter.mode.submitted(self, event.value)
 
     def on_filter_input_cancelled(self, event: FilterInput.Cancelled) -> None:
         if self.filter.mode is not None:
