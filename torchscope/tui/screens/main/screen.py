@@ -96,6 +96,7 @@ class MainScreen(Screen[None]):
         self._progress_visible = False
         self._count_progress: tuple[float, float, str] | None = None
         self._detail_pending = False
+        self._detail_pending_over: tuple | None = None  # what the detail showed at the move
         self.ready = False
         self.search: FieldPattern | None = None
         # what @ / E asked of the job's next step: (text, answered, the job's step then)
@@ -592,15 +593,17 @@ class MainScreen(Screen[None]):
                 # Moves made for the user (follow mode, at up to 30 per second) refresh the
                 # detail at most a few times a second: a detail re-layout is the costly part.
                 self._detail_pending = True
+                self._detail_pending_over = self.detail.subject
                 self.set_timer(0.2, self._show_followed_detail)
 
     def _show_followed_detail(self) -> None:
         self._detail_pending = False
         # The user has since opened the graph or gone to the alerts: what they look at there
-        # (an alert or a node, in the detail) owns the detail now.
+        # owns the detail now. So does an alert or a node put in the detail after the move
+        # (on a loaded machine this refresh can come seconds late).
         subject = self.detail.subject
-        mine = subject is not None and subject[0] in ("alert", "node")
-        if self.center == "timeline" and not self.alerts.has_focus and not mine:
+        taken = subject != self._detail_pending_over and subject and subject[0] in ("alert", "node")
+        if self.center == "timeline" and not self.alerts.has_focus and not taken:
             self.show_detail()
 
     def show_detail(self) -> None:
