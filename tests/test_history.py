@@ -484,12 +484,13 @@ def test_module_norms_of_non_finite_gradients(flat, monkeypatch):
     got = []
     module_norms = norms.ModuleNorms(lambda *a: got.append(a), lambda: [model])
     every = torch.cat([p.grad.flatten() for p in params])
-    row = module_norms.totals(params, [p.grad for p in params], [torch.tensor(2.0)]).tolist()
+    row = module_norms.read(params, [p.grad for p in params], [torch.tensor(2.0)])
     assert row[0] == pytest.approx(torch.linalg.vector_norm(every).item(), rel=1e-6)
     assert row[1] == 2.0
     assert all((group[5] is not None) == flat for group in module_norms._plan.groups)
+    assert (module_norms._plan.order is not None) == flat  # the fused read
     params[2].grad[0, 0] = float("nan")
-    row = module_norms.totals(params, [p.grad for p in params], [torch.tensor(2.0)]).tolist()
+    row = module_norms.read(params, [p.grad for p in params], [torch.tensor(2.0)])
     assert math.isnan(row[0])
     module_norms.took(3, row)
     step, grad_norm, per_module = got[-1]
@@ -497,6 +498,39 @@ def test_module_norms_of_non_finite_gradients(flat, monkeypatch):
     assert math.isnan(per_module["2"]) and per_module["0"] == pytest.approx(
         torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in params[:2]])).item()
     )
+
+
+@pytest.mark.parametrize("flat", [True, False], ids=["flat copy", "a norm per tensor"])
+def test_module_norms_read_params_in_any_order_and_the_scale_beside_them(flat, monkeypatch):
+    """An optimizer's groups may list every weight before every bias (decay / no decay): each
+    module's figure is still its own parameters', and the scale comes back last, as given."""
+    from torchscope.tracer.watch import norms
+
+    if flat:
+        monkeypatch.setattr(norms, "FLAT_MIN_TENSORS", 1)
+    else:
+        monkeypatch.setattr(norms, "FLAT_MAX_ELEMENTS", 0)
+    model = models.mlp(0)
+    gen = torch.Generator().manual_seed(3)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=gen)
+    params = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    params += [p for n, p in model.named_parameters() if n.endswith("bias")]
+    module_norms = norms.ModuleNorms(None, lambda: [model])
+    losses = [torch.tensor(-3.0), torch.tensor(4.0)]  # two micro-batches' losses
+    row = module_norms.read(params, [p.grad for p in params], losses, torch.tensor(1024.0))
+    plan = module_norms._plan
+    assert (plan.order is not None) == flat
+    every = torch.cat([p.grad.flatten() for p in params])
+    assert row[0] == pytest.approx(torch.linalg.vector_norm(every).item(), rel=1e-6)
+    assert row[1] == pytest.approx(5.0)
+    assert row[-1] == 1024.0 and len(row) == 2 + len(plan.names) + 1
+    for name, sq in zip(plan.names, row[2:-1], strict=True):
+        own = torch.cat([p.grad.flatten() for p in model.get_submodule(name).parameters()])
+        assert sq == pytest.approx((own.double() ** 2).sum().item(), rel=1e-6), name
+    # no loss at all (a backward() whose roots were not seen): the loss's figure is 0
+    row = module_norms.read(params, [p.grad for p in params], [])
+    assert row[1] == 0.0 and len(row) == 2 + len(plan.names)
 
 
 def test_the_cpus_flat_copy_sums_squares_where_float32_cannot_hold_them(monkeypatch):
@@ -509,7 +543,7 @@ def test_the_cpus_flat_copy_sums_squares_where_float32_cannot_hold_them(monkeypa
     for p in params:
         p.grad = torch.full_like(p, 1e20)
     module_norms = norms.ModuleNorms(lambda *a: None, lambda: [model])
-    row = module_norms.totals(params, [p.grad for p in params], [torch.tensor(2.0)]).tolist()
+    row = module_norms.read(params, [p.grad for p in params], [torch.tensor(2.0)])
     every = torch.cat([p.grad.flatten().double() for p in params])
     assert row[0] == pytest.approx(torch.linalg.vector_norm(every).item(), rel=1e-6)
     assert all(group[5] is not None for group in module_norms._plan.groups)  # the flat copy

@@ -131,7 +131,6 @@ class ServedWatch:
     def _start_watch(self) -> None:
         from torchscope.tracer.steps import parse_watch
         from torchscope.tracer.watch.nan_watch import NanWatch
-        from torchscope.tracer.watch.norms import ModuleNorms
 
         self.watch = NanWatch(
             gradnorm=parse_watch(self.options.watch or "nan"),
@@ -144,15 +143,8 @@ class ServedWatch:
             on_unreproduced=self._trace_after_unreproduced,
             backward_checks=True,  # a job that updates by hand is checked after backward()
         ).install()
-        watch = self.watch
-        if not self.options.history:
-            return
-
-        def modules() -> list:
-            # The watched top-level modules; on the first step, found as the step runs.
-            return [*watch.roots, *(c.module for c in getattr(watch, "_calls", ()))]
-
-        watch.norms = ModuleNorms(self.history.watch_norms, modules)
+        if self.options.history:
+            self.watch.norms.sink = self.history.watch_norms
 
     def _replay_tracer(self, step: int) -> Tracer:
         """The tracer a watch replay records into: this job's file and UIs, its numbering."""

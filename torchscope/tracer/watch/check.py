@@ -25,9 +25,9 @@ from torchscope.tracer.watch.norms import (
     GRADNORM,
     INF,
     NAN,
+    ModuleNorms,
     confirm,
     norm_of,
-    total_norms,
     unscaled,
 )
 from torchscope.tracer.watch.report import describe, job_rank
@@ -52,7 +52,7 @@ class StepCheck:
     detections: list[dict[str, Any]]
     steps_checked: int
     last_replay: Any
-    norms: Any
+    norms: ModuleNorms
     installed: bool
     _replaying: bool
     _unseen_backward: bool
@@ -208,23 +208,16 @@ class StepCheck:
             self.steps_checked += 1
             norms = self.norms
             scaled = self._scaled_backward()
+            # The scale in the same read: the gradients are scaled, the figures not.
+            scale = scaled.scale if scaled is not None else None
             with torch.no_grad(), torch._C.DisableTorchFunction():
-                if norms is None:
-                    total = total_norms(grads, values)
-                else:  # the same totals, with each module's norm in the same read
-                    total = norms.totals(with_grad, grads, values)
-                if scaled is not None and scaled.scale is not None:
-                    # The scale in the same read: the gradients are scaled, the figures not.
-                    scale = scaled.scale.to(total.device, total.dtype).reshape(1)
-                    total = torch.cat([total, scale])
-                row = total.tolist()  # the step's one host sync
+                row = norms.read(with_grad, grads, values, scale)  # the step's one host sync
             self._step_scale = None
-            if scaled is not None and scaled.scale is not None:
+            if scale is not None:
                 self._step_scale = row[-1]
                 row = unscaled(row[:-1], row[-1])
             grad_norm, loss_norm = row[0], row[1]
-            if norms is not None:
-                norms.took(self.step, row)
+            norms.took(self.step, row)
             if scaled is not None:
                 self._note_scaled(scaled, values)
             what = None

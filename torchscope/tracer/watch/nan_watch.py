@@ -89,6 +89,7 @@ from torchscope.tracer.watch.capture import (
     versions_of,
 )
 from torchscope.tracer.watch.check import StepCheck
+from torchscope.tracer.watch.norms import ModuleNorms
 from torchscope.tracer.watch.report import print_report
 from torchscope.tracer.watch.roots import TopLevelCalls
 from torchscope.tracer.watch.stop import WatchStop
@@ -214,8 +215,9 @@ class NanWatch(StepCheck):
         self._step_scale: float | None = None  # the scale of the step being checked
         self._error = ReportOnce("the NaN watch", "the job continues")
         self.last_replay: Any = None  # the replay object of the last detection (tests, UI)
-        # watch/norms.ModuleNorms: per-module norms in the check's one read, for the history
-        self.norms: Any = None
+        # The check's one read (watch/norms.py); the agent's adds a sink: each module's norm
+        # for the history, from the same read.
+        self.norms = ModuleNorms(None, _watched_roots(weakref.ref(self)))
         self._bad_run: dict[str, Any] | None = None  # the detection of the current bad stretch
         self._still_bad: dict[str, Any] | None = None  # set by a check that found it still bad
         # In a job with no optimizer, check each step when its backward() ends (the agent's
@@ -597,6 +599,19 @@ def _grad_catcher(ref: weakref.ref, call: Call, i: int) -> Callable[[torch.Tenso
                 watch._error("capturing an output gradient", exc)
 
     return hook
+
+
+def _watched_roots(ref: weakref.ref) -> Callable[[], list[nn.Module]]:
+    """The watch's top-level modules, for its norms (which must not keep the watch alive);
+    on the first step, found as the step runs."""
+
+    def roots() -> list[nn.Module]:
+        watch = ref()
+        if watch is None:
+            return []
+        return [*watch.roots, *(c.module for c in watch._calls)]
+
+    return roots
 
 
 def _params_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

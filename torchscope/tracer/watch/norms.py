@@ -26,6 +26,7 @@ weight decay, which is where the ratio matters.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -150,7 +151,7 @@ class _Plan:
     """Which module each gradient belongs to, for one set of parameters (cached per step
     while the parameters with a gradient stay the same)."""
 
-    __slots__ = ("groups", "index", "key", "names")
+    __slots__ = ("_offsets", "ends", "groups", "index", "key", "names", "order")
 
     def __init__(self, key: tuple[int, ...], params: list[torch.Tensor], owner: dict[int, str]):
         self.key = key
@@ -173,6 +174,21 @@ class _Plan:
                 mixed.add(group)
         self.names = tuple(names)
         self.index = names
+        # The CPU's one-group case (nearly every small model): the gradients in module order,
+        # read with the losses in one flat copy and one segmented sum, a segment per module
+        # and one for the losses (``ModuleNorms._fused``).
+        self.order: list[int] | None = None
+        self.ends: list[int] = []  # where each module's segment ends in the flat copy
+        self._offsets: dict[int, torch.Tensor] = {}
+        if len(groups) == 1 and not mixed:
+            (dev, dtype), (pos, mods) = next(iter(groups.items()))
+            if _flat_readable(dev, dtype, params):
+                module_of = dict(zip(pos, mods, strict=True))
+                self.order = sorted(pos, key=module_of.__getitem__)  # stable: params' order
+                sizes = [0] * len(names)
+                for i in pos:
+                    sizes[module_of[i]] += params[i].numel()
+                self.ends = list(itertools.accumulate(sizes))
         self.groups = [
             (
                 dev,
@@ -184,6 +200,15 @@ class _Plan:
             )
             for (dev, dtype), (pos, mods) in groups.items()
         ]
+
+    def offsets(self, n_values: int) -> torch.Tensor:
+        """The fused read's segment bounds: one per module, then one for ``n_values`` loss
+        values (none without them)."""
+        offsets = self._offsets.get(n_values)
+        if offsets is None:
+            last = [self.ends[-1] + n_values] if n_values else []
+            offsets = self._offsets[n_values] = torch.tensor([0, *self.ends, *last])
+        return offsets
 
 
 # The CPU has no fused ``_foreach_norm``: it runs one reduction per gradient, and on a model
@@ -241,16 +266,56 @@ def _summed(squares: list[torch.Tensor], n: int, device: torch.device) -> torch.
     return total
 
 
+def _with(t: torch.Tensor, extra: torch.Tensor | None) -> torch.Tensor:
+    """``t`` with ``extra``'s one value after it, for the same read."""
+    if extra is None:
+        return t
+    return torch.cat([t, extra.to(t.device, t.dtype).reshape(1)])
+
+
+def _fusable(value: torch.Tensor) -> bool:
+    """Whether a loss value can join the CPU's flat copy of the gradients."""
+    return (
+        type(value) is torch.Tensor
+        and value.device.type == "cpu"
+        and value.dtype.is_floating_point
+        and not value.is_sparse
+    )
+
+
+def _fused(
+    plan: _Plan, grads: list[torch.Tensor], values: list[torch.Tensor], extra: torch.Tensor | None
+) -> list[float]:
+    """The CPU's read of many small gradients: one flat float64 copy of the gradients (in
+    module order) and the losses, their squares summed per module and for the losses in one
+    segmented sum; the totals are finished on the host from the figures read. A small step
+    pays per torch call: five here, where a norm per tensor would take one per gradient."""
+    ts = [grads[i] for i in plan.order or ()]
+    ts.extend(values)
+    n_values = sum(v.numel() for v in values)
+    # Squares summed in float64: no square of a float32 gradient overflows there.
+    flat = torch._utils._flatten_dense_tensors(ts).double()
+    sums = torch.segment_reduce(flat.square_(), "sum", offsets=plan.offsets(n_values))
+    row = _with(sums, extra).tolist()
+    n = len(plan.names)
+    modules = row[:n]
+    rest = row[n + 1 :] if n_values else row[n:]
+    loss = math.sqrt(row[n]) if n_values else 0.0
+    # sum, not fsum: a NaN or Inf square shows in the total as it is (fsum raises on Inf)
+    return [math.sqrt(sum(modules)), loss, *modules, *rest]
+
+
 class ModuleNorms:
-    """Set as a :class:`NanWatch`'s ``norms``: its check then computes the step's totals here
-    and hands every checked step's norms to ``sink(step, grad_norm, module_norms)``.
+    """A :class:`NanWatch`'s ``norms``: its check reads the step's totals here, and hands
+    every checked step's norms to ``sink(step, grad_norm, module_norms)`` (the agent's
+    history; a watch of its own has none).
 
     roots: ``f() -> list of watched top-level modules`` (the watch's, found on its first step).
     """
 
     def __init__(
         self,
-        sink: Callable[[int, float, ModuleValues | None], None],
+        sink: Callable[[int, float, ModuleValues | None], None] | None,
         roots: Callable[[], list[nn.Module]],
     ) -> None:
         self.sink = sink
@@ -277,26 +342,49 @@ class ModuleNorms:
             self._plans.clear()
         return self._owner
 
-    def totals(
-        self, params: list[torch.Tensor], grads: list[torch.Tensor], values: list[torch.Tensor]
-    ) -> torch.Tensor:
-        """What the watch reads: [total gradient norm, loss norm, module squares...], on the
-        device of the first gradient (as ``total_norms``), float32; ``grads[i]`` is
-        ``params[i].grad``. No host sync. A failure
-        here must not cost the watch its check: it falls back to the watch's own totals."""
+    def read(
+        self,
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        values: list[torch.Tensor],
+        extra: torch.Tensor | None = None,
+    ) -> list[float]:
+        """What the watch reads, read: [total gradient norm, loss norm, each module's sum of
+        squares..., then ``extra``'s one value (the loss scale) if given]; ``grads[i]`` is
+        ``params[i].grad``. The step's one host sync. A failure here must not cost the watch
+        its check: it falls back to the watch's own totals."""
         if not self.failed:
             try:
-                return self._totals(params, grads, values)
+                return self._read(params, grads, values, extra)
             except Exception as exc:
                 self.failed = True
                 self._error("computing them", exc)
-        return total_norms(grads, values)
+        return _with(total_norms(grads, values), extra).tolist()
 
-    def _totals(
+    def totals(
         self, params: list[torch.Tensor], grads: list[torch.Tensor], values: list[torch.Tensor]
     ) -> torch.Tensor:
+        """``read``'s figures as a float32 tensor on the device of the first gradient,
+        without the read (as the accelerators compute them)."""
         if not grads:
             return total_norms(grads, values)
+        return self._totals(self._plan_for(params), grads, values)
+
+    def _read(
+        self,
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        values: list[torch.Tensor],
+        extra: torch.Tensor | None,
+    ) -> list[float]:
+        if not grads:
+            return _with(total_norms(grads, values), extra).tolist()
+        plan = self._plan_for(params)
+        if plan.order is not None and all(_fusable(v) for v in values):
+            return _fused(plan, grads, values, extra)
+        return _with(self._totals(plan, grads, values), extra).tolist()
+
+    def _plan_for(self, params: list[torch.Tensor]) -> _Plan:
         key = tuple(map(id, params))
         owner = self._names()
         plan = self._plan
@@ -307,6 +395,11 @@ class ModuleNorms:
                     self._plans.clear()
                 plan = self._plans[key] = _Plan(key, params, owner)
             self._plan = plan
+        return plan
+
+    def _totals(
+        self, plan: _Plan, grads: list[torch.Tensor], values: list[torch.Tensor]
+    ) -> torch.Tensor:
         device = grads[0].device
         parts, squares = [], []
         for dev, dtype, pos, mods, plain, lengths in plan.groups:
@@ -335,7 +428,9 @@ class ModuleNorms:
         return torch.cat([torch.stack([total, loss]), _summed(squares, len(plan.names), device)])
 
     def took(self, step: int, row: list[float]) -> None:
-        """The watch read ``row`` (``totals``' values) for ``step``."""
+        """The watch read ``row`` (``read``'s values, without the extra one) for ``step``."""
+        if self.sink is None:
+            return
         try:
             plan = self._plan
             modules = None
