@@ -15,6 +15,8 @@ frozen; paired ratio = median over rounds of row block median / untraced block m
   untraced                    the plain training step
   serve(watch='nan')          the headline: the dormant agent with the watch, as
                               ``torchscope.serve(watch="nan")`` / ``run --watch nan`` start it
+  ..., its check skipped      the same with the check made a no-op (a diagnostic: what the
+                              hooks, the capture for a replay and the history cost)
   watch nan (keep_graph=True)  ``NanWatch()``: the check, the capture, the retained graph
   watch nan, keep_graph=auto   the check and the capture; the graph is kept only after a
                               detection needed it (never here: these runs stay finite)
@@ -37,6 +39,7 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
@@ -53,7 +56,7 @@ from workloads import MLP, WATCH_WORKLOADS, Workload  # noqa: E402
 import torchscope  # noqa: E402
 from torchscope.tracer.watch.capture import tensors_in  # noqa: E402
 from torchscope.tracer.watch.nan_watch import NanWatch  # noqa: E402
-from torchscope.tracer.watch.norms import total_norms  # noqa: E402
+from torchscope.tracer.watch.norms import ModuleNorms  # noqa: E402
 from torchscope.tracer.watch.replay import graph_saved_bytes  # noqa: E402
 
 
@@ -68,6 +71,12 @@ def rows() -> list[Config]:
             "serve",
             "serve(watch='nan'): what a user pays",
             lambda w: serving(w, watch="nan"),
+            untimed=1,
+        ),
+        Config(
+            "skipped",
+            "serve(watch='nan'), its check skipped (diagnostic)",
+            check_skipped,
             untimed=1,
         ),
         Config(
@@ -121,17 +130,34 @@ def held_per_step(w: Workload) -> dict[str, float]:
 
 
 def check_cost(w: Workload, n: int = 200) -> float:
-    """Seconds per check alone: the fused norm of every gradient and its one host read."""
+    """Seconds per check's read alone: every gradient's, each module's and the loss's norm
+    and the one host read (``ModuleNorms.read``, as the check calls it)."""
     w.step()
     w.optimizer.zero_grad(set_to_none=False)
-    grads = [p.grad for p in w.model.parameters() if p.grad is not None]
+    params = [p for p in w.model.parameters() if p.grad is not None]
+    grads = [p.grad for p in params]
+    loss = torch.ones(())
+    norms = ModuleNorms(None, lambda: [w.model])
     with torch.no_grad():
         for _ in range(10):
-            total_norms(grads, []).tolist()
+            norms.read(params, grads, [loss])
         t0 = time.perf_counter()
         for _ in range(n):
-            total_norms(grads, []).tolist()
+            norms.read(params, grads, [loss])
     return (time.perf_counter() - t0) / n
+
+
+@contextlib.contextmanager
+def check_skipped(w: Workload) -> Iterator[None]:
+    """``serve(watch='nan')`` with the watch's check made a no-op: what everything else the
+    watch does costs (its hooks, the capture for a replay, the history). A diagnostic row."""
+    check = NanWatch.check
+    NanWatch.check = lambda self, params=None: None  # type: ignore[method-assign]
+    try:
+        with serving(w, watch="nan"):
+            yield
+    finally:
+        NanWatch.check = check  # type: ignore[method-assign]
 
 
 def _kib(n: float) -> str:
@@ -240,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(table(w, configs, results, args.steps)))
         m = memory[w.name]
         print(
-            f"\nThe check alone (fused gradient norm + one host read), timed on its own: "
+            f"\nThe check's read alone (every gradient's, module's and the loss's norm + one "
+            "host read), timed on its own: "
             f"{checks[w.name] * 1e6:.0f} µs = {checks[w.name] / base * 100:.1f}% of the "
             "untraced step.\n"
         )
