@@ -935,7 +935,12 @@ def test_the_benchmark_prints_its_table():
         [sys.executable, str(script), *args], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    for row in ("| untraced |", "| watch nan (keep_graph=True) |", "| detect_anomaly() |"):
+    for row in (
+        "| untraced |",
+        "| serve(watch='nan'), its check skipped (diagnostic) |",
+        "| watch nan (keep_graph=True) |",
+        "| detect_anomaly() |",
+    ):
         assert row in proc.stdout
     assert "| retained graph (saved activations a plain backward frees) |" in proc.stdout
 
