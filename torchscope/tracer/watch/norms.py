@@ -2,15 +2,16 @@
 loss's L2 norm, one fused reduction per device, no host sync; the exact verdict after a
 non-finite one), and the per-module gradient norms for the run's history, in the same read.
 
-The watch's check already takes ``torch._foreach_norm`` of every gradient, stacks the norms
-and reduces them on the device to one total, which it reads with the step's only host sync
-(see :mod:`~torchscope.tracer.watch.nan_watch`). :class:`ModuleNorms` computes the same total
-from the same stacked norms (the same operations, so the same number), and beside it the L2
-norm of each module's own parameters' gradients: the squares of the per-parameter norms summed
-by module with one ``index_add_`` on the device. Both go out in the same ``.tolist()``: no
-extra sync, a few small kernels per step. On the CPU, where ``_foreach_norm`` is a loop of
-one reduction per tensor, a group of many small gradients is read instead through one flat
-copy and one segmented sum of squares (in float64): the same figures to rounding.
+The check reads through :class:`ModuleNorms` (``read``): ``torch._foreach_norm`` of every
+gradient, the norms stacked and reduced on the device to one total, and beside it the L2
+norm of each module's own parameters' gradients (the squares of the per-parameter norms
+summed by module with one ``index_add_`` on the device), all read in one ``.tolist()``, the
+step's only host sync (see :mod:`~torchscope.tracer.watch.nan_watch`): a few small kernels
+per step. :func:`total_norms` is the same total without the modules (the fallback). On the
+CPU, where ``_foreach_norm`` is a loop of one reduction per tensor, many small gradients are
+read instead through one flat copy, with the loss, and one segmented sum of squares (in
+float64), a segment per module and one for the loss; the totals are finished on the host from
+the figures read: the same figures to rounding, in five torch calls.
 
 A module here is the one that owns the parameter directly (``blocks.3.attn.c_attn`` for
 ``blocks.3.attn.c_attn.weight``), named as in the watched top-level modules
