@@ -76,6 +76,8 @@ def test_replay_in_a_real_terminal(tmp_path: Path) -> None:
         tmux("send-keys", "-t", session, "|")  # filter
         wait_for(session, "filter name · module · source")
         tmux("send-keys", "-t", session, "gelu", "Enter")
+        # the box closed (the filter shows as it is typed: enter may not have reached it yet)
+        wait_for(session, "filter name · module · source", gone=True)
         out = wait_for(session, "/gelu/")
         assert "GeluBackward0" in out and "F.layer_norm" not in out
         tmux("send-keys", "-t", session, "?")
