@@ -177,7 +177,7 @@ class _Plan:
         self.index = names
         # The CPU's one-group case (nearly every small model): the gradients in module order,
         # read with the losses in one flat copy and one segmented sum, a segment per module
-        # and one for the losses (``ModuleNorms._fused``).
+        # and one for the losses (``_fused``).
         self.order: list[int] | None = None
         self.ends: list[int] = []  # where each module's segment ends in the flat copy
         self._offsets: dict[int, torch.Tensor] = {}
@@ -362,15 +362,6 @@ class ModuleNorms:
                 self._error("computing them", exc)
         return _with(total_norms(grads, values), extra).tolist()
 
-    def totals(
-        self, params: list[torch.Tensor], grads: list[torch.Tensor], values: list[torch.Tensor]
-    ) -> torch.Tensor:
-        """``read``'s figures as a float32 tensor on the device of the first gradient,
-        without the read (as the accelerators compute them)."""
-        if not grads:
-            return total_norms(grads, values)
-        return self._totals(self._plan_for(params), grads, values)
-
     def _read(
         self,
         params: list[torch.Tensor],
@@ -401,6 +392,9 @@ class ModuleNorms:
     def _totals(
         self, plan: _Plan, grads: list[torch.Tensor], values: list[torch.Tensor]
     ) -> torch.Tensor:
+        """``read``'s figures (without the extra one) as a float32 tensor on the device of
+        the first gradient, unread: the accelerators' way, and the CPU's for large
+        gradients."""
         device = grads[0].device
         parts, squares = [], []
         for dev, dtype, pos, mods, plain, lengths in plan.groups:
