@@ -453,3 +453,7 @@ def test_an_empty_trailing_step_goes_whichever_news_completes_the_verdict_last()
     assert store.order == [0, 1, 2]  # the file may still grow: step 2 may yet begin
     ch = store.apply([Status({"complete": True})])
     assert store.order == [0, 1] and ch.removed == {2}
+    # the file's index comes again with a later load: the dropped step stays gone (its counts
+    # were final: back, it would never be dropped again)
+    store.apply([StepIndex([(1, False), (2, False)])])
+    assert store.order == [0, 1] and 2 not in store

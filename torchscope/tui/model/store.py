@@ -149,6 +149,9 @@ class EventStore:
         self.ended = False  # a live job said it ended
         self.has_aten = False  # aten calls came (a recording or job at the aten level)
         self.complete = True  # a replay's file says it is complete (status "complete")
+        # Steps dropped as an empty tail: a file's step index, sent again with a later load,
+        # must not bring one back (its counts are final by then, so it would stay for good).
+        self._dropped: set[int] = set()
         self.pinned: set[int] = set()
         self.resident_events = 0
         self.events_applied = 0
@@ -299,6 +302,7 @@ class EventStore:
         self.order.pop()
         self.order_version += 1
         del self.steps[step]
+        self._dropped.add(step)
         data = self._data.pop(step, None)
         if data is not None:
             self.resident_events -= _resident_rows(data)
@@ -545,7 +549,7 @@ class EventStore:
         """Steps known to exist in a file, not loaded: ``(step, counted)``."""
         for step, counted in entries:
             info = self.steps.get(step)
-            if info is None:
+            if info is None and step not in self._dropped:
                 info = self._info(step, ch)
                 info.state = ON_DISK
                 info.counted = counted

@@ -202,11 +202,16 @@ class VirtualList(ScrollView, can_focus=True):
         height = self.page_height
         top = round(self.scroll_y)
         if center:
-            self.scroll_to(y=max(0, self.cursor - height // 2), animate=animate, immediate=True)
+            y = max(0, self.cursor - height // 2)
         elif self.cursor < top:
-            self.scroll_to(y=self.cursor, animate=animate, immediate=True)
+            y = self.cursor
         elif self.cursor >= top + height:
-            self.scroll_to(y=self.cursor - height + 1, animate=animate, immediate=True)
+            y = self.cursor - height + 1
+        else:
+            return
+        # force: rows that came in since the last layout have no scrollbar yet, and Textual
+        # refuses a scroll without one (the reveal after the refresh could be the last look)
+        self.scroll_to(y=y, animate=animate, immediate=True, force=True)
 
     def action_cursor_up(self) -> None:
         self.move_cursor(self.cursor - 1, user=True)
