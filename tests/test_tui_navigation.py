@@ -306,6 +306,24 @@ async def test_the_alert_detail_links_to_its_event():
 
 
 @sync
+async def test_a_jump_from_an_alert_shows_its_row_with_an_earlier_refresh_still_to_come():
+    app = TorchscopeApp(replay(), at_origin=False)
+    async with app.run_test(size=SIZE) as pilot:
+        main, tl, detail = app.main, app.main.timeline, app.main.detail
+        await shown(pilot, app, 0)
+        # the deferred refresh of an earlier move, not yet run (seconds late on a loaded
+        # machine) when the user opens an alert and jumps to its event
+        main._detail_pending, main._detail_pending_over = True, detail.subject
+        await pilot.press("a")
+        alert = app.store.alerts[0]
+        await until(pilot, lambda: detail.subject == ("alert", alert["seq"]))
+        await pilot.press("enter")
+        await until(pilot, lambda: tl.current_row() and tl.current_row().seq == alert["event_seq"])
+        main._show_followed_detail()  # that refresh, at last
+        assert detail.subject[:2] == ("row", alert["event_seq"])
+
+
+@sync
 async def test_esc_goes_back_to_the_timeline_from_every_panel():
     app = TorchscopeApp(replay(), at_origin=False)
     async with app.run_test(size=SIZE) as pilot:

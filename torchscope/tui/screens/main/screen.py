@@ -96,7 +96,7 @@ class MainScreen(Screen[None]):
         self._progress_visible = False
         self._count_progress: tuple[float, float, str] | None = None
         self._detail_pending = False
-        self._detail_pending_over: tuple | None = None  # what the detail showed at the move
+        self._detail_pending_over: tuple | None = None  # the detail's subject at the last move
         self.ready = False
         self.search: FieldPattern | None = None
         # what @ / E asked of the job's next step: (text, answered, the job's step then)
@@ -589,12 +589,13 @@ class MainScreen(Screen[None]):
         elif event.widget is self.timeline:
             if event.user:
                 self.show_detail()
-            elif not self._detail_pending:
+            else:
                 # Moves made for the user (follow mode, at up to 30 per second) refresh the
                 # detail at most a few times a second: a detail re-layout is the costly part.
-                self._detail_pending = True
-                self._detail_pending_over = self.detail.subject
-                self.set_timer(0.2, self._show_followed_detail)
+                self._detail_pending_over = self.detail.subject  # as at the latest move
+                if not self._detail_pending:
+                    self._detail_pending = True
+                    self.set_timer(0.2, self._show_followed_detail)
 
     def _show_followed_detail(self) -> None:
         self._detail_pending = False
