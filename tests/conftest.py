@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from tmux_server import TmuxServer
 
 # Every session a test starts (in this process or in subprocesses, which inherit the
 # environment) registers in a private runtime dir, never in the user's real one.
@@ -27,6 +28,14 @@ def closing():
     yield items
     for item in reversed(items):
         item.close()
+
+
+@pytest.fixture
+def tmux():
+    """A tmux server of the test's own, killed after it."""
+    server = TmuxServer()
+    yield server
+    server.close()
 
 
 def _is_tracer_test(request: pytest.FixtureRequest) -> bool:

@@ -14,14 +14,13 @@ import re
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from tmux_server import TmuxServer
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,18 +32,9 @@ class Terminal:
     """A private tmux server: window 0 runs the job, window 1 the UI."""
 
     def __init__(self, cwd: Path) -> None:
-        self.socket = f"tse2e-{uuid.uuid4().hex[:8]}"
+        self.tmux = TmuxServer("tse2e")
         self.cwd = cwd
         self.windows = 0
-
-    def tmux(self, *args: str) -> str:
-        return subprocess.run(
-            ["tmux", "-L", self.socket, *args],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=15,
-        ).stdout
 
     def command(self, argv: list[str], name: str) -> str:
         """A shell line that runs ``argv`` in our environment and leaves ``name.rc``."""
@@ -67,7 +57,7 @@ class Terminal:
             line = line.replace(" ; echo", f" > {name}.out 2> {name}.err ; echo", 1)
         line = f"cd {shlex.quote(str(self.cwd))} && echo $$ > {name}.shpid; {line}"
         if self.windows == 0:
-            self.tmux("new-session", "-d", "-s", "e2e", "-x", str(WIDTH), "-y", str(HEIGHT), line)
+            self.tmux.new_session("e2e", (WIDTH, HEIGHT), line)
             self.tmux("set-option", "-t", "e2e", "remain-on-exit", "on")
         else:
             self.tmux("new-window", "-t", "e2e", line)
@@ -75,20 +65,16 @@ class Terminal:
         return self.windows - 1
 
     def screen(self, window: int) -> str:
-        return self.tmux("capture-pane", "-p", "-t", f"e2e:{window}")
+        return self.tmux.screen(f"e2e:{window}")
 
     def keys(self, window: int, *keys: str) -> None:
-        self.tmux("send-keys", "-t", f"e2e:{window}", *keys)
+        self.tmux.keys(f"e2e:{window}", *keys)
 
     def wait(self, window: int, cond: Callable[[str], object], what: str) -> str:
-        deadline = time.monotonic() + TIMEOUT
-        while True:
-            out = self.screen(window)
-            if cond(out):
-                return out
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{what}: never seen; window {window}:\n{out}\n{self.logs()}")
-            time.sleep(0.1)
+        return self.tmux.wait(
+            f"e2e:{window}", cond, what=f"{what} (window {window})", timeout=TIMEOUT,
+            explain=self.logs,
+        )
 
     def rc(self, name: str) -> str | None:
         path = self.cwd / f"{name}.rc"
@@ -113,7 +99,7 @@ class Terminal:
         for pidfile in self.cwd.glob("*.shpid"):
             with contextlib.suppress(OSError, ValueError):
                 os.killpg(int(pidfile.read_text().strip()), signal.SIGKILL)
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
+        self.tmux.close()
 
 
 @pytest.fixture

@@ -7,11 +7,10 @@ import re
 import shutil
 import subprocess
 import sys
-import time
-import uuid
 from pathlib import Path
 
 import pytest
+from tmux_server import TmuxServer
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,43 +29,11 @@ for step in range(300):
 """
 
 
-def tmux(*args: str) -> str:
-    return subprocess.run(
-        ["tmux", *args], capture_output=True, text=True, check=True, timeout=10
-    ).stdout
-
-
-class Terminal:
-    """One tmux session running one command at a fixed size."""
-
-    def __init__(self, command: str, size: tuple[int, int], cwd: Path) -> None:
-        self.name = f"tsfirst-{uuid.uuid4().hex[:8]}"
-        # COLUMNS/LINES (set by pytest plugins) would override the terminal's real size.
-        env = f"env -u COLUMNS -u LINES PYTHONPATH={ROOT} TERM=xterm-256color"
-        tmux(
-            "new-session", "-d", "-s", self.name, "-x", str(size[0]), "-y", str(size[1]),
-            "-c", str(cwd), f"{env} {command}",
-        )
-
-    def screen(self) -> str:
-        return tmux("capture-pane", "-p", "-t", self.name)
-
-    def until(self, cond, what: str, timeout: float = 90.0) -> str:
-        """Wait for a condition on the screen (never for a time)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            out = self.screen()
-            if cond(out):
-                return out
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{what} never appeared; screen:\n{out}")
-            time.sleep(0.1)
-
-    def keys(self, *keys: str) -> None:
-        tmux("send-keys", "-t", self.name, *keys)
-
-    def close(self) -> None:
-        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+def open_ui(tmux: TmuxServer, size: tuple[int, int], cwd: Path) -> None:
+    """``torchscope tui t.tsc`` in ``cwd``, in a terminal of ``size``: the session "ui"."""
+    # COLUMNS/LINES (set by pytest plugins) would override the terminal's real size.
+    env = f"env -u COLUMNS -u LINES PYTHONPATH={ROOT} TERM=xterm-256color"
+    tmux.new_session("ui", size, f"{env} {sys.executable} -m torchscope tui t.tsc", cwd)
 
 
 @pytest.fixture(scope="module")
@@ -85,16 +52,15 @@ def late_recording(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("size", [*SIZES, (200, 50)], ids=lambda s: f"{s[0]}x{s[1]}")
-def test_a_recording_opens_on_its_first_traced_step_in_view(late_recording, size):
-    term = Terminal(f"{sys.executable} -m torchscope tui t.tsc", size, late_recording.parent)
-    try:
-        out = term.until(lambda s: "Step 250" in s and "F.linear" in s, "step 250's ops")
-        assert "no events in this step" not in out
-        if size[0] >= 100:  # the step list shows, its row for step 250 in view (the list
-            # takes the file's history in turns: it may draw its first rows a frame earlier)
-            term.until(lambda s: re.search(r"│\s*250\s", s), "step 250's row in the step list")
-    finally:
-        term.close()
+def test_a_recording_opens_on_its_first_traced_step_in_view(late_recording, size, tmux):
+    open_ui(tmux, size, late_recording.parent)
+    out = tmux.wait("ui", lambda s: "Step 250" in s and "F.linear" in s, what="step 250's ops")
+    assert "no events in this step" not in out
+    if size[0] >= 100:  # the step list shows, its row for step 250 in view (the list
+        # takes the file's history in turns: it may draw its first rows a frame earlier)
+        tmux.wait(
+            "ui", lambda s: re.search(r"│\s*250\s", s), what="step 250's row in the step list"
+        )
 
 
 GATED = """\
@@ -111,7 +77,7 @@ for step in range(2):
 """
 
 
-def test_a_nodes_both_sides_fit_at_120x40(tmp_path: Path):
+def test_a_nodes_both_sides_fit_at_120x40(tmp_path: Path, tmux: TmuxServer):
     # MulBackward0 of two tensors: grad_inputs[1] shows without scrolling the detail
     pytest.importorskip("torch")
     (tmp_path / "job.py").write_text(GATED)
@@ -119,31 +85,26 @@ def test_a_nodes_both_sides_fit_at_120x40(tmp_path: Path):
         [sys.executable, "-m", "torchscope", "run", "--quiet", "--record", "t.tsc", "job.py"],
         cwd=tmp_path, check=True, timeout=300, capture_output=True,
     )
-    term = Terminal(f"{sys.executable} -m torchscope tui t.tsc", (120, 40), tmp_path)
-    try:
-        term.until(lambda s: "Tensor.mul" in s, "the step's ops")
-        term.keys("/")
-        term.until(lambda s: "search" in s, "the search box")
-        term.keys("MulBackward0", "Enter")
-        out = term.until(lambda s: "grad_outputs — what arrived" in s, "the node's detail")
-        out = term.until(
-            lambda s: "[1] [4,8] float32" in s and "SigmoidBackward0 node id" in s,
-            "grad_inputs[1]",
-        )
-        assert "grad_inputs — what it sends on" in out
-    finally:
-        term.close()
+    open_ui(tmux, (120, 40), tmp_path)
+    tmux.wait("ui", "Tensor.mul", what="the step's ops")
+    tmux.keys("ui", "/")
+    tmux.wait("ui", "search", what="the search box")
+    tmux.keys("ui", "MulBackward0", "Enter")
+    tmux.wait("ui", "grad_outputs — what arrived", what="the node's detail")
+    out = tmux.wait(
+        "ui",
+        lambda s: "[1] [4,8] float32" in s and "SigmoidBackward0 node id" in s,
+        what="grad_inputs[1]",
+    )
+    assert "grad_inputs — what it sends on" in out
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_a_tensors_norm_keeps_its_label_in_the_timeline(late_recording, size):
+def test_a_tensors_norm_keeps_its_label_in_the_timeline(late_recording, size, tmux):
     # `0.1572` for a [2,8] tensor would read like a value: the stat says norm= (or n=)
-    term = Terminal(f"{sys.executable} -m torchscope tui t.tsc", size, late_recording.parent)
-    try:
-        out = term.until(lambda s: "Step 250" in s and "F.linear" in s, "step 250's ops")
-        rows = [line for line in out.splitlines() if re.search(r"\[\d+,\d+\]", line)]
-        assert rows, out
-        for row in rows:
-            assert re.search(r"\b(norm|n)=", row), row
-    finally:
-        term.close()
+    open_ui(tmux, size, late_recording.parent)
+    out = tmux.wait("ui", lambda s: "Step 250" in s and "F.linear" in s, what="step 250's ops")
+    rows = [line for line in out.splitlines() if re.search(r"\[\d+,\d+\]", line)]
+    assert rows, out
+    for row in rows:
+        assert re.search(r"\b(norm|n)=", row), row

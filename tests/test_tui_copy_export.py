@@ -178,13 +178,11 @@ async def test_e_with_a_filter_exports_the_rows_it_keeps_and_asks_before_overwri
 
 
 @pytest.mark.skipif(__import__("shutil").which("tmux") is None, reason="needs tmux")
-def test_y_copies_through_osc52_into_a_real_terminals_clipboard(tmp_path: Path) -> None:
+def test_y_copies_through_osc52_into_a_real_terminals_clipboard(tmp_path: Path, tmux) -> None:
     """tmux with ``set-clipboard on`` takes an application's OSC 52 into its paste buffer:
     what ``y`` copied is what the terminal got."""
-    import subprocess
     import sys
     import time
-    import uuid
 
     from torchscope.protocol.tracefile import TraceWriter
 
@@ -199,61 +197,37 @@ def test_y_copies_through_osc52_into_a_real_terminals_clipboard(tmp_path: Path) 
         f"run_tui(FileSource({str(trace)!r}), at_origin=False)\n"
     )
     root = Path(__file__).resolve().parents[1]
-    sock = f"tscopy-{uuid.uuid4().hex[:8]}"  # a server of its own: its options are ours
-
-    def tmux(*args: str) -> str:
-        return subprocess.run(
-            ["tmux", "-L", sock, *args], capture_output=True, text=True, check=True, timeout=10
-        ).stdout
-
-    def wait_for(text: str, timeout: float = 60.0, gone: bool = False) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            out = tmux("capture-pane", "-p", "-t", "ui")
-            if (text in out) != gone:
-                return out
-            never = "went" if gone else "appeared"
-            assert time.monotonic() < deadline, f"{text!r} never {never}:\n{out}"
-            time.sleep(0.1)
 
     def wait_for_buffer(text: str, timeout: float = 60.0) -> None:
         # the paste buffer itself, not the toast saying so: a toast can come and go between
         # two looks at a loaded machine's screen
         deadline = time.monotonic() + timeout
-        while True:
-            got = subprocess.run(
-                ["tmux", "-L", sock, "show-buffer"], capture_output=True, text=True
-            )
-            if got.returncode == 0 and got.stdout == text:
-                return
-            out = tmux("capture-pane", "-p", "-t", "ui")
-            assert time.monotonic() < deadline, f"the buffer never held {text!r}:\n{out}"
+        while tmux("show-buffer", check=False) != text:
+            screen = tmux.screen("ui")
+            assert time.monotonic() < deadline, f"the buffer never held {text!r}:\n{screen}"
             time.sleep(0.1)
 
     env = f"env -u COLUMNS -u LINES PYTHONPATH={root} TERM=xterm-256color"
-    tmux("-f", "/dev/null", "new-session", "-d", "-s", "ui", "-x", "120", "-y", "35", "sh")
-    try:
-        tmux("set-option", "-s", "set-clipboard", "on")
-        tmux("send-keys", "-t", "ui", f"{env} {sys.executable} {script}", "Enter")
-        wait_for("F.linear")
-        tmux("send-keys", "-t", "ui", ":")
-        wait_for("go to · enter")
-        tmux("send-keys", "-t", "ui", "-l", f"#{op['seq']}")
-        tmux("send-keys", "-t", "ui", "Enter")
-        wait_for("go to · enter", gone=True)  # the box closed: the next key is the table's
-        wait_for(f"event #{op['seq']}")
-        tmux("send-keys", "-t", "ui", "y")
-        wait_for("Copy · F.linear")
-        tmux("send-keys", "-t", "ui", "s")
-        wait_for_buffer(op["source"])
-        wait_for("Copy · F.linear", gone=True)  # the menu closed: the next y opens a new one
-        tmux("send-keys", "-t", "ui", "y")
-        wait_for("Copy · F.linear")
-        tmux("send-keys", "-t", "ui", "b")
-        wait_for_buffer(r"op:^torch\.nn\.functional\.linear$")
-        tmux("send-keys", "-t", "ui", "q")
-    finally:
-        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
+    tmux.new_session("ui", (120, 35), "sh")
+    tmux("set-option", "-s", "set-clipboard", "on")  # a server of its own: its options are ours
+    tmux.keys("ui", f"{env} {sys.executable} {script}", "Enter")
+    tmux.wait("ui", "F.linear")
+    tmux.keys("ui", ":")
+    tmux.wait("ui", "go to · enter")
+    tmux.keys("ui", "-l", f"#{op['seq']}")
+    tmux.keys("ui", "Enter")
+    tmux.wait("ui", "go to · enter", gone=True)  # the box closed: the next key is the table's
+    tmux.wait("ui", f"event #{op['seq']}")
+    tmux.keys("ui", "y")
+    tmux.wait("ui", "Copy · F.linear")
+    tmux.keys("ui", "s")
+    wait_for_buffer(op["source"])
+    tmux.wait("ui", "Copy · F.linear", gone=True)  # the menu closed: the next y opens a new one
+    tmux.keys("ui", "y")
+    tmux.wait("ui", "Copy · F.linear")
+    tmux.keys("ui", "b")
+    wait_for_buffer(r"op:^torch\.nn\.functional\.linear$")
+    tmux.keys("ui", "q")
 
 
 @sync
