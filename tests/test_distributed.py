@@ -269,6 +269,83 @@ def test_a_ui_on_every_rank_arms_them_together_and_a_pause_on_one_kills_neither(
     assert sorted(out.splitlines()) == sorted(plain_out.splitlines())  # bit-identical losses
 
 
+def test_a_pause_asked_of_every_rank_stops_the_one_waiting_for_a_paused_rank(tmp_path):
+    """What the UI's p does on a job: a pause to every rank. Rank 1 stops first (here at a
+    breakpoint); rank 0 then reaches no op until rank 1 goes on, as it waits for it before
+    its backward. The pause stops it there, in that wait; continue lets both finish."""
+    import time
+
+    from torchscope.protocol.client import SessionClient
+
+    pace = tmp_path / "pace"  # steps of 0.1 s until the pauses are over
+    pace.touch()
+    job = torchrun(
+        "-m", "torchscope", "run", "--record", "t.tsc", "--lease", "30", str(STEADY_JOB),
+        cwd=tmp_path, env={"JOB_PACE_FILE": str(pace), "JOB_PG_TIMEOUT": "30"},
+    )  # fmt: skip
+    output = Output(job)
+    try:
+        deadline = time.monotonic() + 90
+        ranks = job_ranks(job, deadline)
+        with SessionClient() as ui0, SessionClient() as ui1:
+            ui0.connect(ranks[0], timeout=30)
+            at = int(ui1.connect(ranks[1], timeout=30)["step"]) + 3
+            ui1.request("break_add", step=at, op="^Tensor.pow$")
+            waiting = f"torchscope[rank 0]: waiting before Tensor.backward() at step {at}"
+            output.wait_for(lambda: waiting in output.err, deadline, "rank 0 never waited")
+            ui0.request("pause")
+            ui1.request("pause")  # paused already: nothing changes
+            while (paused := ui0.request("state")["state"]["paused"]) is None:
+                assert time.monotonic() < deadline, "rank 0 did not pause in its wait"
+                ui1.request("ping")  # rank 1's pause stays held (its lease)
+                time.sleep(0.05)
+            assert paused["phase"] == "before" and paused["by"] == "a UI", paused
+            event = paused["event"]
+            assert (event["name"], event["step"]) == ("Tensor.backward", at), event
+            assert event["source"].endswith("ddp_steady.py:26"), event
+            assert ui1.request("state")["state"]["paused"]["event"]["name"] == "Tensor.pow"
+            pace.unlink()
+            for ui in (ui0, ui1):
+                ui.request("continue")
+        out, err = output.finish(timeout=90)
+    finally:
+        kill(job)
+    assert ended_well(job, err), err[-3000:]
+    assert f"all 2 ranks reached Tensor.backward() at step {at}; going on" in err, err[-3000:]
+    steps = [line for line in out.splitlines() if line.startswith("rank ")]
+    assert len(steps) == 2 * 40, out[-2000:]
+
+
+class _Store:
+    """A c10d store's ``add``, where the other rank counts itself in at the ``comes``-th look."""
+
+    def __init__(self, comes: int) -> None:
+        self.counts: dict[str, int] = {}
+        self.looks = 0
+        self.comes = comes
+
+    def add(self, key: str, n: int) -> int:
+        self.counts[key] = self.counts.get(key, 0) + n
+        if n == 0:
+            self.looks += 1
+            if self.looks == self.comes:
+                self.counts[key] += 1
+        return self.counts[key]
+
+
+def test_a_rank_at_a_meeting_is_asked_between_looks_while_another_is_missing():
+    from torchscope.tracer.ranks import RankGate
+
+    store = _Store(comes=3)
+    asked: list[int] = []
+    gate = RankGate(store, rank=0, world=2, say=lambda line: None)
+    gate.meet(5, "Tensor.backward()", waiting=lambda: asked.append(store.looks))
+    assert asked == [1, 2]  # while rank 1 was missing, not once it came
+    alone = RankGate(_Store(comes=1), rank=0, world=1, say=lambda line: None)
+    alone.meet(5, "Tensor.backward()", waiting=lambda: asked.append(-1))
+    assert asked == [1, 2]  # nobody to wait for: never asked
+
+
 def test_wait_holds_every_rank_until_one_ui_reaches_the_job(tmp_path):
     """`run --wait` under torchrun: every rank waits (saying so) before its first op; a UI on
     rank 1 alone lets both go, so rank 0 does not leave rank 1 alone in DDP's constructor."""

@@ -243,9 +243,16 @@ class RankGate:
         found = job_store()
         return cls(*found, say) if found is not None else None
 
-    def meet(self, step: int, what: str, scope: str = "") -> None:
+    def meet(
+        self,
+        step: int,
+        what: str,
+        scope: str = "",
+        waiting: Callable[[], None] | None = None,
+    ) -> None:
         """Wait until every rank has reached this point of step ``step`` (never raises).
-        ``scope`` names the agreed period (UI-armed ranks) so its meetings are its own."""
+        ``scope`` names the agreed period (UI-armed ranks) so its meetings are its own;
+        ``waiting()`` is called between looks while others are missing (it may pause)."""
         if step != self._step:
             self._step, self._n = step, 0
         key = f"torchscope/gate/{scope}{step}/{self._n}"
@@ -262,6 +269,8 @@ class RankGate:
                 time.sleep(pause)
                 pause = min(pause * 2, 0.05)
                 here = self.store.add(key, 0)
+                if waiting is not None and here < self.world:
+                    waiting()
                 if not said and time.monotonic() - t0 > 0.5:
                     said = True
                     self.say(

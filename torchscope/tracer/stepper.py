@@ -202,6 +202,10 @@ class Stepper:
             origin = _no_origin
         return first_hit(bps, phase, event, origin)
 
+    def pause_asked(self) -> bool:
+        """Whether a UI's pause waits for the next point (a plain read: asked while waiting)."""
+        return self._mode == PAUSE
+
     def action_hits(
         self, event: dict[str, Any], origin: Callable[[dict], str | None] = lambda e: None
     ) -> list[Breakpoint]:

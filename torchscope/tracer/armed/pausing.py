@@ -11,12 +11,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from torchscope.protocol.breakpoints import AFTER, Breakpoint
-from torchscope.protocol.events import ATEN, PAUSE, RESUME, Event
+from torchscope.protocol.breakpoints import AFTER, BEFORE, Breakpoint
+from torchscope.protocol.events import ATEN, OP, PAUSE, RESUME, Event
 from torchscope.tracer.armed.evaluate import Evaluator, edit_event, log_line_event
 from torchscope.tracer.armed.pipeline import EventPipeline
 from torchscope.tracer.armed.recorder_shared import ArmedState, ErrorReport
-from torchscope.tracer.armed.source import thread_stack
+from torchscope.tracer.armed.source import thread_stack, user_frame
 from torchscope.tracer.ranks import say
 from torchscope.tracer.stepper import WATCH_OWNER, PausePoint, Stepper
 
@@ -112,6 +112,26 @@ class Pauser:
         except Exception as exc:
             self._report_error("resuming", exc)
         return True
+
+    def pause_while_waiting(self, call: str) -> None:
+        """Waiting in Python for the other ranks before ``call`` (tracer/ranks.py): a UI's
+        pause stops here. A rank that another rank's pause holds up reaches no op until that
+        one goes on, so a pause asked of every rank would otherwise stop only the first."""
+        if self.between_ranks or not self.stepper.pause_asked():
+            return
+        frame = user_frame(1)
+        before = Event(
+            kind=OP,
+            seq=None,
+            step=self._state.step_index,
+            name=call.removesuffix("()"),
+            module="",
+            source=f"{frame[0]}:{frame[1]}" if frame else None,
+            function=frame[2] if frame else None,
+            inputs=[],
+            outputs=None,
+        )
+        self.pause_point(BEFORE, before, {})
 
     # -- actions and edits (tracer/armed/evaluate.py) ----------------------------------------
     def _act(

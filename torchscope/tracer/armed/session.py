@@ -535,7 +535,9 @@ class Tracer:
             gate = self._gate = RankGate.for_job(say)
             if gate is None:
                 return
-        gate.meet(self.step_index, what, self.gate_scope)
+        pauser = self.backward.pauser if self.backward is not None else None
+        waiting = None if pauser is None else lambda: pauser.pause_while_waiting(what)
+        gate.meet(self.step_index, what, self.gate_scope, waiting)
 
     # -- events ----------------------------------------------------------------------------
     def emit(self, event: Event) -> None:
