@@ -300,6 +300,18 @@ async def test_c_s_n_go_to_every_rank_and_o_narrows_them_to_the_shown_one():
 
 
 @sync
+async def test_another_ranks_pause_is_said_with_its_reason_but_never_paused_paused():
+    at = first_seq(rank_trace(0, 2), GELU)
+    for reason, toast in (("paused", "rank 1 paused (2)"), ("step", "rank 1 paused: step (2)")):
+        jobs = [fake_rank(r, pause_at=at, reason=why) for r, why in ((0, "paused"), (1, reason))]
+        app = TorchscopeApp(jobs)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda a=app: all(lane.paused for lane in a.lanes), what="paused")
+            # rank 0 is shown, its pause in the status bar; rank 1's is said, with its key
+            await until(pilot, lambda a=app, t=toast: [n.message for n in a._notifications] == [t])
+
+
+@sync
 async def test_a_rank_stopping_at_a_breakpoint_pauses_the_others():
     trace = rank_trace(0, 2)
     start = next(i for i, e in enumerate(trace) if e.get("seq") == first_seq(trace, GELU))

@@ -392,8 +392,9 @@ class TorchscopeApp(App[int]):
         began = lane.note_pause()
         if lane is not self.lane and began and lane.paused is not None:
             reason = lane.paused.get("reason") or "paused"
+            why = "" if reason == "paused" else f": {reason}"  # a pause asked for says no more
             key = f" ({lane.index + 1})" if lane.index < 9 else ""
-            self.notify(f"{self.label(lane)} paused: {reason}{key}", timeout=4)
+            self.notify(f"{self.label(lane)} paused{why}{key}", timeout=4)
         if not (began and self.multi and self.scope == "all" and lane.paused is not None):
             return
         reason = str(lane.paused.get("reason") or "")
