@@ -270,7 +270,7 @@ def test_a_ui_on_every_rank_arms_them_together_and_a_pause_on_one_kills_neither(
 
 
 def test_a_pause_asked_of_every_rank_stops_the_one_waiting_for_a_paused_rank(tmp_path):
-    """What the UI's p does on a job: a pause to every rank. Rank 1 stops first (here at a
+    """What the UI's space does on a job: a pause to every rank. Rank 1 stops first (here at a
     breakpoint); rank 0 then reaches no op until rank 1 goes on, as it waits for it before
     its backward. The pause stops it there, in that wait; continue lets both finish."""
     import time

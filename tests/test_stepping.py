@@ -305,6 +305,36 @@ def test_source_line_grad_norm_and_step_conditions():
     assert job.stepper.breakpoints == {}
 
 
+def test_a_breakpoint_on_the_backward_line_stops_before_it_runs_with_the_loss_as_x():
+    torch.manual_seed(0)
+    w = torch.randn(4, requires_grad=True)
+
+    def train():
+        loss = (w * 3).pow(2).mean()
+        loss.backward()
+        return loss
+
+    line = line_of(train, "loss.backward()")
+    job = Job(train, breakpoints=[{"source": line.rsplit("/", 1)[-1]}])
+    job.start()
+    before = job.wait_paused()
+    assert (before["phase"], name_of(before), before["reason"]) == (
+        "before",
+        "Tensor.backward",
+        "breakpoint 1",
+    )
+    assert before["event"]["source"] == line and before["event"]["kind"] == "op"
+    loss = job.stepper.inspect("inputs", 0)["values"]  # what the backward starts from
+    assert loss == pytest.approx([(w.detach() * 3).pow(2).mean().item()])
+    job.stepper.request_step()  # into the backward: its first node, run
+    job.wait_running(before)
+    first = job.wait_paused()
+    assert (first["phase"], name_of(first), first["reason"]) == ("after", "MeanBackward0", "step")
+    job.stepper.request_continue()
+    job.finish()
+    assert w.grad is not None and torch.allclose(w.grad, 18 * w.detach() / 4)
+
+
 def test_pause_request_and_next_step():
     torch.manual_seed(0)
     w = torch.randn(4, requires_grad=True)

@@ -183,7 +183,7 @@ def test_one_ui_reaches_rank_0_alone_finds_rank_1_and_pauses_and_continues_both(
 
     with two_nodes(tmp_path, monkeypatch) as job:
         sources = _found_through_rank_0(job)
-        # What the UI's p and c do: the same command to every rank.
+        # What the UI's space and c do: the same command to every rank.
         with SessionClient() as ui0, SessionClient() as ui1:
             uis = {0: ui0, 1: ui1}
             for rank, ui in uis.items():

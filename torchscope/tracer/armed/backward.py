@@ -209,6 +209,13 @@ class BackwardRecorder(Recorder):
         state = self.state
         pauser = self.pauser
         was_between = pauser.between_ranks if pauser is not None else False
+        if pauser is not None and self.stepping():
+            # Before the ranks meet: a rank stopped here holds the others in Python.
+            try:
+                roots = root_tensors(call, args, kwargs)
+            except Exception:
+                roots = []
+            pauser.before_call(call, roots, {"args": args, "kwargs": kwargs})
         if state.gated and call != "torch.autograd.grad":
             state.meet_ranks(f"{call}()")
             if pauser is not None:

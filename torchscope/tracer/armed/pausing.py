@@ -113,25 +113,33 @@ class Pauser:
             self._report_error("resuming", exc)
         return True
 
-    def pause_while_waiting(self, call: str) -> None:
-        """Waiting in Python for the other ranks before ``call`` (tracer/ranks.py): a UI's
-        pause stops here. A rank that another rank's pause holds up reaches no op until that
-        one goes on, so a pause asked of every rank would otherwise stop only the first."""
-        if self.between_ranks or not self.stepper.pause_asked():
-            return
+    def before_call(
+        self, call: str, tensors: list[Any], args: dict[str, Any] | None = None
+    ) -> bool:
+        """Maybe pause before a call that has no op event of its own (``Tensor.backward``,
+        ``torch.autograd.grad``): a stub stands for it, as for an op before it runs, so a UI's
+        pause and a breakpoint on its name or line stop there. ``tensors``: what it starts
+        from (an expression's ``x``); ``args``: its args and kwargs."""
         frame = user_frame(1)
-        before = Event(
+        stub = Event(
             kind=OP,
             seq=None,
             step=self._state.step_index,
-            name=call.removesuffix("()"),
+            name=call,
             module="",
             source=f"{frame[0]}:{frame[1]}" if frame else None,
             function=frame[2] if frame else None,
             inputs=[],
             outputs=None,
         )
-        self.pause_point(BEFORE, before, {})
+        return self.pause_point(BEFORE, stub, {"inputs": tensors}, call=args)
+
+    def pause_while_waiting(self, call: str) -> None:
+        """Waiting in Python for the other ranks before ``call`` (tracer/ranks.py): a UI's
+        pause stops here. A rank that another rank's pause holds up reaches no op until that
+        one goes on, so a pause asked of every rank would otherwise stop only the first."""
+        if not self.between_ranks and self.stepper.pause_asked():
+            self.before_call(call.removesuffix("()"), [])
 
     # -- actions and edits (tracer/armed/evaluate.py) ----------------------------------------
     def _act(
