@@ -324,6 +324,10 @@ def test_a_breakpoint_on_the_backward_line_stops_before_it_runs_with_the_loss_as
         "breakpoint 1",
     )
     assert before["event"]["source"] == line and before["event"]["kind"] == "op"
+    (shown,) = before["event"]["inputs"]  # the loss as the op that made it recorded it
+    assert shown["shape"] == [] and shown["stats"]["mean"] == pytest.approx(
+        (w.detach() * 3).pow(2).mean().item()
+    )
     loss = job.stepper.inspect("inputs", 0)["values"]  # what the backward starts from
     assert loss == pytest.approx([(w.detach() * 3).pow(2).mean().item()])
     job.stepper.request_step()  # into the backward: its first node, run

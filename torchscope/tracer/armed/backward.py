@@ -213,9 +213,12 @@ class BackwardRecorder(Recorder):
             # Before the ranks meet: a rank stopped here holds the others in Python.
             try:
                 roots = root_tensors(call, args, kwargs)
+                # The loss's summary as the op that made it left it; all or nothing is shown.
+                known = [s for s in map(self.summaries.memo.get, roots) if s is not None]
             except Exception:
-                roots = []
-            pauser.before_call(call, roots, {"args": args, "kwargs": kwargs})
+                roots, known = [], []
+            inputs = known if len(known) == len(roots) else []
+            pauser.before_call(call, roots, {"args": args, "kwargs": kwargs}, inputs)
         if state.gated and call != "torch.autograd.grad":
             state.meet_ranks(f"{call}()")
             if pauser is not None:

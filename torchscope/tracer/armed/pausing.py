@@ -114,12 +114,16 @@ class Pauser:
         return True
 
     def before_call(
-        self, call: str, tensors: list[Any], args: dict[str, Any] | None = None
+        self,
+        call: str,
+        tensors: list[Any],
+        args: dict[str, Any] | None = None,
+        inputs: list[dict] | None = None,
     ) -> bool:
         """Maybe pause before a call that has no op event of its own (``Tensor.backward``,
         ``torch.autograd.grad``): a stub stands for it, as for an op before it runs, so a UI's
         pause and a breakpoint on its name or line stop there. ``tensors``: what it starts
-        from (an expression's ``x``); ``args``: its args and kwargs."""
+        from (an expression's ``x``), ``inputs`` their summaries; ``args``: its arguments."""
         frame = user_frame(1)
         stub = Event(
             kind=OP,
@@ -129,7 +133,7 @@ class Pauser:
             module="",
             source=f"{frame[0]}:{frame[1]}" if frame else None,
             function=frame[2] if frame else None,
-            inputs=[],
+            inputs=inputs or [],
             outputs=None,
         )
         return self.pause_point(BEFORE, stub, {"inputs": tensors}, call=args)
