@@ -317,33 +317,51 @@ def test_a_pause_asked_of_every_rank_stops_the_one_waiting_for_a_paused_rank(tmp
 
 
 class _Store:
-    """A c10d store's ``add``, where the other rank counts itself in at the ``comes``-th look."""
+    """A c10d store's ``add`` on one key, as this rank's meeting sees it."""
 
-    def __init__(self, comes: int) -> None:
-        self.counts: dict[str, int] = {}
+    def __init__(self) -> None:
+        self.count = 0
         self.looks = 0
-        self.comes = comes
 
     def add(self, key: str, n: int) -> int:
-        self.counts[key] = self.counts.get(key, 0) + n
-        if n == 0:
-            self.looks += 1
-            if self.looks == self.comes:
-                self.counts[key] += 1
-        return self.counts[key]
+        self.count += n
+        self.looks += n == 0
+        return self.count
 
 
-def test_a_rank_at_a_meeting_is_asked_between_looks_while_another_is_missing():
+class _Pause:
+    """A UI's pause at the meeting: ``asked()`` from the ``at``-th look on, until it held."""
+
+    def __init__(self, store: _Store, at: int, other_comes_while: str) -> None:
+        self.store, self.at, self.other_comes_while = store, at, other_comes_while
+        self.held_with: list[int] = []  # the meeting's count while this rank was paused
+
+    def asked(self) -> bool:
+        wanted = self.store.looks >= self.at and not self.held_with
+        if wanted and self.other_comes_while == "asked":
+            self.store.count += 1  # the other rank arrives between the look and the pause
+        return wanted
+
+    def hold(self) -> None:
+        self.held_with.append(self.store.count)
+        if self.other_comes_while == "held":
+            self.store.count += 1  # ... or while this one is paused
+
+
+def test_a_rank_pauses_in_a_meeting_counted_out_so_the_others_cannot_run_on_without_it():
     from torchscope.tracer.ranks import RankGate
 
-    store = _Store(comes=3)
-    asked: list[int] = []
-    gate = RankGate(store, rank=0, world=2, say=lambda line: None)
-    gate.meet(5, "Tensor.backward()", waiting=lambda: asked.append(store.looks))
-    assert asked == [1, 2]  # while rank 1 was missing, not once it came
-    alone = RankGate(_Store(comes=1), rank=0, world=1, say=lambda line: None)
-    alone.meet(5, "Tensor.backward()", waiting=lambda: asked.append(-1))
-    assert asked == [1, 2]  # nobody to wait for: never asked
+    store = _Store()
+    pause = _Pause(store, at=2, other_comes_while="held")
+    RankGate(store, rank=0, world=2, say=lambda line: None).meet(5, "Tensor.backward()", "", pause)
+    # Paused counted out: the other rank, come meanwhile, saw 1 of 2 and waited in Python.
+    assert pause.held_with == [0] and store.count == 2
+
+    store = _Store()
+    pause = _Pause(store, at=2, other_comes_while="asked")
+    RankGate(store, rank=0, world=2, say=lambda line: None).meet(5, "Tensor.backward()", "", pause)
+    # The last rank came since the look and may be in the collective already: no pause.
+    assert pause.held_with == [] and store.count == 2
 
 
 def test_wait_holds_every_rank_until_one_ui_reaches_the_job(tmp_path):

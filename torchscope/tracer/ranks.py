@@ -30,7 +30,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 
 def speaker() -> str:
@@ -225,6 +225,14 @@ class RankFingerprints:
         return out
 
 
+class PauseInWait(Protocol):
+    """A UI's pause at a meeting of the ranks (the paused thread's side, tracer/armed)."""
+
+    def asked(self) -> bool: ...  # a pause is pending (checked between looks, cheap)
+
+    def hold(self) -> None: ...  # stop here until the UI lets go
+
+
 class RankGate:
     def __init__(self, store: Any, rank: int, world: int, say: Callable[[str], None]) -> None:
         self.store = store
@@ -248,11 +256,11 @@ class RankGate:
         step: int,
         what: str,
         scope: str = "",
-        waiting: Callable[[], None] | None = None,
+        pause: PauseInWait | None = None,
     ) -> None:
         """Wait until every rank has reached this point of step ``step`` (never raises).
         ``scope`` names the agreed period (UI-armed ranks) so its meetings are its own;
-        ``waiting()`` is called between looks while others are missing (it may pause)."""
+        ``pause``: a UI's pause asked while others are missing stops this rank in the wait."""
         if step != self._step:
             self._step, self._n = step, 0
         key = f"torchscope/gate/{scope}{step}/{self._n}"
@@ -264,13 +272,13 @@ class RankGate:
                 return
             t0 = time.monotonic()
             said = False
-            pause = 0.002
+            sleep = 0.002
             while here < self.world:
-                time.sleep(pause)
-                pause = min(pause * 2, 0.05)
+                time.sleep(sleep)
+                sleep = min(sleep * 2, 0.05)
                 here = self.store.add(key, 0)
-                if waiting is not None and here < self.world:
-                    waiting()
+                if pause is not None and here < self.world and pause.asked():
+                    here = self._paused_outside(key, pause)
                 if not said and time.monotonic() - t0 > 0.5:
                     said = True
                     self.say(
@@ -283,6 +291,15 @@ class RankGate:
         except Exception as exc:  # the store went away (the job is ending): do not hang
             with contextlib.suppress(Exception):
                 self.say(f"rank meeting before {what} skipped: {type(exc).__name__}: {exc}")
+
+    def _paused_outside(self, key: str, pause: PauseInWait) -> int:
+        """Pause with this rank counted out of the meeting, so that the others cannot complete
+        it and run into the collective without it; counted in again after. Returns the
+        count. When the last rank came since the look, the others may be gone on: no pause."""
+        if self.store.add(key, -1) + 1 < self.world:
+            with contextlib.suppress(Exception):  # never raises; the count comes back anyway
+                pause.hold()
+        return self.store.add(key, 1)
 
 
 class JobUiSignal:

@@ -138,12 +138,11 @@ class Pauser:
         )
         return self.pause_point(BEFORE, stub, {"inputs": tensors}, call=args)
 
-    def pause_while_waiting(self, call: str) -> None:
-        """Waiting in Python for the other ranks before ``call`` (tracer/ranks.py): a UI's
-        pause stops here. A rank that another rank's pause holds up reaches no op until that
-        one goes on, so a pause asked of every rank would otherwise stop only the first."""
-        if not self.between_ranks and self.stepper.pause_asked():
-            self.before_call(call.removesuffix("()"), [])
+    def waiting_before(self, call: str) -> WaitingPause:
+        """How this thread pauses while it waits for the other ranks before ``call``
+        (tracer/ranks.py). A rank that another rank's pause holds up there reaches no op
+        until that one goes on: a pause asked of every rank would otherwise stop only one."""
+        return WaitingPause(self, call.removesuffix("()"))
 
     # -- actions and edits (tracer/armed/evaluate.py) ----------------------------------------
     def _act(
@@ -208,3 +207,18 @@ class Pauser:
         if bp.id not in self._said:
             self._said.add(bp.id)
             say(line)
+
+
+class WaitingPause:
+    """A UI's pause at a meeting of the ranks, before ``call`` (ranks.PauseInWait)."""
+
+    def __init__(self, pauser: Pauser, call: str) -> None:
+        self._pauser = pauser
+        self._call = call
+
+    def asked(self) -> bool:
+        pauser = self._pauser
+        return not pauser.between_ranks and pauser.stepper.pause_asked()
+
+    def hold(self) -> None:
+        self._pauser.before_call(self._call, [])

@@ -536,8 +536,8 @@ class Tracer:
             if gate is None:
                 return
         pauser = self.backward.pauser if self.backward is not None else None
-        waiting = None if pauser is None else lambda: pauser.pause_while_waiting(what)
-        gate.meet(self.step_index, what, self.gate_scope, waiting)
+        pause = None if pauser is None else pauser.waiting_before(what)
+        gate.meet(self.step_index, what, self.gate_scope, pause)
 
     # -- events ----------------------------------------------------------------------------
     def emit(self, event: Event) -> None:
