@@ -81,13 +81,20 @@ def test_the_watch_stops_a_nan_on_one_rank_and_says_which_rank_made_it(tmp_path)
         "torchscope[rank 1]: NaN in the loss at step 6: this rank's own forward made it (under "
         "FSDP the step is not replayed: its collectives would run on this rank alone)"
     )
+    # The rank that made it gets the command that names the op and line.
+    assert "torchscope[rank 1]: to name its op and line: torchrun ... -m torchscope run " in err
+
+
+def test_the_watch_on_the_other_rank_says_the_nan_came_through_the_reduce_scatter(tmp_path):
+    # Not under "stop": there torchrun ends this rank as soon as rank 1 stops, which on a
+    # loaded machine can come before this rank's own check has said anything.
+    _, _, err = _run(tmp_path, BAD, "--watch", "nan")
+    assert "internal error" not in err, err[-3000:]
     (came,) = [line for line in err.splitlines() if line.startswith("torchscope[rank 0]: NaN")]
     assert came.startswith(
         "torchscope[rank 0]: NaN in the gradients at step 6 came from another rank through "
         "FSDP's gradient reduce-scatter"
     ), came
-    # The rank that made it gets the command that names the op and line.
-    assert "torchscope[rank 1]: to name its op and line: torchrun ... -m torchscope run " in err
 
 
 def test_a_recording_holds_one_origin_in_the_job_on_the_rank_that_made_it(tmp_path):

@@ -226,19 +226,27 @@ class Stepper:
         with self._cv:
             self._in_aten = point.event.get("kind") == ATEN
             point.owner = self._owner_of(point.reason)
-            self.paused = point
-            self._paused_since = time.monotonic()
             self._mode = RUN  # the step/next/pause request that brought us here is used up
             self._next_after_step = None
             self._request_owner = None
             self._resume_reason = None
+            # Said before the pause shows: whoever sees the job paused can read why.
             if self._waiting_for_ui:
-                # --wait: like debugpy's --wait-for-client, the job waits for a UI to connect,
-                # then runs until a breakpoint or a pause.
                 if not self._attached:
                     hint = f"; {self.attach_hint}" if self.attach_hint else ""
                     job = " (on any rank of this job)" if self.job_ui is not None else ""
                     self._note(f"waiting for a UI{job} before the first op (--wait){hint}")
+            elif not self._attached:
+                self._say_unattended(point)
+            elif point.reason not in ("step", "next step"):
+                # A UI holds it: said once per pause, not at every op the UI steps over.
+                told = True
+                self._note(f"paused at {point.where()} {_cause(point.reason)} (a UI holds it)")
+            self.paused = point
+            self._paused_since = time.monotonic()
+            if self._waiting_for_ui:
+                # --wait: like debugpy's --wait-for-client, the job waits for a UI to connect,
+                # then runs until a breakpoint or a pause.
                 elsewhere = False
                 while not self._attached and self._resume_reason is None and not elsewhere:
                     self._cv.wait(0.5)
@@ -251,13 +259,8 @@ class Stepper:
                 if self._resume_reason is None:
                     self._resume_reason = "attached"
             elif not self._attached:
-                self._say_unattended(point)
                 while self.hold and not self._attached and self._resume_reason is None:
                     self._cv.wait(0.5)
-            elif point.reason not in ("step", "next step"):
-                # A UI holds it: said once per pause, not at every op the UI steps over.
-                told = True
-                self._note(f"paused at {point.where()} {_cause(point.reason)} (a UI holds it)")
             start = time.monotonic()
             while self._resume_reason is None:
                 if self._tasks:
