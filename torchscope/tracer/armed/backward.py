@@ -217,8 +217,9 @@ class BackwardRecorder(Recorder):
                 known = [s for s in map(self.summaries.memo.get, roots) if s is not None]
             except Exception:
                 roots, known = [], []
-            inputs = known if len(known) == len(roots) else []
-            pauser.before_call(call, roots, {"args": args, "kwargs": kwargs}, inputs)
+            stub = self.op_stub(call, known if len(known) == len(roots) else [], user_frame(1))
+            call_args = {"args": args, "kwargs": kwargs}  # for expressions at the pause
+            pauser.pause_point(BEFORE, stub, {"inputs": roots}, call=call_args)
         if state.gated and call != "torch.autograd.grad":
             state.meet_ranks(f"{call}()")
             if pauser is not None:

@@ -265,20 +265,6 @@ class ForwardRecorder(Recorder):
             self.pipeline.add(event)
         return event, outs
 
-    def op_stub(self, name: str, inputs: list, frame: tuple | None) -> Event:
-        """An op event's identity (what, where, from which line), before it has run."""
-        return Event(
-            kind=OP,
-            seq=None,
-            step=self.state.step_index,
-            name=name,
-            module=self.modules.current(),
-            source=f"{frame[0]}:{frame[1]}" if frame else None,
-            function=frame[2] if frame else None,
-            inputs=inputs,
-            outputs=None,
-        )
-
     def _tag_nodes(
         self, root: Any, lo: int, hi: int, seq: int, source: str | None, module: str, out: list
     ) -> None:

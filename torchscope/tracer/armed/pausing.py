@@ -12,11 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 from torchscope.protocol.breakpoints import AFTER, BEFORE, Breakpoint
-from torchscope.protocol.events import ATEN, OP, PAUSE, RESUME, Event
+from torchscope.protocol.events import ATEN, PAUSE, RESUME, Event
 from torchscope.tracer.armed.evaluate import Evaluator, edit_event, log_line_event
 from torchscope.tracer.armed.pipeline import EventPipeline
 from torchscope.tracer.armed.recorder_shared import ArmedState, ErrorReport
-from torchscope.tracer.armed.source import thread_stack, user_frame
+from torchscope.tracer.armed.source import thread_stack
 from torchscope.tracer.ranks import say
 from torchscope.tracer.stepper import WATCH_OWNER, PausePoint, Stepper
 
@@ -113,37 +113,6 @@ class Pauser:
             self._report_error("resuming", exc)
         return True
 
-    def before_call(
-        self,
-        call: str,
-        tensors: list[Any],
-        args: dict[str, Any] | None = None,
-        inputs: list[dict] | None = None,
-    ) -> bool:
-        """Maybe pause before a call that has no op event of its own (``Tensor.backward``,
-        ``torch.autograd.grad``): a stub stands for it, as for an op before it runs, so a UI's
-        pause and a breakpoint on its name or line stop there. ``tensors``: what it starts
-        from (an expression's ``x``), ``inputs`` their summaries; ``args``: its arguments."""
-        frame = user_frame(1)
-        stub = Event(
-            kind=OP,
-            seq=None,
-            step=self._state.step_index,
-            name=call,
-            module="",
-            source=f"{frame[0]}:{frame[1]}" if frame else None,
-            function=frame[2] if frame else None,
-            inputs=inputs or [],
-            outputs=None,
-        )
-        return self.pause_point(BEFORE, stub, {"inputs": tensors}, call=args)
-
-    def waiting_before(self, call: str) -> WaitingPause:
-        """How this thread pauses while it waits for the other ranks before ``call``
-        (tracer/ranks.py). A rank that another rank's pause holds up there reaches no op
-        until that one goes on: a pause asked of every rank would otherwise stop only one."""
-        return WaitingPause(self, call.removesuffix("()"))
-
     # -- actions and edits (tracer/armed/evaluate.py) ----------------------------------------
     def _act(
         self,
@@ -210,15 +179,17 @@ class Pauser:
 
 
 class WaitingPause:
-    """A UI's pause at a meeting of the ranks, before ``call`` (ranks.PauseInWait)."""
+    """A UI's pause while this rank waits for the others (ranks.PauseInWait). A rank that
+    another rank's pause holds up there reaches no op until that one goes on: a pause asked
+    of every rank would otherwise stop only one. ``stub()``: what it stops before."""
 
-    def __init__(self, pauser: Pauser, call: str) -> None:
+    def __init__(self, pauser: Pauser, stub: Callable[[], Event]) -> None:
         self._pauser = pauser
-        self._call = call
+        self._stub = stub
 
     def asked(self) -> bool:
         pauser = self._pauser
         return not pauser.between_ranks and pauser.stepper.pause_asked()
 
     def hold(self) -> None:
-        self._pauser.before_call(self._call, [])
+        self._pauser.pause_point(BEFORE, self._stub(), {"inputs": []})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from torchscope.protocol.events import OP, Event
 from torchscope.tracer.armed.modules import ModuleTracker
 from torchscope.tracer.armed.pausing import Pauser
 from torchscope.tracer.armed.pipeline import EventPipeline
@@ -41,3 +42,18 @@ class Recorder:
         self.recording = GradOffLocked(pipeline.lock, no_dispatch)
         # what a summary needs where grad mode is already off (backward hooks)
         self.locked = self.recording if no_dispatch else pipeline.lock
+
+    def op_stub(self, name: str, inputs: list, frame: tuple | None) -> Event:
+        """An op event's identity (what, where, from which line), before it has run; also
+        what stands for a call that has no op event of its own (``Tensor.backward``)."""
+        return Event(
+            kind=OP,
+            seq=None,
+            step=self.state.step_index,
+            name=name,
+            module=self.modules.current(),
+            source=f"{frame[0]}:{frame[1]}" if frame else None,
+            function=frame[2] if frame else None,
+            inputs=inputs,
+            outputs=None,
+        )

@@ -35,9 +35,10 @@ from torchscope.tracer.armed.backward import BackwardRecorder
 from torchscope.tracer.armed.compiled import CompiledCalls, arm_compiled_functions
 from torchscope.tracer.armed.forward import ForwardMode, ForwardRecorder
 from torchscope.tracer.armed.modules import ModuleTracker
-from torchscope.tracer.armed.pausing import Pauser
+from torchscope.tracer.armed.pausing import Pauser, WaitingPause
 from torchscope.tracer.armed.pipeline import EventPipeline, Sink
 from torchscope.tracer.armed.recorder_shared import THIS_THREAD
+from torchscope.tracer.armed.source import user_frame
 from torchscope.tracer.armed.summary import Summarizer
 from torchscope.tracer.armed.tensors import TensorSummaries
 from torchscope.tracer.clock import StepClock
@@ -535,8 +536,10 @@ class Tracer:
             gate = self._gate = RankGate.for_job(say)
             if gate is None:
                 return
-        pauser = self.backward.pauser if self.backward is not None else None
-        pause = None if pauser is None else pauser.waiting_before(what)
+        backward, pause = self.backward, None
+        if backward is not None and backward.pauser is not None:
+            name = what.removesuffix("()")
+            pause = WaitingPause(backward.pauser, lambda: backward.op_stub(name, [], user_frame(1)))
         gate.meet(self.step_index, what, self.gate_scope, pause)
 
     # -- events ----------------------------------------------------------------------------
