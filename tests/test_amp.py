@@ -125,7 +125,7 @@ def test_a_one_off_nan_is_named_in_its_step_and_stops_before_its_update(tmp_path
     # Step 12 of the loop; the optimizer has updated only 3 times (9 overflows skipped).
     assert line == (
         "torchscope: NaN first appears at step 12 (optimizer step 3) in aten.log.default "
-        f"inside torch.log (forward) in blocks.1 at {origin_line('log')} — replayed"
+        f"inside torch.log (forward) in model.blocks.1 (Block) at {origin_line('log')} — replayed"
     )
     assert [s["step"] for s in steps(proc)] == list(range(12))  # stopped before step 12's end
     assert "Traceback" not in proc.stderr
@@ -138,7 +138,8 @@ def test_a_nan_the_gradients_make_under_the_scaler_is_an_origin_not_an_overflow(
     assert proc.returncode == 3, proc.stderr
     (line,) = watch_lines(proc)
     assert "at step 12 (optimizer step 3)" in line
-    assert "SqrtBackward0 (backward) in blocks.1" in line and origin_line("sqrt") in line
+    assert "SqrtBackward0 (backward) in model.blocks.1 (Block)" in line
+    assert origin_line("sqrt") in line
 
 
 def test_a_persistent_nan_is_reported_once_and_the_scalers_skips_are_said(tmp_path):
@@ -169,7 +170,7 @@ def test_autocast_without_a_scaler_is_watched_as_a_plain_job(tmp_path, dtype):
     (line,) = watch_lines(proc)
     assert line == (
         "torchscope: NaN first appears at step 5 in aten.log.default inside torch.log "
-        f"(forward) in blocks.1 at {origin_line('log')} — replayed"
+        f"(forward) in model.blocks.1 (Block) at {origin_line('log')} — replayed"
     )
 
 

@@ -64,7 +64,7 @@ def origin_line(script: Path) -> int:
 
 
 def nan_line(script: Path, step: int, module: str | None = None) -> str:
-    """The watch's line; ``module``: the submodule the op ran in (none: the model itself)."""
+    """The watch's line; ``module``: the module the op ran in, as the job's code names it."""
     within = f"in {module} " if module else ""
     return (
         f"NaN first appears at step {step} in aten.sqrt.default inside torch.sqrt (forward) "
@@ -329,7 +329,7 @@ def test_hf_trainer_steps_are_numbered_by_the_global_step(hf):
 @needs("transformers")
 def test_hf_trainer_watch_finds_the_nan_and_changes_nothing(hf):
     runs, stderr = hf["runs"], hf["stderr"]
-    assert nan_line(hf["script"], 3, "transformer.h.1") in stderr
+    assert nan_line(hf["script"], 3, "model.transformer.h.1 (GPT2Block)") in stderr
     assert stderr.count("NaN first appears") == 1
     poisoned = runs["poisoned"]["losses"]
     assert "nan" not in poisoned[:6] and poisoned[6] == "nan"  # step 3's first micro-batch
@@ -362,4 +362,4 @@ def test_accelerate_loop_is_numbered_by_optimizer_steps_and_its_nan_found(accele
     assert steps_of(out / "acc.tsc", "torch.tanh") == dict.fromkeys(range(6), 2)
     alerts = torchscope.load(out / "acc.tsc").alerts
     assert (alerts[0].step, alerts[0].name) == (3, "torch.sqrt")
-    assert nan_line(script, 3) in done["watch"].stderr
+    assert nan_line(script, 3, "model (Net)") in done["watch"].stderr

@@ -161,7 +161,7 @@ def test_the_watch_stops_the_cell_with_one_line_the_kernel_lives_on(notebook):
     assert origin and "ipykernel_" not in origin[0], text(cell, "stderr")
     assert origin[0].startswith(
         "torchscope: NaN first appears at step 3 in aten.sqrt.default inside torch.sqrt "
-        f"(forward) at cell 2, line {origin_line()}"
+        f"(forward) in model (Net) at cell 2, line {origin_line()}"
     ), origin
     after = notebook[4]
     assert not errors(after), errors(after)

@@ -212,7 +212,7 @@ def test_forward_origin_found_by_replay_as_full_tracing_finds_it():
     # the replay ran at the aten level: the line names the kernel, then the op
     assert line.startswith(
         "torchscope: NaN first appears at step 3 in aten.sqrt.default inside torch.sqrt "
-        "(forward) at "
+        "(forward) in model (SqrtNet) at "  # the root's own code: the name train() binds it to
     )
     assert line.endswith("— replayed") and "test_watch.py:" in line
     # the replay was recorded: forward and backward events of step 3, marked as a replay

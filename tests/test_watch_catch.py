@@ -99,7 +99,7 @@ def test_pause_in_a_traced_step_stops_at_the_origin_and_reports_one_origin(tmp_p
     assert paused.startswith(f"torchscope: paused at torch.log (after) at {origin} by breakpoint")
     assert (
         "torchscope: NaN first appears at step 12 (optimizer step 3) in torch.log (forward) in "
-        f"blocks.1 at {origin} — traced live"
+        f"model.blocks.1 (Block) at {origin} — traced live"
     ) in lines
     alerts = [a for a in torchscope.load(tmp_path / "t.tsc").alerts if a["where"] != "overflow"]
     assert [(a.step, a.name, a["where"]) for a in alerts] == [(12, "torch.log", "forward")]

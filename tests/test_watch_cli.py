@@ -86,7 +86,7 @@ def test_watch_names_the_same_origin_as_full_tracing_and_records_the_replay(tmp_
     assert {e["step"] for e in replay if e["kind"] == "op"} == {3}  # only the bad step traced
     line = (
         "NaN first appears at step 3 in aten.sqrt.default inside torch.sqrt (forward) "
-        f"at {script}:13 — replayed"
+        f"in net (Net) at {script}:13 — replayed"
     )
     assert line in watched.stderr.replace("train.py:13", f"{script}:13")
     # The watch changes nothing: the same losses as untraced, NaN steps included.

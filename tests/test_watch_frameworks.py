@@ -107,7 +107,7 @@ def test_lightning_on_nan_stop_exits_3_naming_the_origin_bit_identical_before(tm
         origin = [x for x in res.stderr.splitlines() if " first appears " in x]
         assert origin == [
             f"torchscope: NaN first appears at step {step} in aten.sqrt.default inside "
-            f"torch.sqrt (forward) at {lightning_origin()} — replayed"
+            f"torch.sqrt (forward) in Net at {lightning_origin()} — replayed"
         ]
         stopped = f"stopped before the update of step {step} (--on-nan stop); exit code 3"
         assert stopped in res.stderr
@@ -178,7 +178,7 @@ def test_lbfgs_closure_checked_after_every_call_replayed_and_bit_identical():
     assert det["source"] == line_of(SqrtNet.forward, "# NaN origin")
     assert lines[0].startswith(
         "torchscope: NaN first appears at step 2 in aten.sqrt.default inside torch.sqrt "
-        "(forward) at "
+        "(forward) in self.model (SqrtNet) at "  # the trainer's attribute that holds it
     )
     # the later calls of step 2 and 3 (NaN weights) count once per step, not once per call
     assert (det["repeats"], det["last_step"]) == (1, 3)

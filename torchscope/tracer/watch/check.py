@@ -21,6 +21,8 @@ from torchscope.tracer import scaler_calls
 from torchscope.tracer.clock import StepClock
 from torchscope.tracer.errors import ReportOnce
 from torchscope.tracer.watch.capture import Backward, Call, replay_target
+from torchscope.tracer.watch.growth import Growth
+from torchscope.tracer.watch.naming import module_text
 from torchscope.tracer.watch.norms import (
     GRADNORM,
     INF,
@@ -76,6 +78,7 @@ class StepCheck:
     _step_scale: float | None
     _bad_run: dict[str, Any] | None
     _still_bad: dict[str, Any] | None
+    _growth: Growth | None = None  # the last steps' loss and gradient norm (made at first)
 
     @property
     def step(self) -> int:
@@ -218,6 +221,10 @@ class StepCheck:
                 row = unscaled(row[:-1], row[-1])
             grad_norm, loss_norm = row[0], row[1]
             norms.took(self.step, row)
+            growth = self._growth
+            if growth is None:
+                growth = self._growth = Growth()
+            growth.took(self.step, loss_norm, grad_norm)
             if scaled is not None:
                 self._note_scaled(scaled, values)
             what = None
@@ -321,12 +328,14 @@ class StepCheck:
             if self.keep_graph == "auto" and not self.keeping and unplaced:
                 self.keeping = True
                 det["notes"].append("the step's graph is kept from now on (keep_graph='auto')")
+        det["module_text"] = self._module_text(det)
         det["message"] = describe(det, rank=job_rank())
         self.detections.append(det)
         try:
             self.report(det["message"])
         except Exception as exc:
             self._error("reporting", exc)
+        self._say_growth(det)
         # Not named down to its op and line: the replay did not reproduce it, or it came from
         # the loop's own forward code, which is not re-run (most NaNs come back: catch it then).
         unexplained = (
@@ -339,6 +348,39 @@ class StepCheck:
             except Exception as exc:
                 self._error("on_unreproduced", exc)
         return det
+
+    def _module_text(self, det: dict[str, Any]) -> str | None:
+        """The detection's module as the job's code reaches it: ``model.4 (Linear)``
+        (:mod:`.naming`); None where the origin is in no module or not found."""
+        if not det.get("reproduced"):
+            return None
+        try:
+            roots: dict[int, tuple[torch.nn.Module, torch.nn.Module]] = {}
+            sites: dict[int, Any] = {}
+            for c in self._calls:
+                roots.setdefault(id(c.target), (c.module, c.target))
+                sites.setdefault(id(c.target), c.site)
+            for m in self.roots:
+                roots.setdefault(id(replay_target(m)), (m, replay_target(m)))
+            return module_text(det, list(roots.values()), [sites.get(k) for k in roots])
+        except Exception as exc:
+            self._error("naming the module", exc)
+            return None
+
+    def _say_growth(self, det: dict[str, Any]) -> None:
+        """After a NaN/Inf that ends a run of growth, one more line says so (:mod:`.growth`)."""
+        growth = self._growth
+        det["growth"] = None
+        if growth is None or det["what"] not in (NAN, INF):
+            return
+        try:
+            rank = job_rank()
+            who = f"torchscope[rank {rank}]" if rank is not None else "torchscope"
+            det["growth"] = line = growth.line(det["step"], who)
+            if line is not None:
+                self.report(line)
+        except Exception as exc:
+            self._error("reporting", exc)
 
     def _written_by_update(self, run: dict[str, Any], params: list[torch.Tensor]) -> bool:
         """Whether the weights are non-finite right after the run's last bad step: its update

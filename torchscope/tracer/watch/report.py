@@ -46,7 +46,9 @@ def describe(det: dict[str, Any], rank: int | None = None) -> str:
         noun = "NaN" if det.get("origin_what", det["what"]) == NAN else "Inf"
         source = short_source(det.get("source"))
         at = f" at {source}" if source else ""
-        at = (f" in {det['module']}" if det.get("module") else "") + at
+        # The module as the job's code reaches it, with its class (naming.py): model.4 (Linear)
+        module = det.get("module_text") or (f"module {det['module']}" if det.get("module") else "")
+        at = (f" in {module}" if module else "") + at
         if det.get("loop_forward"):
             return loop_forward_line(det, who, noun, "replayed")
         if det["where"] == "input":
