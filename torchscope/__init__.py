@@ -10,7 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from torchscope.tracer.options import Options
-from torchscope.tracer.watch.stop import WatchStop
+from torchscope.tracer.watch.stop import MAX_SKIPS, WatchStop
 
 __version__ = "0.1.0"
 
@@ -96,6 +96,7 @@ def serve(
     quiet: bool = False,
     watch: str | None = None,
     on_nan: str = "continue",
+    max_skips: int = MAX_SKIPS,
     history: bool = True,
     log: Any = None,
     edit: Any = None,
@@ -109,17 +110,21 @@ def serve(
     dormant again. The agent stops when the interpreter exits.
 
     A second call (a notebook's later cell) returns the running agent and applies what can
-    change while it runs: ``watch`` and ``on_nan`` at once (turned on, off, or another
-    policy), the tracing options (``values``, ``aten``...) from the next traced step; it says
-    in one line on stderr which options cannot change (``record``, ``steps``, ``break_on``...).
+    change while it runs: ``watch``, ``on_nan`` and ``max_skips`` at once (turned on, off, or
+    another policy), the tracing options (``values``, ``aten``...) from the next traced step;
+    it says in one line on stderr which options cannot change (``record``, ``steps``,
+    ``break_on``...).
     Under ``torchscope run`` the command line's options hold; only the options this call sets
     apply. The same options again change nothing.
 
     ``watch="nan"`` (or ``"gradnorm:X"``) checks every step before the update for NaN/Inf
     gradients and loss, for about one fused reduction and one host sync per step, and
     replays a bad step traced to name its origin; ``on_nan`` is then ``"continue"``,
-    ``"pause"`` or ``"stop"`` (raises ``torchscope.WatchStop`` from
-    ``optimizer.step()``, before the update). A stop that nothing catches ends the job as
+    ``"pause"``, ``"stop"`` (raises ``torchscope.WatchStop`` from
+    ``optimizer.step()``, before the update) or ``"skip"`` (refuses the bad update, as a
+    ``GradScaler`` skips an overflowed step: weights and optimizer state stay as they were,
+    training goes on; after ``max_skips`` bad steps in a row the next one stops the job as
+    ``"stop"`` does). A stop that nothing catches ends the job as
     ``torchscope run`` does: one line, exit code 3, no traceback; in a notebook the cell ends
     with a one-line ``WatchStop`` error and the kernel goes on (the update was not made).
 
@@ -153,6 +158,7 @@ def serve(
         quiet=quiet,
         watch=watch,
         on_nan=on_nan,
+        max_skips=max_skips,
         history=history,
         log=log,
         edit=edit,

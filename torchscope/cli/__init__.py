@@ -28,6 +28,7 @@ from torchscope.cli.live import cmd_attach, cmd_ls, cmd_record, cmd_watch
 from torchscope.cli.run import cmd_run, parse_run
 from torchscope.cli.ui import cmd_demo, cmd_tui, cmd_tui_web
 from torchscope.protocol.events import KINDS
+from torchscope.tracer.watch.stop import POLICIES
 
 __all__ = ["build_parser", "main"]
 
@@ -105,8 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     watch.add_argument("target", nargs="?", help="pid or control endpoint (default: the only one)")
     watch.add_argument("--spec", default="nan", help="nan or gradnorm:X (default nan)")
+    watch.add_argument("--on-nan", default="continue", choices=POLICIES, help="policy")
     watch.add_argument(
-        "--on-nan", default="continue", choices=("continue", "pause", "stop"), help="policy"
+        "--max-skips",
+        type=int,
+        metavar="N",
+        help="with --on-nan skip: after N bad steps in a row the next one stops the job (5)",
     )
     watch.add_argument("--off", action="store_true", help="stop watching")
     watch.add_argument("--timeout", type=seconds, default=2.0, help="seconds to wait for the job")

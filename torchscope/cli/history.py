@@ -94,23 +94,28 @@ def _top_module(p: dict[str, Any]) -> str:
 
 
 def _table(points: list[dict[str, Any]], buckets: list[dict[str, Any]]) -> Iterator[str]:
-    # A loss scaler's columns only in a job that has one: the scale, and its skipped updates.
+    # A loss scaler's column only in a job that has one: the scale; the update's (skipped by
+    # the scaler or the watch's on_nan="skip") where one was.
     scaler = any(p.get("scale") is not None for p in points)
-    head = f"{'SCALE':>10} {'UPDATE':<8} " if scaler else ""
+    updates = scaler or any(p.get("skipped") for p in points)
+    head = f"{'SCALE':>10} " if scaler else ""
+    head += f"{'UPDATE':<8} " if updates else ""
     yield f"{'STEP':>12} {'LOSS':>13} {'GRAD NORM':>13} {head}{'TRACED':<6} LARGEST MODULE NORM"
     for b in buckets:
         lo, hi, last = _series(b.get("loss"))
         glo, ghi, glast = _series(b.get("grad_norm"))
         steps = f"{b.get('first')}-{b.get('last')}"
         grad = f"  |g| {_num(glo)}..{_num(ghi)} (last {_num(glast)})" if glast is not None else ""
-        skips = f"  {b['skipped']} skipped by the scaler" if b.get("skipped") else ""
+        skips = f"  {b['skipped']} updates skipped" if b.get("skipped") else ""
         yield f"{steps:>12} loss {_num(lo)}..{_num(hi)} (last {_num(last)}){grad}{skips}"
     for p in points:
         traced = "yes" if p.get("traced") else ""
         cols = ""
         if scaler:
+            cols = f"{_num(p.get('scale')):>10} "
+        if updates:
             update = "skipped" if p.get("skipped") else ""
-            cols = f"{_num(p.get('scale')):>10} {update:<8} "
+            cols += f"{update:<8} "
         yield (
             f"{p.get('step')!s:>12} {_num(p.get('loss')):>13} {_num(p.get('grad_norm')):>13} "
             f"{cols}{traced:<6} {_top_module(p)}".rstrip()

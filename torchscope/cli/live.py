@@ -299,10 +299,18 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from torchscope.protocol.runtime import EndpointError
 
     spec = None if args.off else args.spec
+    if args.max_skips is not None and (args.on_nan != "skip" or args.max_skips < 0):
+        return fail("--max-skips takes a count of steps (>= 0), with --on-nan skip")
     try:
         with SessionClient() as client:
             client.connect(ep.resolve(args.target), timeout=args.timeout)
-            client.request("watch", timeout=args.timeout, spec=spec, on_nan=args.on_nan)
+            client.request(
+                "watch",
+                timeout=args.timeout,
+                spec=spec,
+                on_nan=args.on_nan,
+                **({} if args.max_skips is None else {"max_skips": args.max_skips}),
+            )
             pid = (client.session or {}).get("pid", args.target)
     except (SessionUnreachable, SessionRefused, EndpointError) as exc:
         return fail(str(exc))

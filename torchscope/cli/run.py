@@ -19,8 +19,8 @@ RUN_USAGE = r"""usage: torchscope run [--record FILE] [--steps SPEC] [--values N
                       [--break-on COND] [--log COND EXPR] [--edit COND EXPR]
                       [--wait] [--hold] [--lease SECONDS] [--optimizer-ops]
                       [--aten[=MODULE_REGEX]] [--eager-check]
-                      [--watch nan|gradnorm:X] [--on-nan continue|pause|stop]
-                      [--quiet] (SCRIPT | -m MODULE) [ARGS ...]
+                      [--watch nan|gradnorm:X] [--on-nan continue|pause|stop|skip]
+                      [--max-skips N] [--quiet] (SCRIPT | -m MODULE) [ARGS ...]
 
 Run a Python script (or module, like `python -m`) so that torchscope can trace it. Options
 must come before the script; everything after it goes to the script.
@@ -74,7 +74,11 @@ torchscope.step() call; in a job with neither, one per backward()).
                   replayed traced to name where the NaN/Inf first appears (recorded with
                   --record; shown to an attached UI)
   --on-nan POLICY after the watch reports: continue (default), pause (hold at the origin in
-                  the replay for a UI), or stop (exit with code 3 before the update)
+                  the replay for a UI), stop (exit with code 3 before the update), or skip
+                  (refuse the update, as a loss scaler skips an overflowed step: weights and
+                  optimizer state stay as they were, and training goes on)
+  --max-skips N   with --on-nan skip: after N bad steps in a row, the next one stops the job
+                  as stop does (default 5)
   --quiet         no torchscope lines on stderr
 """
 
@@ -95,6 +99,7 @@ class RunOptions:
     lease: float = 10.0
     watch: str | None = None
     on_nan: str = "continue"
+    max_skips: int | None = None
     module: str | None = None
     script: str | None = None
     args: list[str] = field(default_factory=list)
@@ -116,6 +121,7 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
             "--lease",
             "--watch",
             "--on-nan",
+            "--max-skips",
             "-m",
         ):
             value = inline if eq else next(it, None)
@@ -132,11 +138,15 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
             elif name == "--watch":
                 opts.watch = _watch_spec(value)
             elif name == "--on-nan":
-                from torchscope.tracer.steps import WATCH_POLICIES
+                from torchscope.tracer.watch.stop import POLICIES
 
-                if value not in WATCH_POLICIES:
-                    raise UsageError(f"--on-nan takes {', '.join(WATCH_POLICIES)}, not {value!r}")
+                if value not in POLICIES:
+                    raise UsageError(f"--on-nan takes {', '.join(POLICIES)}, not {value!r}")
                 opts.on_nan = value
+            elif name == "--max-skips":
+                if not value.isdigit():
+                    raise UsageError(f"--max-skips takes a count of steps, not {value!r}")
+                opts.max_skips = int(value)
             elif name == "--lease":
                 try:
                     opts.lease = float(value)
@@ -195,6 +205,8 @@ def _checked(opts: RunOptions) -> RunOptions:
     """Options that only mean something together."""
     if opts.on_nan != "continue" and not opts.watch:
         raise UsageError(f"--on-nan {opts.on_nan} acts on what --watch finds: add --watch nan")
+    if opts.max_skips is not None and opts.on_nan != "skip":
+        raise UsageError("--max-skips counts the updates --on-nan skip refuses: add --on-nan skip")
     return opts
 
 
@@ -285,7 +297,7 @@ def cmd_run(opts: RunOptions) -> int:
     from torchscope.tracer.agent import Agent
     from torchscope.tracer.job_end import RUN_POLICY, report_stop
     from torchscope.tracer.options import Options
-    from torchscope.tracer.watch.stop import WatchStop
+    from torchscope.tracer.watch.stop import MAX_SKIPS, WatchStop
 
     # `is not None`: "" is a script too, the current directory, as `python ""` runs it.
     script = os.path.abspath(opts.script) if opts.script is not None else None
@@ -305,6 +317,7 @@ def cmd_run(opts: RunOptions) -> int:
             quiet=opts.quiet,
             watch=opts.watch,
             on_nan=opts.on_nan,
+            max_skips=MAX_SKIPS if opts.max_skips is None else opts.max_skips,
             metadata={
                 "script": script or opts.module,
                 "argv": [opts.script or opts.module, *opts.args],
@@ -349,7 +362,7 @@ def cmd_run(opts: RunOptions) -> int:
         _print_user_traceback(exc)
         interrupted = exc
         code = 130
-    except WatchStop as exc:  # --on-nan stop: reported, the file complete, the update not made
+    except WatchStop as exc:  # --on-nan stop (or skip's limit): reported, the update not made
         code = report_stop(exc, RUN_POLICY, opts.quiet)
     except BaseException as exc:  # the script's own error: show it as Python would
         _print_user_traceback(exc)

@@ -42,6 +42,7 @@ from torchscope.protocol.breakpoints import BreakpointError, parse_break_spec
 from torchscope.protocol.client import SessionClient, SessionRefused, SessionUnreachable
 from torchscope.protocol.frames import one_line
 from torchscope.protocol.runtime import EndpointError
+from torchscope.tracer.watch.stop import POLICIES
 from torchscope.tui.model.stepper_view import pause_key
 
 __all__ = ["build_server", "main"]
@@ -267,13 +268,23 @@ def build_server(*, record_timeout_cap: float = 600.0) -> MCPServer:
         job: Job = None,
         spec: Annotated[str, Field(description="nan, or gradnorm:X", max_length=64)] = "nan",
         on_nan: Annotated[
-            Literal["continue", "pause", "stop"], Field(description="what the job does then")
+            str,
+            Field(
+                description="what the job does then (skip: refuse the bad update, go on)",
+                pattern=f"^({'|'.join(POLICIES)})$",
+                json_schema_extra={"enum": list(POLICIES)},
+            ),
         ] = "continue",
+        max_skips: Annotated[
+            int | None,
+            Field(ge=0, description="with on_nan=skip: bad steps in a row before it stops"),
+        ] = None,
         off: Annotated[bool, Field(description="stop watching")] = False,
     ) -> dict[str, Any]:
         """Switch a running job's NaN watch on (from its next backward: every step checked,
         an untraced job's NaN replayed to name the op and line) or off, as `torchscope watch`."""
-        _ask(jobs, job, "watch", spec=None if off else spec, on_nan=on_nan)
+        limit = {} if max_skips is None else {"max_skips": max_skips}
+        _ask(jobs, job, "watch", spec=None if off else spec, on_nan=on_nan, **limit)
         if off:
             return {"watch": None, "said": "stops watching for NaN at its next backward()"}
         return {

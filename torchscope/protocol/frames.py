@@ -42,6 +42,7 @@ from torchscope.protocol.codec import (
     unpack,
 )
 from torchscope.protocol.events import Event, as_event
+from torchscope.tracer.watch.stop import POLICIES
 
 VERSION = list(PROTOCOL_VERSION)
 
@@ -339,7 +340,10 @@ register_command(
     fields(
         {
             "spec": Str(64, default="nan", nullable=True),
-            "on_nan": Str(16, re.compile(r"continue|pause|stop"), default="continue"),
+            "on_nan": Str(16, re.compile("|".join(POLICIES)), default="continue"),
+            # Under "skip": bad steps in a row refused before the next one stops the job
+            # (absent: the job's own setting; sent only when given, which older jobs refuse).
+            "max_skips": Int(0, 2**31, default=None, nullable=True),
         }
     ),
     fields({"watch": Str(64, default=None, nullable=True)}, extra=True),

@@ -43,8 +43,10 @@ class StepPoint:
     job passed it to ``backward``). ``grad_norm``: the global L2 norm of the gradients (the
     watch's). ``module_norms``: module path -> L2 norm of that module's own parameters'
     gradients. ``update_ratios``: module path -> ||update|| / ||weight|| for the step.
-    ``traced``: whether the step was traced in full. Under a loss scaler: ``scale``, the scale
-    the step ran with, and ``skipped``, whether the scaler skipped its update (inf/NaN in the
+    ``traced``: whether the step was traced in full. ``skipped``: whether its update was
+    skipped (by the NaN watch under ``on_nan="skip"``, or by a loss scaler). Under a loss
+    scaler: ``scale``, the scale the step ran with; ``skipped`` when the scaler skipped its
+    update (inf/NaN in the
     scaled gradients).
     """
 
@@ -127,7 +129,7 @@ class Series:
 @dataclass
 class Bucket:
     """Steps ``first``..``last`` (inclusive) folded: min/max/last of loss and gradient norm,
-    and how many of them a loss scaler skipped."""
+    and how many of them had their update skipped (a loss scaler's, the watch's)."""
 
     first: int
     last: int

@@ -392,7 +392,11 @@ class Agent(ServedWatch):
         """The step before ``step`` gets its point; holds waiting on a condition are tested
         on the points that arrived (only here, never per op)."""
         history = self.history
-        skipped = self.clock.counted_by == BY_SCALER
+        # Its update skipped: by a loss scaler, or refused by the watch (on_nan="skip").
+        watch = self.watch
+        skipped = self.clock.counted_by == BY_SCALER or (
+            watch is not None and watch.skipped_step == step - 1
+        )
         added = history.step_ends(step, skipped=skipped) if self.options.history else []
         if not self.holders.held:
             history.eager = False

@@ -8,7 +8,8 @@ the *last* micro-batch's root, not their sum or mean: it is the value a loop tha
 ``loss.item()`` after its update shows. Under a loss scaler (``GradScaler``,
 ``scaler.scale(loss).backward()``) it is the loss *before* scaling, as the job computed it,
 and the point also keeps the scale the step ran with and whether the scaler skipped its
-update (``scaler_calls``). A step with no such backward has no loss (None).
+update (``scaler_calls``); a step whose update the watch refused (``on_nan="skip"``) is marked
+skipped too. A step with no such backward has no loss (None).
 
 Cost, per step, on the training thread: a reference to the root taken in ``backward()`` (the
 wrapper the step clock already installs; no extra hook) and, at the step boundary, one point.

@@ -19,17 +19,18 @@ import os
 import sys
 from typing import Any, NoReturn
 
-# How each place names the policy that stopped the job.
-RUN_POLICY = "--on-nan stop"
-SERVE_POLICY = 'on_nan="stop"'
+# How each place names the policy that stopped the job ("stop", or "skip" at its limit).
+RUN_POLICY = "--on-nan {}"
+SERVE_POLICY = 'on_nan="{}"'
 
 _installed = False
 
 
 def stopped(exc: Any, policy: str) -> str:
     """What the watch did (``exc``: a ``WatchStop``): ``stopped before the update of step 3
-    (on_nan="stop")``."""
-    return f"stopped before the update of step {exc.detection.get('step')} ({policy})"
+    (on_nan="stop")``; ``policy``: how this place spells it (``RUN_POLICY``)."""
+    named = policy.format(getattr(exc, "policy", "stop"))
+    return f"stopped before the update of step {exc.detection.get('step')} ({named})"
 
 
 def report_stop(exc: Any, policy: str, quiet: bool) -> int:

@@ -15,7 +15,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from torchscope.tracer.steps import ALL_STEPS, WATCH_POLICIES, StepSelection, parse_steps
+from torchscope.tracer.steps import ALL_STEPS, StepSelection, parse_steps
+from torchscope.tracer.watch.stop import MAX_SKIPS, POLICIES
 
 
 class TraceKeywords(TypedDict, total=False):
@@ -48,6 +49,7 @@ class ServeKeywords(TypedDict, total=False):
     quiet: bool
     watch: str | None
     on_nan: str
+    max_skips: int
     history: bool
     log: Any  # (spec, expression) logpoints: see serve()
     edit: Any  # (spec, expression) edits at every hit: see serve()
@@ -83,7 +85,8 @@ class Options:
     eager_check: bool = False  # compiled calls also run eagerly, compared (armed/eager_check)
     quiet: bool = False
     watch: str | None = None  # "nan", "gradnorm:X": the always-on NaN watch (tracer/watch/)
-    on_nan: str = "continue"  # what the watch does after a detection: continue, pause, stop
+    on_nan: str = "continue"  # what the watch does after a detection: one of POLICIES
+    max_skips: int = MAX_SKIPS  # under "skip": updates refused in a row before it stops
     # The run's loss history (tracer/history.py) and, with the watch, its norms per module.
     history: bool = True
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -172,9 +175,11 @@ class Options:
             from torchscope.tracer.steps import parse_watch
 
             parse_watch(self.watch)
-        if self.on_nan not in WATCH_POLICIES:
+        if self.on_nan not in POLICIES:
+            raise ValueError(f"on_nan must be one of {', '.join(POLICIES)}, not {self.on_nan!r}")
+        if type(self.max_skips) is not int or self.max_skips < 0:
             raise ValueError(
-                f"on_nan must be one of {', '.join(WATCH_POLICIES)}, not {self.on_nan!r}"
+                f"max_skips must be a count of steps (an int >= 0), not {self.max_skips!r}"
             )
 
     def held_steps(self) -> StepSelection | None:

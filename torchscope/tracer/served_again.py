@@ -11,8 +11,9 @@ cell run again says what the job should do now: ``serve()`` with no watch turns 
 the command line (``torchscope run``, ``attach``), whose options hold, only the options the
 call sets to something else than ``serve()``'s defaults. What applies:
 
-- ``watch`` and ``on_nan``: at once when called on the training thread (as a first ``serve()``
-  installs the watch), else at the job's next ``backward()``; the agent says so itself;
+- ``watch``, ``on_nan`` and ``max_skips``: at once when called on the training thread (as a
+  first ``serve()`` installs the watch), else at the job's next ``backward()``; the agent
+  says so itself;
 - ``values``, ``optimizer_ops``, ``aten``, ``eager_check``: read when tracing starts, so from
   the next traced step; ``quiet`` at once;
 - the others (``record``, ``steps``, ``break_on``, ``wait``, ``hold``, ``lease``,
@@ -31,7 +32,7 @@ from torchscope.tracer.ranks import say
 if TYPE_CHECKING:
     from torchscope.tracer.agent import Agent
 
-WATCH = ("watch", "on_nan")
+WATCH = ("watch", "on_nan", "max_skips")
 AT_ARMING = ("values", "optimizer_ops", "aten", "eager_check", "quiet")
 FIXED = ("record", "steps", "breakpoints", "wait", "hold", "lease", "history")
 KEYWORD = {"breakpoints": "break_on"}  # Options' names that are not serve()'s
@@ -51,6 +52,8 @@ def serve_again(agent: Agent, wanted: Options, only: Iterable[str] | None = None
         running, on_nan = agent.watch_setting()
         spec = wanted.watch if "watch" in asked else running
         on_nan = wanted.on_nan if "on_nan" in asked else on_nan
+        if "max_skips" in asked:
+            opts.max_skips = wanted.max_skips  # read when the watch (re)starts
         if spec is None and running is None:
             opts.on_nan = on_nan  # no watch to act on it: the policy waits for one
         else:

@@ -109,6 +109,8 @@ class ServedWatch:
         spec = args.get("spec")
         if spec is not None:
             parse_watch(spec)  # StepSpecError (a ValueError): refused with its one line
+        if args.get("max_skips") is not None:  # read when the watch starts (on_nan="skip")
+            self.options.max_skips = int(args["max_skips"])
         self.request_watch(spec, args.get("on_nan") or "continue")
         return {"watch": spec, "step": self.clock.step}
 
@@ -135,6 +137,7 @@ class ServedWatch:
         self.watch = NanWatch(
             gradnorm=parse_watch(self.options.watch or "nan"),
             on_nan=self.options.on_nan,
+            max_skips=self.options.max_skips,
             tracer_factory=self._replay_tracer,
             step_of=lambda: self.clock.step,
             report=self._watch_report,
@@ -176,8 +179,15 @@ class ServedWatch:
                 say_line(text)  # already "torchscope: ..." (with its rank)
         det = self.watch.detections[-1] if self.watch and self.watch.detections else None
         self._caught_live(det)
-        if det is None or det.get("reproduced") or det.get("last_step") != det.get("step"):
-            return  # a reproduced replay recorded its own alert; a "lasted" summary is a note
+        if (
+            det is None
+            or det.get("reproduced")
+            or det.get("last_step") != det.get("step")
+            or det.get("skipped")
+        ):
+            # A reproduced replay recorded its own alert; a "lasted" summary, a skipped
+            # update (on_nan="skip") are notes on the detection alerted already.
+            return
         self.emit(
             rank_alert(
                 self.next_seq(),

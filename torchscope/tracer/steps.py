@@ -70,9 +70,6 @@ def parse_steps(spec: str | int | None) -> StepSelection:
     return StepSelection(tuple(ranges), tuple(every), False, spec)
 
 
-WATCH_POLICIES = ("continue", "pause", "stop")
-
-
 def parse_watch(spec: str) -> float | None:
     """``--watch`` spec: ``nan`` (NaN/Inf in the gradients or the loss), ``gradnorm:X`` (that,
     and a total gradient norm above X), joined by ``,``. Returns X or None; raises

@@ -79,6 +79,10 @@ class StepCheck:
     _bad_run: dict[str, Any] | None
     _still_bad: dict[str, Any] | None
     _growth: Growth | None = None  # the last steps' loss and gradient norm (made at first)
+    max_skips: int
+    skipped_step: int | None
+    _bad_in_row: int
+    updates_skipped: int
 
     @property
     def step(self) -> int:
@@ -172,7 +176,10 @@ class StepCheck:
     def _stop(self, detection: dict[str, Any] | None) -> WatchStop | None:
         """Under "stop", what to raise before the update: every bad update is refused, the
         first of a bad stretch and each one after it (a notebook that runs the stopped cell
-        again makes the same NaN: it must not reach the weights this time either)."""
+        again makes the same NaN: it must not reach the weights this time either). Under
+        "skip", see :meth:`_skip`."""
+        if self.on_nan == "skip":
+            return self._skip(detection)
         if self.on_nan != "stop":
             return None
         if detection is not None:
@@ -180,7 +187,7 @@ class StepCheck:
         run = self._still_bad
         if run is None:
             return None
-        what = "a gradient norm above the limit" if run["what"] == GRADNORM else "NaN/Inf"
+        what = bad_words(run)
         line = (
             f"torchscope: still {what} at step {self.step} (first at step {run['step']}): "
             "stopped before the update"
@@ -188,6 +195,46 @@ class StepCheck:
         with contextlib.suppress(Exception):
             self.report(line)
         return WatchStop({**run, "message": line, "step": self.step})
+
+    def _skip(self, detection: dict[str, Any] | None) -> WatchStop | None:
+        """Under "skip": a bad step (a detection, or a check that found the stretch still
+        bad: the weights stay clean, so each is the NaN made again) has its update refused,
+        said once per step: ``skipped_step`` names it, and the caller takes the gradients
+        away for the update. Past ``max_skips`` bad steps in a row, what "stop" raises. A
+        good step starts the count again."""
+        step = self.step
+        run = detection if detection is not None else self._still_bad
+        if run is None:
+            if self.skipped_step != step:  # (a later closure call of a refused step: not good)
+                self._bad_in_row = 0
+            return None
+        if self.skipped_step == step:
+            return None  # checked again in the same update (LBFGS's closure): refused once
+        n = self._bad_in_row + 1  # this one included
+        if n > self.max_skips:
+            line = (
+                f"torchscope: {bad_words(run)} at step {step}, {n} bad steps in a row since step "
+                f"{step - n + 1} (at most {self.max_skips} updates skipped in a row): stopped "
+                "before the update"
+            )
+            with contextlib.suppress(Exception):
+                self.report(line)
+            # (not counted again: the same step run again, a notebook's cell, stops again)
+            return WatchStop({**run, "message": line, "step": step}, policy="skip")
+        self._bad_in_row = n
+        self.skipped_step = step
+        self.updates_skipped += 1
+        run["skipped"] = True
+        line = f"torchscope: skipped the update of step {step}; training goes on"
+        if n > 1:
+            line = (
+                f"torchscope: skipped the update of step {step}: still {bad_words(run)} ({n} bad "
+                f"steps in a row since step {step - n + 1}; {self.max_skips + 1} in a row stop "
+                "the job)"
+            )
+        with contextlib.suppress(Exception):
+            self.report(line)
+        return None
 
     def check(self, params: Iterable[torch.Tensor] | None = None) -> dict[str, Any] | None:
         """Check the current gradients of ``params`` (default: the watched modules') and the
@@ -458,3 +505,8 @@ class StepCheck:
 
 def category(what: str) -> str:
     return GRADNORM if what == GRADNORM else "nonfinite"
+
+
+def bad_words(run: dict[str, Any]) -> str:
+    """What a bad stretch is, in its lines: "NaN/Inf" or "a gradient norm above the limit"."""
+    return "a gradient norm above the limit" if run["what"] == GRADNORM else "NaN/Inf"

@@ -34,7 +34,10 @@ Every training step, the watch
   5. prints one line and applies the policy: ``continue``, ``pause`` (the replay stops at the
      origin when the tracer has a stepper) or ``stop`` (raises :class:`WatchStop` from
      ``optimizer.step()``, before the update, after the report; the only exception the watch
-     ever raises into the job -- its own errors are reported once and swallowed).
+     ever raises into the job -- its own errors are reported once and swallowed) or ``skip``
+     (the update is refused, as a loss scaler skips an overflowed step: the optimizer's
+     parameters have no ``.grad`` while its ``step()`` runs, and get it back after; past
+     ``max_skips`` bad steps in a row, as ``stop``).
 
 Memory held per step (the benchmark measures it):
   - RNG state: 5 KiB (CPU generator) + 16 B per CUDA device, per top-level call.
@@ -92,12 +95,11 @@ from torchscope.tracer.watch.check import StepCheck
 from torchscope.tracer.watch.norms import ModuleNorms
 from torchscope.tracer.watch.report import print_report
 from torchscope.tracer.watch.roots import TopLevelCalls
-from torchscope.tracer.watch.stop import WatchStop
+from torchscope.tracer.watch.stop import MAX_SKIPS, POLICIES, WatchStop
 
 if TYPE_CHECKING:
     from torchscope.tracer.armed.session import Tracer
 
-POLICIES = ("continue", "pause", "stop")
 # A loss scaler that skips this many steps in a row is said once (its scale is collapsing).
 SKIPS_TO_SAY = 20
 
@@ -110,7 +112,14 @@ class NanWatch(StepCheck):
     on_nan: "continue" (report and go on), "pause" (pause inside the replay at the origin when
         the replay's tracer has a stepper -- a UI or ``--break-on``; otherwise continue, and
         say so), "stop" (report, then raise :class:`WatchStop` from ``optimizer.step()``,
-        before the update).
+        before the update), "skip" (report, then refuse the update and go on, as a loss
+        scaler skips an overflowed step: for the duration of ``optimizer.step()`` the
+        optimizer's parameters have no ``.grad``, so weights and optimizer state stay as
+        they were, and ``.grad`` is given back when the update ends; the step still counts.
+        A job that updates its weights in its own code (no optimizer: ``before_update()``)
+        cannot have its update refused: there "skip" acts as "continue", said once).
+    max_skips: under "skip", how many bad steps in a row have their update refused; the next
+        one raises :class:`WatchStop` as "stop" does. A good step starts the count again.
     capture_bytes: cap on the output gradients held per step (references, not copies).
     tracer_factory: ``f(step) -> started Tracer`` that records the replay of ``step``. It must
         not advance steps on its own (``optimizer_steps=False``). Default: an in-memory
@@ -142,6 +151,7 @@ class NanWatch(StepCheck):
         *,
         gradnorm: float | None = None,
         on_nan: str = "continue",
+        max_skips: int = MAX_SKIPS,
         capture_bytes: int = 64 << 20,
         tracer_factory: Callable[[int], Tracer] | None = None,
         step_of: Callable[[], int] | None = None,
@@ -161,8 +171,19 @@ class NanWatch(StepCheck):
             raise ValueError(f"on_nan must be one of {', '.join(POLICIES)}, not {on_nan!r}")
         if gradnorm is not None and not gradnorm > 0:
             raise ValueError("gradnorm must be a positive number")
+        if isinstance(max_skips, bool) or not isinstance(max_skips, int) or max_skips < 0:
+            raise ValueError(f"max_skips must be a count of steps (an int >= 0), not {max_skips!r}")
         self.gradnorm = gradnorm
         self.on_nan = on_nan
+        self.max_skips = max_skips
+        # Under "skip": the step whose update is refused (its checks in the update: LBFGS
+        # calls its closure several times), the bad steps in a row, the gradients taken away
+        # for the update (given back when it ends), and the updates refused in all.
+        self.skipped_step: int | None = None
+        self._bad_in_row = 0
+        self._held_grads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.updates_skipped = 0
+        self._said_no_skip = False  # a job that updates by hand: said once
         self.capture_bytes = int(capture_bytes)
         self.tracer_factory = tracer_factory
         self._step_of = step_of
@@ -400,7 +421,7 @@ class NanWatch(StepCheck):
             # (no optimizer.step() to check at), and a NaN must be named in the step that
             # made it, with that step's module state. "stop" raises from backward().
             self._checked_at_backward = True
-            self._check_update(self._root_params(), ends_step=False)
+            self._check_update(self._root_params(), ends_step=False, refuse=False)
         elif rec is not None and self._updates_by_hand():
             # No optimizer: the update is the job's own code, right after this. The
             # gradients are complete and the weights untouched, as at optimizer.step().
@@ -440,19 +461,28 @@ class NanWatch(StepCheck):
         self._hand_updates, self._hand_writes = False, None  # an optimizer ends the steps
         if self._checked_at_backward:
             self._checked_at_backward = False
+            # Refused at its scaled backward() ("skip"), and the scaler did not skip it (its
+            # gradients are finite: a NaN in the loss alone): refused here.
+            if self.skipped_step == self.step:
+                self._take_grads(_params_of(args[0]))
             self._end_step()  # checked when its scaled backward() ended
-            return False
+            return bool(self._held_grads)
         if _closure_of(args, kwargs) is not None:
             self._closure_update = True
             return False
         self._check_update(_params_of(args[0]))
-        return False  # nothing to restore if step() raises
+        # Gradients taken away ("skip") are given back when step() ends: if it raises, at
+        # the clock's next module call (update_ends).
+        return bool(self._held_grads)
 
     def update_ends(self) -> None:
+        self._give_back_grads()
         self._end_closure_update()  # a step(closure) that raised (or an unnumbered clock)
 
     def boundary(self, step: int) -> None:
         # The watch numbers steps with step_of (the agent's clock), else its own counter.
+        if self._held_grads:
+            self._give_back_grads()  # the refused update ended ("skip")
         self._end_closure_update()
         if self._checked_at_backward:  # the scaler skipped the update: the step ends here
             self._checked_at_backward = False
@@ -464,13 +494,19 @@ class NanWatch(StepCheck):
         else:
             self._skips = 0
 
-    def _check_update(self, params: list[torch.Tensor], *, ends_step: bool = True) -> None:
+    def _check_update(
+        self, params: list[torch.Tensor], *, ends_step: bool = True, refuse: bool = True
+    ) -> None:
         """The check before an update; ``WatchStop`` under "stop". ``ends_step``: the step's
         captures go and the step counts (a closure's call ends its captures only: LBFGS calls
-        it again within the same step)."""
+        it again within the same step). Under "skip", a refused update's ``params`` lose their
+        gradients until it ends (``refuse``; a scaled backward's check leaves them to the
+        loss scaler, which skips a step with non-finite gradients itself)."""
         stop: WatchStop | None = None
         try:
             stop = self._stop(self.check(params))
+            if stop is None and refuse and self.skipped_step == self.step:
+                self._take_grads(params)
         except Exception as exc:
             self._error("checking the step", exc)
         finally:
@@ -500,6 +536,26 @@ class NanWatch(StepCheck):
         if self.installed and not self._replaying:
             self._check_update(_params_of(optimizer), ends_step=False)
 
+    # -- "skip": the refused update's gradients ------------------------------------------------
+    def _take_grads(self, params: Iterable[torch.Tensor]) -> None:
+        """Take the gradients of ``params`` away for the update: torch's optimizers pass over
+        a parameter with no ``.grad`` and leave its state alone (momentum, Adam's moments and
+        step count), as if ``step()`` had not run. The latest taken of each parameter is
+        held (LBFGS calls its closure, checked each time, again within the step)."""
+        for p in params:
+            g = p.grad
+            if g is not None:
+                self._held_grads[id(p)] = (p, g)
+                p.grad = None
+
+    def _give_back_grads(self) -> None:
+        """The refused update ended: the gradients are back, as the job left them (where
+        it has made none since: a later closure call's, or the next step's, are its own)."""
+        held, self._held_grads = self._held_grads, {}
+        for p, g in held.values():
+            if p.grad is None:
+                p.grad = g
+
     def _end_closure_update(self) -> None:
         if self._closure_update:
             self._closure_update = False
@@ -509,11 +565,21 @@ class NanWatch(StepCheck):
         """What the optimizer pre-hook does, for a job that updates its weights by hand: check
         ``params``' gradients (default: the watched modules'), end the step, and apply the
         policy (``WatchStop`` under "stop"). Call it on the training thread, before the update.
+        Under "skip" the update is the job's own code, which the watch cannot refuse: it goes
+        on as under "continue" (said once).
         """
         stop = None
         try:
             detection = self.check(params)
-            stop = self._stop(detection)
+            if self.on_nan != "skip":
+                stop = self._stop(detection)
+            elif (detection or self._still_bad) and not self._said_no_skip:
+                self._said_no_skip = True
+                with contextlib.suppress(Exception):
+                    self.report(
+                        'torchscope: on_nan="skip" cannot refuse this update: the job makes it '
+                        'in its own code (no optimizer.step()); it goes on as under "continue"'
+                    )
         finally:
             self._end_step(count=stop is None)  # a stopped update did not end its step
         if stop is not None:

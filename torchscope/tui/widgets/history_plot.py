@@ -492,6 +492,8 @@ class HistoryPlot(HistoryFrame):
                 parts.append(f"scale {short_num(p.scale, 9)}")
                 if p.skipped:
                     parts.append("update skipped by the scaler")
+            elif p.skipped:  # refused by the watch (on_nan="skip")
+                parts.append("update skipped")
             parts.append("traced" if p.traced else "not traced")
             return " · ".join(parts)
         b = self.bucket(step)
@@ -501,7 +503,7 @@ class HistoryPlot(HistoryFrame):
                 if s.lo is not None or s.hi is not None:
                     text += f" · {label} {short_num(s.lo)}..{short_num(s.hi)}"
             if b.skipped:
-                text += f" · {b.skipped:,} skipped by the scaler"
+                text += f" · {b.skipped:,} updates skipped"
             return text
         return f"step {step:,} · no values"
 
