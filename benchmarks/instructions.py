@@ -45,6 +45,7 @@ ROWS = {
     "trace": "torchscope trace()",
     "dormant": "torchscope run (dormant, live, nobody attached)",
     "watch": "torchscope run --watch nan",
+    "watch_noloop": "torchscope run --watch nan, loop code unrecorded (diagnostic)",
 }
 TRACING_ROWS = ("floor", "traced", "trace")
 WARMUP = 5
@@ -69,6 +70,7 @@ def inner(row: str, workload: str, steps: int) -> None:
         "trace": torchscope.trace,
         "dormant": lambda: served(),
         "watch": lambda: served(watch="nan"),
+        "watch_noloop": lambda: loop_unrecorded(served(watch="nan")),
     }[row]
 
     def loop(n: int) -> None:
@@ -79,6 +81,21 @@ def inner(row: str, workload: str, steps: int) -> None:
         loop(WARMUP)
         # valgrind counts while this C function runs (--toggle-collect): the timed loop alone.
         sys.call_tracing(loop, (steps,))
+
+
+@contextlib.contextmanager
+def loop_unrecorded(inner: contextlib.AbstractContextManager) -> Iterator[None]:
+    """The watch before it recorded the loop's code between module calls: the row beside
+    ``watch`` that says what naming loop-code origins costs."""
+    from torchscope.tracer.watch.loop_code import LoopOps
+
+    resume = LoopOps.resume
+    LoopOps.resume = lambda self: None  # type: ignore[method-assign]
+    try:
+        with inner:
+            yield
+    finally:
+        LoopOps.resume = resume  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager

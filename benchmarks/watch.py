@@ -17,6 +17,9 @@ frozen; paired ratio = median over rounds of row block median / untraced block m
                               ``torchscope.serve(watch="nan")`` / ``run --watch nan`` start it
   ..., its check skipped      the same with the check made a no-op (a diagnostic: what the
                               hooks, the capture for a replay and the history cost)
+  ..., loop code unrecorded   the same with the loop's code between module calls not recorded
+                              (the watch before it named loop-code origins: the row to compare
+                              the headline with for what that coverage costs)
   watch nan (keep_graph=True)  ``NanWatch()``: the check, the capture, the retained graph
   watch nan, keep_graph=auto   the check and the capture; the graph is kept only after a
                               detection needed it (never here: these runs stay finite)
@@ -55,6 +58,7 @@ from workloads import MLP, WATCH_WORKLOADS, Workload  # noqa: E402
 
 import torchscope  # noqa: E402
 from torchscope.tracer.watch.capture import tensors_in  # noqa: E402
+from torchscope.tracer.watch.loop_code import LoopOps  # noqa: E402
 from torchscope.tracer.watch.nan_watch import NanWatch  # noqa: E402
 from torchscope.tracer.watch.norms import ModuleNorms  # noqa: E402
 from torchscope.tracer.watch.replay import graph_saved_bytes  # noqa: E402
@@ -77,6 +81,12 @@ def rows() -> list[Config]:
             "skipped",
             "serve(watch='nan'), its check skipped (diagnostic)",
             check_skipped,
+            untimed=1,
+        ),
+        Config(
+            "noloop",
+            "serve(watch='nan'), loop code unrecorded (diagnostic)",
+            loop_unrecorded,
             untimed=1,
         ),
         Config(
@@ -115,6 +125,8 @@ def held_per_step(w: Workload) -> dict[str, float]:
         )
         seen["calls"] = len(watch._calls)
         seen["inputs"] = sum(t.numel() * t.element_size() for t in inputs)
+        seen["loop_ops"] = len(watch.loop.ops)
+        seen["loop_bytes"] = watch.loop.held_bytes
 
     hook = register_optimizer_step_pre_hook(probe)
     try:
@@ -158,6 +170,19 @@ def check_skipped(w: Workload) -> Iterator[None]:
             yield
     finally:
         NanWatch.check = check  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def loop_unrecorded(w: Workload) -> Iterator[None]:
+    """``serve(watch='nan')`` with the loop's code between module calls left unrecorded: the
+    watch as it was before it named loop-code origins. A diagnostic row."""
+    resume = LoopOps.resume
+    LoopOps.resume = lambda self: None  # type: ignore[method-assign]
+    try:
+        with serving(w, watch="nan"):
+            yield
+    finally:
+        LoopOps.resume = resume  # type: ignore[method-assign]
 
 
 def _kib(n: float) -> str:
@@ -277,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| output gradients captured (references, cap 64 MiB) | {_kib(m['grads'])} |")
         print(f"| RNG states ({m['calls']:.0f} top-level calls) | {_kib(m['rng'])} |")
         print(f"| inputs referenced (held by the step anyway) | {_kib(m['inputs'])} |")
+        print(
+            f"| the loop's code: {m['loop_ops']:.0f} ops recorded, their tensors referenced "
+            f"(most held by the step anyway; cap 64 MiB) | {_kib(m['loop_bytes'])} |"
+        )
         print(f"| for scale: the model's parameters | {_kib(m['params'])} |")
         print()
     print("Notes:")

@@ -1,6 +1,7 @@
-"""What the NaN watch's "catch it live" costs: after a NaN/Inf it could not name (here, one
-made by the loop's own code, which its replay does not re-run), ``run --watch nan`` traces
-the next steps in full until the NaN comes back or the window ends.
+"""What the NaN watch's "catch it live" costs: after a NaN/Inf it could not name (here, a NaN
+record in a batch buffer that the loop refills before ``backward()``: the replay sees the next
+batch, not the bad one), ``run --watch nan`` traces the next steps in full until the NaN comes
+back or the window ends.
 
     python benchmarks/watch_catch.py [--steps N] [--bad K] [--repeats R]
 
@@ -44,14 +45,17 @@ JOB = textwrap.dedent(
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     x, y = torch.randn(64, 256), torch.randn(64, 256)
+    clean = x.clone()
     times = []
     for step in range(steps):
         t0 = time.perf_counter()
+        if step == bad:
+            x[0, 0] = float("nan")  # a corrupted record, once
         with torch.autocast("cpu", dtype=torch.float16):
             out = model(x)
         loss = nn.functional.mse_loss(out.float(), y)
         if step == bad:
-            loss = torch.sqrt(loss - 1e9)  # the loop's own NaN, once
+            x.copy_(clean)  # the next batch, into the same buffer, before the check
         opt.zero_grad()
         scaler.scale(loss).backward()
         scaler.step(opt)

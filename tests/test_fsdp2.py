@@ -85,6 +85,22 @@ def test_the_watch_stops_a_nan_on_one_rank_and_says_which_rank_made_it(tmp_path)
     assert "torchscope[rank 1]: to name its op and line: torchrun ... -m torchscope run " in err
 
 
+def test_a_nan_made_by_one_ranks_loop_code_is_named_at_its_op_and_line(tmp_path):
+    """The loop's code is recorded as it runs on each rank: no replay (and no collective) is
+    needed to name it on the rank that made it."""
+    code, out, err = _run(tmp_path, {**SHORT, "JOB_BAD": "loop"}, "--watch", "nan", "--on-nan",
+                          "stop")  # fmt: skip
+    assert code != 0 and "exitcode  : 3" in err, err[-3000:]
+    assert "internal error" not in err, err[-3000:]
+    assert "rank 1 step 6" not in out  # stopped before the bad update
+    line = next(i for i, s in enumerate(JOB.read_text().splitlines(), 1) if "sqrt(loss" in s)
+    (made,) = [s for s in err.splitlines() if s.startswith("torchscope[rank 1]: NaN")]
+    assert made.startswith(
+        f"torchscope[rank 1]: NaN first appears at step 6 in torch.sqrt (forward) at "
+        f"fsdp2_nan.py:{line}, in the training loop's code"
+    ) or f"/fsdp2_nan.py:{line}, in the training loop's code" in made, made
+
+
 def test_the_watch_on_the_other_rank_says_the_nan_came_through_the_reduce_scatter(tmp_path):
     # Not under "stop": there torchrun ends this rank as soon as rank 1 stops, which on a
     # loaded machine can come before this rank's own check has said anything.

@@ -272,9 +272,9 @@ def test_backward_origin_in_loop_code_found_over_the_retained_graph():
     assert "outside the module calls" in lines[0] and "backward() at" in lines[0]
 
 
-def test_forward_nan_in_loop_code_is_placed_outside_the_modules():
-    """The loop is not re-run: the watch says the NaN came from loop code in the forward (the
-    loss is NaN, the replayed model output is not) and where the backward first shows it."""
+def test_forward_nan_in_loop_code_is_named_at_its_op_and_line():
+    """The loop is not re-run, but its ops were recorded as the step ran them: the watch names
+    the op and line of the loop code that made the loss NaN (the replayed model is finite)."""
 
     def loop(model, step):
         mse = model(data(step, 8, 4)).pow(2).mean()
@@ -285,8 +285,8 @@ def test_forward_nan_in_loop_code_is_placed_outside_the_modules():
     (det,) = w.detections
     assert det["step"] == 2 and det["in_loss"] and det["reproduced"] is True
     assert det["where"] == "forward" and det["outside_modules"] is True
-    assert det["backward_node"] == "SqrtBackward0"
-    assert "in the forward, outside the module calls" in lines[0]
+    assert det["origin"] == "torch.sqrt" and det["source"] == line_of(loop, "torch.sqrt(")
+    assert "in torch.sqrt (forward) at " in lines[0] and "training loop's code" in lines[0]
 
 
 class RootMeanSquare(nn.Module):
@@ -631,31 +631,29 @@ def watched_loop_code(made) -> tuple[NanWatch, list[str]]:
     return w, lines
 
 
-def test_a_python_scalar_nan_of_the_loop_code_is_replayed_to_its_backward_node():
-    """``loss * float("nan")``: MulBackward0 saves the scalar as a wrapped number, which the
-    aten mode would see as a float; the replay reads it and places the NaN (it failed)."""
+def test_a_python_scalar_nan_of_the_loop_code_is_named_at_its_op():
+    """``loss * float("nan")``: the op given the NaN made it (a NaN is never on purpose)."""
     w, lines = watched_loop_code(lambda loss: loss * float("nan"))
     det = w.detections[0]
     assert not [n for n in det["notes"] if "replay failed" in n], det["notes"]
     assert det["outside_modules"] and det["step"] == 1
-    assert "in the backward it first shows at MulBackward0" in lines[0]
+    assert "NaN first appears at step 1 in Tensor.mul (forward) at " in lines[0]
 
 
 @pytest.mark.parametrize(
-    ("made", "node"),
-    [(lambda loss: loss / torch.zeros(()), "DivBackward0"),
-     (lambda loss: torch.log(loss * 0), "LogBackward0")],
+    ("made", "op"),
+    [(lambda loss: loss / torch.zeros(()), "Tensor.div"),
+     (lambda loss: torch.log(loss * 0), "torch.log")],
     ids=["div", "log"],
 )  # fmt: skip
-def test_a_loss_the_loop_code_made_infinite_is_placed_in_the_forward(made, node):
-    """``loss / 0`` and ``log(0)`` in loop code: their backward nodes save finite values and
-    make Inf from a finite gradient, yet the Inf was the loss's first: the forward's loop code
-    made it, and the node is only where the backward shows it (it was named the origin)."""
+def test_a_loss_the_loop_code_made_infinite_is_named_in_the_forward(made, op):
+    """``loss / 0`` and ``log(0)`` in loop code: their backward nodes make Inf from a finite
+    gradient, yet the Inf was the loss's first: the forward's loop code made it, at its op (the
+    node would only be where the backward shows it)."""
     w, lines = watched_loop_code(made)
     det = w.detections[0]
     assert det["step"] == 1 and det["where"] == "forward" and det["outside_modules"]
-    assert lines[0].startswith("torchscope: Inf first appears at step 1 in the forward, outside")
-    assert f"in the backward it first shows at {node}" in lines[0]
+    assert lines[0].startswith(f"torchscope: Inf first appears at step 1 in {op} (forward) at ")
 
 
 def nan_batch_loop(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:

@@ -34,49 +34,59 @@ def said(proc: subprocess.CompletedProcess) -> list[str]:
 # The loss made NaN by the loop's own code (outside every module call), from step 12 on; the
 # scaler skips each such step, so the weights stay finite and the NaN comes back.
 LOOP_NAN = ("--bad", "12", "--bug", "loop", "--persist", "--steps", "16")
+# A NaN record in a batch buffer that the loop refills before backward(), from step 12 on: the
+# replay sees the next batch, not the one the step ran on, and cannot name it.
+PREFETCH_NAN = ("--bad", "12", "--bug", "prefetch", "--persist", "--steps", "16")
 
 
-def test_a_loop_code_nan_it_cannot_replay_is_caught_live_the_next_time(tmp_path):
+def test_a_loop_code_nan_is_named_at_the_step_it_happens_with_nothing_traced(tmp_path):
     proc = run("--watch", "nan", cwd=tmp_path, job=LOOP_NAN)
     assert proc.returncode == 0, proc.stderr
     lines = said(proc)
+    assert lines[1] == (
+        "torchscope: NaN first appears at step 12 (optimizer step 3) in torch.sqrt (forward) "
+        f"at {line_of('torch.sqrt(loss - 2.0)')}, in the training loop's code — seen as the "
+        "step ran"
+    )
+    assert not any("tracing the next" in s for s in lines)
+    assert lines[-1] == "torchscope: 16 step(s) seen, 0 traced"
+
+
+def test_a_nan_it_cannot_replay_is_caught_live_the_next_time(tmp_path):
+    proc = run("--watch", "nan", cwd=tmp_path, job=PREFETCH_NAN)
+    assert proc.returncode == 0, proc.stderr
+    lines = said(proc)
     first = next(i for i, s in enumerate(lines) if "first appears at step 12" in s)
-    assert "outside the module calls" in lines[first]
     assert lines[first + 1].startswith("torchscope: tracing the next 10 steps in full")
     # The next step, traced, names the op and the loop's line; then tracing ends.
     assert lines[first + 2] == (
-        "torchscope: NaN first appears at step 13 (optimizer step 3) in torch.sqrt (forward) "
-        f"at {line_of('torch.sqrt(loss - 2.0)')} — traced live"
+        "torchscope: NaN first appears at step 13 (optimizer step 3) in Tensor.__setitem__ "
+        f"(forward) at {line_of('x[0, 0] = float(')} — traced live"
     )
     assert lines[-1] == "torchscope: 16 step(s) seen, 1 traced"
 
 
-def test_a_one_off_loop_code_nan_is_placed_in_the_forward_and_its_weights_are_no_new_origin(
-    tmp_path,
-):
-    """No scaler: the bad update is made. The first detection, with no graph kept, still
-    says the loop's forward made it (the loss is NaN, the replayed modules are finite); the
+def test_a_one_off_loop_code_nan_is_named_and_its_weights_are_no_new_origin(tmp_path):
+    """No scaler: the bad update is made. The detection names the loop's op and line; the
     weights that update wrote are what its gradients did, not the NaN come back."""
     job = ("--no-scaler", *LOOP_NAN[:4], "--steps", "16")  # once, not --persist
     proc = run("--watch", "nan", cwd=tmp_path, job=job)
     assert proc.returncode == 0, proc.stderr
     lines = said(proc)
     assert lines[1] == (
-        "torchscope: NaN first appears at step 12 in the forward, outside the module calls "
-        "(training-loop code: the loss is non-finite, the replayed modules' outputs are not; "
-        f"backward() at {line_of('scaler.scale(loss).backward()')}) — replayed"
+        "torchscope: NaN first appears at step 12 in torch.sqrt (forward) at "
+        f"{line_of('torch.sqrt(loss - 2.0)')}, in the training loop's code — seen as the step ran"
     )
-    assert lines[2].startswith("torchscope: tracing the next 10 steps in full")
     assert not any("traced live" in s or "enters" in s for s in lines)
-    assert "torchscope: NaN/Inf from step 12 lasted 4 checked steps" in lines[3]
+    assert "torchscope: NaN/Inf from step 12 lasted 4 checked steps" in lines[2]
 
 
 def test_a_job_that_stops_gets_the_command_that_names_a_one_off(tmp_path):
-    proc = run("--watch", "nan", "--on-nan", "stop", cwd=tmp_path, job=LOOP_NAN)
+    proc = run("--watch", "nan", "--on-nan", "stop", cwd=tmp_path, job=PREFETCH_NAN)
     assert proc.returncode == 3, proc.stderr
     hint = (
         f"torchscope: to name its op and line: torchscope run --record trace.tsc --steps 12 "
-        f"{JOB} {' '.join(LOOP_NAN)} (the steps before it run dormant)"
+        f"{JOB} {' '.join(PREFETCH_NAN)} (the steps before it run dormant)"
     )
     assert hint in said(proc)
     assert not any("tracing the next" in s for s in said(proc))

@@ -242,32 +242,22 @@ COMPILE_WARNING = "ignore:Using `torch.compile\\(module\\)` when there are globa
 
 
 @pytest.mark.filterwarnings(COMPILE_WARNING)
-def test_loop_code_around_a_compiled_model_is_placed_at_the_node_it_poisons():
+def test_loop_code_around_a_compiled_model_is_named_at_its_op_and_line():
     """A compiled model's backward is not retained, so the step's graph cannot be replayed
     (it said "Trying to backward through the graph a second time ... origin unknown"): the
-    loop code's nodes were marked as the backward ran them, and the first one the NaN
-    poisons is named, as the replay names it without compile."""
+    loop code's forward ops were recorded as they ran, around the compiled call, and the one
+    that made the loss NaN is named, as without compile."""
     plain = train_compiled(sqrt_of_loss, 4)
     w, lines = watch()
     losses = train_compiled(sqrt_of_loss, 4, ctx=w)
     assert bits(losses) == bits(plain)
     det = w.detections[0]
-    assert (det["step"], det["placed"], det["loop_forward"], det["backward_node"]) == (
-        2,
-        True,
-        True,
-        "SqrtBackward0",
-    )
+    assert (det["step"], det["loop_code"], det["origin"]) == (2, True, "torch.sqrt")
     assert det["where"] == "forward" and det["outside_modules"] and det["notes"] == []
     assert lines[0].startswith(
-        "torchscope: NaN first appears at step 2 in the forward, outside the module calls "
-        "(training-loop code: the loss is non-finite, the replayed modules' outputs are not; "
-        "backward() at "
+        "torchscope: NaN first appears at step 2 in torch.sqrt (forward) at "
     )
-    assert lines[0].endswith(
-        "in the backward it first shows at SqrtBackward0 — placed, not replayed (a compiled "
-        "model keeps no graph to replay)"
-    )
+    assert lines[0].endswith("in the training loop's code — seen as the step ran")
     assert "Trying to backward" not in " ".join(lines) and "origin unknown" not in lines[0]
 
 

@@ -3,7 +3,7 @@ that several early steps overflow in fp16 and are skipped (normal AMP), and a bu
 switched on in a submodule from one step on.
 
     amp_nan.py [--dtype fp16|bf16] [--no-scaler] [--bad STEP] [--persist]
-               [--bug log|sqrt|loop]
+               [--bug log|sqrt|loop|prefetch]
                [--steps N]
 
 Prints one JSON line per step: the loss as the job computed it, the scale, whether the scaler
@@ -22,7 +22,7 @@ parser.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
 parser.add_argument("--no-scaler", action="store_true")
 parser.add_argument("--bad", type=int, default=-1)
 parser.add_argument("--persist", action="store_true")
-parser.add_argument("--bug", default="log", choices=("log", "sqrt", "loop"))
+parser.add_argument("--bug", default="log", choices=("log", "sqrt", "loop", "prefetch"))
 parser.add_argument("--steps", type=int, default=24)
 args = parser.parse_args()
 
@@ -65,13 +65,17 @@ for step in range(args.steps):
     x = torch.randn(64, 16, generator=gen) * 10
     y = torch.randn(64, 1, generator=gen)
     on = step == args.bad or (args.persist and 0 <= args.bad <= step)
-    model.blocks[1].bug = args.bug if on and args.bug != "loop" else None
+    model.blocks[1].bug = args.bug if on and args.bug not in ("loop", "prefetch") else None
+    if on and args.bug == "prefetch":
+        x[0, 0] = float("nan")  # a corrupted record in a batch buffer the loop reuses
     with torch.autocast("cpu", dtype=dtype):
         loss = nn.functional.mse_loss(model(x).float(), y)
     if on and args.bug == "loop":
         loss = torch.sqrt(loss - 2.0)  # NaN origin in the loop's own code
     opt.zero_grad()
     scale = scaler.get_scale()
+    if args.bug == "prefetch":  # the next batch, into the same buffer, before the backward
+        x.copy_(torch.randn(64, 16, generator=gen) * 10)
     scaler.scale(loss).backward()
     before = sum(p.sum().item() for p in model.parameters())
     scaler.step(opt)

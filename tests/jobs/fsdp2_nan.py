@@ -1,6 +1,7 @@
 """FSDP2 (fully_shard per block, then the root) on 2 gloo ranks with AdamW: 8 steps, one
 loss line a rank a step. With JOB_BAD=1, rank 1 takes the square root of negatives in
-layers.1 at step 6 (the line that says so): one NaN, one origin in the whole job."""
+layers.1 at step 6 (the line that says so): one NaN, one origin in the whole job. With
+JOB_BAD=loop, rank 1's own loss code takes the square root of a negative at step 6 instead."""
 
 import datetime
 import os
@@ -16,6 +17,7 @@ timeout = datetime.timedelta(seconds=float(os.environ.get("JOB_PG_TIMEOUT", "10"
 dist.init_process_group("gloo", timeout=timeout)
 rank = dist.get_rank()
 BAD = os.environ.get("JOB_BAD") == "1"
+BAD_LOOP = os.environ.get("JOB_BAD") == "loop"
 BAD_STEP = 6
 
 
@@ -55,6 +57,8 @@ gen = torch.Generator().manual_seed(1 + rank)
 for step in range(int(os.environ.get("JOB_STEPS", "8"))):
     model.layers[1].poison = BAD and rank == 1 and step == BAD_STEP
     loss = model(torch.randn(8, 16, generator=gen)).pow(2).mean()
+    if BAD_LOOP and rank == 1 and step == BAD_STEP:
+        loss = torch.sqrt(loss - 100.0)  # NaN: rank 1's loop code, step 6
     opt.zero_grad()
     loss.backward()
     opt.step()

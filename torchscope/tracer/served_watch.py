@@ -181,11 +181,12 @@ class ServedWatch:
         self._caught_live(det)
         if (
             det is None
-            or det.get("reproduced")
+            or (det.get("reproduced") and not det.get("loop_code"))
             or det.get("last_step") != det.get("step")
             or det.get("skipped")
         ):
-            # A reproduced replay recorded its own alert; a "lasted" summary, a skipped
+            # A reproduced replay recorded its own alert (the loop's code is not replayed:
+            # its origin is alerted here); a "lasted" summary, a skipped
             # update (on_nan="skip") are notes on the detection alerted already.
             return
         self.emit(

@@ -37,6 +37,7 @@ from torchscope.tracer.watch.stop import WatchStop
 
 if TYPE_CHECKING:
     from torchscope.tracer.armed.session import Tracer
+    from torchscope.tracer.watch.loop_code import LoopOps
 
 
 class StepCheck:
@@ -77,6 +78,7 @@ class StepCheck:
     _last_scaler: weakref.ref | None
     _step_scale: float | None
     _bad_run: dict[str, Any] | None
+    loop: LoopOps
     _still_bad: dict[str, Any] | None
     _growth: Growth | None = None  # the last steps' loss and gradient norm (made at first)
     max_skips: int

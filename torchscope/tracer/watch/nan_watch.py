@@ -56,9 +56,11 @@ Memory held per step (the benchmark measures it):
   - A compiled model's step keeps no graph; instead a hook on each loop-code node (the loss
     code: at most ``MAX_LOOP_NODES``) adds a 3-flag bool tensor as the backward runs it.
 
-Not covered (said in the report when it matters): a forward origin in loop code (the loop is
-not re-run; the loss check still catches its NaN, the retained-graph replay names the first
-backward node it poisons), ``GradScaler`` steps it skips (they never call
+The loop's own code between module calls (a loss function, ``torch.distributions``) is not
+re-run: its ops are recorded as they run (:mod:`.loop_code`), and a forward origin there is
+named from them at the detection.
+
+Not covered (said in the report when it matters): ``GradScaler`` steps it skips (they never call
 ``optimizer.step()``), module Python state changed by ``forward``, parameters modified in
 place by ``forward``, other generators than CPU/CUDA, FSDP (the replay would run collectives:
 refused). User hooks on tensors and modules run again in the replay.
@@ -92,6 +94,7 @@ from torchscope.tracer.watch.capture import (
     versions_of,
 )
 from torchscope.tracer.watch.check import StepCheck
+from torchscope.tracer.watch.loop_code import LoopOps
 from torchscope.tracer.watch.norms import ModuleNorms
 from torchscope.tracer.watch.report import print_report
 from torchscope.tracer.watch.roots import TopLevelCalls
@@ -235,6 +238,9 @@ class NanWatch(StepCheck):
         self._last_scaler: weakref.ref | None = None
         self._step_scale: float | None = None  # the scale of the step being checked
         self._error = ReportOnce("the NaN watch", "the job continues")
+        # The loop's own code between module calls (a loss function, torch.distributions),
+        # recorded as it runs: a replay cannot run it again (see loop_code).
+        self.loop = LoopOps(self._error)
         self.last_replay: Any = None  # the replay object of the last detection (tests, UI)
         # The check's one read (watch/norms.py); the agent's adds a sink: each module's norm
         # for the history, from the same read.
@@ -318,6 +324,10 @@ class NanWatch(StepCheck):
     # -- capture -------------------------------------------------------------------------------
     def begin_call(self, module: nn.Module, args: tuple, kwargs: dict | None) -> None:
         self._pending = None
+        if self._calls or self._backwards:
+            self.loop.pause()  # the module's own ops are the replay's
+        else:
+            self.loop.clear()  # the step's first call (or an evaluation's): nothing before it
         if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
             return  # evaluation: nothing of it reaches a gradient
         if len(self._calls) >= self.max_calls:
@@ -330,6 +340,10 @@ class NanWatch(StepCheck):
             return
         self._pending = Call(module, args, dict(kwargs) if kwargs is not None else None)
 
+    @staticmethod
+    def _is_training_call() -> bool:
+        return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+
     def _is_fsdp(self, module: nn.Module) -> bool:
         known = self._fsdp_modules.get(module)
         if known is None:
@@ -340,6 +354,8 @@ class NanWatch(StepCheck):
 
     def end_call(self, module: nn.Module, kwargs: dict, output: Any) -> None:
         call, self._pending = self._pending, None
+        if self._calls or call is not None or self._is_training_call():
+            self.loop.resume()  # the loop's code runs from here until the next call
         if call is None or call.module is not module:
             return
         if call.kwargs is None:
@@ -375,6 +391,7 @@ class NanWatch(StepCheck):
         if not self.installed or self._replaying or threading.get_ident() != self._owner:
             return None
         self._current_backward = None
+        self.loop.pause()  # the loop's forward ends here
         try:
             if "tensors" not in kwargs:
                 # Called with positional arguments we cannot see: no loss check, no graph kept.
@@ -388,6 +405,7 @@ class NanWatch(StepCheck):
             user_retains = bool(kwargs.get("create_graph")) if retain is None else bool(retain)
             rec = Backward(roots, kwargs, user_retains, self._take_scaled(roots))
             self._backwards.append(rec)
+            self.loop.note_roots(rec.unscaled or roots)
             self._current_backward = rec
             if not self.keeping or self._fsdp_step:
                 return None
@@ -617,6 +635,7 @@ class NanWatch(StepCheck):
         calls, self._calls = self._calls, []
         for call in calls:
             call.release()
+        self.loop.clear()
         for b in self._backwards:
             b.drop_graph()
         had_backward = bool(self._backwards) or self._unseen_backward

@@ -15,6 +15,10 @@ exactly as in a fully traced run):
    so a node's source is found by its autograd sequence number: one inside a module call's
    window maps to the replayed node at the same offset (same name required); one outside
    every window is loop code.
+The loop's own forward code is not re-run: what it did was recorded as the step ran
+(``loop_code.LoopOps``). When the loss is non-finite and the replayed module calls are finite,
+the op of the loop's code that made it is the origin, and phases 2-4 do not run.
+
 4. **placement** (no origin yet, no graph kept: a compiled model): the first loop-code node
    that the step's own backward, marked as it ran (``capture.LoopMarks``), fed finite
    gradients and saw send non-finite ones. Named, not replayed: no trace of it.
@@ -53,6 +57,7 @@ from torchscope.tracer.watch.capture import (
 
 if TYPE_CHECKING:
     from torchscope.tracer.armed.session import Tracer
+    from torchscope.tracer.watch.loop_code import LoopOps, LoopOrigin
 
 
 class ReplayedWatch(Protocol):
@@ -67,6 +72,7 @@ class ReplayedWatch(Protocol):
     max_calls: int
     on_nan: str
     tracer_factory: Callable[[int], Tracer] | None
+    loop: LoopOps  # the loop's own code between module calls, as the step ran it
 
 
 def default_tracer(step: int) -> Tracer:
@@ -184,6 +190,8 @@ class Replay:
         self.replayed: list[tuple[Call, Any, int, int]] = []  # (call, output, seq lo, seq hi)
         self._retained_roots: list[torch.Tensor] | None = None
         self.seconds = 0.0
+        self.loop: LoopOrigin | None = None  # where the loop's own code made the loss's value
+        self.faithful = True  # the calls' inputs are as the step saw them
 
     # -- the whole replay ------------------------------------------------------------------
     def run(self) -> None:
@@ -194,16 +202,23 @@ class Replay:
             )
         if watch._unseen_backward and not self.kept:
             notes.append("backward() was called in a way the watch cannot see: no graph kept")
+        self._read_loop()
         if watch._fsdp_step or any(is_fsdp(c.target) for c in self.calls):
             det["fsdp"] = True  # said by the watch's line: whose forward made it
+            if self.loop is not None and not self.loop.entered:
+                self._found_in_loop(self.loop)  # this rank's loop code: no replay needed
+                return
             notes.append(_fsdp_note(det))
             det["reproduced"] = False
+            return
+        if not self.calls and self.loop is not None:
+            self._found_in_loop(self.loop)  # no module call to replay before it
             return
         if not self.calls and not self.kept and not self.marked:
             notes.append("nothing of the step was captured (no top-level module call with grad)")
             det["reproduced"] = False
             return
-        faithful = not self._note_changed_inputs()
+        faithful = self.faithful = not self._note_changed_inputs()
         t0 = time.perf_counter()
         watch._replaying = True
         with _Untraced():
@@ -255,6 +270,15 @@ class Replay:
             self._forward()
             self._flush()
             origin = self._first_alert(("forward", "input"))
+            loop = self.loop
+            if loop is not None and (
+                (origin is None and self._forward_finite() and (self.faithful or not loop.entered))
+                or (origin is not None and origin.get("where") == "input" and not loop.entered)
+            ):
+                # The modules made nothing non-finite (one took it in) and the loop's code
+                # made it: its op and line, as the step ran it.
+                self._found_in_loop(loop)
+                return
             self._guarded("module backward", self._module_backward)
             self._flush()
             if origin is None:
@@ -307,6 +331,40 @@ class Replay:
                 if pipeline is not None:
                     with pipeline.lock, contextlib.suppress(ValueError):
                         pipeline.sinks.remove(self._sink)
+
+    def _read_loop(self) -> None:
+        """Where the loop's own code made the loss non-finite (or took it in), read before
+        the replay runs anything."""
+        if not self.det.get("in_loss"):
+            return
+        try:
+            inputs = [t for c in self.calls for t in tensors_in((c.args, c.kwargs or {}))]
+            self.loop = self.watch.loop.origin(inputs)
+        except Exception as exc:
+            self.det["notes"].append(
+                f"reading the loop's code failed: {type(exc).__name__}: {_first_line(exc)}"
+            )
+
+    def _found_in_loop(self, found: LoopOrigin) -> None:
+        det = self.det
+        det.update(
+            reproduced=True,
+            loop_code=True,
+            outside_modules=True,
+            where="forward",
+            origin=found.op,
+            source=found.source,
+            library=found.library,
+            origin_what=found.what,
+            entered=found.entered,
+            unsure=found.unsure,
+            module=None,
+        )
+        if self.watch.on_nan == "pause":
+            det["notes"].append(
+                "on_nan=pause: the origin is in the loop's code, which a replay does not run "
+                "again: nothing to pause at"
+            )
 
     def _guarded(self, what: str, phase: Any) -> None:
         """A phase that fails (a graph changed in place since) leaves the others' findings."""

@@ -49,6 +49,8 @@ def describe(det: dict[str, Any], rank: int | None = None) -> str:
         # The module as the job's code reaches it, with its class (naming.py): model.4 (Linear)
         module = det.get("module_text") or (f"module {det['module']}" if det.get("module") else "")
         at = (f" in {module}" if module else "") + at
+        if det.get("loop_code"):
+            return loop_code_line(det, who, noun)
         if det.get("loop_forward"):
             return loop_forward_line(det, who, noun, "replayed")
         if det["where"] == "input":
@@ -120,6 +122,32 @@ def placed_line(det: dict[str, Any], who: str, noun: str) -> str:
     return (
         f"{who}: {noun} first appears at step {step_words(det)} in {det['origin']} (backward) "
         f"outside the module calls (training-loop code{at}) — {how}"
+    )
+
+
+def loop_code_line(det: dict[str, Any], who: str, noun: str) -> str:
+    """An origin in the loop's own code between module calls (a loss function, a library's
+    ``log_prob``), as the step ran it: the op, the user's line, and the library's line that
+    ran the op when it is not the user's own."""
+    source = short_source(det.get("source"))
+    at = f" at {source}" if source else ""
+    library = det.get("library")
+    inside = f" ({library})" if library else ""
+    step = step_words(det)
+    if det.get("entered"):
+        return (
+            f"{who}: {noun} enters the training loop's code at step {step} in "
+            f"{det['origin']}{at}{inside}: one of its inputs already held it (the batch, or a "
+            "value made before the loop's code) — seen as the step ran"
+        )
+    unsure = (
+        " (an input of it is no longer held to tell whether it came in already)"
+        if det.get("unsure")
+        else ""
+    )
+    return (
+        f"{who}: {noun} first appears at step {step} in {det['origin']} (forward){at}{inside}, "
+        f"in the training loop's code{unsure} — seen as the step ran"
     )
 
 
