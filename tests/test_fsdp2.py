@@ -76,13 +76,15 @@ def test_the_watch_stops_a_nan_on_one_rank_and_says_which_rank_made_it(tmp_path)
     assert code != 0 and "exitcode  : 3" in err, err[-3000:]
     assert "internal error" not in err, err[-3000:]
     assert "rank 1 step 6" not in out  # stopped before the bad update
+    # Every rank replays the step together (the same all-gathers in the same order): the rank
+    # that made it names the op, the line and the module.
     (made,) = [line for line in err.splitlines() if line.startswith("torchscope[rank 1]: NaN")]
-    assert made == (
-        "torchscope[rank 1]: NaN in the loss at step 6: this rank's own forward made it (under "
-        "FSDP the step is not replayed: its collectives would run on this rank alone)"
-    )
-    # The rank that made it gets the command that names the op and line.
-    assert "torchscope[rank 1]: to name its op and line: torchrun ... -m torchscope run " in err
+    assert made.startswith(
+        "torchscope[rank 1]: NaN first appears at step 6 in aten.sqrt.default inside torch.sqrt "
+        "(forward) in model.layers.1 (Block) at "
+    ) and made.endswith(f"fsdp2_nan.py:{SQRT_LINE} — replayed"), made
+    assert "torchscope[rank 1]: waiting up to 5 s for every rank to replay step 6 together" in err
+    assert "to name its op and line" not in err
 
 
 def test_a_nan_made_by_one_ranks_loop_code_is_named_at_its_op_and_line(tmp_path):
@@ -106,11 +108,27 @@ def test_the_watch_on_the_other_rank_says_the_nan_came_through_the_reduce_scatte
     # loaded machine can come before this rank's own check has said anything.
     _, _, err = _run(tmp_path, BAD, "--watch", "nan")
     assert "internal error" not in err, err[-3000:]
-    (came,) = [line for line in err.splitlines() if line.startswith("torchscope[rank 0]: NaN")]
+    (came,) = [s for s in err.splitlines() if s.startswith("torchscope[rank 0]: NaN in")]
     assert came.startswith(
         "torchscope[rank 0]: NaN in the gradients at step 6 came from another rank through "
         "FSDP's gradient reduce-scatter"
     ), came
+
+
+def test_under_skip_both_ranks_refuse_the_update_and_train_on_as_if_it_was_left_out(tmp_path):
+    """The replay runs FSDP's forward on both ranks and reshards after it: the steps after the
+    skipped one are bit-identical to a job that made no update at that step."""
+    for name in ("plain", "skip"):
+        (tmp_path / name).mkdir()
+    _, left_out, err = _run(tmp_path / "plain", {**SHORT, "JOB_LEAVE_OUT": "6", "JOB_STEPS": "9"})
+    code, out, err = _run(tmp_path / "skip", {**BAD, "JOB_STEPS": "9"}, "--watch", "nan",
+                          "--on-nan", "skip")  # fmt: skip
+    assert code == 0 and "internal error" not in err, err[-3000:]
+    after = [line for line in _losses(out) if int(line.split()[3]) > 6]
+    assert after == [line for line in _losses(left_out) if int(line.split()[3]) > 6]
+    assert len(after) == 4  # steps 7 and 8 on both ranks
+    for rank in (0, 1):
+        assert f"torchscope[rank {rank}]: skipped the update of step 6; training goes on" in err
 
 
 def test_a_recording_holds_one_origin_in_the_job_on_the_rank_that_made_it(tmp_path):

@@ -1,7 +1,9 @@
 """FSDP2 (fully_shard per block, then the root) on 2 gloo ranks with AdamW: 8 steps, one
 loss line a rank a step. With JOB_BAD=1, rank 1 takes the square root of negatives in
 layers.1 at step 6 (the line that says so): one NaN, one origin in the whole job. With
-JOB_BAD=loop, rank 1's own loss code takes the square root of a negative at step 6 instead."""
+JOB_BAD=loop, rank 1's own loss code takes the square root of a negative at step 6 instead.
+With JOB_LEAVE_OUT=6, the job itself makes no update at step 6 (what a skipped update should
+leave)."""
 
 import datetime
 import os
@@ -61,7 +63,8 @@ for step in range(int(os.environ.get("JOB_STEPS", "8"))):
         loss = torch.sqrt(loss - 100.0)  # NaN: rank 1's loop code, step 6
     opt.zero_grad()
     loss.backward()
-    opt.step()
+    if os.environ.get("JOB_LEAVE_OUT") != str(step):
+        opt.step()
     sys.stdout.write(f"rank {rank} step {step} {loss.item()!r}\n")  # one write: shared pipe
     sys.stdout.flush()
 dist.destroy_process_group()

@@ -20,6 +20,7 @@ import torch
 from torchscope.tracer import scaler_calls
 from torchscope.tracer.clock import StepClock
 from torchscope.tracer.errors import ReportOnce
+from torchscope.tracer.ranks import speaker
 from torchscope.tracer.watch.capture import Backward, Call, replay_target
 from torchscope.tracer.watch.growth import Growth
 from torchscope.tracer.watch.naming import module_text
@@ -171,7 +172,7 @@ class StepCheck:
                 scale = f" (its scale is now {scaler.get_scale():.3g})"
         with contextlib.suppress(Exception):
             self.report(
-                f"torchscope: the loss scaler skipped {self._skips} steps in a row{scale}"
+                f"{speaker()}: the loss scaler skipped {self._skips} steps in a row{scale}"
                 f"{loss} (steps {self.step - self._skips}-{self.step - 1} made no update)"
             )
 
@@ -191,7 +192,7 @@ class StepCheck:
             return None
         what = bad_words(run)
         line = (
-            f"torchscope: still {what} at step {self.step} (first at step {run['step']}): "
+            f"{speaker()}: still {what} at step {self.step} (first at step {run['step']}): "
             "stopped before the update"
         )
         with contextlib.suppress(Exception):
@@ -215,7 +216,7 @@ class StepCheck:
         n = self._bad_in_row + 1  # this one included
         if n > self.max_skips:
             line = (
-                f"torchscope: {bad_words(run)} at step {step}, {n} bad steps in a row since step "
+                f"{speaker()}: {bad_words(run)} at step {step}, {n} bad steps in a row since step "
                 f"{step - n + 1} (at most {self.max_skips} updates skipped in a row): stopped "
                 "before the update"
             )
@@ -227,10 +228,10 @@ class StepCheck:
         self.skipped_step = step
         self.updates_skipped += 1
         run["skipped"] = True
-        line = f"torchscope: skipped the update of step {step}; training goes on"
+        line = f"{speaker()}: skipped the update of step {step}; training goes on"
         if n > 1:
             line = (
-                f"torchscope: skipped the update of step {step}: still {bad_words(run)} ({n} bad "
+                f"{speaker()}: skipped the update of step {step}: still {bad_words(run)} ({n} bad "
                 f"steps in a row since step {step - n + 1}; {self.max_skips + 1} in a row stop "
                 "the job)"
             )
@@ -483,7 +484,7 @@ class StepCheck:
             what = "a gradient norm above the limit" if run["what"] == GRADNORM else "NaN/Inf"
             with contextlib.suppress(Exception):
                 self.report(
-                    f"torchscope: {what} from step {run['step']} lasted {run['repeats'] + 1} "
+                    f"{speaker()}: {what} from step {run['step']} lasted {run['repeats'] + 1} "
                     f"checked steps (to step {run['last_step']}; reported once)"
                 )
 

@@ -100,7 +100,11 @@ def _eager(module: nn.Module) -> nn.Module:
 
 
 def _class_of(module: nn.Module) -> str:
-    return type(_eager(module)).__name__
+    cls = type(_eager(module))
+    # fully_shard swaps a module's class for FSDP<Name>(FSDPModule, Name): the user's is Name.
+    if cls.__bases__ and cls.__bases__[0].__name__ == "FSDPModule" and len(cls.__bases__) > 1:
+        cls = cls.__bases__[1]
+    return cls.__name__
 
 
 def _owns_parameters(module: nn.Module) -> bool:

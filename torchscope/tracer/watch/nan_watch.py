@@ -62,8 +62,9 @@ named from them at the detection.
 
 Not covered (said in the report when it matters): ``GradScaler`` steps it skips (they never call
 ``optimizer.step()``), module Python state changed by ``forward``, parameters modified in
-place by ``forward``, other generators than CPU/CUDA, FSDP (the replay would run collectives:
-refused). User hooks on tensors and modules run again in the replay.
+place by ``forward``, other generators than CPU/CUDA, a backward-only origin inside an FSDP
+module (every rank replays an FSDP step's forward together, see :mod:`.fsdp_replay`, never its
+backward). User hooks on tensors and modules run again in the replay.
 
 This module holds the watch's hooks and captures (what the check decides on); the check and
 its verdict are :mod:`.check`, the norms it reads :mod:`.norms`, the line it prints
@@ -334,10 +335,9 @@ class NanWatch(StepCheck):
             self._overflow = True
             return
         if self._is_fsdp(module):
-            # Never replayed (it would run FSDP's collectives on this rank alone): nothing to
-            # capture, no graph to keep. The report says whose forward made it instead.
+            # Replayed only by every rank together (see fsdp_replay); no graph kept (its
+            # backward would run FSDP's reduce-scatter again).
             self._fsdp_step = True
-            return
         self._pending = Call(module, args, dict(kwargs) if kwargs is not None else None)
 
     @staticmethod
@@ -365,7 +365,8 @@ class NanWatch(StepCheck):
         outs = tensors_in(output)
         call.n_out = len(outs)
         ref = weakref.ref(self)
-        for i, t in enumerate(outs):
+        # An FSDP call's replay is a forward alone (see fsdp_replay): no output gradients.
+        for i, t in enumerate(outs if not self._is_fsdp(module) else ()):
             if t.requires_grad:
                 call.handles.append(t.register_hook(_grad_catcher(ref, call, i)))
         self._calls.append(call)

@@ -47,6 +47,8 @@ from torchscope.protocol.events import ALERT, ATEN
 from torchscope.tracer.armed.backward import NODE_ID, NODE_MOD, NODE_OP, NODE_SRC, node_name
 from torchscope.tracer.eager import rng_state, set_rng_state
 from torchscope.tracer.in_place import running_eagerly
+from torchscope.tracer.ranks import say
+from torchscope.tracer.watch import fsdp_replay
 from torchscope.tracer.watch.capture import (
     REPLAY_ATEN,
     Backward,
@@ -67,7 +69,7 @@ class ReplayedWatch(Protocol):
     _backwards: list[Backward]  # its top-level backward() calls
     _overflow: bool  # more calls than it keeps
     _unseen_backward: bool  # a backward() it could not see
-    _fsdp_step: bool  # an FSDP module's top-level call: not captured, never replayed
+    _fsdp_step: bool  # an FSDP module's top-level call: replayed by every rank together
     _replaying: bool  # set while the replay runs (the watch ignores its own calls)
     max_calls: int
     on_nan: str
@@ -192,6 +194,7 @@ class Replay:
         self.seconds = 0.0
         self.loop: LoopOrigin | None = None  # where the loop's own code made the loss's value
         self.faithful = True  # the calls' inputs are as the step saw them
+        self.fsdp = False  # every rank replays the step together: a forward under no_grad
 
     # -- the whole replay ------------------------------------------------------------------
     def run(self) -> None:
@@ -205,12 +208,16 @@ class Replay:
         self._read_loop()
         if watch._fsdp_step or any(is_fsdp(c.target) for c in self.calls):
             det["fsdp"] = True  # said by the watch's line: whose forward made it
-            if self.loop is not None and not self.loop.entered:
-                self._found_in_loop(self.loop)  # this rank's loop code: no replay needed
+            loop = self.loop if self.loop is not None and not self.loop.entered else None
+            why_not = fsdp_replay.agree(self.step, loop is None, say)
+            if loop is not None:
+                self._found_in_loop(loop)  # this rank's loop code: no replay needed
                 return
-            notes.append(_fsdp_note(det))
-            det["reproduced"] = False
-            return
+            if why_not is not None:
+                notes.append(f"{_fsdp_note(det)} ({why_not})")
+                det["reproduced"] = False
+                return
+            self.fsdp = True
         if not self.calls and self.loop is not None:
             self._found_in_loop(self.loop)  # no module call to replay before it
             return
@@ -232,6 +239,9 @@ class Replay:
         except Exception as exc:
             notes.append(f"the replay failed: {type(exc).__name__}: {_first_line(exc)}")
         finally:
+            if self.fsdp:
+                with _Untraced():
+                    fsdp_replay.reshard([c.target for c in self.calls])
             # Nothing of the step outlives the replay: its graphs, inputs and the tracer go
             # now; the events (plain data) stay for whoever looks at the detection.
             self.replayed, self.calls, self.kept, self._retained_roots = [], [], [], None
@@ -408,7 +418,8 @@ class Replay:
             with _Untraced():
                 set_rng_state(call.rng)
             with contextlib.ExitStack() as stack:
-                stack.enter_context(torch.enable_grad())
+                # Under FSDP no backward follows: without grad, FSDP's forward registers none.
+                stack.enter_context(torch.no_grad() if self.fsdp else torch.enable_grad())
                 stack.enter_context(running_eagerly(call.target))  # model.compile()'s own code
                 for dev, dtype in call.autocast:
                     stack.enter_context(torch.autocast(dev, dtype=dtype))
