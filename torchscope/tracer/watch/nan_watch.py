@@ -354,8 +354,15 @@ class NanWatch(StepCheck):
 
     def end_call(self, module: nn.Module, kwargs: dict, output: Any) -> None:
         call, self._pending = self._pending, None
-        if self._calls or call is not None or self._is_training_call():
-            self.loop.resume()  # the loop's code runs from here until the next call
+        try:
+            self._end_call(module, call, kwargs, output)
+        finally:
+            # The loop's code runs from here until the next call (after the watch's own
+            # calls above: they are not the job's).
+            if self._calls or call is not None or self._is_training_call():
+                self.loop.resume()
+
+    def _end_call(self, module: nn.Module, call: Call | None, kwargs: dict, output: Any) -> None:
         if call is None or call.module is not module:
             return
         if call.kwargs is None:
@@ -477,6 +484,7 @@ class NanWatch(StepCheck):
         the closure makes the gradients, inside ``step()``."""
         if not self.installed or self._replaying:
             return False
+        self.loop.pause()  # the update is not the loop's code
         self._hand_updates, self._hand_writes = False, None  # an optimizer ends the steps
         if self._checked_at_backward:
             self._checked_at_backward = False
@@ -522,6 +530,7 @@ class NanWatch(StepCheck):
         gradients until it ends (``refuse``; a scaled backward's check leaves them to the
         loss scaler, which skips a step with non-finite gradients itself)."""
         stop: WatchStop | None = None
+        self.loop.pause()  # what runs from here is the watch's and the optimizer's, not the loop's
         try:
             stop = self._stop(self.check(params))
             if stop is None and refuse and self.skipped_step == self.step:
@@ -588,6 +597,7 @@ class NanWatch(StepCheck):
         on as under "continue" (said once).
         """
         stop = None
+        self.loop.pause()
         try:
             detection = self.check(params)
             if self.on_nan != "skip":
