@@ -15,6 +15,8 @@ frozen; paired ratio = median over rounds of row block median / untraced block m
   untraced                    the plain training step
   serve(watch='nan')          the headline: the dormant agent with the watch, as
                               ``torchscope.serve(watch="nan")`` / ``run --watch nan`` start it
+  serve(watch='nan,spike')    the same with the loss spike watch too (its window and rule on
+                              the figures the check read: no extra read)
   ..., its check skipped      the same with the check made a no-op (a diagnostic: what the
                               hooks, the capture for a replay and the history cost)
   ..., loop code unrecorded   the same with the loop's code between module calls not recorded
@@ -75,6 +77,12 @@ def rows() -> list[Config]:
             "serve",
             "serve(watch='nan'): what a user pays",
             lambda w: serving(w, watch="nan"),
+            untimed=1,
+        ),
+        Config(
+            "spike",
+            "serve(watch='nan,spike'): the loss spike watch too",
+            lambda w: serving(w, watch="nan,spike"),
             untimed=1,
         ),
         Config(

@@ -96,6 +96,7 @@ def serve(
     quiet: bool = False,
     watch: str | None = None,
     on_nan: str = "continue",
+    on_spike: str = "continue",
     max_skips: int = MAX_SKIPS,
     history: bool = True,
     log: Any = None,
@@ -110,10 +111,10 @@ def serve(
     dormant again. The agent stops when the interpreter exits.
 
     A second call (a notebook's later cell) returns the running agent and applies what can
-    change while it runs: ``watch``, ``on_nan`` and ``max_skips`` at once (turned on, off, or
-    another policy), the tracing options (``values``, ``aten``...) from the next traced step;
-    it says in one line on stderr which options cannot change (``record``, ``steps``,
-    ``break_on``...).
+    change while it runs: ``watch``, ``on_nan``, ``on_spike`` and ``max_skips`` at once
+    (turned on, off, or another policy), the tracing options (``values``, ``aten``...) from
+    the next traced step; it says in one line on stderr which options cannot change
+    (``record``, ``steps``, ``break_on``...).
     Under ``torchscope run`` the command line's options hold; only the options this call sets
     apply. The same options again change nothing.
 
@@ -124,7 +125,10 @@ def serve(
     ``optimizer.step()``, before the update) or ``"skip"`` (refuses the bad update, as a
     ``GradScaler`` skips an overflowed step: weights and optimizer state stay as they were,
     training goes on; after ``max_skips`` bad steps in a row the next one stops the job as
-    ``"stop"`` does). A stop that nothing catches ends the job as
+    ``"stop"`` does). ``watch="nan,spike"`` also catches a loss spike (the loss or the gradient
+    norm far above the run's recent steps, from the same read: no extra sync) before the
+    update; ``on_spike`` is then one of the same policies (``"pause"`` goes on as
+    ``"continue"``). A stop that nothing catches ends the job as
     ``torchscope run`` does: one line, exit code 3, no traceback; in a notebook the cell ends
     with a one-line ``WatchStop`` error and the kernel goes on (the update was not made).
 
@@ -158,6 +162,7 @@ def serve(
         quiet=quiet,
         watch=watch,
         on_nan=on_nan,
+        on_spike=on_spike,
         max_skips=max_skips,
         history=history,
         log=log,

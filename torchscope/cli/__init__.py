@@ -105,8 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
         "watch", help="switch the NaN watch of a running job on or off (see 'run --watch')"
     )
     watch.add_argument("target", nargs="?", help="pid or control endpoint (default: the only one)")
-    watch.add_argument("--spec", default="nan", help="nan or gradnorm:X (default nan)")
+    watch.add_argument(
+        "--spec", default="nan", help="nan, gradnorm:X, spike or a comma list (default nan)"
+    )
     watch.add_argument("--on-nan", default="continue", choices=POLICIES, help="policy")
+    watch.add_argument("--on-spike", choices=POLICIES, help="policy after a loss spike")
     watch.add_argument(
         "--max-skips",
         type=int,

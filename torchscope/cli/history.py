@@ -97,7 +97,7 @@ def _table(points: list[dict[str, Any]], buckets: list[dict[str, Any]]) -> Itera
     # A loss scaler's column only in a job that has one: the scale; the update's (skipped by
     # the scaler or the watch's on_nan="skip") where one was.
     scaler = any(p.get("scale") is not None for p in points)
-    updates = scaler or any(p.get("skipped") for p in points)
+    updates = scaler or any(p.get("skipped") or p.get("spike") for p in points)
     head = f"{'SCALE':>10} " if scaler else ""
     head += f"{'UPDATE':<8} " if updates else ""
     yield f"{'STEP':>12} {'LOSS':>13} {'GRAD NORM':>13} {head}{'TRACED':<6} LARGEST MODULE NORM"
@@ -115,6 +115,8 @@ def _table(points: list[dict[str, Any]], buckets: list[dict[str, Any]]) -> Itera
             cols = f"{_num(p.get('scale')):>10} "
         if updates:
             update = "skipped" if p.get("skipped") else ""
+            if p.get("spike"):  # a loss spike the watch caught (watch="spike")
+                update = "spk,skip" if update else "spike"
             cols += f"{update:<8} "
         yield (
             f"{p.get('step')!s:>12} {_num(p.get('loss')):>13} {_num(p.get('grad_norm')):>13} "

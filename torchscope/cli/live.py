@@ -310,6 +310,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 spec=spec,
                 on_nan=args.on_nan,
                 **({} if args.max_skips is None else {"max_skips": args.max_skips}),
+                **({} if args.on_spike is None else {"on_spike": args.on_spike}),
             )
             pid = (client.session or {}).get("pid", args.target)
     except (SessionUnreachable, SessionRefused, EndpointError) as exc:

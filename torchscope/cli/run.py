@@ -19,8 +19,9 @@ RUN_USAGE = r"""usage: torchscope run [--record FILE] [--steps SPEC] [--values N
                       [--break-on COND] [--log COND EXPR] [--edit COND EXPR]
                       [--wait] [--hold] [--lease SECONDS] [--optimizer-ops]
                       [--aten[=MODULE_REGEX]] [--eager-check]
-                      [--watch nan|gradnorm:X] [--on-nan continue|pause|stop|skip]
-                      [--max-skips N] [--quiet] (SCRIPT | -m MODULE) [ARGS ...]
+                      [--watch nan|gradnorm:X|spike] [--on-nan continue|pause|stop|skip]
+                      [--on-spike continue|pause|stop|skip] [--max-skips N] [--quiet]
+                      (SCRIPT | -m MODULE) [ARGS ...]
 
 Run a Python script (or module, like `python -m`) so that torchscope can trace it. Options
 must come before the script; everything after it goes to the script.
@@ -70,13 +71,17 @@ torchscope.step() call; in a job with neither, one per backward()).
                   gradients differ from the compiled ones; the job keeps the compiled results
   --watch SPEC    check every step, before the update, that the gradients and the loss are
                   finite (one fused check, one host sync per step; nothing per op):
-                  nan, or gradnorm:X (also a total gradient norm above X). A bad step is
-                  replayed traced to name where the NaN/Inf first appears (recorded with
-                  --record; shown to an attached UI)
+                  nan, or gradnorm:X (also a total gradient norm above X), or spike (also a
+                  loss spike: the loss or the gradient norm far above the run's recent
+                  steps), or a comma list (nan,spike). A bad step is replayed traced to name
+                  where the NaN/Inf first appears (recorded with --record; shown to an
+                  attached UI)
   --on-nan POLICY after the watch reports: continue (default), pause (hold at the origin in
                   the replay for a UI), stop (exit with code 3 before the update), or skip
                   (refuse the update, as a loss scaler skips an overflowed step: weights and
                   optimizer state stay as they were, and training goes on)
+  --on-spike POLICY after a loss spike (--watch spike): the same policies (pause goes on as
+                  continue); skip refuses the spiked update
   --max-skips N   with --on-nan skip: after N bad steps in a row, the next one stops the job
                   as stop does (default 5)
   --quiet         no torchscope lines on stderr
@@ -99,6 +104,7 @@ class RunOptions:
     lease: float = 10.0
     watch: str | None = None
     on_nan: str = "continue"
+    on_spike: str = "continue"
     max_skips: int | None = None
     module: str | None = None
     script: str | None = None
@@ -121,6 +127,7 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
             "--lease",
             "--watch",
             "--on-nan",
+            "--on-spike",
             "--max-skips",
             "-m",
         ):
@@ -137,12 +144,12 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
                 opts.breakpoints.append(_action_spec(name, value, next(it, None)))
             elif name == "--watch":
                 opts.watch = _watch_spec(value)
-            elif name == "--on-nan":
+            elif name in ("--on-nan", "--on-spike"):
                 from torchscope.tracer.watch.stop import POLICIES
 
                 if value not in POLICIES:
-                    raise UsageError(f"--on-nan takes {', '.join(POLICIES)}, not {value!r}")
-                opts.on_nan = value
+                    raise UsageError(f"{name} takes {', '.join(POLICIES)}, not {value!r}")
+                setattr(opts, name[2:].replace("-", "_"), value)
             elif name == "--max-skips":
                 if not value.isdigit():
                     raise UsageError(f"--max-skips takes a count of steps, not {value!r}")
@@ -203,9 +210,15 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
 
 def _checked(opts: RunOptions) -> RunOptions:
     """Options that only mean something together."""
+    from torchscope.tracer.steps import parse_watch_spec
+
     if opts.on_nan != "continue" and not opts.watch:
         raise UsageError(f"--on-nan {opts.on_nan} acts on what --watch finds: add --watch nan")
-    if opts.max_skips is not None and opts.on_nan != "skip":
+    if opts.on_spike != "continue" and not (opts.watch and parse_watch_spec(opts.watch).spike):
+        raise UsageError(
+            f"--on-spike {opts.on_spike} acts on the spikes --watch spike finds: add --watch spike"
+        )
+    if opts.max_skips is not None and "skip" not in (opts.on_nan, opts.on_spike):
         raise UsageError("--max-skips counts the updates --on-nan skip refuses: add --on-nan skip")
     return opts
 
@@ -317,6 +330,7 @@ def cmd_run(opts: RunOptions) -> int:
             quiet=opts.quiet,
             watch=opts.watch,
             on_nan=opts.on_nan,
+            on_spike=opts.on_spike,
             max_skips=MAX_SKIPS if opts.max_skips is None else opts.max_skips,
             metadata={
                 "script": script or opts.module,

@@ -266,7 +266,9 @@ def build_server(*, record_timeout_cap: float = 600.0) -> MCPServer:
     @tool()
     def watch(
         job: Job = None,
-        spec: Annotated[str, Field(description="nan, or gradnorm:X", max_length=64)] = "nan",
+        spec: Annotated[
+            str, Field(description="nan, gradnorm:X, spike, or a comma list", max_length=64)
+        ] = "nan",
         on_nan: Annotated[
             str,
             Field(
@@ -279,11 +281,21 @@ def build_server(*, record_timeout_cap: float = 600.0) -> MCPServer:
             int | None,
             Field(ge=0, description="with on_nan=skip: bad steps in a row before it stops"),
         ] = None,
+        on_spike: Annotated[
+            str | None,
+            Field(
+                description="with spec spike: what the job does after a loss spike",
+                pattern=f"^({'|'.join(POLICIES)})$",
+                json_schema_extra={"enum": list(POLICIES)},
+            ),
+        ] = None,
         off: Annotated[bool, Field(description="stop watching")] = False,
     ) -> dict[str, Any]:
         """Switch a running job's NaN watch on (from its next backward: every step checked,
         an untraced job's NaN replayed to name the op and line) or off, as `torchscope watch`."""
-        limit = {} if max_skips is None else {"max_skips": max_skips}
+        limit: dict[str, Any] = {} if max_skips is None else {"max_skips": max_skips}
+        if on_spike is not None:
+            limit["on_spike"] = on_spike
         _ask(jobs, job, "watch", spec=None if off else spec, on_nan=on_nan, **limit)
         if off:
             return {"watch": None, "said": "stops watching for NaN at its next backward()"}
@@ -700,8 +712,12 @@ def build_server(*, record_timeout_cap: float = 600.0) -> MCPServer:
         """Let a job go, as quitting the UI: it goes dormant at its next step boundary (unless
         others hold it), this server's breakpoints and pauses with it."""
         link = await _link(jobs, job)
+        before = pause_key(link.paused)
         await _call(link.release)
         await _call(link.request, "state")
+        await _wait_resumed(link, before)
+        if link.paused is not None and (link.state or {}).get("paused") is None:
+            link.stepper.clear()  # the job says it runs: the pause this server saw is over
         return {**_stepper(link), "said": f"{link.label} let go"}
 
     return server

@@ -344,6 +344,9 @@ register_command(
             # Under "skip": bad steps in a row refused before the next one stops the job
             # (absent: the job's own setting; sent only when given, which older jobs refuse).
             "max_skips": Int(0, 2**31, default=None, nullable=True),
+            # After a loss spike (spec "spike"): absent, the job's own setting (sent only
+            # when given, as max_skips).
+            "on_spike": Str(16, re.compile("|".join(POLICIES)), default=None, nullable=True),
         }
     ),
     fields({"watch": Str(64, default=None, nullable=True)}, extra=True),
@@ -391,7 +394,7 @@ register_command(
     "edit",
     fields(
         {
-            "expr": Str(1000),
+            "expr": Str(1000, default=None, nullable=True),  # None: a cancel
             "group": Str(32, re.compile(r"[a-z_]+"), default=None, nullable=True),
             "index": Int(0, 100_000, default=None, nullable=True),
             "poll": Int(1, 2**62, default=None, nullable=True),

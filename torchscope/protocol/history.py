@@ -47,7 +47,7 @@ class StepPoint:
     skipped (by the NaN watch under ``on_nan="skip"``, or by a loss scaler). Under a loss
     scaler: ``scale``, the scale the step ran with; ``skipped`` when the scaler skipped its
     update (inf/NaN in the
-    scaled gradients).
+    scaled gradients). ``spike``: the watch caught a loss spike at the step (``watch="spike"``).
     """
 
     step: int
@@ -58,6 +58,7 @@ class StepPoint:
     traced: bool = False
     scale: float | None = None
     skipped: bool = False
+    spike: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"step": self.step, "loss": self.loss}
@@ -73,6 +74,8 @@ class StepPoint:
             out["scale"] = self.scale
         if self.skipped:
             out["skipped"] = True
+        if self.spike:
+            out["spike"] = True  # (absent otherwise: older readers never see it)
         return out
 
     @classmethod
@@ -86,6 +89,7 @@ class StepPoint:
             traced=bool(d.get("traced", False)),
             scale=_float_or_none(d.get("scale")),
             skipped=bool(d.get("skipped", False)),
+            spike=bool(d.get("spike", False)),
         )
 
 

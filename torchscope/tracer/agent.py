@@ -397,7 +397,11 @@ class Agent(ServedWatch):
         skipped = self.clock.counted_by == BY_SCALER or (
             watch is not None and watch.skipped_step == step - 1
         )
-        added = history.step_ends(step, skipped=skipped) if self.options.history else []
+        # A loss spike the watch caught there (watch="spike").
+        spike = watch is not None and getattr(watch, "spiked_step", None) == step - 1
+        added = (
+            history.step_ends(step, skipped=skipped, spike=spike) if self.options.history else []
+        )
         if not self.holders.held:
             history.eager = False
             return

@@ -157,7 +157,7 @@ class HistoryCollector:
         self._module_norms = modules
 
     # -- step boundaries (training thread) -----------------------------------------------------
-    def step_ends(self, new: int, *, skipped: bool = False) -> list[StepPoint]:
+    def step_ends(self, new: int, *, skipped: bool = False, spike: bool = False) -> list[StepPoint]:
         """Step ``new`` begins: the step before it gets its point (``skipped``: a loss scaler
         skipped its update). Returns the points that reached the history now (this one, or
         a batch whose values arrived)."""
@@ -178,6 +178,7 @@ class HistoryCollector:
                 module_norms=self._module_norms,
                 traced=self.traced_now,
                 skipped=skipped,
+                spike=spike,
             )
             self._grad_norm = self._module_norms = None
             on_device: list[tuple[str, torch.Tensor]] = []

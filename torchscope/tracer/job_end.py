@@ -19,9 +19,10 @@ import os
 import sys
 from typing import Any, NoReturn
 
-# How each place names the policy that stopped the job ("stop", or "skip" at its limit).
-RUN_POLICY = "--on-nan {}"
-SERVE_POLICY = 'on_nan="{}"'
+# How each place names the policy that stopped the job ("stop", or "skip" at its limit), and
+# its option (on_nan, or on_spike for a loss spike).
+RUN_POLICY = "--{dashed} {policy}"
+SERVE_POLICY = '{option}="{policy}"'
 
 _installed = False
 
@@ -29,7 +30,10 @@ _installed = False
 def stopped(exc: Any, policy: str) -> str:
     """What the watch did (``exc``: a ``WatchStop``): ``stopped before the update of step 3
     (on_nan="stop")``; ``policy``: how this place spells it (``RUN_POLICY``)."""
-    named = policy.format(getattr(exc, "policy", "stop"))
+    option = getattr(exc, "option", "on_nan")
+    named = policy.format(
+        option=option, dashed=option.replace("_", "-"), policy=getattr(exc, "policy", "stop")
+    )
     return f"stopped before the update of step {exc.detection.get('step')} ({named})"
 
 

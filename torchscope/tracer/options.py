@@ -49,6 +49,7 @@ class ServeKeywords(TypedDict, total=False):
     quiet: bool
     watch: str | None
     on_nan: str
+    on_spike: str
     max_skips: int
     history: bool
     log: Any  # (spec, expression) logpoints: see serve()
@@ -84,8 +85,9 @@ class Options:
     aten: bool | str | None = None  # the aten level in traced steps (tracer/armed/aten.py)
     eager_check: bool = False  # compiled calls also run eagerly, compared (armed/eager_check)
     quiet: bool = False
-    watch: str | None = None  # "nan", "gradnorm:X": the always-on NaN watch (tracer/watch/)
+    watch: str | None = None  # "nan", "gradnorm:X", "spike": the always-on watch (tracer/watch/)
     on_nan: str = "continue"  # what the watch does after a detection: one of POLICIES
+    on_spike: str = "continue"  # after a loss spike (watch "spike"): one of POLICIES
     max_skips: int = MAX_SKIPS  # under "skip": updates refused in a row before it stops
     # The run's loss history (tracer/history.py) and, with the watch, its norms per module.
     history: bool = True
@@ -175,8 +177,11 @@ class Options:
             from torchscope.tracer.steps import parse_watch
 
             parse_watch(self.watch)
-        if self.on_nan not in POLICIES:
-            raise ValueError(f"on_nan must be one of {', '.join(POLICIES)}, not {self.on_nan!r}")
+        for name in ("on_nan", "on_spike"):
+            if getattr(self, name) not in POLICIES:
+                raise ValueError(
+                    f"{name} must be one of {', '.join(POLICIES)}, not {getattr(self, name)!r}"
+                )
         if type(self.max_skips) is not int or self.max_skips < 0:
             raise ValueError(
                 f"max_skips must be a count of steps (an int >= 0), not {self.max_skips!r}"

@@ -32,7 +32,7 @@ from torchscope.tracer.ranks import say
 if TYPE_CHECKING:
     from torchscope.tracer.agent import Agent
 
-WATCH = ("watch", "on_nan", "max_skips")
+WATCH = ("watch", "on_nan", "on_spike", "max_skips")
 AT_ARMING = ("values", "optimizer_ops", "aten", "eager_check", "quiet")
 FIXED = ("record", "steps", "breakpoints", "wait", "hold", "lease", "history")
 KEYWORD = {"breakpoints": "break_on"}  # Options' names that are not serve()'s
@@ -52,8 +52,9 @@ def serve_again(agent: Agent, wanted: Options, only: Iterable[str] | None = None
         running, on_nan = agent.watch_setting()
         spec = wanted.watch if "watch" in asked else running
         on_nan = wanted.on_nan if "on_nan" in asked else on_nan
-        if "max_skips" in asked:
-            opts.max_skips = wanted.max_skips  # read when the watch (re)starts
+        for name in ("max_skips", "on_spike"):
+            if name in asked:
+                setattr(opts, name, getattr(wanted, name))  # read when the watch (re)starts
         if spec is None and running is None:
             opts.on_nan = on_nan  # no watch to act on it: the policy waits for one
         else:

@@ -111,6 +111,8 @@ class ServedWatch:
             parse_watch(spec)  # StepSpecError (a ValueError): refused with its one line
         if args.get("max_skips") is not None:  # read when the watch starts (on_nan="skip")
             self.options.max_skips = int(args["max_skips"])
+        if args.get("on_spike") is not None:  # read when the watch starts (spec "spike")
+            self.options.on_spike = str(args["on_spike"])
         self.request_watch(spec, args.get("on_nan") or "continue")
         return {"watch": spec, "step": self.clock.step}
 
@@ -131,13 +133,16 @@ class ServedWatch:
         return self.options.watch, self.options.on_nan
 
     def _start_watch(self) -> None:
-        from torchscope.tracer.steps import parse_watch
+        from torchscope.tracer.steps import parse_watch_spec
         from torchscope.tracer.watch.nan_watch import NanWatch
 
+        spec = parse_watch_spec(self.options.watch or "nan")
         self.watch = NanWatch(
-            gradnorm=parse_watch(self.options.watch or "nan"),
+            gradnorm=spec.gradnorm,
             on_nan=self.options.on_nan,
             max_skips=self.options.max_skips,
+            spikes=spec.spike,
+            on_spike=self.options.on_spike,
             tracer_factory=self._replay_tracer,
             step_of=lambda: self.clock.step,
             report=self._watch_report,
@@ -193,7 +198,7 @@ class ServedWatch:
             rank_alert(
                 self.next_seq(),
                 det["step"],
-                det["what"] if det["what"] in ("nan", "inf") else "gradnorm",
+                det["what"] if det["what"] in ("nan", "inf", "spike") else "gradnorm",
                 "watch",
                 "the gradients",
                 text.removeprefix("torchscope: "),

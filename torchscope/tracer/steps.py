@@ -70,13 +70,32 @@ def parse_steps(spec: str | int | None) -> StepSelection:
     return StepSelection(tuple(ranges), tuple(every), False, spec)
 
 
+@dataclass(frozen=True)
+class WatchSpec:
+    """A parsed ``--watch`` spec: the gradient norm limit (or None), and whether loss spikes
+    are caught too."""
+
+    gradnorm: float | None = None
+    spike: bool = False
+
+
 def parse_watch(spec: str) -> float | None:
+    """``--watch`` spec's gradient norm limit (see :func:`parse_watch_spec`), or None."""
+    return parse_watch_spec(spec).gradnorm
+
+
+def parse_watch_spec(spec: str) -> WatchSpec:
     """``--watch`` spec: ``nan`` (NaN/Inf in the gradients or the loss), ``gradnorm:X`` (that,
-    and a total gradient norm above X), joined by ``,``. Returns X or None; raises
-    StepSpecError with a one-line message on bad input."""
+    and a total gradient norm above X), ``spike`` (that, and a loss spike: the loss or the
+    gradient norm far above the run's recent steps), joined by ``,``. Raises StepSpecError
+    with a one-line message on bad input."""
     gradnorm = None
+    spike = False
     for part in (p.strip() for p in str(spec).split(",")):
         if part == "nan":
+            continue
+        if part == "spike":
+            spike = True
             continue
         if part.startswith("gradnorm:"):
             try:
@@ -87,5 +106,5 @@ def parse_watch(spec: str) -> float | None:
                 raise StepSpecError(f"bad watch {part!r}: gradnorm:X needs a number above 0")
             continue
         where = "" if part == str(spec).strip() else f" in {spec!r}"  # said once, not twice
-        raise StepSpecError(f"bad watch {part!r}{where}: use nan, gradnorm:X or both")
-    return gradnorm
+        raise StepSpecError(f"bad watch {part!r}{where}: use nan, gradnorm:X, spike or a list")
+    return WatchSpec(gradnorm, spike)

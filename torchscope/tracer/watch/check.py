@@ -28,12 +28,14 @@ from torchscope.tracer.watch.norms import (
     GRADNORM,
     INF,
     NAN,
+    OTHER,
     ModuleNorms,
     confirm,
     norm_of,
     unscaled,
 )
 from torchscope.tracer.watch.report import describe, job_rank
+from torchscope.tracer.watch.spikes import SPIKE, Spike, Spikes, spike_line
 from torchscope.tracer.watch.stop import WatchStop
 
 if TYPE_CHECKING:
@@ -47,6 +49,10 @@ class StepCheck:
     # Set by NanWatch (its constructor says what each is).
     gradnorm: float | None
     on_nan: str
+    on_spike: str
+    spikes: Spikes | None  # the spike part of the watch (``spike``), when on
+    spiked_step: int | None
+    _said_spike_pause: bool
     report: Callable[[str], None]
     keep_graph: bool | str
     keeping: bool
@@ -181,13 +187,14 @@ class StepCheck:
         first of a bad stretch and each one after it (a notebook that runs the stopped cell
         again makes the same NaN: it must not reach the weights this time either). Under
         "skip", see :meth:`_skip`."""
-        if self.on_nan == "skip":
+        run = detection if detection is not None else self._still_bad
+        policy = self.policy_for(run)
+        if policy == "skip":
             return self._skip(detection)
-        if self.on_nan != "stop":
+        if policy != "stop":
             return None
         if detection is not None:
             return WatchStop(detection)
-        run = self._still_bad
         if run is None:
             return None
         what = bad_words(run)
@@ -198,6 +205,11 @@ class StepCheck:
         with contextlib.suppress(Exception):
             self.report(line)
         return WatchStop({**run, "message": line, "step": self.step})
+
+    def policy_for(self, run: dict[str, Any] | None) -> str:
+        """The policy of a detection (or of the bad stretch it began): ``on_spike`` for a
+        spike, ``on_nan`` for the rest."""
+        return self.on_spike if run is not None and run.get("what") == SPIKE else self.on_nan
 
     def _skip(self, detection: dict[str, Any] | None) -> WatchStop | None:
         """Under "skip": a bad step (a detection, or a check that found the stretch still
@@ -287,6 +299,12 @@ class StepCheck:
                     what = None  # the scaler's own: it skips the update and shrinks its scale
             if what is None and self.gradnorm is not None and grad_norm > self.gradnorm:
                 what = GRADNORM
+            spike = None
+            if what is None and self.spikes is not None:
+                # On the figures just read (no device work); non-finite ones are not its.
+                spike = self.spikes.took(self.step, loss_norm, grad_norm, norms.module_row(row))
+                if spike is not None:
+                    what = SPIKE
             self._still_bad = None
             run = self._bad_run
             if run is not None and (what is None or category(what) != category(run["what"])):
@@ -309,7 +327,10 @@ class StepCheck:
                     run["last_step"] = self.step
                 self._still_bad = run
                 return None
-            det = self._detected(what, grad_norm, with_grad, bad, in_loss, live)
+            if spike is not None:
+                det = self._spiked(spike)
+            else:
+                det = self._detected(what, grad_norm, with_grad, bad, in_loss, live)
             self._bad_run = det
             return det
         except Exception as exc:
@@ -405,17 +426,80 @@ class StepCheck:
         if not det.get("reproduced"):
             return None
         try:
-            roots: dict[int, tuple[torch.nn.Module, torch.nn.Module]] = {}
-            sites: dict[int, Any] = {}
-            for c in self._calls:
-                roots.setdefault(id(c.target), (c.module, c.target))
-                sites.setdefault(id(c.target), c.site)
-            for m in self.roots:
-                roots.setdefault(id(replay_target(m)), (m, replay_target(m)))
-            return module_text(det, list(roots.values()), [sites.get(k) for k in roots])
+            return module_text(det, *self._naming_roots())
         except Exception as exc:
             self._error("naming the module", exc)
             return None
+
+    def _naming_roots(self) -> tuple[list[tuple[torch.nn.Module, torch.nn.Module]], list[Any]]:
+        """The step's top-level modules (what the job called, what a replay runs) and the
+        lines that called them, for :func:`~.naming.module_text`."""
+        roots: dict[int, tuple[torch.nn.Module, torch.nn.Module]] = {}
+        sites: dict[int, Any] = {}
+        for c in self._calls:
+            roots.setdefault(id(c.target), (c.module, c.target))
+            sites.setdefault(id(c.target), c.site)
+        for m in self.roots:
+            roots.setdefault(id(replay_target(m)), (m, replay_target(m)))
+        return list(roots.values()), [sites.get(k) for k in roots]
+
+    def _spiked(self, spike: Spike) -> dict[str, Any]:
+        """A spike's detection (no replay: its figures say it), its one line said."""
+        step = self.step
+        rank = job_rank()
+        who = f"torchscope[rank {rank}]" if rank is not None else "torchscope"
+        modules: list[tuple[str, float]] = []
+        try:
+            named = self._naming_roots()
+            for path, ratio in spike.top_modules():
+                text = module_text({"module": path}, *named) if path != OTHER else None
+                modules.append((text or path, ratio))
+        except Exception as exc:
+            self._error("naming the modules", exc)
+        det: dict[str, Any] = {
+            "step": step,
+            "what": SPIKE,
+            "lead": spike.lead,
+            "grad_norm": spike.grad_norm,
+            "loss": spike.loss,
+            "spike": {**spike.to_dict(), "modules": [list(m) for m in modules]},
+            "in_loss": False,
+            "bad_params": [],
+            "origin": None,
+            "where": None,
+            "source": None,
+            "module": None,
+            "module_text": None,
+            "outside_modules": False,
+            "reproduced": None,
+            "replayed": False,
+            "unit_gradient": False,
+            "paused": False,
+            "placed": False,
+            "alerts": [],
+            "events": [],
+            "notes": [],
+            "message": spike_line(spike, who, modules),
+            "repeats": 0,
+            "last_step": step,
+            "scale": self._step_scale,
+            "optimizer_step": self._optimizer_step(step),
+            "growth": None,
+            "unexplained": False,
+        }
+        self.spiked_step = step
+        self.detections.append(det)
+        try:
+            self.report(det["message"])
+            if self.on_spike == "pause" and not self._said_spike_pause:
+                self._said_spike_pause = True
+                self.report(
+                    f'{who}: on_spike="pause" has no place to pause at a spike yet (no '
+                    'replay): the job goes on as under "continue"'
+                )
+        except Exception as exc:
+            self._error("reporting", exc)
+        return det
 
     def _say_growth(self, det: dict[str, Any]) -> None:
         """After a NaN/Inf that ends a run of growth, one more line says so (:mod:`.growth`)."""
@@ -481,7 +565,7 @@ class StepCheck:
         the bad stretch lasted, if it outlived its first step."""
         run, self._bad_run = self._bad_run, None
         if run is not None and run["repeats"]:
-            what = "a gradient norm above the limit" if run["what"] == GRADNORM else "NaN/Inf"
+            what = bad_words(run)
             with contextlib.suppress(Exception):
                 self.report(
                     f"{speaker()}: {what} from step {run['step']} lasted {run['repeats'] + 1} "
@@ -507,9 +591,12 @@ class StepCheck:
 
 
 def category(what: str) -> str:
-    return GRADNORM if what == GRADNORM else "nonfinite"
+    return what if what in (GRADNORM, SPIKE) else "nonfinite"
 
 
 def bad_words(run: dict[str, Any]) -> str:
-    """What a bad stretch is, in its lines: "NaN/Inf" or "a gradient norm above the limit"."""
+    """What a bad stretch is, in its lines: "NaN/Inf", "a gradient norm above the limit",
+    "a loss spike" (or "a gradient norm spike")."""
+    if run["what"] == SPIKE:
+        return f"a {run.get('lead', 'loss')} spike"
     return "a gradient norm above the limit" if run["what"] == GRADNORM else "NaN/Inf"

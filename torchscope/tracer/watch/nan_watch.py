@@ -99,6 +99,7 @@ from torchscope.tracer.watch.loop_code import LoopOps
 from torchscope.tracer.watch.norms import ModuleNorms
 from torchscope.tracer.watch.report import print_report
 from torchscope.tracer.watch.roots import TopLevelCalls
+from torchscope.tracer.watch.spikes import Spikes
 from torchscope.tracer.watch.stop import MAX_SKIPS, POLICIES, WatchStop
 
 if TYPE_CHECKING:
@@ -124,6 +125,10 @@ class NanWatch(StepCheck):
         cannot have its update refused: there "skip" acts as "continue", said once).
     max_skips: under "skip", how many bad steps in a row have their update refused; the next
         one raises :class:`WatchStop` as "stop" does. A good step starts the count again.
+    spikes: also catch loss spikes (:mod:`.spikes`): True (its defaults) or a ``Spikes``; the
+        figures are those the check reads (no extra read).
+    on_spike: what a spike does, as ``on_nan`` (one of the same policies; "pause" has no
+        place to pause at and goes on as "continue", said once).
     capture_bytes: cap on the output gradients held per step (references, not copies).
     tracer_factory: ``f(step) -> started Tracer`` that records the replay of ``step``. It must
         not advance steps on its own (``optimizer_steps=False``). Default: an in-memory
@@ -156,6 +161,8 @@ class NanWatch(StepCheck):
         gradnorm: float | None = None,
         on_nan: str = "continue",
         max_skips: int = MAX_SKIPS,
+        spikes: Spikes | bool | None = None,
+        on_spike: str = "continue",
         capture_bytes: int = 64 << 20,
         tracer_factory: Callable[[int], Tracer] | None = None,
         step_of: Callable[[], int] | None = None,
@@ -171,8 +178,9 @@ class NanWatch(StepCheck):
     ) -> None:
         if keep_graph not in (True, False, "auto"):
             raise ValueError(f"keep_graph must be True, False or 'auto', not {keep_graph!r}")
-        if on_nan not in POLICIES:
-            raise ValueError(f"on_nan must be one of {', '.join(POLICIES)}, not {on_nan!r}")
+        for name, policy in (("on_nan", on_nan), ("on_spike", on_spike)):
+            if policy not in POLICIES:
+                raise ValueError(f"{name} must be one of {', '.join(POLICIES)}, not {policy!r}")
         if gradnorm is not None and not gradnorm > 0:
             raise ValueError("gradnorm must be a positive number")
         if isinstance(max_skips, bool) or not isinstance(max_skips, int) or max_skips < 0:
@@ -180,6 +188,10 @@ class NanWatch(StepCheck):
         self.gradnorm = gradnorm
         self.on_nan = on_nan
         self.max_skips = max_skips
+        self.spikes = Spikes() if spikes is True else spikes or None
+        self.on_spike = on_spike
+        self.spiked_step: int | None = None  # the last step a spike was caught at
+        self._said_spike_pause = False
         # Under "skip": the step whose update is refused (its checks in the update: LBFGS
         # calls its closure several times), the bad steps in a row, the gradients taken away
         # for the update (given back when it ends), and the updates refused in all.
@@ -600,14 +612,16 @@ class NanWatch(StepCheck):
         self.loop.pause()
         try:
             detection = self.check(params)
-            if self.on_nan != "skip":
+            run = detection or self._still_bad
+            if self.policy_for(run) != "skip":
                 stop = self._stop(detection)
-            elif (detection or self._still_bad) and not self._said_no_skip:
+            elif run and not self._said_no_skip:
                 self._said_no_skip = True
+                option = "on_spike" if run["what"] == "spike" else "on_nan"
                 with contextlib.suppress(Exception):
                     self.report(
-                        'torchscope: on_nan="skip" cannot refuse this update: the job makes it '
-                        'in its own code (no optimizer.step()); it goes on as under "continue"'
+                        f'torchscope: {option}="skip" cannot refuse this update: the job makes '
+                        'it in its own code (no optimizer.step()); it goes on as under "continue"'
                     )
         finally:
             self._end_step(count=stop is None)  # a stopped update did not end its step

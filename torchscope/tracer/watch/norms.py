@@ -422,6 +422,15 @@ class ModuleNorms:
         total, loss = combined(parts, device), norm_of(values, device)
         return torch.cat([torch.stack([total, loss]), _summed(squares, len(plan.names), device)])
 
+    def module_row(self, row: list[float]) -> tuple[tuple[str, ...], list[float], int] | None:
+        """``row`` (``read``'s values) with the names of the modules whose squared gradient
+        norms it holds from index 2 on, for the spike watch's window (a reference: no copy);
+        None where the read had no modules (its fallback)."""
+        plan = self._plan
+        if plan is None or self.failed or len(row) != 2 + len(plan.names):
+            return None
+        return plan.names, row, 2
+
     def took(self, step: int, row: list[float]) -> None:
         """The watch read ``row`` (``read``'s values, without the extra one) for ``step``."""
         if self.sink is None:

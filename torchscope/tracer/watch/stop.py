@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 STOP_EXIT_CODE = 3  # what `torchscope run --on-nan stop` should exit with
-# What the watch does after a detection (``on_nan``, ``--on-nan``): the one list of them.
+# What the watch does after a detection (``on_nan``, ``--on-nan``; ``on_spike``,
+# ``--on-spike`` for a loss spike): the one list of them.
 POLICIES = ("continue", "pause", "stop", "skip")
 # Under "skip": updates refused in a row before the next bad step stops the job (``max_skips``).
 MAX_SKIPS = 5
@@ -14,10 +15,10 @@ MAX_SKIPS = 5
 
 class WatchStop(Exception):
     """Raised from ``optimizer.step()`` (before the update) when ``on_nan="stop"`` and a step
-    went bad, or under ``on_nan="skip"`` at a bad step past ``max_skips`` in a row (from its
-    closure, when it was given one; Lightning's Trainer lets it through); in a job that
-    updates by hand, from the step's ``backward()``. ``detection`` is the report's dict;
-    ``exit_code`` what a CLI should exit with."""
+    went bad (or ``on_spike="stop"`` and its loss spiked), or under ``on_nan="skip"`` at a bad
+    step past ``max_skips`` in a row (from its closure, when it was given one; Lightning's
+    Trainer lets it through); in a job that updates by hand, from the step's ``backward()``.
+    ``detection`` is the report's dict; ``exit_code`` what a CLI should exit with."""
 
     exit_code = STOP_EXIT_CODE
     stops_the_job = True  # backward_calls lets it through to the job
@@ -25,4 +26,6 @@ class WatchStop(Exception):
     def __init__(self, detection: dict[str, Any], policy: str = "stop") -> None:
         super().__init__(detection.get("message", "torchscope: NaN watch stopped the job"))
         self.detection = detection
-        self.policy = policy  # the on_nan that stopped it: "stop", or "skip" at its limit
+        self.policy = policy  # the policy that stopped it: "stop", or "skip" at its limit
+        # Which option that policy was: on_spike for a loss spike, else on_nan.
+        self.option = "on_spike" if detection.get("what") == "spike" else "on_nan"

@@ -1,0 +1,371 @@
+"""``--watch spike``: a loss spike caught before the update, from the figures the watch reads
+each step (no extra sync), under each ``--on-spike`` policy; healthy runs never alarm."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from test_watch import _clean, watch  # noqa: F401  (_clean: the watch leaves nothing behind)
+from test_watch_cli import run
+from torch import nn
+from torch.nn import functional as F
+
+from torchscope.tracer.watch.nan_watch import WatchStop
+from torchscope.tracer.watch.spikes import Spikes
+
+# -- the detector alone (no torch) ------------------------------------------------------------
+
+
+def feed(spikes: Spikes, losses, grads=None) -> list[int]:
+    grads = grads if grads is not None else [1.0] * len(losses)
+    return [s for s, (lo, g) in enumerate(zip(losses, grads, strict=True)) if spikes.took(s, lo, g)]
+
+
+def test_a_falling_loss_never_alarms_however_fast():
+    losses = [10.0 * 0.5**s for s in range(60)]  # halves every step
+    assert feed(Spikes(), losses, losses) == []
+
+
+def test_a_flat_loss_with_a_tiny_spread_does_not_alarm_at_a_wobble():
+    losses = [1.0 + 1e-6 * (s % 3) for s in range(100)] + [1.5]  # 500000 sigmas, 1.5x
+    assert feed(Spikes(), losses) == []
+
+
+def test_a_spike_is_caught_from_step_ten_and_kept_out_of_the_window():
+    losses = [2.0 - 0.05 * s for s in range(10)] + [50.0] + [1.5] * 5
+    s = Spikes()
+    assert feed(s, losses) == [10]
+    assert len(s) == 15  # the spiked step is not in the window
+
+
+def test_non_finite_figures_are_the_nan_watchs_and_not_history():
+    s = Spikes()
+    for step in range(20):
+        assert s.took(step, 1.0 + 0.01 * (step % 2), 1.0) is None
+    assert s.took(20, math.nan, 1.0) is None and s.took(21, 1.0, math.inf) is None
+    assert len(s) == 20
+
+
+def test_a_jump_that_lasts_is_a_new_level():
+    s = Spikes(lasting=4)
+    flags = feed(s, [1.0 + 0.01 * (i % 2) for i in range(20)] + [10.0] * 10)
+    assert flags == [20, 21, 22]  # the 4th in a row is the run's new level
+    assert len(s) == 4 + 6
+
+
+def test_the_line_names_the_modules_that_jumped_most():
+    s = Spikes()
+    names = ("inp", "blocks.0.fc", "head")
+    for step in range(20):
+        s.took(step, 1.0, 1.0, (names, [1.0, 1.0, 1.0, 1.0, 4.0], 2))  # squared norms
+    spike = s.took(20, 100.0, 30.0, (names, [30.0, 100.0, 1.0, 900.0, 64.0], 2))
+    assert spike is not None and spike.lead == "loss"
+    assert spike.top_modules() == [("blocks.0.fc", 30.0), ("head", 4.0)]
+
+
+def test_bad_settings():
+    with pytest.raises(ValueError):
+        Spikes(window=10, warmup=20)
+    with pytest.raises(ValueError):
+        Spikes(min_ratio=0.5)
+
+
+# -- real loops --------------------------------------------------------------------------------
+BAD = 80
+STEPS = 200
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + self.fc(F.gelu(self.norm(x)))
+
+
+class ResMLP(nn.Module):
+    """A residual MLP classifier."""
+
+    def __init__(self, d_in: int = 16, d: int = 64, n: int = 3, classes: int = 4) -> None:
+        super().__init__()
+        self.inp = nn.Linear(d_in, d)
+        self.blocks = nn.Sequential(*[Block(d) for _ in range(n)])
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.inp(x)))
+
+
+def batches(steps: int = STEPS, bad: int | None = None, scale: float = 300.0, n: int = 32):
+    """Synthetic classification batches (labels from a fixed linear teacher); the batch at
+    ``bad`` arrives with its features x``scale``."""
+    teacher = torch.randn(16, 4, generator=torch.Generator().manual_seed(7))
+    out = []
+    for step in range(steps):
+        x = torch.randn(n, 16, generator=torch.Generator().manual_seed(1000 + step))
+        y = (x @ teacher).argmax(1)
+        out.append((x * scale if step == bad else x, y))
+    return out
+
+
+def train_mlp(data, ctx=None, *, warmup: int = 0, accumulate: int = 1, lr: float = 1e-2):
+    """Adam on the residual MLP; the losses as floats (``ctx``: the watch)."""
+    torch.manual_seed(0)
+    model = ResMLP()
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    sched = None
+    if warmup:
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    losses = []
+    with ctx if ctx is not None else _nothing():
+        for x, y in data:
+            opt.zero_grad()
+            step_loss = 0.0
+            for xs, ys in zip(x.chunk(accumulate), y.chunk(accumulate), strict=True):
+                loss = F.cross_entropy(model(xs), ys) / accumulate
+                loss.backward()
+                step_loss += loss.item()
+            opt.step()
+            if sched is not None:
+                sched.step()
+            losses.append(step_loss)
+    return losses
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab: int = 32, d: int = 32, seq: int = 16) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.zeros(seq, d))
+        layer = nn.TransformerEncoderLayer(d, 4, 64, dropout=0.0, batch_first=True)
+        self.body = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(d, vocab)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq))
+
+    def forward(self, idx):
+        return self.head(self.body(self.emb(idx) + self.pos, mask=self.mask, is_causal=True))
+
+
+def train_lm(steps: int, ctx=None):
+    """A small causal transformer LM on a repeating pattern with noise."""
+    torch.manual_seed(0)
+    model = TinyLM()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(3)
+    losses = []
+    with ctx if ctx is not None else _nothing():
+        for _ in range(steps):
+            start = torch.randint(0, 32, (8, 1), generator=gen)
+            seq = (start + torch.arange(17)) % 32
+            noise = torch.randint(0, 32, seq.shape, generator=gen)
+            seq = torch.where(torch.rand(seq.shape, generator=gen) < 0.1, noise, seq)
+            logits = model(seq[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, 32), seq[:, 1:].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return losses
+
+
+def train_fp16_scaler(steps: int, ctx=None):
+    """fp16 autocast with a GradScaler on the CPU (its first steps overflow and are skipped)."""
+    scaler_cls = getattr(torch.amp, "GradScaler", None)
+    if scaler_cls is None:
+        pytest.skip("no torch.amp.GradScaler")
+    torch.manual_seed(0)
+    model = ResMLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = scaler_cls("cpu")
+    losses = []
+    with ctx if ctx is not None else _nothing():
+        for x, y in batches(steps):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = F.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            losses.append(loss.item())
+    return losses
+
+
+def train_fast_fall(steps: int, ctx=None):
+    """A regression whose loss falls by orders of magnitude in its first 20 steps."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+    with torch.no_grad():
+        model[2].bias.fill_(30.0)  # starts far off: loss ~900
+    opt = torch.optim.Adam(model.parameters(), lr=0.3)
+    gen = torch.Generator().manual_seed(5)
+    losses = []
+    with ctx if ctx is not None else _nothing():
+        for _ in range(steps):
+            x = torch.randn(32, 8, generator=gen)
+            y = x[:, :1] * 0.5
+            loss = F.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return losses
+
+
+HEALTHY = {
+    "mlp": lambda ctx: train_mlp(batches(), ctx),
+    "lm": lambda ctx: train_lm(STEPS, ctx),
+    "warmup": lambda ctx: train_mlp(batches(), ctx, warmup=50, lr=3e-2),
+    "accumulation": lambda ctx: train_mlp(batches(), ctx, accumulate=4),
+    "fp16-scaler": lambda ctx: train_fp16_scaler(STEPS, ctx),
+    "fast-fall": lambda ctx: train_fast_fall(STEPS, ctx),
+}
+
+
+def bits(values: list[float]) -> list[str]:
+    return [v.hex() for v in values]
+
+
+@pytest.mark.parametrize("name", sorted(HEALTHY))
+def test_healthy_runs_never_alarm_and_keep_their_losses_bit_for_bit(name):
+    plain = HEALTHY[name](None)
+    w, lines = watch(spikes=True, on_spike="stop")
+    watched = HEALTHY[name](w)
+    assert [d["step"] for d in w.detections] == [], lines
+    assert lines == []
+    assert bits(watched) == bits(plain)
+    assert w.steps_checked >= STEPS - 20  # (a scaler's overflowed first steps are not updates)
+    if name == "fast-fall":
+        assert plain[0] > 20 * plain[20]  # it does fall fast
+
+
+def test_stop_at_the_spike_before_its_update():
+    w, lines = watch(spikes=True, on_spike="stop")
+    with pytest.raises(WatchStop) as info:
+        train_mlp(batches(bad=BAD), w)
+    exc = info.value
+    assert exc.detection["step"] == BAD and exc.option == "on_spike"
+    (line,) = lines
+    assert line.startswith(f"torchscope: loss spike at step {BAD}: loss ")
+    assert f"over the last {BAD} steps; gradient norm " in line
+    assert "the gradient norms that jumped most: " in line and "(Linear) \u00d7" in line
+    spike = exc.detection["spike"]
+    assert spike["loss"] > 5 * spike["loss_median"]
+    assert spike["grad_norm"] > 20 * spike["grad_median"]
+    assert w.step == BAD  # the stopped update did not end its step
+
+
+def test_skip_refuses_the_spiked_update_and_training_ends_near_the_healthy_run():
+    healthy = train_mlp(batches())
+    left_out = [b for i, b in enumerate(batches(bad=BAD)) if i != BAD]
+    ref = train_mlp(left_out)
+    w, lines = watch(spikes=True, on_spike="skip")
+    skipped = train_mlp(batches(bad=BAD), w)
+    assert [d["step"] for d in w.detections] == [BAD] and w.updates_skipped == 1
+    assert lines[1] == f"torchscope: skipped the update of step {BAD}; training goes on"
+    # As if the batch had been left out (Adam's state untouched too), bit for bit...
+    assert bits(skipped[:BAD] + skipped[BAD + 1 :]) == bits(ref)
+    # ...and so near the healthy run at its end.
+    tail = sum(skipped[-20:]) / 20
+    assert abs(tail - sum(healthy[-20:]) / 20) < 0.25 * tail
+
+
+def test_continue_reports_and_goes_on():
+    w, lines = watch(spikes=True)  # on_spike="continue"
+    losses = train_mlp(batches(bad=BAD), w)
+    assert len(losses) == STEPS and [d["step"] for d in w.detections] == [BAD]
+    assert lines[0].startswith(f"torchscope: loss spike at step {BAD}")
+    assert w.updates_skipped == 0
+
+
+def test_pause_goes_on_as_continue_and_says_so_once():
+    w, lines = watch(spikes=True, on_spike="pause")
+    train_mlp(batches(bad=BAD), w)
+    assert [d["step"] for d in w.detections] == [BAD]
+    assert lines[1].startswith('torchscope: on_spike="pause" has no place to pause at a spike')
+
+
+def test_nan_policy_stays_the_nans():
+    """A spike under on_nan="stop" and on_spike="continue" does not stop the job."""
+    w, _ = watch(spikes=True, on_nan="stop")
+    train_mlp(batches(bad=BAD), w)
+    assert [d["what"] for d in w.detections] == ["spike"]
+
+
+# -- torchscope run --watch spike -------------------------------------------------------------
+JOB = """\
+import torch
+import torch.nn.functional as F
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4))
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+teacher = torch.randn(16, 4, generator=torch.Generator().manual_seed(7))
+for step in range(120):
+    x = torch.randn(32, 16, generator=torch.Generator().manual_seed(1000 + step))
+    y = (x @ teacher).argmax(1)
+    if step == BAD:
+        x = x * 300  # a bad batch
+    loss = F.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(f"step {step} {loss.item()!r}", flush=True)
+"""
+
+
+def test_run_watch_spike_on_spike_stop_exits_3_with_the_line(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text(JOB.replace("BAD", str(BAD)))
+    res = run("run", "--watch", "spike", "--on-spike", "stop", str(script), cwd=tmp_path)
+    assert res.returncode == 3, res.stderr
+    assert f"torchscope: loss spike at step {BAD}: loss " in res.stderr
+    assert "the gradient norms that jumped most: model.0 (Linear)" in res.stderr
+    assert f"stopped before the update of step {BAD} (--on-spike stop); exit code 3" in res.stderr
+    assert res.stdout.splitlines()[-1].startswith(f"step {BAD - 1} ")
+    assert "Traceback" not in res.stderr
+
+
+def test_run_watch_nan_spike_skip_marks_the_history(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text(JOB.replace("BAD", str(BAD)))
+    res = run(
+        "run", "--watch", "nan,spike", "--on-spike", "skip", "--record", "w.tsc", str(script),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert f"skipped the update of step {BAD}; training goes on" in res.stderr
+    history = run("dump", "w.tsc", "--kind", "history", "--format", "jsonl", cwd=tmp_path)
+    points = [p for line in history.stdout.splitlines() for p in json.loads(line)["points"]]
+    assert [p["step"] for p in points if p.get("spike")] == [BAD]
+    assert [p["step"] for p in points if p.get("skipped")] == [BAD]
+
+
+def test_run_refuses_on_spike_without_the_spike_watch(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    res = run("run", "--watch", "nan", "--on-spike", "stop", str(script), cwd=tmp_path)
+    assert res.returncode == 2 and "--watch spike" in res.stderr
+
+
+def test_the_spec_parses():
+    from torchscope.tracer.steps import StepSpecError, parse_watch_spec
+
+    assert parse_watch_spec("nan, spike").spike
+    assert parse_watch_spec("gradnorm:10,spike").gradnorm == 10
+    assert not parse_watch_spec("nan").spike
+    with pytest.raises(StepSpecError, match="spike"):
+        parse_watch_spec("spikes")
