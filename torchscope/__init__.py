@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from torchscope.tracer.armed.interrupt import EVAL_BUDGET_S
 from torchscope.tracer.options import Options
 from torchscope.tracer.watch.stop import MAX_SKIPS, WatchStop
 
@@ -101,6 +102,7 @@ def serve(
     history: bool = True,
     log: Any = None,
     edit: Any = None,
+    eval_budget: float = EVAL_BUDGET_S,
 ) -> Agent:
     """Make this job attachable: ``torchscope tui PID`` or ``torchscope record PID`` can arm it.
 
@@ -145,6 +147,8 @@ def serve(
     ``edit=(SPEC, EXPR)`` replaces a tensor at every hit (an op's output, a node's
     ``grad_inputs[0]``; ``"grad_inputs[1] = EXPR"`` names another). EXPR is Python run in the
     job, as in pdb: ``edit=("node:^DivBackward0$", "grad_inputs[0] * 2")``.
+    ``eval_budget`` is how many seconds such an expression (and one a UI or an agent asks
+    at a pause) may run before it is interrupted: the job is then as it was before it.
     """
     from torchscope.tracer import api
 
@@ -167,6 +171,7 @@ def serve(
         history=history,
         log=log,
         edit=edit,
+        eval_budget=eval_budget,
     )
     return api.serve(options)
 

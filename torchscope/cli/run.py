@@ -17,7 +17,8 @@ from torchscope.cli.common import UsageError
 
 RUN_USAGE = r"""usage: torchscope run [--record FILE] [--steps SPEC] [--values N] [--no-live]
                       [--break-on COND] [--log COND EXPR] [--edit COND EXPR]
-                      [--wait] [--hold] [--lease SECONDS] [--optimizer-ops]
+                      [--wait] [--hold] [--lease SECONDS] [--eval-budget SECONDS]
+                      [--optimizer-ops]
                       [--aten[=MODULE_REGEX]] [--eager-check]
                       [--watch nan|gradnorm:X|spike] [--on-nan continue|pause|stop|skip]
                       [--on-spike continue|pause|stop|skip] [--max-skips N] [--quiet]
@@ -62,6 +63,10 @@ torchscope.step() call; in a job with neither, one per backward()).
                   after the lease (a breakpoint with no UI says at once where it paused)
   --lease SECONDS a UI that stops answering for this long lets go: a pause it held
                   resumes, its breakpoints go, and the job goes dormant (default 10)
+  --eval-budget SECONDS
+                  an expression (p, e, the MCP evaluate, --log, --edit) running longer is
+                  interrupted and answers "interrupted after N s"; a --log or --edit is
+                  then disabled (default 10)
   --optimizer-ops also trace the ops inside optimizer.step()
   --aten[=REGEX]  traced steps also record every aten call under each op and backward node
                   (a TorchDispatchMode), or with =REGEX only inside the modules whose path
@@ -102,6 +107,7 @@ class RunOptions:
     wait: bool = False
     hold: bool = False
     lease: float = 10.0
+    eval_budget: float | None = None
     watch: str | None = None
     on_nan: str = "continue"
     on_spike: str = "continue"
@@ -125,6 +131,7 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
             "--log",
             "--edit",
             "--lease",
+            "--eval-budget",
             "--watch",
             "--on-nan",
             "--on-spike",
@@ -161,6 +168,13 @@ def parse_run(argv: Sequence[str]) -> RunOptions:
                     raise UsageError(f"--lease takes seconds, not {value!r}") from None
                 if not 0 < opts.lease < float("inf"):  # inf: a dead UI's pause never ends
                     raise UsageError("--lease must be a number of seconds above 0")
+            elif name == "--eval-budget":
+                from torchscope.tracer.armed.interrupt import check_budget
+
+                try:
+                    opts.eval_budget = check_budget(float(value), name)
+                except ValueError:
+                    raise UsageError(f"{name} takes seconds above 0, not {value!r}") from None
             elif name == "--values":
                 try:
                     opts.values = int(value)
@@ -308,6 +322,7 @@ def cmd_run(opts: RunOptions) -> int:
 
     from torchscope.protocol.tracefile import TraceFileError
     from torchscope.tracer.agent import Agent
+    from torchscope.tracer.armed.interrupt import EVAL_BUDGET_S
     from torchscope.tracer.job_end import RUN_POLICY, report_stop
     from torchscope.tracer.options import Options
     from torchscope.tracer.watch.stop import MAX_SKIPS, WatchStop
@@ -332,6 +347,7 @@ def cmd_run(opts: RunOptions) -> int:
             on_nan=opts.on_nan,
             on_spike=opts.on_spike,
             max_skips=MAX_SKIPS if opts.max_skips is None else opts.max_skips,
+            eval_budget=EVAL_BUDGET_S if opts.eval_budget is None else opts.eval_budget,
             metadata={
                 "script": script or opts.module,
                 "argv": [opts.script or opts.module, *opts.args],

@@ -66,6 +66,7 @@ class JobLink:
         self.rank: int | None = None
         self._stop = threading.Event()
         self._last_contact = time.monotonic()
+        self._step_seen: int | None = None  # the newest step an event or a reply named
         try:
             hello = self.client.connect(self.record, timeout=timeout)
             snap = self.client.snapshot(SNAPSHOT_EVENTS, timeout=max(timeout, 5.0))
@@ -104,6 +105,7 @@ class JobLink:
     def _take(self, events: list[Event]) -> None:
         for e in events:
             kind = e.get("kind")
+            self._saw_step(e.get("step"))
             if kind == PAUSE:
                 self.stepper.on_pause_event(e)
             elif kind == RESUME:
@@ -135,9 +137,14 @@ class JobLink:
             except (SessionUnreachable, SessionRefused, ProtocolError, EndpointError) as exc:
                 raise JobError(_line(exc)) from None
             self._last_contact = time.monotonic()
+            self._saw_step(result.get("step"))
             if isinstance(result.get("state"), dict):
                 self._adopt(result["state"])
             return result
+
+    def _saw_step(self, step: Any) -> None:
+        if type(step) is int and (self._step_seen is None or step > self._step_seen):
+            self._step_seen = step
 
     def _adopt(self, result: dict[str, Any]) -> None:
         state = result.get("state") if "state" in result else result
@@ -159,7 +166,8 @@ class JobLink:
 
     def release(self) -> None:
         """Let go: the job goes dormant at its next step boundary (unless others hold it);
-        this server's breakpoints and pauses go with it."""
+        this server's breakpoints and pauses go with it (and an expression it runs for this
+        server is interrupted)."""
         if self.gone is None:
             with contextlib.suppress(JobError):
                 self.request("disarm", timeout=1.0)
@@ -188,6 +196,19 @@ class JobLink:
     @property
     def paused(self) -> dict[str, Any] | None:
         return self.stepper.paused
+
+    @property
+    def step(self) -> int | None:
+        """The step the job is in: the paused step while paused, else the newest step its
+        heartbeats, events and replies named (a heartbeat comes once a second: alone, it
+        lags a fast job by many steps)."""
+        paused = self.stepper.paused
+        if paused is not None:
+            step = paused.get("step", (paused.get("event") or {}).get("step"))
+            if type(step) is int:
+                return step
+        known = [s for s in (self.client.step, self._step_seen) if type(s) is int]
+        return max(known) if known else None
 
     def pause_marker(self) -> Any:
         return (pause_key(self.stepper.paused), self.stepper.version)
@@ -229,7 +250,7 @@ class JobLink:
             "job": self.label,
             "pid": self.pid,
             "rank": self.rank,
-            "step": c.step,
+            "step": self.step,
             "tracing": c.tracing,
             "held": self.held,
             "script": self.session.get("script"),
@@ -251,7 +272,7 @@ class Jobs:
         try:
             record = ep.resolve(text)
         except EndpointError as exc:
-            raise JobError(_line(exc)) from None
+            raise JobError(self._ended(text) or _line(exc)) from None
         with self._lock:
             link = self._links.get(record.control)
         if link is not None and link.gone is None:
@@ -265,6 +286,13 @@ class Jobs:
         if old is not None and old is not link:
             old.close()
         return link
+
+    def _ended(self, target: str | None) -> str | None:
+        """A job this server reached that cannot be found any more: it ended, in one line."""
+        for link in self.known():
+            if target in (str(link.pid), link.record.control):
+                return f"{link.label} has ended"
+        return None
 
     def known(self) -> list[JobLink]:
         with self._lock:

@@ -684,10 +684,21 @@ def build_server(*, record_timeout_cap: float = 600.0) -> MCPServer:
         ] = None,
         index: Annotated[int, Field(ge=0, le=100_000, description="which tensor")] = 0,
         count: Annotated[int, Field(ge=0, le=1000, description="values to return")] = 16,
+        budget_s: Annotated[
+            float | None,
+            Field(
+                gt=0,
+                le=3600,
+                description="seconds it may run before it is interrupted (default: the "
+                "job's budget, 10 s unless it was started with another)",
+            ),
+        ] = None,
     ) -> dict[str, Any]:
         """Evaluate a Python expression in the job at its pause (the UI's p), on its training
         thread under no_grad: a tensor's summary and first values, or a bounded repr; an
-        exception as its one line. The expression is code run in the job, as in pdb."""
+        exception as its one line. The expression is code run in the job, as in pdb. One
+        that runs past its budget, or that nobody waits for any more (this call cancelled,
+        release), is interrupted: "interrupted after N s", the pause as it was."""
         from torchscope.protocol.expressions import answer_text
 
         link = await _link(jobs, job)
@@ -695,14 +706,28 @@ def build_server(*, record_timeout_cap: float = 600.0) -> MCPServer:
             await _call(link.request, "state")
         if link.paused is None:
             raise Refusal(f"{link.label} is not paused")
-        where = {"group": group, "index": index} if group is not None else {}
+        where: dict[str, Any] = {"group": group, "index": index} if group is not None else {}
+        if budget_s is not None:
+            where["budget"] = budget_s
         reply = await _call(link.request, "evaluate", expr=expr, count=count, **where)
-        deadline = time.monotonic() + 60
-        while reply.get("pending") and time.monotonic() < deadline:
-            await anyio.sleep(0.5)
-            reply = await _call(link.request, "evaluate", poll=reply["pending"])
-        out = {k: reply.get(k) for k in ("expr", "summary", "values", "repr", "error", "x")}
+        task = reply.get("pending")
+        budget = budget_s or (link.state or {}).get("eval_budget_s") or 10.0
+        # The budget ends it; a call into C++ may hold it longer: then it is let go of.
+        deadline = time.monotonic() + float(budget) + 30.0
+        try:
+            while reply.get("pending") and time.monotonic() < deadline:
+                await anyio.sleep(0.2)
+                reply = await _call(link.request, "evaluate", poll=task)
+        finally:
+            if reply.get("pending"):  # nobody waits for it any more: the job lets it go
+                with anyio.CancelScope(shield=True), suppress(JobError):
+                    reply = await _call(link.request, "evaluate", cancel=task)
+        out = {
+            k: reply.get(k) for k in ("expr", "summary", "values", "repr", "error", "x", "took_s")
+        }
         out["text"] = answer_text(reply)
+        if reply.get("interrupted"):
+            out["interrupted"] = True
         if reply.get("pending"):
             out["pending"] = True
         return {k: v for k, v in out.items() if v is not None}

@@ -123,6 +123,8 @@ def answer_text(answer: Any) -> str:
     """An evaluation's answer (as the job or :func:`evaluate_kept` gives it) in one line."""
     if not isinstance(answer, dict):
         return str(answer)
+    if answer.get("interrupted") and answer.get("error"):
+        return str(answer["error"])  # interrupted after N s (why): no error of its own
     if answer.get("error"):
         return f"error: {answer['error']}"
     if answer.get("pending"):

@@ -384,6 +384,10 @@ register_command(
             "index": Int(0, 100_000, default=None, nullable=True),
             "count": Int(0, 1000, default=16),
             "poll": Int(1, 2**62, default=None, nullable=True),
+            # Seconds it may run before it is interrupted (absent: the job's own budget);
+            # ``cancel``: interrupt the one a "pending" reply named.
+            "budget": Float(default=None, nullable=True),
+            "cancel": Int(1, 2**62, default=None, nullable=True),
         }
     ),
     fields(extra=True),
@@ -398,6 +402,8 @@ register_command(
             "group": Str(32, re.compile(r"[a-z_]+"), default=None, nullable=True),
             "index": Int(0, 100_000, default=None, nullable=True),
             "poll": Int(1, 2**62, default=None, nullable=True),
+            "budget": Float(default=None, nullable=True),
+            "cancel": Int(1, 2**62, default=None, nullable=True),
         }
     ),
     fields(extra=True),

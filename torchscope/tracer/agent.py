@@ -156,6 +156,7 @@ class Agent(ServedWatch):
                 hold=opts.hold,
                 attach_hint=hint,
                 job_ui=JobUiSignal.for_job(job_id()) if opts.wait else None,
+                eval_budget=opts.eval_budget,
             )
             if job_id() is not None:
                 stepper.pg_timeout = pg_timeout_seconds

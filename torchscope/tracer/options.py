@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from torchscope.tracer.armed.interrupt import EVAL_BUDGET_S, check_budget
 from torchscope.tracer.steps import ALL_STEPS, StepSelection, parse_steps
 from torchscope.tracer.watch.stop import MAX_SKIPS, POLICIES
 
@@ -54,6 +55,7 @@ class ServeKeywords(TypedDict, total=False):
     history: bool
     log: Any  # (spec, expression) logpoints: see serve()
     edit: Any  # (spec, expression) edits at every hit: see serve()
+    eval_budget: float
 
 
 # The keywords (as users spell them) each entry point takes; ``break_on``, ``log`` and ``edit``
@@ -91,6 +93,8 @@ class Options:
     max_skips: int = MAX_SKIPS  # under "skip": updates refused in a row before it stops
     # The run's loss history (tracer/history.py) and, with the watch, its norms per module.
     history: bool = True
+    # Seconds an expression (p, e, evaluate, --log, --edit) runs before it is interrupted.
+    eval_budget: float = EVAL_BUDGET_S
     metadata: dict[str, Any] = field(default_factory=dict)
     # Started by serve() (not the command line): a second serve() states the options anew.
     by_serve: bool = False
@@ -182,6 +186,7 @@ class Options:
                 raise ValueError(
                     f"{name} must be one of {', '.join(POLICIES)}, not {getattr(self, name)!r}"
                 )
+        check_budget(self.eval_budget)
         if type(self.max_skips) is not int or self.max_skips < 0:
             raise ValueError(
                 f"max_skips must be a count of steps (an int >= 0), not {self.max_skips!r}"

@@ -27,6 +27,7 @@ from torchscope.protocol.breakpoints import (
 )
 from torchscope.protocol.events import ATEN
 from torchscope.protocol.expressions import ExpressionError
+from torchscope.tracer.armed.interrupt import CANCELLED, EVAL_BUDGET_S, Run, check_budget
 from torchscope.tracer.ranks import say
 
 # What the training thread does next when it is not paused.
@@ -36,6 +37,9 @@ STEP = "step"  # at the next "after" point: one op or node, complete
 NEXT = "next"  # at the first point of a later training step
 
 MAX_INSPECT = 100_000
+# Why an expression a UI asked for was interrupted (or refused before it ran).
+ASKER_WENT = "its asker let go"
+NO_UI = "no UI is attached any more"
 # A breakpoint that paused with no UI attached and ran out its lease pauses again at most
 # this often while still nobody is attached (a NaN in every step must not stall the job).
 UNATTENDED_QUIET_SECONDS = 60.0
@@ -113,8 +117,11 @@ class Stepper:
         attach_hint: str = "",
         note: Callable[[str], None] | None = None,
         job_ui: Any = None,
+        eval_budget: float = EVAL_BUDGET_S,
     ) -> None:
         self.lease_seconds = lease_seconds
+        # Seconds an expression (a UI's, a logpoint's) runs before it is interrupted.
+        self.eval_budget = check_budget(eval_budget)
         # --hold: a pause with no UI attached waits for one instead of resuming after the lease.
         self.hold = hold
         self.attach_hint = attach_hint  # "attach: torchscope tui PID", said with every wait
@@ -147,6 +154,7 @@ class Stepper:
         # Expressions and edits a UI asked for at the pause, run by the paused thread
         # (run_at_pause); the latest few kept by id for a client polling a slow one.
         self._tasks: list[Task] = []
+        self._running: Task | None = None  # the one the training thread runs now
         self._done: dict[int, Task] = {}
         self._task_ids = 1
         # Who may run expressions in the job (a client id -> None, or why not): the agent
@@ -282,22 +290,52 @@ class Stepper:
 
     # -- expressions at the pause (the training thread runs them) ----------------------------
     def _run_tasks(self) -> None:
-        """Run what UIs asked at this pause, without the lock (a UI's ping must get through
-        while an expression runs). A task's owner counts as talking until it is done: a slow
-        expression does not end the lease of the pause it runs at."""
-        tasks, self._tasks = self._tasks, []
+        """Run the next thing a UI asked at this pause, without the lock (a UI's ping, a
+        cancel, its going away must get through while an expression runs). A task's owner
+        counts as talking until it is done: a slow expression does not end the lease of the
+        pause it runs at; its budget, a cancel or its owner letting go interrupt it."""
+        task = self._tasks.pop(0)
+        self._running = task
         self._cv.release()
         try:
-            for task in tasks:
-                task.run()
+            task.run()
         finally:
             self._cv.acquire()
+            self._running = None
         now = time.monotonic()
-        for task in tasks:
-            self._last_contact = max(self._last_contact, now)
-            if task.owner is not None:
-                self._contacts[task.owner] = now
+        self._last_contact = max(self._last_contact, now)
+        if task.owner is not None and task.owner in self._contacts:
+            self._contacts[task.owner] = now
         self._cv.notify_all()
+
+    def _stop_tasks(self, why: str, owner: Any = None, everyone: bool = False) -> None:
+        """Called under the lock: ``owner``'s expressions (``everyone``: every UI's) go,
+        those waiting refused, the one running interrupted."""
+
+        def theirs(task: Task | None) -> bool:
+            return task is not None and task.owner is not None and (everyone or task.owner == owner)
+
+        mine = [t for t in self._tasks if theirs(t)]
+        for task in mine:
+            self._tasks.remove(task)
+            task.refuse(f"{why} before it ran")
+        running = self._running
+        if running is not None and theirs(running):
+            running.cancel(why)
+
+    def cancel_task(self, task_id: int, owner: Any) -> Task:
+        """``owner`` cancels its expression ``task_id``: refused if it has not started,
+        interrupted if it runs (its answer says "interrupted after N s")."""
+        with self._cv:
+            task = self._done.get(task_id)
+            if task is None or task.owner != owner:
+                raise BreakpointError(f"no expression {task_id} of yours to cancel")
+            if task in self._tasks:
+                self._tasks.remove(task)
+                task.refuse("cancelled before it ran")
+            elif not task.finished.is_set():
+                task.cancel(CANCELLED)
+        return task
 
     def _refuse_tasks(self, why: str) -> None:
         tasks, self._tasks = self._tasks, []
@@ -310,18 +348,23 @@ class Stepper:
         return "expressions run only for a UI attached to this job"
 
     def run_at_pause(
-        self, what: Callable[[PausePoint], dict[str, Any]], owner: Any, wait: float
+        self,
+        what: Callable[[PausePoint], dict[str, Any]],
+        owner: Any,
+        wait: float,
+        control: Run | None = None,
     ) -> Task:
         """Have the paused training thread run ``what(point)``; wait up to ``wait`` seconds
-        for it (the task says whether it is done). Raises BreakpointError (one line) when
-        the job is not paused, or the pause cannot run expressions."""
+        for it (the task says whether it is done). ``control``: what interrupts it (its
+        budget; a cancel, its owner going). Raises BreakpointError (one line) when the job
+        is not paused, or the pause cannot run expressions."""
         with self._cv:
             point = self.paused
             if point is None:
                 raise BreakpointError("the job is not paused: expressions run at a pause")
             if point.evaluator is None:
                 raise BreakpointError("expressions cannot run at this pause (an aten call)")
-            task = Task(self._task_ids, what, point, owner)
+            task = Task(self._task_ids, what, point, owner, control)
             self._task_ids += 1
             self._tasks.append(task)
             self._done[task.id] = task
@@ -435,6 +478,7 @@ class Stepper:
         with self._cv:
             self._attached = False
             self._waiting_for_ui = False
+            self._stop_tasks(NO_UI, everyone=True)
             self._mode = RUN
             self._next_after_step = None
             if self.paused is not None:
@@ -460,6 +504,8 @@ class Stepper:
                 del self.breakpoints[i]
                 del self.owners[i]
             self._contacts.pop(owner, None)
+            if owner is not None:
+                self._stop_tasks(ASKER_WENT, owner)
             if self._request_owner == owner and self._request_owner is not None:
                 self._mode = RUN
                 self._request_owner = None
@@ -500,6 +546,7 @@ class Stepper:
                 "auto_resumed": self.auto_resumed,
                 "lease_s": self.lease_seconds,
                 "hold": self.hold,
+                "eval_budget_s": self.eval_budget,
             }
             if paused is not None:
                 out["paused_s"] = round(time.monotonic() - self._paused_since, 3)
@@ -535,11 +582,13 @@ class Task:
         what: Callable[[PausePoint], dict[str, Any]],
         point: PausePoint,
         owner: Any,
+        control: Run | None = None,
     ) -> None:
         self.id = task_id
         self._what = what
         self.point = point
         self.owner = owner
+        self.control = control  # interrupts it (tracer/armed/interrupt.py)
         self.since = time.monotonic()
         self.finished = threading.Event()
         self.result: dict[str, Any] | None = None
@@ -557,6 +606,11 @@ class Task:
     def refuse(self, why: str) -> None:
         self.error = why
         self.finished.set()
+
+    def cancel(self, why: str) -> None:
+        """Interrupt it as it runs (its answer: "interrupted after N s (why)")."""
+        if self.control is not None:
+            self.control.cancel(why)
 
     def answer(self) -> dict[str, Any]:
         """The reply: the result, or ``pending`` while the job still runs it. Raises
@@ -584,13 +638,13 @@ def stepping_commands(stepper: Stepper, current_step: Callable[[], int]) -> dict
     """Control commands of step-through debugging, for a publisher's ``commands`` table.
 
     Handlers run on the publisher's thread and take (args, client): the client id of the UI
-    that asked. Every reply carries the stepper's state.
+    that asked. Every reply carries the stepper's state and the step the job is in.
     """
 
     def answer(action: Callable[[dict[str, Any], Any], Any]) -> Handler:
         def handle(args: dict[str, Any], client: Any) -> dict[str, Any]:
             action(args, client)
-            return {"state": stepper.state()}
+            return {"state": stepper.state(), "step": current_step()}
 
         return handle
 
@@ -606,18 +660,31 @@ def stepping_commands(stepper: Stepper, current_step: Callable[[], int]) -> dict
         that may (see ``Stepper.may_evaluate``); ``poll`` asks again for a slow one."""
 
         def handle(args: dict[str, Any], client: Any) -> dict[str, Any]:
+            if args.get("poll") is not None:  # its asker's, even after it let go of the job
+                task = stepper.task(args["poll"])
+                if task.owner != client:
+                    raise BreakpointError(f"no expression {args['poll']} of yours")
+                return task.answer()
             refused = stepper.may_evaluate(client)
             if refused is not None:
                 raise BreakpointError(refused)
-            if args.get("poll") is not None:
-                return stepper.task(args["poll"]).answer()
+            if args.get("cancel") is not None:
+                task = stepper.cancel_task(args["cancel"], client)
+                task.finished.wait(EVALUATE_WAIT_S)  # a Python loop stops within milliseconds
+                return task.answer()
             if not args.get("expr"):
                 raise BreakpointError(f"{name}: an expression, please")
+            budget = args.get("budget")
+            try:
+                budget = stepper.eval_budget if budget is None else check_budget(budget, "budget")
+            except (TypeError, ValueError) as exc:
+                raise BreakpointError(str(exc)) from None
+            control = Run(budget)
 
             def what(point: PausePoint) -> dict[str, Any]:
-                return getattr(point.evaluator, name)(args, by_ui=True)
+                return getattr(point.evaluator, name)(args, by_ui=True, control=control)
 
-            return stepper.run_at_pause(what, client, EVALUATE_WAIT_S).answer()
+            return stepper.run_at_pause(what, client, EVALUATE_WAIT_S, control).answer()
 
         return handle
 

@@ -41,6 +41,7 @@ from torchscope.protocol.expressions import (
     split_edit,
     target_text,
 )
+from torchscope.tracer.armed.interrupt import ExpressionInterrupted, Run, check_budget, guarded
 from torchscope.tracer.armed.summary import tensor_meta
 
 if TYPE_CHECKING:
@@ -49,6 +50,11 @@ if TYPE_CHECKING:
 
 class Pauser(Protocol):
     """What an evaluator needs of the pauser that made it (tracer/armed/pausing.py)."""
+
+    @property
+    def eval_budget(self) -> float: ...
+
+    def disable(self, bp: Breakpoint, line: str) -> None: ...
 
     def module_named(self, path: Any) -> Any: ...
 
@@ -134,16 +140,35 @@ class Evaluator:
             ns["x"] = items[index] if index < len(items) else None
         return ns
 
-    def run(self, expr: str, focus: tuple[str, int] | None) -> Any:
-        """Evaluate ``expr``; raises what it raises. No torchscope mode sees what it runs."""
+    def control(self, args: dict[str, Any], control: Run | None) -> Run:
+        """What interrupts this evaluation: the asker's (a UI's task, which it can cancel),
+        else one with the expression's budget or the job's."""
+        if control is not None:
+            return control
+        budget = args.get("budget")
+        if budget is not None:
+            try:
+                budget = check_budget(budget, "budget")
+            except (TypeError, ValueError) as exc:
+                raise BreakpointError(str(exc)) from None
+        return Run(budget if budget is not None else self._pauser.eval_budget)
+
+    def run(self, expr: str, focus: tuple[str, int] | None, control: Run | None = None) -> Any:
+        """Evaluate ``expr``; raises what it raises, and ExpressionInterrupted when
+        ``control`` (by default: the job's budget) stops it. No torchscope mode sees what
+        it runs; the modes are back as they were however it ends."""
         code = _code(expr.strip())
         scope = self.namespace(focus)
         scope["__builtins__"] = __builtins__
+        run = control if control is not None else Run(self._pauser.eval_budget)
         with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.no_grad():
-            return eval(code, scope)  # the user's own expression, as in pdb
+            # the user's own expression, as in pdb; only it can be interrupted
+            return guarded(lambda: eval(code, scope), run)
 
     # -- the control commands (run by the paused thread) --------------------------------------
-    def evaluate(self, args: dict[str, Any], by_ui: bool = True) -> dict[str, Any]:
+    def evaluate(
+        self, args: dict[str, Any], by_ui: bool = True, control: Run | None = None
+    ) -> dict[str, Any]:
         expr = args["expr"]
         try:
             _code(expr.strip())  # a logpoint's, at every hit: compiled once
@@ -155,9 +180,12 @@ class Evaluator:
             raise
         focus = self.focus(args.get("group"), args.get("index"))
         count = args.get("count", 16)
+        run = self.control(args, control)
         t0 = time.perf_counter()
         try:
-            value = self.run(expr, focus)
+            value = self.run(expr, focus, run)
+        except ExpressionInterrupted:
+            return {"expr": expr, "error": run.text(), "interrupted": True, "took_s": _took(t0)}
         except Exception as exc:
             return {"expr": expr, "error": one_line(exc), "took_s": _took(t0)}
         answer = answer_of(value, count)
@@ -166,7 +194,11 @@ class Evaluator:
         return answer
 
     def edit(
-        self, args: dict[str, Any], by_ui: bool = True, bp: Breakpoint | None = None
+        self,
+        args: dict[str, Any],
+        by_ui: bool = True,
+        bp: Breakpoint | None = None,
+        control: Run | None = None,
     ) -> dict[str, Any]:
         """Replace one tensor of the event; raises BreakpointError (one line) when refused."""
         text = args["expr"]
@@ -186,8 +218,11 @@ class Evaluator:
             raise BreakpointError(
                 f"edit refused: {target_text(group, index)} is None (no gradient flows there)"
             )
+        run = self.control(args, control)
         try:
-            value = self.run(expr, (group, index))
+            value = self.run(expr, (group, index), run)
+        except ExpressionInterrupted:
+            raise BreakpointError(f"edit not applied: {run.text()}") from None
         except Exception as exc:
             raise BreakpointError(f"edit refused: {one_line(exc)}") from None
         new = _replacement(value, old, target_text(group, index))
@@ -235,26 +270,36 @@ class Evaluator:
 
     # -- a breakpoint's action (at its hit, on the training thread) ---------------------------
     def act(self, bp: Breakpoint) -> None:
-        """Log or edit for ``bp``; never raises into the job."""
+        """Log or edit for ``bp``; never raises into the job. One whose expression fails
+        or runs over the job's budget is disabled, said in one line: it would at every hit."""
         pauser = self._pauser
         where = _where(self.point.event)
         if bp.log is not None:
             t0 = time.perf_counter()
             answer = self.evaluate({"expr": bp.log, "count": 8}, by_ui=False)
             text = answer_text(answer)
-            pauser.say_log(bp, f"log {where}: {bp.log} = {text}", time.perf_counter() - t0)
             pauser.log_event(self.point.event, bp, text)
+            if answer.get("error"):
+                pauser.disable(
+                    bp, f"log {where}: {bp.log} = {text}; breakpoint {bp.id} disabled{_AGAIN}"
+                )
+                return
+            pauser.say_log(bp, f"log {where}: {bp.log} = {text}", time.perf_counter() - t0)
             return
         try:
             self.edit({"expr": bp.edit}, by_ui=False, bp=bp)
         except BreakpointError as exc:
-            pauser.say_once(bp, f"breakpoint {bp.id} at {where}: {exc}")
+            pauser.disable(bp, f"breakpoint {bp.id} at {where}: {exc}; disabled{_AGAIN}")
             return
         pauser.say_once(
             bp,
             f"edit at {where}: {bp.edit} (breakpoint {bp.id}, at every hit; this run's "
             "numbers are changed by hand)",
         )
+
+
+# Said when a logpoint or an edit at every hit is disabled.
+_AGAIN = " (not tried again at later hits)"
 
 
 @functools.lru_cache(maxsize=256)

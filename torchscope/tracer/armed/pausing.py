@@ -7,11 +7,12 @@ sure everything up to the pause reached the UI and the file, blocks, and says wh
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
 
-from torchscope.protocol.breakpoints import AFTER, BEFORE, Breakpoint
+from torchscope.protocol.breakpoints import AFTER, BEFORE, Breakpoint, BreakpointError
 from torchscope.protocol.events import ATEN, PAUSE, RESUME, Event
 from torchscope.tracer.armed.evaluate import Evaluator, edit_event, log_line_event
 from torchscope.tracer.armed.pipeline import EventPipeline
@@ -127,6 +128,17 @@ class Pauser:
                 Evaluator(self, point, call).act(bp)
             except Exception as exc:
                 self._report_error(f"breakpoint {bp.id}'s {bp.action}", exc)
+
+    @property
+    def eval_budget(self) -> float:
+        """Seconds an expression may run here before it is interrupted (the job's setting)."""
+        return self.stepper.eval_budget
+
+    def disable(self, bp: Breakpoint, line: str) -> None:
+        """A logpoint or edit whose expression failed or ran over budget: said, disabled."""
+        say(line)
+        with contextlib.suppress(BreakpointError):  # deleted meanwhile
+            self.stepper.set_enabled(bp.id, False)
 
     def module_named(self, path: Any) -> Any:
         """The module object at ``path`` (an event's ``module``), or None."""

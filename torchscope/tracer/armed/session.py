@@ -34,6 +34,7 @@ from torchscope.tracer.armed.aten import AtenMode, AtenRecorder, AtenScope, aten
 from torchscope.tracer.armed.backward import BackwardRecorder
 from torchscope.tracer.armed.compiled import CompiledCalls, arm_compiled_functions
 from torchscope.tracer.armed.forward import ForwardMode, ForwardRecorder
+from torchscope.tracer.armed.interrupt import EVAL_BUDGET_S
 from torchscope.tracer.armed.modules import ModuleTracker
 from torchscope.tracer.armed.pausing import Pauser, WaitingPause
 from torchscope.tracer.armed.pipeline import EventPipeline, Sink
@@ -110,6 +111,7 @@ class Tracer:
         on_alert: Callable[[Event], None] | None = None,
         aten: bool | str | None = None,
         eager_check: bool = False,
+        eval_budget: float = EVAL_BUDGET_S,
     ) -> None:
         self.steps = parse_steps(steps)
         # Each call of a compiled module also runs eagerly, compared (tracer/armed/eager_check).
@@ -132,7 +134,11 @@ class Tracer:
             if self.live or breakpoints or wait or stepping:
                 hint = f"attach: torchscope tui {os.getpid()}" if self.live else ""
                 driven.stepper = self.outputs.start_stepper(
-                    breakpoints, lease_seconds=lease, wait_for_ui=wait, attach_hint=hint
+                    breakpoints,
+                    lease_seconds=lease,
+                    wait_for_ui=wait,
+                    attach_hint=hint,
+                    eval_budget=eval_budget,
                 )
             # Standalone, the tracer counts steps itself; driven, the agent's clock calls the
             # same three methods (update_begins, update_ends, boundary). Without optimizer

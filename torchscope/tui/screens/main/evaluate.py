@@ -27,9 +27,48 @@ RECORDING_EDIT = (
 )
 
 
+class Asking:
+    """An expression the job runs for this UI: its task once a reply names it, and whether
+    escape cancelled it (sent as soon as the task is known)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.task: int | None = None
+        self.cancelled = False
+
+
 class Evaluate:
     def __init__(self, main: MainContext) -> None:
         self.main = main
+        self.asking: Asking | None = None  # the one the box waits for
+
+    def cancel(self) -> None:
+        """Escape in the ``p`` or ``e`` box: the expression still running is interrupted
+        (the job answers "interrupted after N s" and its pause holds as before)."""
+        asking, self.asking = self.asking, None
+        if asking is None or asking.cancelled:
+            return
+        asking.cancelled = True
+        if asking.task is not None:
+            self._send_cancel(asking)
+
+    def _send_cancel(self, asking: Asking) -> None:
+        def answered(ok: bool, payload: Any) -> None:
+            if not ok:
+                self.main.notify(f"{asking.text}: {payload}", severity="warning", timeout=8)
+            elif isinstance(payload, dict) and not payload.get("pending"):
+                self._show_answer(asking.text, payload)
+
+        self.main.host.command("evaluate", cancel=asking.task, quiet=True, then=answered)
+
+    def _pending(self, asking: Asking, payload: dict) -> bool:
+        """A reply said "still running": note its task; False when escape cancelled it
+        meanwhile (the cancel goes now; nobody polls it)."""
+        asking.task = payload.get("pending")
+        if asking.cancelled:
+            self._send_cancel(asking)
+            return False
+        return True
 
     # -- p ------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -76,24 +115,39 @@ class Evaluate:
             prompt.error("the job is not paused any more: expressions run at a pause")
             return
         key = pause_key(self.main.store.stepper.paused)
-        prompt.border_title = f"{text} … asking the job"
+        prompt.border_title = f"{text} … asking the job (escape interrupts it)"
+        asking = self.asking = Asking(text)
 
         def answered(ok: bool, payload: Any) -> None:
+            if asking.cancelled:
+                if isinstance(payload, dict) and payload.get("pending"):
+                    self._pending(asking, payload)
+                return  # the cancel's own reply shows the answer
             if not ok:
+                self.asking = None
                 prompt.error(f"{text}: {payload}")
                 return
             if isinstance(payload, dict) and payload.get("pending"):
-                prompt.border_title = f"{text} … {payload.get('text') or 'still running'}"
+                if not self._pending(asking, payload):
+                    return
+                prompt.border_title = (
+                    f"{text} … {payload.get('text') or 'still running'} (escape interrupts it)"
+                )
                 task = payload["pending"]
 
                 def poll() -> None:
+                    if asking.cancelled:
+                        return
                     if pause_key(self.main.store.stepper.paused) != key:
+                        self.asking = None
                         prompt.error(f"{text}: the pause ended before the answer came")
                         return
                     self.main.host.command("evaluate", poll=task, quiet=True, then=answered)
 
                 self.main.set_timer(POLL_SECONDS, poll)
                 return
+            if self.asking is asking:
+                self.asking = None
             self._show_answer(text, payload if isinstance(payload, dict) else {})
 
         fields = {"expr": text, "count": ANSWER_VALUES, **self._focus_fields()}
@@ -151,21 +205,41 @@ class Evaluate:
         if self.main.store.stepper.paused is None:
             prompt.error("the job is not paused any more: edits apply at a pause")
             return
-        prompt.border_title = f"{text} … asking the job"
+        prompt.border_title = f"{text} … asking the job (escape interrupts it)"
+        asking = self.asking = Asking(text)
 
         def answered(ok: bool, payload: Any) -> None:
+            if asking.cancelled:
+                if isinstance(payload, dict) and payload.get("pending"):
+                    self._pending(asking, payload)
+                elif not ok:
+                    self.main.notify(f"{text}: {payload}", severity="warning", timeout=8)
+                return
             if not ok:
+                self.asking = None
                 prompt.error(str(payload))
                 return
             if isinstance(payload, dict) and payload.get("pending"):
-                prompt.error(f"{text}: {payload.get('text')} (asked again when it is done)")
+                if self._pending(asking, payload):
+                    prompt.error(f"{text}: {payload.get('text')} (escape interrupts it)")
+                    self._await_edit(asking, answered)
                 return
+            self.asking = None
             self.main.close_prompt()
             what = payload.get("text") if isinstance(payload, dict) else None
             self.main.notify(f"edited {what or text} (applied as the job goes on)", timeout=8)
             self.main.refresh_status()
 
         self.main.host.command("edit", expr=text, quiet=True, then=answered, **self._focus_fields())
+
+    def _await_edit(self, asking: Asking, answered: Any) -> None:
+        """An edit still running: asked again each second until it is done or cancelled."""
+
+        def poll() -> None:
+            if not asking.cancelled and asking.task is not None:
+                self.main.host.command("edit", poll=asking.task, quiet=True, then=answered)
+
+        self.main.set_timer(POLL_SECONDS, poll)
 
     # -- what the expression is about --------------------------------------------------------
     def _focus_choice(self) -> tuple[str, int] | None:

@@ -14,6 +14,7 @@ graph-filter   only matching nodes stay     keep / clear
 command        (nothing: a ``:`` line)      run it (its error in the box) / close
 export         (nothing: a file name)       write (asks again before overwriting) / close
 evaluate       (nothing: an expression)     the job answers in the box; ↑↓ history / close
+                                            (one still running is interrupted)
 edit           (nothing: a replacement)     the job takes it (or refuses in the box) / close
 =============  ==========================  ==============================================
 """
@@ -262,6 +263,10 @@ class Evaluate(PromptMode):
     def submitted(self, screen: MainContext, text: str) -> None:
         screen.evaluate(text)
 
+    def cancelled(self, screen: MainContext) -> None:
+        screen.cancel_evaluation()  # one still running is interrupted: the job goes on
+        screen.close_prompt()
+
     def history(self, screen: MainContext) -> list[str]:
         return screen.expressions
 
@@ -276,6 +281,10 @@ class Edit(PromptMode):
 
     def submitted(self, screen: MainContext, text: str) -> None:
         screen.edit(text)
+
+    def cancelled(self, screen: MainContext) -> None:
+        screen.cancel_evaluation()
+        screen.close_prompt()
 
     def history(self, screen: MainContext) -> list[str]:
         return screen.expressions

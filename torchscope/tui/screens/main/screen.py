@@ -913,6 +913,9 @@ class MainScreen(Screen[None]):
     def edit(self, text: str) -> None:
         self.evaluator.edit(text)
 
+    def cancel_evaluation(self) -> None:
+        self.evaluator.cancel()
+
     # -- several sources (lanes.py) ----------------------------------------------------------
     def action_mark(self) -> None:
         self.lane_view.mark()
