@@ -91,8 +91,9 @@ for step in range(5):
 def test_a_compiled_models_output_from_weights_the_bad_update_wrote_is_no_new_origin(
     tmp_path: Path,
 ):
-    """Under "continue" the bad update is made; the next step, traced to catch the NaN live,
-    finds the compiled model's output non-finite: its weights are, not a new origin."""
+    """Under "continue" the bad update is made: the loop code's NaN is named at its op and
+    line, and the next step's non-finite output is what its weights became, not a new
+    origin."""
     (tmp_path / "job.py").write_text(textwrap.dedent(JOB))
     proc = subprocess.run(
         [sys.executable, "-m", "torchscope", "run", "--watch", "nan", "job.py"],
@@ -102,6 +103,9 @@ def test_a_compiled_models_output_from_weights_the_bad_update_wrote_is_no_new_or
     said = [s for s in proc.stderr.splitlines() if s.startswith("torchscope:")]
     assert WARNING not in proc.stderr
     (first,) = [s for s in said if "first appears" in s]
-    assert first.startswith("torchscope: NaN first appears at step 3 in the forward, outside")
+    assert first.startswith(
+        "torchscope: NaN first appears at step 3 in torch.sqrt (forward) at job.py:"
+    ), first
+    assert first.endswith("in the training loop's code — seen as the step ran")
     assert not [s for s in said if "traced live" in s]
     assert "torchscope: NaN/Inf from step 3 lasted 2 checked steps" in said[-2]

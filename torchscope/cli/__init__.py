@@ -28,7 +28,7 @@ from torchscope.cli.live import cmd_attach, cmd_ls, cmd_record, cmd_watch
 from torchscope.cli.run import cmd_run, parse_run
 from torchscope.cli.ui import cmd_demo, cmd_tui, cmd_tui_web
 from torchscope.protocol.events import KINDS
-from torchscope.tracer.watch.stop import POLICIES
+from torchscope.protocol.policies import POLICIES
 
 __all__ = ["build_parser", "main"]
 

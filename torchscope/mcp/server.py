@@ -41,8 +41,8 @@ from torchscope.protocol import endpoints as ep
 from torchscope.protocol.breakpoints import BreakpointError, parse_break_spec
 from torchscope.protocol.client import SessionClient, SessionRefused, SessionUnreachable
 from torchscope.protocol.frames import one_line
+from torchscope.protocol.policies import POLICIES
 from torchscope.protocol.runtime import EndpointError
-from torchscope.tracer.watch.stop import POLICIES
 from torchscope.tui.model.stepper_view import pause_key
 
 __all__ = ["build_server", "main"]

@@ -42,7 +42,7 @@ from torchscope.protocol.codec import (
     unpack,
 )
 from torchscope.protocol.events import Event, as_event
-from torchscope.tracer.watch.stop import POLICIES
+from torchscope.protocol.policies import POLICIES
 
 VERSION = list(PROTOCOL_VERSION)
 

@@ -393,13 +393,8 @@ class Agent(ServedWatch):
         """The step before ``step`` gets its point; holds waiting on a condition are tested
         on the points that arrived (only here, never per op)."""
         history = self.history
-        # Its update skipped: by a loss scaler, or refused by the watch (on_nan="skip").
-        watch = self.watch
-        skipped = self.clock.counted_by == BY_SCALER or (
-            watch is not None and watch.skipped_step == step - 1
-        )
-        # A loss spike the watch caught there (watch="spike").
-        spike = watch is not None and getattr(watch, "spiked_step", None) == step - 1
+        refused, spike = self.watch_marks(step - 1)
+        skipped = self.clock.counted_by == BY_SCALER or refused  # a loss scaler's skip too
         added = (
             history.step_ends(step, skipped=skipped, spike=spike) if self.options.history else []
         )

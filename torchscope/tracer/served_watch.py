@@ -132,6 +132,14 @@ class ServedWatch:
             return self._watch_request
         return self.options.watch, self.options.on_nan
 
+    def watch_marks(self, step: int) -> tuple[bool, bool]:
+        """What the watch did at ``step``, for its history point: (its update refused:
+        ``on_nan``/``on_spike="skip"``, a loss spike caught there)."""
+        watch = self.watch
+        if watch is None:
+            return False, False
+        return watch.skipped_step == step, watch.spiked_step == step
+
     def _start_watch(self) -> None:
         from torchscope.tracer.steps import parse_watch_spec
         from torchscope.tracer.watch.nan_watch import NanWatch

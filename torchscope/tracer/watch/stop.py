@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchscope.protocol.policies import MAX_SKIPS, POLICIES
+
+__all__ = ["MAX_SKIPS", "POLICIES", "STOP_EXIT_CODE", "WatchStop"]
+
 STOP_EXIT_CODE = 3  # what `torchscope run --on-nan stop` should exit with
-# What the watch does after a detection (``on_nan``, ``--on-nan``; ``on_spike``,
-# ``--on-spike`` for a loss spike): the one list of them.
-POLICIES = ("continue", "pause", "stop", "skip")
-# Under "skip": updates refused in a row before the next bad step stops the job (``max_skips``).
-MAX_SKIPS = 5
 
 
 class WatchStop(Exception):
