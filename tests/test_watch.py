@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import inspect
-import struct
 
 import pytest
 import torch
 from torch import nn
 from torch.nn.modules import module as module_mod
 from torch.optim import optimizer as optim_mod
+from watching import bits, data, line_of, watch
 
 import torchscope
 from torchscope.tracer import backward_calls
@@ -45,20 +44,10 @@ def _clean():
     assert torch.Tensor.backward is ORIGINAL_TENSOR_BACKWARD
 
 
-def line_of(func, needle: str) -> str:
-    lines, first = inspect.getsourcelines(func)
-    (i,) = [i for i, s in enumerate(lines) if needle in s]
-    return f"{inspect.getsourcefile(func)}:{first + i}"
 
 
-def bits(values: list[float]) -> list[bytes]:
-    """Exact comparison, NaN included."""
-    return [struct.pack("<d", v) for v in values]
 
 
-def data(step: int, *shape: int) -> torch.Tensor:
-    """Batches from their own generator: the global RNG belongs to the model (dropout)."""
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(1000 + step))
 
 
 # -- models ----------------------------------------------------------------------------------
@@ -181,9 +170,6 @@ def quiet() -> list[str]:
     return []
 
 
-def watch(**kw) -> tuple[NanWatch, list[str]]:
-    lines: list[str] = []
-    return NanWatch(report=lines.append, **kw), lines
 
 
 # -- tests -----------------------------------------------------------------------------------

@@ -4,8 +4,6 @@ automatic optimization, LBFGS), and loop code around a ``torch.compile``d model.
 from __future__ import annotations
 
 import contextlib
-import inspect
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +13,9 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.optim import optimizer as optim_mod  # noqa: E402
+from watching import bits, data, line_of, watch  # noqa: E402
 
-from torchscope.tracer.watch.nan_watch import NanWatch, WatchStop  # noqa: E402
+from torchscope.tracer.watch.nan_watch import WatchStop  # noqa: E402
 
 JOBS = Path(__file__).parent / "jobs"
 LIGHTNING_JOB = JOBS / "lightning_nan.py"
@@ -34,24 +33,12 @@ def _clean():
     assert torch.autograd.backward is ORIGINAL_AUTOGRAD_BACKWARD
 
 
-def bits(values: list[float]) -> list[bytes]:
-    """Exact comparison, NaN included."""
-    return [struct.pack("<d", v) for v in values]
 
 
-def line_of(func, needle: str) -> str:
-    lines, first = inspect.getsourcelines(func)
-    (i,) = [i for i, s in enumerate(lines) if needle in s]
-    return f"{inspect.getsourcefile(func)}:{first + i}"
 
 
-def data(step: int, *shape: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(1000 + step))
 
 
-def watch(**kw) -> tuple[NanWatch, list[str]]:
-    lines: list[str] = []
-    return NanWatch(report=lines.append, **kw), lines
 
 
 # -- Lightning: the Trainer's closure, under `torchscope run` ---------------------------------

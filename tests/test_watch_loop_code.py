@@ -4,9 +4,8 @@ step it happens, with no rerun; and the job is unchanged when nothing is wrong."
 
 from __future__ import annotations
 
-import inspect
+import contextlib
 import os
-import struct
 import subprocess
 import sys
 import textwrap
@@ -16,8 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributions import Normal
+from watching import bits, line_of, watch
+from watching import data as batch
 
-from torchscope.tracer.watch.nan_watch import NanWatch, WatchStop
+from torchscope.tracer.watch.nan_watch import WatchStop
 
 
 @pytest.fixture(autouse=True)
@@ -25,21 +26,6 @@ def _clean():
     torch.set_num_threads(1)
     yield
     assert torch._C._len_torch_function_stack() == 0
-
-
-def line_of(func, needle: str) -> str:
-    lines, first = inspect.getsourcelines(func)
-    (i,) = [i for i, s in enumerate(lines) if needle in s]
-    return f"{inspect.getsourcefile(func)}:{first + i}"
-
-
-def batch(step: int, *shape: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(1000 + step))
-
-
-def watch(**kw) -> tuple[NanWatch, list[str]]:
-    lines: list[str] = []
-    return NanWatch(report=lines.append, **kw), lines
 
 
 # -- the loops ---------------------------------------------------------------------------------
@@ -104,7 +90,7 @@ def train(model_fn, loop, steps: int, *, ctx=None, opt_cls=torch.optim.SGD, **op
     model = model_fn()
     opt = opt_cls(model.parameters(), **(opt_kw or {"lr": 0.05}))
     losses = []
-    with ctx if ctx is not None else _nothing():
+    with ctx if ctx is not None else contextlib.nullcontext():
         for step in range(steps):
             opt.zero_grad()
             loss = loop(model, step)
@@ -112,18 +98,6 @@ def train(model_fn, loop, steps: int, *, ctx=None, opt_cls=torch.optim.SGD, **op
             opt.step()
             losses.append(loss.item())
     return losses, model
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def bits(values: list[float]) -> list[bytes]:
-    return [struct.pack("<d", v) for v in values]
 
 
 # -- named in the one line ---------------------------------------------------------------------
@@ -297,8 +271,17 @@ def test_torchscope_run_stops_with_the_op_and_line_of_a_loss_function(tmp_path):
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "torchscope", "run", "--watch", "nan", "--on-nan", "stop",
-         str(script)],
+        [
+            sys.executable,
+            "-m",
+            "torchscope",
+            "run",
+            "--watch",
+            "nan",
+            "--on-nan",
+            "stop",
+            str(script),
+        ],
         capture_output=True,
         text=True,
         cwd=tmp_path,

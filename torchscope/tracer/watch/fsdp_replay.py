@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable
-from typing import Any
 
 from torch import nn
 
+from torchscope.tracer.armed.modules import is_fsdp2
 from torchscope.tracer.ranks import job_store, pg_timeout_seconds
 
 # The longest a rank waits for the others' word: well under any process group's timeout.
@@ -66,11 +66,5 @@ def reshard(modules: list[nn.Module]) -> None:
     """Every FSDP module in ``modules`` (and under them) back to its sharded parameters."""
     for top in modules:
         for m in top.modules():
-            fn: Any = getattr(m, "reshard", None)
-            if callable(fn) and _is_fsdp_module(m):
-                fn()
-
-
-def _is_fsdp_module(m: nn.Module) -> bool:
-    # fully_shard swaps a module's class for a subclass of FSDPModule (FSDP<Name>).
-    return any(c.__name__ == "FSDPModule" for c in type(m).__mro__)
+            if is_fsdp2(m):
+                m.reshard()  # type: ignore[operator]

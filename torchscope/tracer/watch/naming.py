@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import nn
 
+from torchscope.tracer.armed.modules import is_fsdp2
 from torchscope.tracer.armed.source import cell_site, is_internal
 
 # Installed packages (Lightning's loop, a Trainer): their frames bind the model under their
@@ -100,10 +101,10 @@ def _eager(module: nn.Module) -> nn.Module:
 
 
 def _class_of(module: nn.Module) -> str:
-    cls = type(_eager(module))
-    # fully_shard swaps a module's class for FSDP<Name>(FSDPModule, Name): the user's is Name.
-    if cls.__bases__ and cls.__bases__[0].__name__ == "FSDPModule" and len(cls.__bases__) > 1:
-        cls = cls.__bases__[1]
+    module = _eager(module)
+    cls = type(module)
+    if is_fsdp2(module):  # fully_shard made its class FSDP<Name>(FSDPModule, Name)
+        cls = next((c for c in cls.__bases__ if c.__name__ != "FSDPModule"), cls)
     return cls.__name__
 
 
