@@ -435,7 +435,9 @@ async def test_one_ui_over_both_ranks_of_a_real_torchrun_job(tmp_path: Path):
         app = TorchscopeApp(sources, first=first)
         async with app.run_test(size=(100, 30)) as pilot:
             await until(pilot, lambda: app.lanes[1].paused is not None, 60, "rank 1's NaN")
-            assert "1 rank 0" in bar(app) and "2 rank 1" in bar(app)
+            # the labels come with each rank's session event, which may follow the pause
+            labelled = lambda: "1 rank 0" in bar(app) and "2 rank 1" in bar(app)  # noqa: E731
+            await until(pilot, labelled, 60, "both ranks labelled")
             assert app.lanes[1].paused["reason"] == "breakpoint 1"
             await until(pilot, lambda: ("pause", {}) in app.lanes[0].sent, 60, "rank 0 paused")
             await until(pilot, lambda: "paused" in bar(app), 60, "the bar says so")
