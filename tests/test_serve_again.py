@@ -61,3 +61,40 @@ def test_under_the_command_line_only_what_the_call_sets_applies(capsys):
             step(model, opt, bad=True)
     finally:
         a.stop()
+
+
+def test_a_second_serve_sets_the_budget_of_expressions_asked_at_a_pause():
+    import threading
+    import time
+
+    from torchscope.tracer.stepper import stepping_commands
+
+    a = torchscope.serve(break_on="op:relu", lease=120, eval_budget=300.0, quiet=True)
+    try:
+        assert torchscope.serve(break_on="op:relu", lease=120, eval_budget=0.5, quiet=True) is a
+        assert a.options.eval_budget == 0.5 and a.stepper.state()["eval_budget_s"] == 0.5
+        answers: list[dict] = []
+
+        def ui() -> None:  # at the pause: what a UI's p asks, with no budget of its own
+            deadline = time.monotonic() + 120
+            try:
+                while a.stepper.paused is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                evaluate = stepping_commands(a.stepper, lambda: 0)["evaluate"]
+                expr = "sum(1 for _ in iter(int, 1))"
+                got = evaluate({"expr": expr, "group": None, "index": None, "count": 16}, None)
+                while got.get("pending") and time.monotonic() < deadline:
+                    got = evaluate({"poll": got["pending"]}, None)
+                answers.append(got)
+            finally:
+                a.stepper.request_continue()
+
+        helper = threading.Thread(target=ui, daemon=True)
+        helper.start()
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        step(model, torch.optim.SGD(model.parameters(), lr=0.1))  # pauses at relu
+        helper.join(120)
+        (got,) = answers
+        assert got.get("interrupted") and "over its budget of 0.5 s" in got["error"], got
+    finally:
+        a.stop()

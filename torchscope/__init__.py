@@ -114,9 +114,9 @@ def serve(
 
     A second call (a notebook's later cell) returns the running agent and applies what can
     change while it runs: ``watch``, ``on_nan``, ``on_spike`` and ``max_skips`` at once
-    (turned on, off, or another policy), the tracing options (``values``, ``aten``...) from
-    the next traced step; it says in one line on stderr which options cannot change
-    (``record``, ``steps``, ``break_on``...).
+    (turned on, off, or another policy), ``eval_budget`` for the next expression, the
+    tracing options (``values``, ``aten``...) from the next traced step; it says in one
+    line on stderr which options cannot change (``record``, ``steps``, ``break_on``...).
     Under ``torchscope run`` the command line's options hold; only the options this call sets
     apply. The same options again change nothing.
 

@@ -15,7 +15,7 @@ call sets to something else than ``serve()``'s defaults. What applies:
   first ``serve()`` installs the watch), else at the job's next ``backward()``; the agent
   says so itself;
 - ``values``, ``optimizer_ops``, ``aten``, ``eager_check``: read when tracing starts, so from
-  the next traced step; ``quiet`` at once;
+  the next traced step; ``quiet`` and ``eval_budget`` (for the next expression asked) at once;
 - the others (``record``, ``steps``, ``break_on``, ``wait``, ``hold``, ``lease``,
   ``history``) were set up when the job started: named in one line as not applied.
 """
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 WATCH = ("watch", "on_nan", "on_spike", "max_skips")
 AT_ARMING = ("values", "optimizer_ops", "aten", "eager_check", "quiet")
+AT_ONCE = ("eval_budget",)  # the stepper's: read by each expression as it starts
 FIXED = ("record", "steps", "breakpoints", "wait", "hold", "lease", "history")
 KEYWORD = {"breakpoints": "break_on"}  # Options' names that are not serve()'s
 FIELD = {keyword: name for name, keyword in KEYWORD.items()}
@@ -59,6 +60,10 @@ def serve_again(agent: Agent, wanted: Options, only: Iterable[str] | None = None
             opts.on_nan = on_nan  # no watch to act on it: the policy waits for one
         else:
             agent.request_watch(spec, on_nan, now=True)
+    if "eval_budget" in asked:
+        opts.eval_budget = wanted.eval_budget
+        if agent.stepper is not None:
+            agent.stepper.eval_budget = wanted.eval_budget
     later = [name for name in AT_ARMING if name in asked]
     for name in later:
         setattr(opts, name, getattr(wanted, name))
@@ -84,7 +89,7 @@ def _asked(agent: Agent, wanted: Options) -> set[str]:
         wanted = dataclasses.replace(wanted, record=per_rank_path(wanted.record))
     defaults = Options()
     asked = set()
-    for name in (*WATCH, *AT_ARMING, *FIXED):
+    for name in (*WATCH, *AT_ARMING, *AT_ONCE, *FIXED):
         value = getattr(wanted, name)
         if value == getattr(current, name):
             continue
