@@ -5,10 +5,14 @@ their next collective (DDP's gradient all-reduce inside ``backward()``, an expli
 ``dist.all_reduce``), block there in C++, and die at the process group's timeout. So while
 the command line holds every rank traced (``--break-on``, ``--wait``, ``--record`` under
 torchrun: the same steps on every rank), each rank *meets* the others in the job's c10d store
-before every top-level ``backward()`` and every explicit collective: it counts itself in
-under a key named by the step and the meeting's number in that step, and waits, in Python,
-until every rank has. A paused rank is simply late to the meeting; the others wait for it as
-long as it takes, and say so on stderr. No collective starts until everybody is there.
+before every top-level ``backward()``, every explicit collective and every top-level module
+call whose forward communicates (DDP's broadcast of buffers, FSDP's all-gathers: see
+:mod:`~torchscope.tracer.forward_collectives`): it counts itself in under a key named by the
+step and the meeting's number in that step, and waits, in Python, until every rank has. A
+paused rank is simply late to the meeting; the others wait for it as long as it takes. A
+paused rank tells the store where it stopped (:class:`RankPauses`), so a rank that waits says
+at once which rank it waits for and where that one is paused, on stderr and in its stepper's
+state (``waiting``). No collective starts until everybody is there.
 
 Ranks that UIs arm (``torchscope tui`` on a torchrun job arms every rank) agree first on
 the steps they meet in (:class:`AgreedPeriods`): the first rank armed proposes a start two
@@ -18,8 +22,10 @@ for a meeting another rank will not attend.
 
 Cost, paid only while traced with a gate: one store round trip per meeting plus the wait for
 the slowest rank (which the collective that follows would have waited for anyway), and for
-UI-armed ranks one more per traced step boundary. A job where only some ranks are armed is
-not gated: a meeting that one rank never attends would hang the other.
+UI-armed ranks one more per traced step boundary. Nothing more while no rank is paused: the
+store is asked who is paused only by a rank that waits, and told only by one that pauses. A
+job where only some ranks are armed is not gated: a meeting that one rank never attends would
+hang the other.
 """
 
 from __future__ import annotations
@@ -233,7 +239,65 @@ class PauseInWait(Protocol):
     def hold(self) -> None: ...  # stop here until the UI lets go
 
 
+class RankPauses:
+    """Where each rank is paused, in the job's store: ``torchscope/paused/<rank>`` holds where
+    it stopped ("" once it went on), and ``torchscope/paused/count`` how many are paused, so
+    that a rank that waits asks one key while nobody is paused. A rank writes only when it
+    pauses and when it goes on; a rank reads only while it waits for the others."""
+
+    COUNT = "torchscope/paused/count"
+
+    def __init__(self, store: Any, rank: int, world: int) -> None:
+        self.store, self.rank, self.world = store, rank, world
+        self._told = False
+
+    @classmethod
+    def for_job(cls) -> RankPauses | None:
+        found = job_store()
+        return cls(*found) if found is not None else None
+
+    def tell(self, where: str | None) -> None:
+        """This rank paused at ``where``; None: it went on (never raises)."""
+        with contextlib.suppress(Exception):
+            key = f"torchscope/paused/{self.rank}"
+            if where is not None:
+                self.store.set(key, where)
+                if not self._told:
+                    self._told = True
+                    self.store.add(self.COUNT, 1)
+            elif self._told:
+                self._told = False
+                self.store.set(key, "")
+                self.store.add(self.COUNT, -1)
+
+    def paused(self) -> dict[int, str]:
+        """The other ranks paused now, and where (one round trip while none is)."""
+        if self.store.add(self.COUNT, 0) <= 0:
+            return {}
+        out = {}
+        for r in range(self.world):
+            key = f"torchscope/paused/{r}"
+            if r != self.rank and self.store.check([key]):
+                where = self.store.get(key).decode(errors="replace")
+                if where:
+                    out[r] = where
+        return out
+
+
+#: What this process's rank waits for now (a meeting of the ranks), for its stepper's state:
+#: ``before`` (the call), ``step``, ``here`` (ranks there), ``of`` (world size), ``paused``
+#: (the other ranks paused, rank -> where). None while it waits for nobody.
+WAITING: dict[str, Any] | None = None
+
+
+def waiting() -> dict[str, Any] | None:
+    return WAITING
+
+
 class RankGate:
+    #: Seconds between two looks at who is paused while a meeting waits.
+    PAUSED_EVERY = 0.2
+
     def __init__(self, store: Any, rank: int, world: int, say: Callable[[str], None]) -> None:
         self.store = store
         self.rank = rank
@@ -243,6 +307,7 @@ class RankGate:
         self._n = 0
         self.meetings = 0
         self.waited = 0.0  # seconds spent waiting for other ranks (tests, benchmarks)
+        self.pauses = RankPauses(store, rank, world)
 
     @classmethod
     def for_job(cls, say: Callable[[str], None]) -> RankGate | None:
@@ -261,6 +326,7 @@ class RankGate:
         """Wait until every rank has reached this point of step ``step`` (never raises).
         ``scope`` names the agreed period (UI-armed ranks) so its meetings are its own;
         ``pause``: a UI's pause asked while others are missing stops this rank in the wait."""
+        global WAITING
         if step != self._step:
             self._step, self._n = step, 0
         key = f"torchscope/gate/{scope}{step}/{self._n}"
@@ -271,7 +337,8 @@ class RankGate:
             if here >= self.world:
                 return
             t0 = time.monotonic()
-            said = False
+            said = named = False
+            looked = 0.0  # when the store was last asked who is paused
             sleep = 0.002
             while here < self.world:
                 time.sleep(sleep)
@@ -279,7 +346,22 @@ class RankGate:
                 here = self.store.add(key, 0)
                 if pause is not None and here < self.world and pause.asked():
                     here = self._paused_outside(key, pause)
-                if not said and time.monotonic() - t0 > 0.5:
+                now = time.monotonic()
+                if here < self.world and now - looked >= self.PAUSED_EVERY:
+                    looked = now
+                    paused = self.pauses.paused()
+                    WAITING = {
+                        "before": what, "step": step, "here": here, "of": self.world,
+                        "paused": {str(r): w for r, w in paused.items()},
+                    }  # fmt: skip
+                    if paused and not named:
+                        said = named = True  # at once: the reason is known
+                        who = "; ".join(f"rank {r} is paused at {w}" for r, w in paused.items())
+                        self.say(
+                            f"waiting before {what} at step {step} for the other ranks "
+                            f"({here} of {self.world} there): {who}"
+                        )
+                if not said and now - t0 > 0.5:
                     said = True
                     self.say(
                         f"waiting before {what} at step {step} for the other ranks "
@@ -291,6 +373,8 @@ class RankGate:
         except Exception as exc:  # the store went away (the job is ending): do not hang
             with contextlib.suppress(Exception):
                 self.say(f"rank meeting before {what} skipped: {type(exc).__name__}: {exc}")
+        finally:
+            WAITING = None
 
     def _paused_outside(self, key: str, pause: PauseInWait) -> int:
         """Pause with this rank counted out of the meeting, so that the others cannot complete

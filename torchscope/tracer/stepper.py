@@ -28,7 +28,7 @@ from torchscope.protocol.breakpoints import (
 from torchscope.protocol.events import ATEN
 from torchscope.protocol.expressions import ExpressionError
 from torchscope.tracer.armed.interrupt import CANCELLED, EVAL_BUDGET_S, Run, check_budget
-from torchscope.tracer.ranks import say
+from torchscope.tracer.ranks import RankPauses, say, waiting
 
 # What the training thread does next when it is not paused.
 RUN = "run"  # until a breakpoint or a pause request
@@ -129,6 +129,7 @@ class Stepper:
         # --wait under torchrun: a UI on any rank of the job lets this one go (ranks.JobUiSignal)
         self.job_ui = job_ui
         self.pg_timeout: Callable[[], float | None] | None = None  # multi-rank jobs: ranks.py
+        self._pauses: RankPauses | None = None  # where this rank is paused, for the others
         self._paused_since = 0.0
         self._cv = threading.Condition()
         self._mode = PAUSE if wait_for_ui else RUN
@@ -230,6 +231,26 @@ class Stepper:
         Returns what resumed it: "continue", "step", "next", "detach", "attached" (--wait:
         a UI came), "left" (the UI that owned the pause went) or "lease".
         """
+        pauses = self._rank_pauses()
+        if pauses is None:
+            return self._at_point(point)
+        # Under torchrun the other ranks learn where this one is paused (ranks.RankPauses):
+        # one that waits for it says so at once.
+        pauses.tell(f"{point.where()}, step {point.event.get('step', '?')}")
+        try:
+            return self._at_point(point)
+        finally:
+            pauses.tell(None)
+
+    def _rank_pauses(self) -> RankPauses | None:
+        """The job's record of paused ranks (multi-rank jobs, once the process group exists)."""
+        if self.pg_timeout is None:
+            return None
+        if self._pauses is None:
+            self._pauses = RankPauses.for_job()
+        return self._pauses
+
+    def _at_point(self, point: PausePoint) -> str:
         told = False
         with self._cv:
             self._in_aten = point.event.get("kind") == ATEN
@@ -553,6 +574,9 @@ class Stepper:
         if self.pg_timeout is not None:
             # How long the other ranks may wait in a collective: what a pause is measured against.
             out["pg_timeout_s"] = self.pg_timeout()
+            wait = waiting()
+            if wait is not None:  # this rank waits for the others before a collective
+                out["waiting"] = wait
         return out
 
     def inspect(self, group: str, index: int, start: int = 0, count: int = 1000) -> dict[str, Any]:

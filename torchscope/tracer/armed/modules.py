@@ -70,6 +70,9 @@ class ModuleTracker:
         # id(param) -> (weakref to param, qualified name); ids are checked against the weakref.
         self._params: dict[int, tuple[weakref.ref, str]] = {}
         self.owner: int | None = None  # the traced thread (None: every thread)
+        # Called before each top-level module call (outside any backward) while set: the
+        # ranks meet there before a forward that communicates (forward_collectives.py).
+        self.before_root: Callable[[nn.Module], None] | None = None
         self._param_roots: list[str] = []  # class names of the roots that own parameters
         # Roots whose gradients are synchronised across ranks: DDP-wrapped, or FSDP2
         # (fully_shard) roots, whose gradients end up reduce-scattered, one shard per rank.
@@ -130,6 +133,8 @@ class ModuleTracker:
             # node it is ours: checkpointing re-running the forward on autograd's device thread.)
             return
         stack = self._stack()
+        if not stack and self.before_root is not None and _current_node() is None:
+            self.before_root(module)  # a top-level call: the ranks may meet before it
         name = self._names.get(module)
         if name is None:
             name = self._name_unknown(module, stack)

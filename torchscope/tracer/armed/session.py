@@ -179,6 +179,7 @@ class Tracer:
         self.gated = False
         self.gate_scope = ""  # the agreed period of UI-armed ranks (tracer/ranks.py)
         self._gate: Any = None
+        self._forward_collectives: Any = None  # the module calls that communicate (ranks)
         self.pipeline: EventPipeline | None = None
         self._last_chunk = time.monotonic()
         self.started = False
@@ -531,6 +532,19 @@ class Tracer:
         (set by the agent at each step boundary; tracer/ranks.py)."""
         self.gated = gated
         self.gate_scope = scope
+        # And before a top-level module call whose forward communicates (DDP's broadcast of
+        # buffers, FSDP's all-gathers): asked only while gated, at top-level calls only.
+        self.modules.before_root = self._before_forward if gated else None
+
+    def _before_forward(self, module: Any) -> None:
+        calls = self._forward_collectives
+        if calls is None:
+            from torchscope.tracer.forward_collectives import ForwardCollectives
+
+            calls = self._forward_collectives = ForwardCollectives()
+        what = calls.before(module)
+        if what is not None:
+            self.meet_ranks(what)
 
     def meet_ranks(self, what: str) -> None:
         """With every rank traced alike (the command line's steps), meet the other ranks
