@@ -42,6 +42,7 @@ from typing import Any, TypeGuard
 
 from torchscope.analysis.align import group_aten_by_step, group_by_step, has_aten
 from torchscope.analysis.render import short_source
+from torchscope.analysis.updates import UpdateDifference, compare_updates, losses_part, step_updates
 from torchscope.protocol.events import ATEN, GRAD, OP, Event, number_text
 
 STAT_KEYS = ("min", "max", "mean", "std", "norm")
@@ -121,10 +122,20 @@ class Result(Tally):
     #: one line on how the steps were paired, when that is not step N with step N, or when
     #: the recordings share no step
     align_note: str | None = None
+    #: the steps whose update one run skipped (or flagged as a spike) and the other did not,
+    #: from the runs' histories (``analysis.updates``)
+    updates: list[UpdateDifference] = field(default_factory=list)
+    #: the first step whose history losses differ: (step, loss in A, loss in B)
+    losses_part: tuple[int, float | None, float | None] | None = None
 
     @property
     def same(self) -> bool:
-        return not self.divergences and not (self.aten and self.aten.divergences)
+        return (
+            not self.divergences
+            and not (self.aten and self.aten.divergences)
+            and not self.updates
+            and self.losses_part is None
+        )
 
 
 # -- alignment (shared with the UI's compare view: torchscope.analysis.align) ----------------
@@ -274,6 +285,13 @@ def compare(
     res = Result(steps_a=sorted(ga, key=_step_sort), steps_b=sorted(gb, key=_step_sort))
     shift, res.align_note = _step_shift(res.steps_a, res.steps_b, opts.align)
     _compare_steps(ga, _shifted(gb, shift), opts, res, res)
+    # What each run did with its updates (its history): a step one run refused parts them.
+    # (Two windows of one job, aligned by position, are one history: nothing to compare.)
+    ua, ub = (step_updates(events_a), step_updates(events_b)) if not shift else ({}, {})
+    res.updates = compare_updates(ua, ub, opts.steps)
+    if ua and ub:
+        kept = ua if opts.steps is None else {s: u for s, u in ua.items() if s in opts.steps}
+        res.losses_part = losses_part(kept, ub, 0.0 if opts.exact else opts.rtol, opts.atol)
     aten_a, aten_b = has_aten(events_a), has_aten(events_b)
     if aten_a and aten_b:
         res.aten = Tally()
@@ -516,13 +534,21 @@ def render(
             f"{res.dtype_changes} aligned events changed float dtype (precision): "
             "the tolerances decide"
         )
+    yield from _update_lines(res)
     first = res.first
     if first is None:
-        yield "same: no divergence"
+        yield "same: no divergence" if res.same else "no divergence in the events recorded"
     else:
         kind = "structural" if first.structural else "numeric"
         yield ""
         yield f"first divergence ({kind}), step {first.step}: {first.what}"
+        before = [u for u in res.updates if isinstance(first.step, int) and u.step < first.step]
+        if before:
+            u = before[-1]
+            yield (
+                f"  (after step {u.step}, whose update was {u.a.text()} in A and "
+                f"{u.b.text()} in B: the runs part there)"
+            )
         yield from _event_lines("A", first.a, cwd_a)
         yield from _event_lines("B", first.b, cwd_b)
         rest = sorted(res.divergences, key=lambda d: d.order)[1:]
@@ -540,6 +566,28 @@ def render(
     if res.aten is not None:
         yield from _aten_lines(res.aten, cwd_a, cwd_b)
     yield from _drift_lines(res, max_steps, max_modules)
+
+
+def _update_lines(res: Result, most: int = 5) -> Iterator[str]:
+    """The steps whose update one run skipped (a spike the watch refused) and the other
+    applied, and where the histories' losses part."""
+    if res.updates:
+        yield ""
+        yield "updates that differ (from the runs' histories):"
+        for u in res.updates[:most]:
+            yield f"  {u.text()}"
+            line = u.a.line or u.b.line
+            if line:
+                yield f"    {line}"
+        if len(res.updates) > most:
+            yield f"  ... {len(res.updates) - most} more"
+    part = res.losses_part
+    if part is not None and (res.updates or not res.matched):
+        step, la, lb = part
+        yield (
+            f"losses (history) agree before step {step}; at step {step} A {_fmt(la)} vs "
+            f"B {_fmt(lb)}"
+        )
 
 
 # -- the aten level's part of the report -----------------------------------------------------

@@ -202,16 +202,18 @@ class ServedWatch:
             # its origin is alerted here); a "lasted" summary, a skipped
             # update (on_nan="skip") are notes on the detection alerted already.
             return
-        self.emit(
-            rank_alert(
-                self.next_seq(),
-                det["step"],
-                det["what"] if det["what"] in ("nan", "inf", "spike") else "gradnorm",
-                "watch",
-                "the gradients",
-                text.removeprefix("torchscope: "),
-            )
+        alert = rank_alert(
+            self.next_seq(),
+            det["step"],
+            det["what"] if det["what"] in ("nan", "inf", "spike") else "gradnorm",
+            "watch",
+            "the gradients",
+            text.removeprefix("torchscope: "),
         )
+        if det["what"] == "spike" and isinstance(det.get("spike"), dict):
+            # Its figures and what the job does about it, for the UIs and tools.
+            alert["spike"] = {**det["spike"], "on_spike": getattr(self.watch, "on_spike", None)}
+        self.emit(alert)
 
     def _trace_after_unreproduced(self, det: dict[str, Any]) -> None:
         """The replay could not say which op and line made it: most NaNs come back, so trace
