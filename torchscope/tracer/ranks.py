@@ -349,7 +349,7 @@ class RankGate:
                 now = time.monotonic()
                 if here < self.world and now - looked >= self.PAUSED_EVERY:
                     looked = now
-                    paused = self.pauses.paused()
+                    paused = self._paused()
                     WAITING = {
                         "before": what, "step": step, "here": here, "of": self.world,
                         "paused": {str(r): w for r, w in paused.items()},
@@ -375,6 +375,13 @@ class RankGate:
                 self.say(f"rank meeting before {what} skipped: {type(exc).__name__}: {exc}")
         finally:
             WAITING = None
+
+    def _paused(self) -> dict[int, str]:
+        """The other ranks paused now ({} when the store cannot say: the meeting goes on)."""
+        try:
+            return self.pauses.paused()
+        except Exception:
+            return {}
 
     def _paused_outside(self, key: str, pause: PauseInWait) -> int:
         """Pause with this rank counted out of the meeting, so that the others cannot complete
