@@ -44,7 +44,7 @@ class Source(Protocol):
 def looks_like_job(target: str) -> bool:
     """A pid or a control endpoint (not a file name)."""
     t = target.strip()
-    return t.isdigit() or t.startswith(("ipc://", "tcp://"))
+    return (t.isascii() and t.isdigit()) or t.startswith(("ipc://", "tcp://"))
 
 
 class Recording:

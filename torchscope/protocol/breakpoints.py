@@ -107,7 +107,7 @@ class Breakpoint:
                 setattr(bp, f"_{name}", SafePattern(pattern, what=name))
         if bp.source is not None:
             file, sep, line = str(bp.source).rpartition(":")
-            if not sep or not file or not line.isdigit():
+            if not sep or not file or not (line.isascii() and line.isdigit()):
                 raise BreakpointError(f"source must be FILE:LINE, not {bp.source!r}")
         if bp.nan is not None and bp.nan not in NAN_CONDITIONS:
             raise BreakpointError(f"nan must be one of {', '.join(NAN_CONDITIONS)}")

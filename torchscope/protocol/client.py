@@ -449,7 +449,9 @@ def _gc_paused() -> Iterator[None]:
 
 
 def _matches(record: ep.SessionRecord, script: str | int) -> bool:
-    if isinstance(script, int) or (isinstance(script, str) and script.isdigit()):
+    if isinstance(script, int) or (
+        isinstance(script, str) and script.isascii() and script.isdigit()
+    ):
         return record.pid == int(script)
     if not record.script:
         return False

@@ -54,6 +54,11 @@ RECORD_VERSION = 1
 
 
 # -- addresses --------------------------------------------------------------------------------
+def _digits(text: str) -> bool:
+    """Only ASCII digits: ``"²".isdigit()`` is true, and ``int("²")`` fails."""
+    return text.isascii() and text.isdigit()
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -98,7 +103,7 @@ def check_bind_address(addr: str, *, server_keys: Any = None) -> str:
         return addr
     if addr.startswith("tcp://"):
         host, port = split_tcp(addr)
-        if port is None or not (port == "*" or (port.isdigit() and 0 < int(port) < 65536)):
+        if port is None or not (port == "*" or (_digits(port) and 0 < int(port) < 65536)):
             raise EndpointError(f"tcp address {addr!r} needs a port (1-65535) or ':*'")
         if not _is_loopback(host) and server_keys is None:
             from torchscope.protocol import security  # imports zmq: only for public binds
@@ -135,7 +140,7 @@ def default_endpoints(pid: int | None = None, rank: int | None = None) -> tuple[
         hostpart = f"[{host}]" if ":" in host else host
         if port in (None, "", "*", "0"):  # 0: any free port, as bind(2) means it
             control_port = "*"
-        elif port.isdigit():
+        elif _digits(port):
             control_port = str(int(port) + (rank or 0))
         else:
             raise EndpointError(f"{ENV_BIND}={bind!r}: the port must be a number")
@@ -489,7 +494,7 @@ def resolve(target: str | None) -> SessionRecord:
                 f"{len(jobs)} torchscope jobs are running ({listing}); pick one by pid"
             )
         return jobs[0][0]
-    if target.isdigit():
+    if _digits(target):
         pid = int(target)
         matches = [r for r in records if r.pid == pid]
         if not matches:

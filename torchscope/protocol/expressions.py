@@ -80,8 +80,9 @@ def parse_target(text: str) -> tuple[str, int | None]:
         return "outputs", 0
     name, sep, rest = text.partition("[")
     name = name.strip()
-    if sep and rest.endswith("]") and name in TARGET_GROUPS and rest[:-1].strip().isdigit():
-        return TARGET_GROUPS[name], int(rest[:-1].strip())
+    index = rest[:-1].strip()
+    if sep and rest.endswith("]") and name in TARGET_GROUPS and index.isascii() and index.isdigit():
+        return TARGET_GROUPS[name], int(index)
     raise ExpressionError(
         f"cannot edit {text!r}: an edit replaces x, out, outputs[i], grad_inputs[i] or "
         "grad_outputs[i]"
