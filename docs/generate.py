@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOTS = ROOT / "tests" / "__snapshots__"
 IMAGES = ROOT / "docs" / "images"
 CLI_PAGE = ROOT / "docs" / "reference" / "cli.md"
+OPTIONS_PAGE = ROOT / "docs" / "reference" / "options.md"
 
 #: docs picture -> the snapshot test's SVG it copies
 PICTURES = {
@@ -91,9 +92,7 @@ def commands() -> list[str]:
 
     from torchscope.cli import build_parser
 
-    sub = next(
-        a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
-    )
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     return list(sub.choices)
 
 
@@ -104,10 +103,59 @@ def cli_page() -> str:
     return "".join(parts)
 
 
+OPTIONS_HEAD = """# Options
+
+This page is generated from the options' one declaration (`torchscope/tracer/options.py`) by
+`python docs/generate.py`; a test fails when it differs. Each option is a keyword of
+`torchscope.trace()` and/or `torchscope.serve()` (and of the framework callbacks, which take
+`serve()`'s), a field of `torchscope.Options`, and mostly a flag of `torchscope run`, with
+the same default everywhere. A bad value is one line: a `ValueError` or `TypeError` from
+the API, exit code 2 from the command line.
+
+"""
+
+
+def options_page() -> str:
+    import inspect
+    import textwrap
+
+    import torchscope
+    from torchscope.tracer.options import OPTIONS
+
+    rows = [
+        "| option | `trace()` | `serve()` | `torchscope run` | default | what it does |",
+        "|---|:-:|:-:|---|---|---|",
+    ]
+    for o in OPTIONS:
+        flag = f"`{o.flag}`" if o.run else ""
+        text = " ".join(part.strip() for part in o.help_text().split("\n")).replace("|", "\\|")
+        rows.append(
+            f"| `{o.name}` | {'✓' if o.trace else ''} | {'✓' if o.serve else ''} | {flag} "
+            f"| `{o.default!r}` | {text} |"
+        )
+    signatures = ""
+    for fn in (torchscope.trace, torchscope.serve):
+        params = [
+            f"{p.name}={p.default!r}" if p.default is not p.empty else p.name
+            for p in inspect.signature(fn).parameters.values()
+        ]
+        head = f"torchscope.{fn.__name__}("
+        lines = textwrap.wrap(
+            ", ".join(params) + ")",
+            88,
+            initial_indent=head,
+            subsequent_indent=" " * len(head),
+            break_on_hyphens=False,
+        )
+        signatures += "\n".join(lines) + "\n"
+    return OPTIONS_HEAD + "\n".join(rows) + f"\n\n```python\n{signatures}```\n"
+
+
 def expected() -> dict[Path, bytes]:
     """Every generated file and the bytes it should hold."""
     files = {IMAGES / name: (SNAPSHOTS / src).read_bytes() for name, src in PICTURES.items()}
     files[CLI_PAGE] = cli_page().encode()
+    files[OPTIONS_PAGE] = options_page().encode()
     return files
 
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from torchscope.tracer.armed.interrupt import EVAL_BUDGET_S
-from torchscope.tracer.options import Options
-from torchscope.tracer.watch.stop import MAX_SKIPS, WatchStop
+from torchscope.tracer.options import DEFAULT, Options
+from torchscope.tracer.watch.stop import WatchStop
 
 __version__ = "0.1.0"
 
@@ -22,16 +21,16 @@ if TYPE_CHECKING:
 
 
 def trace(
-    record: str | os.PathLike | None = None,
+    record: str | os.PathLike | None = DEFAULT["record"],
     *,
-    steps: str | int | None = None,
-    values: int = 16,
-    keep: bool | int = True,
-    optimizer_steps: bool = True,
-    optimizer_ops: bool = False,
-    live: bool | None = None,
-    aten: bool | str | None = None,
-    eager_check: bool = False,
+    steps: str | int | None = DEFAULT["steps"],
+    values: int = DEFAULT["values"],
+    keep: bool | int = DEFAULT["keep"],
+    optimizer_steps: bool = DEFAULT["optimizer_steps"],
+    optimizer_ops: bool = DEFAULT["optimizer_ops"],
+    live: bool | None = DEFAULT["live"],
+    aten: bool | str | None = DEFAULT["aten"],
+    eager_check: bool = DEFAULT["eager_check"],
 ) -> Tracer:
     """Trace the code in a ``with`` block on this thread.
 
@@ -84,25 +83,25 @@ def step(n: int | None = None) -> None:
 
 def serve(
     *,
-    steps: str | int | None = None,
-    record: str | os.PathLike | None = None,
-    break_on: str | list[str] | tuple[str, ...] = (),
-    wait: bool = False,
-    hold: bool = False,
-    lease: float = 10.0,
-    values: int = 16,
-    optimizer_ops: bool = False,
-    aten: bool | str | None = None,
-    eager_check: bool = False,
-    quiet: bool = False,
-    watch: str | None = None,
-    on_nan: str = "continue",
-    on_spike: str = "continue",
-    max_skips: int = MAX_SKIPS,
-    history: bool = True,
-    log: Any = None,
-    edit: Any = None,
-    eval_budget: float = EVAL_BUDGET_S,
+    steps: str | int | None = DEFAULT["steps"],
+    record: str | os.PathLike | None = DEFAULT["record"],
+    break_on: str | list[str] | tuple[str, ...] = DEFAULT["break_on"],
+    wait: bool = DEFAULT["wait"],
+    hold: bool = DEFAULT["hold"],
+    lease: float = DEFAULT["lease"],
+    values: int = DEFAULT["values"],
+    optimizer_ops: bool = DEFAULT["optimizer_ops"],
+    aten: bool | str | None = DEFAULT["aten"],
+    eager_check: bool = DEFAULT["eager_check"],
+    quiet: bool = DEFAULT["quiet"],
+    watch: str | None = DEFAULT["watch"],
+    on_nan: str = DEFAULT["on_nan"],
+    on_spike: str = DEFAULT["on_spike"],
+    max_skips: int = DEFAULT["max_skips"],
+    history: bool = DEFAULT["history"],
+    log: Any = DEFAULT["log"],
+    edit: Any = DEFAULT["edit"],
+    eval_budget: float = DEFAULT["eval_budget"],
 ) -> Agent:
     """Make this job attachable: ``torchscope tui PID`` or ``torchscope record PID`` can arm it.
 

@@ -12,18 +12,12 @@ import traceback
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from torchscope.cli.common import UsageError
 
-RUN_USAGE = r"""usage: torchscope run [--record FILE] [--steps SPEC] [--values N] [--no-live]
-                      [--break-on COND] [--log COND EXPR] [--edit COND EXPR]
-                      [--wait] [--hold] [--lease SECONDS] [--eval-budget SECONDS]
-                      [--optimizer-ops]
-                      [--aten[=MODULE_REGEX]] [--eager-check]
-                      [--watch nan|gradnorm:X|spike] [--on-nan continue|pause|stop|skip]
-                      [--on-spike continue|pause|stop|skip] [--max-skips N] [--quiet]
-                      (SCRIPT | -m MODULE) [ARGS ...]
-
+_RUN_SYNOPSIS = "usage: torchscope run"
+_RUN_ABOUT = """
 Run a Python script (or module, like `python -m`) so that torchscope can trace it. Options
 must come before the script; everything after it goes to the script.
 
@@ -35,191 +29,161 @@ steps unless --steps says otherwise), and it goes dormant after them.
 
 Steps are the job's own: numbered from 0 at its start, one per optimizer.step() (or per
 torchscope.step() call; in a job with neither, one per backward()).
-
-  --record FILE   write a trace file (replay it with `torchscope dump FILE`); under
-                  torchrun each rank writes its own: trace.tsc -> trace.rank0.tsc, ...
-  --steps SPEC    steps to trace: N, A-B, A-, every:N, or a comma list (default: all)
-  --values N      keep the values of tensors with at most N elements (default 16)
-  --no-live       no control endpoint: no UI can attach (`torchscope tui` finds live jobs)
-  --break-on COND pause where COND holds (repeatable); conditions joined by ',' all
-                  must hold: nan, inf (where it first appears), anynan, op:REGEX
-                  (an op or node name), node:REGEX (a backward node's name),
-                  aten:REGEX (with --aten), module:REGEX, line:FILE:LINE, gradnorm:X,
-                  step:N, from:N
-                  e.g. --break-on nan --break-on 'op:^Tensor.div$'
-                       --break-on 'module:^blocks\.3\.,nan'
-  --log COND EXPR at every hit of COND, print EXPR on stderr without pausing (a
-                  logpoint; a log event in the recording); repeatable. EXPR is Python
-                  run in the job, as in pdb, over the event's tensors: out, x, args,
-                  kwargs (an op); grad_inputs, grad_outputs (a node); module, torch, F
-                  e.g. --log 'node:^MulBackward0$' 'grad_inputs[0]'
-  --edit COND EXPR at every hit of COND, replace a tensor with EXPR (same shape, dtype,
-                  device): an op's output, or a node's grad_inputs[0]
-                  ('grad_inputs[1] = EXPR' names another); repeatable; an edit event each
-                  e.g. --edit 'op:^torch\.sqrt$' 'torch.nan_to_num(out)'
-  --wait          wait before the first op until a UI connects, then run (like
-                  debugpy's --wait-for-client); it says so on stderr
-  --hold          a pause with no UI attached waits for one, instead of resuming
-                  after the lease (a breakpoint with no UI says at once where it paused)
-  --lease SECONDS a UI that stops answering for this long lets go: a pause it held
-                  resumes, its breakpoints go, and the job goes dormant (default 10)
-  --eval-budget SECONDS
-                  an expression (p, e, the MCP evaluate, --log, --edit) running longer is
-                  interrupted and answers "interrupted after N s"; a --log or --edit is
-                  then disabled (default 10)
-  --optimizer-ops also trace the ops inside optimizer.step()
-  --aten[=REGEX]  traced steps also record every aten call under each op and backward node
-                  (a TorchDispatchMode), or with =REGEX only inside the modules whose path
-                  matches it; off by default (dormant and untraced steps pay nothing)
-  --eager-check   in traced steps, run each call of a torch.compile'd module once more
-                  eagerly (same inputs and RNG state, traced) and report how its outputs and
-                  gradients differ from the compiled ones; the job keeps the compiled results
-  --watch SPEC    check every step, before the update, that the gradients and the loss are
-                  finite (one fused check, one host sync per step; nothing per op):
-                  nan, or gradnorm:X (also a total gradient norm above X), or spike (also a
-                  loss spike: the loss or the gradient norm far above the run's recent
-                  steps), or a comma list (nan,spike). A bad step is replayed traced to name
-                  where the NaN/Inf first appears (recorded with --record; shown to an
-                  attached UI)
-  --on-nan POLICY after the watch reports: continue (default), pause (hold at the origin in
-                  the replay for a UI), stop (exit with code 3 before the update), or skip
-                  (refuse the update, as a loss scaler skips an overflowed step: weights and
-                  optimizer state stay as they were, and training goes on)
-  --on-spike POLICY after a loss spike (--watch spike): the same policies (pause goes on as
-                  continue); skip refuses the spiked update
-  --max-skips N   with --on-nan skip: after N bad steps in a row, the next one stops the job
-                  as stop does (default 5)
-  --quiet         no torchscope lines on stderr
 """
+_WIDTH = 92  # --help's lines
+_HELP_AT = 18  # where an option's help starts
+
+
+def _run_usage() -> str:
+    """``torchscope run --help``: its options and their help from their one declaration."""
+    from torchscope.tracer.options import OPTIONS, POLICY_WORDS
+
+    run = [o for o in OPTIONS if o.run]
+    # A synopsis word never breaks inside its brackets (a no-break space until wrapped).
+    words = [f"[{_flag_text(o, POLICY_WORDS)}]".replace(" ", "\xa0") for o in run]
+    synopsis = _wrap(
+        " ".join([*words, "(SCRIPT | -m MODULE) [ARGS ...]"]),
+        "usage: torchscope run ",
+        " " * len("usage: torchscope run "),
+    )
+    lines = [line.replace("\xa0", " ") for line in synopsis]
+    lines += [*_RUN_ABOUT.splitlines(), ""]
+    indent = " " * _HELP_AT
+    for o in run:
+        head = f"  {_flag_text(o)}"
+        parts = o.help_text().split("\n")
+        if len(head) < _HELP_AT:
+            lines += _wrap(parts[0], head.ljust(_HELP_AT), indent)
+        else:
+            lines += [head, *_wrap(parts[0], indent, indent)]
+        # an example line keeps its own spacing
+        lines += [indent + part for part in parts[1:]]
+    return "\n".join(lines) + "\n"
+
+
+def _flag_text(option: Any, policies: str = "POLICY") -> str:
+    """``--flag METAVAR`` (``--aten[=REGEX]``; a policy's words in a synopsis)."""
+    takes = policies if option.metavar == "POLICY" else option.metavar
+    if takes.startswith("["):
+        return option.flag + takes
+    return f"{option.flag} {takes}".rstrip()
+
+
+def _wrap(text: str, first: str, rest: str) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(
+        text,
+        _WIDTH,
+        initial_indent=first,
+        subsequent_indent=rest,
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
 
 
 @dataclass
 class RunOptions:
-    record: str | None = None
-    steps: str | None = None
-    values: int = 16
-    quiet: bool = False
-    live: bool = True
-    optimizer_ops: bool = False
-    aten: bool | str | None = None
-    eager_check: bool = False
-    breakpoints: list[dict] = field(default_factory=list)
-    wait: bool = False
-    hold: bool = False
-    lease: float = 10.0
-    eval_budget: float | None = None
-    watch: str | None = None
-    on_nan: str = "continue"
-    on_spike: str = "continue"
-    max_skips: int | None = None
+    """``torchscope run``'s command line: the options given, and what to run."""
+
+    given: dict[str, Any] = field(default_factory=dict)  # option name -> value, as given
+    breakpoints: list[dict] = field(default_factory=list)  # --break-on, --log, --edit in order
     module: str | None = None
     script: str | None = None
     args: list[str] = field(default_factory=list)
 
+    def __getattr__(self, name: str) -> Any:
+        """An option's value: as given, else its declared default (``live``: on)."""
+        if name.startswith("__"):
+            raise AttributeError(name)
+        from torchscope.tracer.options import DEFAULT
+
+        if name not in DEFAULT:
+            raise AttributeError(name)
+        given = self.__dict__.get("given", {})
+        if name in given:
+            return given[name]
+        return True if name == "live" else DEFAULT[name]
+
 
 def parse_run(argv: Sequence[str]) -> RunOptions:
     """Options up to the script (or ``-m MODULE``); the rest belongs to the script."""
+    from torchscope.tracer.options import OPTIONS
+
+    by_flag = {o.flag: o for o in OPTIONS if o.run}
     opts = RunOptions()
     it = iter(argv)
     for tok in it:
         name, eq, inline = tok.partition("=")
-        if name in (
-            "--record",
-            "--steps",
-            "--values",
-            "--break-on",
-            "--log",
-            "--edit",
-            "--lease",
-            "--eval-budget",
-            "--watch",
-            "--on-nan",
-            "--on-spike",
-            "--max-skips",
-            "-m",
-        ):
-            value = inline if eq else next(it, None)
-            if value is None or value == "":
-                raise UsageError(f"{name} needs a value (see 'torchscope run --help')")
-            if name == "--record":
-                opts.record = value
-            elif name == "--steps":
-                opts.steps = value
-            elif name == "--break-on":
-                opts.breakpoints.append(_break_spec(value))
-            elif name in ("--log", "--edit"):
-                opts.breakpoints.append(_action_spec(name, value, next(it, None)))
-            elif name == "--watch":
-                opts.watch = _watch_spec(value)
-            elif name in ("--on-nan", "--on-spike"):
-                from torchscope.tracer.watch.stop import POLICIES
-
-                if value not in POLICIES:
-                    raise UsageError(f"{name} takes {', '.join(POLICIES)}, not {value!r}")
-                setattr(opts, name[2:].replace("-", "_"), value)
-            elif name == "--max-skips":
-                if not value.isdigit():
-                    raise UsageError(f"--max-skips takes a count of steps, not {value!r}")
-                opts.max_skips = int(value)
-            elif name == "--lease":
-                try:
-                    opts.lease = float(value)
-                except ValueError:
-                    raise UsageError(f"--lease takes seconds, not {value!r}") from None
-                if not 0 < opts.lease < float("inf"):  # inf: a dead UI's pause never ends
-                    raise UsageError("--lease must be a number of seconds above 0")
-            elif name == "--eval-budget":
-                from torchscope.tracer.armed.interrupt import check_budget
-
-                try:
-                    opts.eval_budget = check_budget(float(value), name)
-                except ValueError:
-                    raise UsageError(f"{name} takes seconds above 0, not {value!r}") from None
-            elif name == "--values":
-                try:
-                    opts.values = int(value)
-                except ValueError:
-                    raise UsageError(f"--values takes a whole number, not {value!r}") from None
-                if opts.values < 0:
-                    raise UsageError("--values must not be negative")
-            else:
-                opts.module = value
-                opts.args = list(it)
-                return _checked(opts)
-        elif name == "--aten":
-            opts.aten = _aten_spec(inline) if eq else True
-        elif tok == "--quiet":
-            opts.quiet = True
-        elif tok == "--no-live":
-            opts.live = False
-        elif tok == "--wait":
-            opts.wait = True
-        elif tok == "--hold":
-            opts.hold = True
-        elif tok == "--eager-check":
-            opts.eager_check = True
-        elif tok == "--optimizer-ops":
-            opts.optimizer_ops = True
-        elif tok in ("-h", "--help"):
-            print(RUN_USAGE, end="")
+        option = by_flag.get(name)
+        if tok in ("-h", "--help"):
+            print(_run_usage(), end="")
             raise SystemExit(0)
-        elif tok == "--":  # the end of torchscope's options: the script comes next
+        if tok == "--":  # the end of torchscope's options: the script comes next
             script = next(it, None)
             if script is None:
                 break
             opts.script = script
             opts.args = list(it)
             return _checked(opts)
-        elif tok.startswith("-") and tok != "-":
-            raise UsageError(
-                f"unknown option {tok!r} for run; options go before the script "
-                "(see 'torchscope run --help')"
-            )
-        else:
+        if name == "-m":
+            value = inline if eq else next(it, None)
+            if not value:
+                raise UsageError("-m needs a value (see 'torchscope run --help')")
+            opts.module = value
+            opts.args = list(it)
+            return _checked(opts)
+        if option is None:
+            if tok.startswith("-") and tok != "-":
+                raise UsageError(
+                    f"unknown option {tok!r} for run; options go before the script "
+                    "(see 'torchscope run --help')"
+                )
             opts.script = tok
             opts.args = list(it)
             return _checked(opts)
+        if option.metavar.startswith("["):  # an optional value, only as --flag=VALUE
+            opts.given[option.name] = _aten_spec(inline) if eq else True
+        elif not option.metavar:  # a switch
+            if eq:
+                raise UsageError(f"{name} takes no value (see 'torchscope run --help')")
+            opts.given[option.name] = option.flag != "--no-live"
+        else:
+            value = inline if eq else next(it, None)
+            if value is None or value == "":
+                raise UsageError(f"{name} needs a value (see 'torchscope run --help')")
+            _take(opts, option, name, value, it)
     raise UsageError("run needs a script or -m MODULE (see 'torchscope run --help')")
+
+
+def _take(opts: RunOptions, option: Any, flag: str, value: str, rest: Any) -> None:
+    """``flag VALUE``, read as its option's metavar says."""
+    if option.name == "break_on":
+        opts.breakpoints.append(_break_spec(value))
+    elif option.name in ("log", "edit"):
+        opts.breakpoints.append(_action_spec(flag, value, next(rest, None)))
+    elif option.name == "watch":
+        opts.given["watch"] = _watch_spec(value)
+    elif option.metavar == "POLICY":
+        from torchscope.tracer.watch.stop import POLICIES
+
+        if value not in POLICIES:
+            raise UsageError(f"{flag} takes {', '.join(POLICIES)}, not {value!r}")
+        opts.given[option.name] = value
+    elif option.metavar == "N":
+        if not value.isdigit():
+            raise UsageError(f"{flag} takes a count (a whole number, 0 or more), not {value!r}")
+        opts.given[option.name] = int(value)
+    elif option.metavar == "SECONDS":
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise UsageError(f"{flag} takes seconds, not {value!r}") from None
+        if not 0 < seconds < float("inf"):  # inf: a dead UI's pause never ends
+            raise UsageError(f"{flag} must be a number of seconds above 0, not {value!r}")
+        opts.given[option.name] = seconds
+    else:
+        opts.given[option.name] = value
 
 
 def _checked(opts: RunOptions) -> RunOptions:
@@ -232,7 +196,7 @@ def _checked(opts: RunOptions) -> RunOptions:
         raise UsageError(
             f"--on-spike {opts.on_spike} acts on the spikes --watch spike finds: add --watch spike"
         )
-    if opts.max_skips is not None and "skip" not in (opts.on_nan, opts.on_spike):
+    if "max_skips" in opts.given and "skip" not in (opts.on_nan, opts.on_spike):
         raise UsageError("--max-skips counts the updates --on-nan skip refuses: add --on-nan skip")
     return opts
 
@@ -322,32 +286,23 @@ def cmd_run(opts: RunOptions) -> int:
 
     from torchscope.protocol.tracefile import TraceFileError
     from torchscope.tracer.agent import Agent
-    from torchscope.tracer.armed.interrupt import EVAL_BUDGET_S
     from torchscope.tracer.job_end import RUN_POLICY, report_stop
     from torchscope.tracer.options import Options
-    from torchscope.tracer.watch.stop import MAX_SKIPS, WatchStop
+    from torchscope.tracer.watch.stop import WatchStop
 
     # `is not None`: "" is a script too, the current directory, as `python ""` runs it.
     script = os.path.abspath(opts.script) if opts.script is not None else None
+    from torchscope.tracer.options import OPTIONS
+
     agent = Agent(
         Options(
-            record=opts.record,
-            steps=opts.steps,
-            values=opts.values,
+            **{
+                o.name: getattr(opts, o.name)
+                for o in OPTIONS
+                if o.name in opts.given and o.name != "live"
+            },
             live=opts.live,
             breakpoints=opts.breakpoints,
-            wait=opts.wait,
-            hold=opts.hold,
-            lease=opts.lease,
-            optimizer_ops=opts.optimizer_ops,
-            aten=opts.aten,
-            eager_check=opts.eager_check,
-            quiet=opts.quiet,
-            watch=opts.watch,
-            on_nan=opts.on_nan,
-            on_spike=opts.on_spike,
-            max_skips=MAX_SKIPS if opts.max_skips is None else opts.max_skips,
-            eval_budget=EVAL_BUDGET_S if opts.eval_budget is None else opts.eval_budget,
             metadata={
                 "script": script or opts.module,
                 "argv": [opts.script or opts.module, *opts.args],
