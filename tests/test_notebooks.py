@@ -177,7 +177,7 @@ def test_ls_shows_the_notebook_as_the_kernels_script(notebook):
 
 
 def test_a_kernel_without_a_notebook_name_is_shown_as_ipykernel(monkeypatch):
-    from torchscope.tracer import kernel
+    from torchscope.tracer import notebook as kernel
 
     class Shell:
         kernel = object()

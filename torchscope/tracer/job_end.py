@@ -51,7 +51,7 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    from torchscope.tracer.kernel import shell
+    from torchscope.tracer.notebook import shell
 
     ip = shell()
     if ip is not None:

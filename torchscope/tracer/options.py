@@ -284,7 +284,7 @@ class Options:
 
     @classmethod
     def for_serve(cls, caller: str = "serve()", hint: str = "", **keywords: Any) -> Options:
-        from torchscope.tracer.kernel import kernel_script
+        from torchscope.tracer.notebook import kernel_script
 
         opts = cls.from_keywords(caller, SERVE_KEYWORDS, hint, **keywords)
         opts.by_serve = True

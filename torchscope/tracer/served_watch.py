@@ -18,7 +18,7 @@ from torchscope.tracer.armed.session import DrivenBy, Tracer
 from torchscope.tracer.clock import StepClock
 from torchscope.tracer.history import HistoryCollector
 from torchscope.tracer.holders import Holders
-from torchscope.tracer.kernel import after_this_cell, shell
+from torchscope.tracer.notebook import after_this_cell, shell
 from torchscope.tracer.options import Options
 from torchscope.tracer.rank_checks import rank_alert
 from torchscope.tracer.ranks import say_line

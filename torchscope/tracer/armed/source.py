@@ -11,7 +11,7 @@ from types import CodeType, FrameType, ModuleType
 
 import torch
 
-from torchscope.tracer.kernel import cell_of
+from torchscope.tracer.notebook import cell_of
 
 # The package's directory from this file's place in it (tracer/armed/): importing the
 # top-level package here would make it and the tracer import each other.
