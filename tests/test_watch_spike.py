@@ -13,8 +13,10 @@ from test_watch import _clean, watch  # noqa: F401  (_clean: the watch leaves no
 from test_watch_cli import run
 from torch import nn
 from torch.nn import functional as F
+from watching import line_of
 
 from torchscope.tracer.watch.nan_watch import WatchStop
+from torchscope.tracer.watch.report import short_source
 from torchscope.tracer.watch.spikes import Spikes
 
 # -- the detector alone (no torch) ------------------------------------------------------------
@@ -258,7 +260,7 @@ def test_stop_at_the_spike_before_its_update():
         train_mlp(batches(bad=BAD), w)
     exc = info.value
     assert exc.detection["step"] == BAD and exc.option == "on_spike"
-    (line,) = lines
+    line, batch, module = lines
     assert line.startswith(f"torchscope: loss spike at step {BAD}: loss ")
     assert f"over the last {BAD} steps; gradient norm " in line
     assert "the gradient norms that jumped most: " in line and "(Linear) \u00d7" in line
@@ -266,6 +268,59 @@ def test_stop_at_the_spike_before_its_update():
     assert spike["loss"] > 5 * spike["loss_median"]
     assert spike["grad_norm"] > 20 * spike["grad_median"]
     assert w.step == BAD  # the stopped update did not end its step
+    # The batch: the model call's inputs, x300, every sample of it.
+    site = short_source(line_of(train_mlp, "model(xs)"))
+    assert batch.startswith(f"torchscope: the inputs of the model call at {site} have norm ")
+    assert batch.endswith(": samples 0-31")
+    inputs = spike["inputs"]
+    assert 250 < inputs["norm"] / inputs["median"] < 350 and inputs["samples"] == list(range(32))
+    # The first module whose output jumped, against step 79's batch at the same weights.
+    assert module.startswith("torchscope: the first module whose output jumped: model.inp (Linear)")
+    assert module.endswith(f"with step {BAD - 1}'s batch at the same weights")
+    assert spike["first_module"]["path"] == "inp"
+
+
+def test_the_batch_names_only_the_samples_out_of_range():
+    """Three bad rows of the batch: the line names them, the first module too."""
+
+    def rows_bad(data):
+        x, y = data[BAD]
+        x = x.clone()
+        x[[3, 4, 5, 17]] *= 300
+        data[BAD] = (x, y)
+        return data
+
+    w, lines = watch(spikes=True, on_spike="stop")
+    with pytest.raises(WatchStop):
+        train_mlp(rows_bad(batches()), w)
+    assert lines[1].endswith(": samples 3-5, 17"), lines
+    assert "model.inp (Linear)" in lines[2]
+
+
+def test_a_spike_from_the_weights_says_the_batch_did_not_do_it():
+    """The same batch again at grown weights: no input out of range, no module output jumped
+    against the previous batch at the same weights: the line says so."""
+    torch.manual_seed(0)
+    model = ResMLP()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    w, lines = watch(spikes=True, on_spike="stop")
+    data = batches(40)
+    with pytest.raises(WatchStop), w:
+        for step, (x, y) in enumerate(data):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            if step == 30:
+                with torch.no_grad():
+                    model.head.weight.mul_(100.0)  # the weights jump, not the batch
+            opt.step()
+    assert (
+        lines[0].startswith("torchscope: loss spike at step 31") or "spike at step 31" in lines[0]
+    )
+    assert not any("the inputs of" in line for line in lines)
+    assert lines[-1] == (
+        "torchscope: no module's output jumped against step 30's batch at the same weights: "
+        "the weights did it, not the batch"
+    )
 
 
 def test_skip_refuses_the_spiked_update_and_training_ends_near_the_healthy_run():
@@ -275,7 +330,7 @@ def test_skip_refuses_the_spiked_update_and_training_ends_near_the_healthy_run()
     w, lines = watch(spikes=True, on_spike="skip")
     skipped = train_mlp(batches(bad=BAD), w)
     assert [d["step"] for d in w.detections] == [BAD] and w.updates_skipped == 1
-    assert lines[1] == f"torchscope: skipped the update of step {BAD}; training goes on"
+    assert lines[-1] == f"torchscope: skipped the update of step {BAD}; training goes on"
     # As if the batch had been left out (Adam's state untouched too), bit for bit...
     assert bits(skipped[:BAD] + skipped[BAD + 1 :]) == bits(ref)
     # ...and so near the healthy run at its end.
@@ -291,11 +346,45 @@ def test_continue_reports_and_goes_on():
     assert w.updates_skipped == 0
 
 
-def test_pause_goes_on_as_continue_and_says_so_once():
+def test_pause_holds_the_job_at_the_first_module_that_jumped(capfd):
+    """With a stepper (a UI or an agent could attach), "pause" holds the job in the traced
+    replay of the spiked step, at the first op of the module whose output jumped, and says on
+    stderr at once that it waits; with no UI the lease lets it go on by itself."""
+    from torchscope.tracer.armed.session import Tracer
+
+    made = []
+
+    def factory(step):
+        tracer = Tracer(
+            keep=True, optimizer_steps=False, optimizer_ops=True, stepping=True, lease=0.2
+        )
+        tracer.step_index = step
+        made.append(tracer)
+        return tracer.start()
+
+    w, lines = watch(spikes=True, on_spike="pause", tracer_factory=factory)
+    losses = train_mlp(batches(bad=BAD), w)
+    assert len(losses) == STEPS  # it went on after the pause
+    (det,) = w.detections
+    assert det["step"] == BAD and det["paused"] is True
+    (tracer,) = made
+    assert tracer.stepper.auto_resumed == 1
+    (pause,) = [e for e in det["events"] if e["kind"] == "pause"]
+    assert pause["step"] == BAD and pause["event"]["module"] == "inp"
+    assert tracer.stepper.breakpoints == {}  # the watch's breakpoint went with the replay
+    said = capfd.readouterr().err
+    assert "torchscope: paused at " in said and "resumes in 0.2 s" in said
+    assert not any("no UI or stepper" in line for line in lines)
+
+
+def test_pause_with_nowhere_to_pause_goes_on_and_says_so_once():
     w, lines = watch(spikes=True, on_spike="pause")
     train_mlp(batches(bad=BAD), w)
     assert [d["step"] for d in w.detections] == [BAD]
-    assert lines[1].startswith('torchscope: on_spike="pause" has no place to pause at a spike')
+    assert lines[-1] == (
+        'torchscope: on_spike="pause" has no UI or stepper to pause for: the job goes on as '
+        'under "continue"'
+    )
 
 
 def test_nan_policy_stays_the_nans():

@@ -143,13 +143,15 @@ class ServedWatch:
     def _start_watch(self) -> None:
         from torchscope.tracer.steps import parse_watch_spec
         from torchscope.tracer.watch.nan_watch import NanWatch
+        from torchscope.tracer.watch.spikes import Spikes
 
         spec = parse_watch_spec(self.options.watch or "nan")
+        spikes = Spikes(**spec.spike_kwargs()) if spec.spike else None
         self.watch = NanWatch(
             gradnorm=spec.gradnorm,
             on_nan=self.options.on_nan,
             max_skips=self.options.max_skips,
-            spikes=spec.spike,
+            spikes=spikes,
             on_spike=self.options.on_spike,
             tracer_factory=self._replay_tracer,
             step_of=lambda: self.clock.step,

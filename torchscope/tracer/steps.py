@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class StepSpecError(ValueError):
@@ -72,11 +73,28 @@ def parse_steps(spec: str | int | None) -> StepSelection:
 
 @dataclass(frozen=True)
 class WatchSpec:
-    """A parsed ``--watch`` spec: the gradient norm limit (or None), and whether loss spikes
-    are caught too."""
+    """A parsed ``--watch`` spec: the gradient norm limit (or None), whether loss spikes are
+    caught too, and the spike watch's settings given in the spec (``spike:sigmas=8``)."""
 
     gradnorm: float | None = None
     spike: bool = False
+    spike_settings: tuple[tuple[str, float], ...] = ()
+
+    def spike_kwargs(self) -> dict[str, Any]:
+        """The spike settings as ``Spikes``' keyword arguments (``window=64``)."""
+        return {SPIKE_SETTINGS[k][0]: v for k, v in self.spike_settings}
+
+
+# The spike watch's settings in a --watch spec (``spike:sigmas=6,window=128,warmup=8``):
+# name -> (Spikes' argument, whole number, default; tracer/watch/spikes.py says what each is).
+SPIKE_SETTINGS: dict[str, tuple[str, bool, float]] = {
+    "sigmas": ("sigmas", False, 6.0),
+    "ratio": ("min_ratio", False, 2.0),
+    "grad_ratio": ("grad_ratio", False, 10.0),
+    "window": ("window", True, 128),
+    "warmup": ("warmup", True, 8),
+    "lasting": ("lasting", True, 16),
+}
 
 
 def parse_watch(spec: str) -> float | None:
@@ -87,15 +105,25 @@ def parse_watch(spec: str) -> float | None:
 def parse_watch_spec(spec: str) -> WatchSpec:
     """``--watch`` spec: ``nan`` (NaN/Inf in the gradients or the loss), ``gradnorm:X`` (that,
     and a total gradient norm above X), ``spike`` (that, and a loss spike: the loss or the
-    gradient norm far above the run's recent steps), joined by ``,``. Raises StepSpecError
-    with a one-line message on bad input."""
+    gradient norm far above the run's recent steps), joined by ``,``. The spike watch's
+    settings follow it as ``NAME=VALUE`` parts: ``spike:sigmas=6,window=128,warmup=8``
+    (:data:`SPIKE_SETTINGS`). Raises StepSpecError with a one-line message on bad input."""
     gradnorm = None
     spike = False
+    settings: dict[str, float] = {}
     for part in (p.strip() for p in str(spec).split(",")):
         if part == "nan":
             continue
-        if part == "spike":
+        if part == "spike" or part.startswith("spike:"):
             spike = True
+            part = part[6:].strip()
+            if not part:
+                continue
+        if "=" in part:
+            if not spike:
+                raise StepSpecError(f"bad watch {part!r}: settings follow spike (spike:{part})")
+            name, value = _spike_setting(part)
+            settings[name] = value
             continue
         if part.startswith("gradnorm:"):
             try:
@@ -107,4 +135,30 @@ def parse_watch_spec(spec: str) -> WatchSpec:
             continue
         where = "" if part == str(spec).strip() else f" in {spec!r}"  # said once, not twice
         raise StepSpecError(f"bad watch {part!r}{where}: use nan, gradnorm:X, spike or a list")
-    return WatchSpec(gradnorm, spike)
+    window = settings.get("window", SPIKE_SETTINGS["window"][2])
+    warmup = settings.get("warmup", SPIKE_SETTINGS["warmup"][2])
+    if not 2 <= warmup <= window:
+        raise StepSpecError(f"bad watch {spec!r}: the spike watch needs 2 <= warmup <= window")
+    return WatchSpec(gradnorm, spike, tuple(settings.items()))
+
+
+def _spike_setting(part: str) -> tuple[str, float]:
+    name, _, text = (s.strip() for s in part.partition("="))
+    known = SPIKE_SETTINGS.get(name)
+    if known is None:
+        raise StepSpecError(
+            f"bad watch setting {part!r}: the spike watch takes {', '.join(SPIKE_SETTINGS)}"
+        )
+    _, whole, _ = known
+    try:
+        value = float(int(text)) if whole else float(text)
+    except ValueError:
+        value = float("nan")
+    if name == "sigmas":
+        ok, need = value > 0, "a number above 0"
+    else:
+        low = 1 if name in ("ratio", "grad_ratio", "lasting") else 2
+        ok, need = value >= low, f"{'a whole number' if whole else 'a number'} >= {low}"
+    if not ok:
+        raise StepSpecError(f"bad watch setting {part!r}: {name} needs {need}")
+    return name, int(value) if whole else value

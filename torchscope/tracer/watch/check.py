@@ -23,7 +23,7 @@ from torchscope.tracer.errors import ReportOnce
 from torchscope.tracer.ranks import speaker
 from torchscope.tracer.watch.capture import Backward, Call, replay_target
 from torchscope.tracer.watch.growth import Growth
-from torchscope.tracer.watch.naming import module_text
+from torchscope.tracer.watch.naming import bound_name, module_text
 from torchscope.tracer.watch.norms import (
     GRADNORM,
     INF,
@@ -41,6 +41,7 @@ from torchscope.tracer.watch.stop import WatchStop
 if TYPE_CHECKING:
     from torchscope.tracer.armed.session import Tracer
     from torchscope.tracer.watch.loop_code import LoopOps
+    from torchscope.tracer.watch.spike_origin import SpikeSources
 
 
 class StepCheck:
@@ -88,6 +89,7 @@ class StepCheck:
     loop: LoopOps
     _still_bad: dict[str, Any] | None
     _growth: Growth | None = None  # the last steps' loss and gradient norm (made at first)
+    _sources: SpikeSources | None = None  # the spike's batch figures (made at first)
     max_skips: int
     skipped_step: int | None
     _bad_in_row: int
@@ -300,11 +302,15 @@ class StepCheck:
             if what is None and self.gradnorm is not None and grad_norm > self.gradnorm:
                 what = GRADNORM
             spike = None
+            diverging = None
             if what is None and self.spikes is not None:
                 # On the figures just read (no device work); non-finite ones are not its.
                 spike = self.spikes.took(self.step, loss_norm, grad_norm, norms.module_row(row))
-                if spike is not None:
+                diverging = growth.diverging(speaker())  # (a few float comparisons)
+                if spike is not None or diverging is not None:
                     what = SPIKE
+                else:  # a good step: its batch's figures kept (see spike_origin)
+                    self._spike_sources().took(self._calls, self.step)
             self._still_bad = None
             run = self._bad_run
             if run is not None and (what is None or category(what) != category(run["what"])):
@@ -322,13 +328,17 @@ class StepCheck:
             if run is not None and live is None:
                 # Still bad (NaN weights stay NaN): counted, not replayed or reported again;
                 # once per step (LBFGS calls its closure, checked each time, several times).
+                # A divergence is said as it shows, in the spikes' stretch too.
+                if diverging is not None:
+                    self._say(diverging[1])
+                    run["diverging"] = diverging[0]
                 if self.step != run["last_step"]:
                     run["repeats"] += 1
                     run["last_step"] = self.step
                 self._still_bad = run
                 return None
-            if spike is not None:
-                det = self._spiked(spike)
+            if what == SPIKE:
+                det = self._spiked(spike, diverging, loss_norm, grad_norm)
             else:
                 det = self._detected(what, grad_norm, with_grad, bad, in_loss, live)
             self._bad_run = det
@@ -443,26 +453,47 @@ class StepCheck:
             roots.setdefault(id(replay_target(m)), (m, replay_target(m)))
         return list(roots.values()), [sites.get(k) for k in roots]
 
-    def _spiked(self, spike: Spike) -> dict[str, Any]:
-        """A spike's detection (no replay: its figures say it), its one line said."""
+    def _spiked(
+        self,
+        spike: Spike | None,
+        diverging: tuple[int, str] | None,
+        loss: float,
+        grad_norm: float,
+    ) -> dict[str, Any]:
+        """A spike's detection (a loss spike, or a divergence: ``diverging``), its lines said:
+        the spike's, then where it comes from (:mod:`.spike_origin`: the batch, the first
+        module whose output jumped), then the divergence's. Its calls are replayed traced
+        where a UI or a recording can see them, or to pause there (``on_spike="pause"``)."""
         step = self.step
-        rank = job_rank()
-        who = f"torchscope[rank {rank}]" if rank is not None else "torchscope"
+        who = speaker()
         modules: list[tuple[str, float]] = []
-        try:
-            named = self._naming_roots()
-            for path, ratio in spike.top_modules():
-                text = module_text({"module": path}, *named) if path != OTHER else None
-                modules.append((text or path, ratio))
-        except Exception as exc:
-            self._error("naming the modules", exc)
+        lines: list[str] = []
+        origin: dict[str, Any] = {}
+        if spike is not None:
+            try:
+                named = self._naming_roots()
+                for path, ratio in spike.top_modules():
+                    text = module_text({"module": path}, *named) if path != OTHER else None
+                    modules.append((text or path, ratio))
+            except Exception as exc:
+                self._error("naming the modules", exc)
+            lines.append(spike_line(spike, who, modules))
+            origin = self._spike_origin(who, lines)
+        if diverging is not None:
+            lines.append(diverging[1])
+        figures = (
+            spike.to_dict()
+            if spike is not None
+            else {"loss": loss, "grad_norm": grad_norm, "lead": "loss"}
+        )
         det: dict[str, Any] = {
             "step": step,
             "what": SPIKE,
-            "lead": spike.lead,
-            "grad_norm": spike.grad_norm,
-            "loss": spike.loss,
-            "spike": {**spike.to_dict(), "modules": [list(m) for m in modules]},
+            "lead": figures["lead"],
+            "grad_norm": grad_norm,
+            "loss": loss,
+            "spike": {**figures, "modules": [list(m) for m in modules], **origin},
+            "diverging": diverging[0] if diverging is not None else None,
             "in_loss": False,
             "bad_params": [],
             "origin": None,
@@ -479,7 +510,8 @@ class StepCheck:
             "alerts": [],
             "events": [],
             "notes": [],
-            "message": spike_line(spike, who, modules),
+            "message": lines[0],
+            "lines": lines,
             "repeats": 0,
             "last_step": step,
             "scale": self._step_scale,
@@ -489,17 +521,99 @@ class StepCheck:
         }
         self.spiked_step = step
         self.detections.append(det)
+        for line in lines:
+            self._say(line)
+        self._replay_spike(det, (origin.get("first_module") or {}).get("path"))
+        return det
+
+    def _spike_sources(self) -> SpikeSources:
+        from torchscope.tracer.watch.spike_origin import SpikeSources
+
+        sources = self._sources
+        if sources is None:
+            spikes = self.spikes
+            assert spikes is not None
+            sources = self._sources = SpikeSources(spikes.window, spikes.sigmas, spikes.min_ratio)
+        return sources
+
+    def _spike_origin(self, who: str, lines: list[str]) -> dict[str, Any]:
+        """Where the spike comes from (:mod:`.spike_origin`), its lines added to ``lines``:
+        the batch, when the model call's inputs are out of their usual range; the first
+        module whose output jumped against the last good step's batch at the same weights."""
+        out: dict[str, Any] = {}
+        sources = self._spike_sources()
+        calls = [c for c in self._calls if not c.released]
+        if not calls:
+            return out
         try:
-            self.report(det["message"])
-            if self.on_spike == "pause" and not self._said_spike_pause:
-                self._said_spike_pause = True
-                self.report(
-                    f'{who}: on_spike="pause" has no place to pause at a spike yet (no '
-                    'replay): the job goes on as under "continue"'
-                )
+            named, _ = self._naming_roots()
+            root = next((r for r in named if r[1] is calls[0].target), None)
+            name = (bound_name(root) if root else None) or type(calls[0].target).__name__
+            got = sources.batch_line(calls, who, name)
+            if got is not None:
+                lines.append(got[0])
+                out["inputs"] = got[1]
+        except Exception as exc:
+            self._error("reading the spike's batch", exc)
+        if self._fsdp_step or not self.replay_wanted():
+            return out  # (replayed by every rank together only; traced live already)
+        try:
+            got = sources.module_line(self, calls, who, self._name_in_call)
+            if got is not None:
+                lines.append(got[0])
+                out["first_module"] = got[1]
+        except Exception as exc:
+            self._error("replaying the spike's calls", exc)
+        return out
+
+    def _name_in_call(self, index: int, path: str) -> str:
+        """``model.inp (Linear)``: the module at ``path`` in the step's ``index``-th distinct
+        top-level module."""
+        targets: list[torch.nn.Module] = []
+        for c in self._calls:
+            if all(c.target is not t for t in targets):
+                targets.append(c.target)
+        named, _ = self._naming_roots()
+        root = next((r for r in named if r[1] is targets[index]), None)
+        if root is None:
+            return path or type(targets[index]).__name__
+        if path:
+            return module_text({"module": path}, [root]) or path
+        name, cls = bound_name(root), type(root[1]).__name__
+        return f"{name} ({cls})" if name else cls
+
+    def _replay_spike(self, det: dict[str, Any], module_path: str | None) -> None:
+        """The spiked step's calls again, traced, where it shows somewhere (a tracer factory:
+        the job's file and UIs) or to pause there; said when "pause" has nowhere to."""
+        pause = self.on_spike == "pause"
+        if not (pause or self.tracer_factory is not None):
+            return
+        if not self._calls or self._fsdp_step or not self.replay_wanted():
+            if pause:
+                self._say_no_spike_pause()
+            return
+        try:
+            from torchscope.tracer.watch.spike_origin import SpikeReplay
+
+            SpikeReplay(self, det, module_path).run()
+        except Exception as exc:
+            self._error("replaying the spiked step", exc)
+        if pause and not det["paused"]:
+            self._say_no_spike_pause()
+
+    def _say_no_spike_pause(self) -> None:
+        if not self._said_spike_pause:
+            self._said_spike_pause = True
+            self._say(
+                f'{speaker()}: on_spike="pause" has no UI or stepper to pause for: the job goes '
+                'on as under "continue"'
+            )
+
+    def _say(self, line: str) -> None:
+        try:
+            self.report(line)
         except Exception as exc:
             self._error("reporting", exc)
-        return det
 
     def _say_growth(self, det: dict[str, Any]) -> None:
         """After a NaN/Inf that ends a run of growth, one more line says so (:mod:`.growth`)."""

@@ -188,7 +188,8 @@ class NanWatch(StepCheck):
         self.gradnorm = gradnorm
         self.on_nan = on_nan
         self.max_skips = max_skips
-        self.spikes = Spikes() if spikes is True else spikes or None
+        # (an empty Spikes is falsy: it has a length)
+        self.spikes = spikes if isinstance(spikes, Spikes) else Spikes() if spikes else None
         self.on_spike = on_spike
         self.spiked_step: int | None = None  # the last step a spike was caught at
         self._said_spike_pause = False

@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -73,6 +73,7 @@ class ReplayedWatch(Protocol):
     _replaying: bool  # set while the replay runs (the watch ignores its own calls)
     max_calls: int
     on_nan: str
+    on_spike: str
     tracer_factory: Callable[[int], Tracer] | None
     loop: LoopOps  # the loop's own code between module calls, as the step ran it
 
@@ -266,7 +267,10 @@ class Replay:
                 if watch._backwards:
                     det["backward_source"] = watch._backwards[0].source
 
-    def _traced_phases(self) -> None:
+    @contextlib.contextmanager
+    def _traced(self) -> Iterator[Tracer]:
+        """The replay's tracer, started, its events in :attr:`events`, its pause breakpoints
+        set (:meth:`_pause_breakpoint`); stopped and removed after."""
         factory = self.watch.tracer_factory or default_tracer
         tracer = self.tracer = factory(self.step)
         pipeline = _pipeline_of(tracer)
@@ -277,58 +281,7 @@ class Replay:
                     pipeline.flush(wait=True)  # what came before is not the replay
                     pipeline.sinks.insert(0, self._sink)
             bps = self._pause_breakpoint(tracer)
-            self._forward()
-            self._flush()
-            origin = self._first_alert(("forward", "input"))
-            loop = self.loop
-            if loop is not None and (
-                (origin is None and self._forward_finite() and (self.faithful or not loop.entered))
-                or (origin is not None and origin.get("where") == "input" and not loop.entered)
-            ):
-                # The modules made nothing non-finite (one took it in) and the loop's code
-                # made it: its op and line, as the step ran it.
-                self._found_in_loop(loop)
-                return
-            self._guarded("module backward", self._module_backward)
-            self._flush()
-            if origin is None:
-                origin = self._first_alert(("backward",))
-            if origin is None and not self.det.get("in_loss") and self._bad_output_grads():
-                # Finite loss, non-finite gradient at a module's output: loop code made it.
-                self.det["outside_modules"] = True
-            if origin is None and self.kept:
-                mark = len(self.events)
-                self._guarded("backward over the step's graph", self._retained_backward)
-                self._flush()
-                origin = self._first_alert(("backward",), start=mark)
-                tainted = origin is not None and self._locate(origin)
-                # A loop-code node of a step whose loss is non-finite (``x / 0``, ``log(0)``:
-                # their nodes save finite values) shows what the forward made, as a tainted
-                # one does: the replayed module calls are finite, so loop code made it.
-                loop_loss = bool(self.det.get("in_loss")) and self.det["outside_modules"]
-                if origin is not None and (tainted or loop_loss):
-                    # The node computed from NaN/Inf the step's forward saved in it: a forward
-                    # NaN arriving, not a backward origin (a traced run would not blame it).
-                    name = origin.get("name")
-                    if not self.det["outside_modules"]:
-                        self.det["notes"].append(
-                            f"the step's own graph holds NaN/Inf saved by {name} in a module "
-                            "call, but the replayed forward is finite"
-                        )
-                        self.det["source"] = self.det["module"] = None
-                        origin = None
-                    else:
-                        # Made by forward loop code (not re-run): the node is only where the
-                        # backward first shows it.
-                        self._found(origin)
-                        self.det.update(
-                            loop_forward=True, backward_node=name, where="forward", origin=None
-                        )
-                        return
-            if origin is not None:
-                self._found(origin)
-            elif self.marked:
-                self._place_from_marks()
+            yield tracer
         finally:
             stepper = tracer.stepper
             for bp in bps:
@@ -341,6 +294,64 @@ class Replay:
                 if pipeline is not None:
                     with pipeline.lock, contextlib.suppress(ValueError):
                         pipeline.sinks.remove(self._sink)
+
+    def _traced_phases(self) -> None:
+        with self._traced():
+            self._phases()
+
+    def _phases(self) -> None:
+        self._forward()
+        self._flush()
+        origin = self._first_alert(("forward", "input"))
+        loop = self.loop
+        if loop is not None and (
+            (origin is None and self._forward_finite() and (self.faithful or not loop.entered))
+            or (origin is not None and origin.get("where") == "input" and not loop.entered)
+        ):
+            # The modules made nothing non-finite (one took it in) and the loop's code
+            # made it: its op and line, as the step ran it.
+            self._found_in_loop(loop)
+            return
+        self._guarded("module backward", self._module_backward)
+        self._flush()
+        if origin is None:
+            origin = self._first_alert(("backward",))
+        if origin is None and not self.det.get("in_loss") and self._bad_output_grads():
+            # Finite loss, non-finite gradient at a module's output: loop code made it.
+            self.det["outside_modules"] = True
+        if origin is None and self.kept:
+            mark = len(self.events)
+            self._guarded("backward over the step's graph", self._retained_backward)
+            self._flush()
+            origin = self._first_alert(("backward",), start=mark)
+            tainted = origin is not None and self._locate(origin)
+            # A loop-code node of a step whose loss is non-finite (``x / 0``, ``log(0)``:
+            # their nodes save finite values) shows what the forward made, as a tainted
+            # one does: the replayed module calls are finite, so loop code made it.
+            loop_loss = bool(self.det.get("in_loss")) and self.det["outside_modules"]
+            if origin is not None and (tainted or loop_loss):
+                # The node computed from NaN/Inf the step's forward saved in it: a forward
+                # NaN arriving, not a backward origin (a traced run would not blame it).
+                name = origin.get("name")
+                if not self.det["outside_modules"]:
+                    self.det["notes"].append(
+                        f"the step's own graph holds NaN/Inf saved by {name} in a module "
+                        "call, but the replayed forward is finite"
+                    )
+                    self.det["source"] = self.det["module"] = None
+                    origin = None
+                else:
+                    # Made by forward loop code (not re-run): the node is only where the
+                    # backward first shows it.
+                    self._found(origin)
+                    self.det.update(
+                        loop_forward=True, backward_node=name, where="forward", origin=None
+                    )
+                    return
+        if origin is not None:
+            self._found(origin)
+        elif self.marked:
+            self._place_from_marks()
 
     def _read_loop(self) -> None:
         """Where the loop's own code made the loss non-finite (or took it in), read before
