@@ -17,7 +17,14 @@ from typing import Any
 
 from torchscope.protocol.events import ALERT, HISTORY
 
-__all__ = ["StepUpdate", "UpdateDifference", "compare_updates", "losses_part", "step_updates"]
+__all__ = [
+    "StepUpdate",
+    "UpdateDifference",
+    "compare_updates",
+    "losses_part",
+    "recorded_history",
+    "step_updates",
+]
 
 
 @dataclass(frozen=True)
@@ -138,3 +145,20 @@ def losses_part(
         if not (abs(la - lb) <= atol + rtol * max(abs(la), abs(lb))):
             return step, la, lb
     return None
+
+
+def recorded_history(events: Iterable[dict[str, Any]]) -> tuple[dict[str, Any], dict[int, str]]:
+    """A recording's history (its ``history`` events, merged as a live job's ``history``
+    reply has them: ``points`` and ``buckets``) and the line of each spike the watch alerted,
+    by step."""
+    from torchscope.protocol.history import RunHistory
+
+    hist = RunHistory(keep=10_000_000)
+    lines: dict[int, str] = {}
+    for ev in events:
+        kind = ev.get("kind")
+        if kind == HISTORY:
+            hist.merge_wire(dict(ev))
+        elif kind == ALERT and ev.get("what") == "spike" and type(ev.get("step")) is int:
+            lines.setdefault(ev["step"], str(ev.get("message") or ""))
+    return hist.to_wire(), lines

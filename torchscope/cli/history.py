@@ -1,10 +1,13 @@
-"""``torchscope history PID``: a running job's loss and gradient-norm history, printed.
+"""``torchscope history PID``: a running job's loss and gradient-norm history, printed
+(``torchscope history FILE.tsc``: a recording's, from its ``history`` events).
 
 The job's agent keeps every step's loss (and with the watch, the global gradient norm and a
 norm per module) whether or not the step was traced (:mod:`torchscope.tracer.history`); this
 asks for it with the ``history`` control command and prints it as a table (default), CSV or
 JSON lines. Steps older than the agent's full-resolution window come first, folded into
-buckets (min, max and last of each series over a range of steps).
+buckets (min, max and last of each series over a range of steps). A step the watch flagged
+as a loss spike says ``spike`` in the UPDATE column (``spk,skip`` when its update was
+skipped); a recording also holds the spike's line (its alert), printed under the table.
 
 Also here: how ``dump`` shows a ``history`` event and how ``ls`` shows a loss.
 """
@@ -15,6 +18,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -33,16 +37,26 @@ def cmd_history(args: argparse.Namespace) -> int:
 
     if args.last is not None and args.last < 0:
         return fail("--last takes a number of steps, 0 or more")
+    lines: dict[int, str] = {}
+    if args.target and os.path.isfile(args.target):  # a recording: its history events
+        try:
+            reply, lines = _recorded(args.target, args.since, args.last)
+        except ValueError as exc:
+            return fail(str(exc))
+    else:
+        try:
+            with SessionClient() as client:
+                client.connect(ep.resolve(args.target), timeout=args.timeout)
+                reply = client.request(
+                    "history",
+                    timeout=max(args.timeout, 10.0),
+                    since=args.since,
+                    max_points=args.last,
+                )
+        except (SessionUnreachable, SessionRefused, EndpointError) as exc:
+            return fail(str(exc))
     try:
-        with SessionClient() as client:
-            client.connect(ep.resolve(args.target), timeout=args.timeout)
-            reply = client.request(
-                "history", timeout=max(args.timeout, 10.0), since=args.since, max_points=args.last
-            )
-    except (SessionUnreachable, SessionRefused, EndpointError) as exc:
-        return fail(str(exc))
-    try:
-        for line in render_history(reply, args.format):
+        for line in render_history(reply, args.format, lines):
             sys.stdout.write(line + "\n")
         sys.stdout.flush()
     except BrokenPipeError:  # `torchscope history PID | head`
@@ -57,16 +71,55 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
-def render_history(reply: dict[str, Any], fmt: str) -> Iterator[str]:
-    """Lines of a ``history`` reply (or event): ``table``, ``csv`` or ``jsonl``."""
+def _recorded(path: str, since: int | None, last: int | None) -> tuple[dict, dict[int, str]]:
+    """A recording's history as a ``history`` reply, and its spikes' lines (ValueError with
+    one line when the file cannot be read)."""
+    from torchscope.analysis.updates import recorded_history
+    from torchscope.protocol.codec import ProtocolError
+    from torchscope.protocol.tracefile import TraceReader
+
+    try:
+        with TraceReader(path) as reader:
+            reply, lines = recorded_history(reader.iter_events())
+    except (ProtocolError, OSError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    points = reply["points"]
+    if since is not None:
+        points = [p for p in points if p["step"] > since]
+        reply["buckets"] = []
+    if last is not None:
+        points = points[len(points) - last :] if last else []
+    reply["points"] = points
+    return reply, lines
+
+
+def render_history(
+    reply: dict[str, Any], fmt: str, lines: dict[int, str] | None = None
+) -> Iterator[str]:
+    """Lines of a ``history`` reply (or event): ``table``, ``csv`` or ``jsonl``; ``lines``:
+    the line of each step the watch flagged as a spike (its alert's), by step: under the
+    table, and as the point's ``line`` in JSON lines."""
     points = [p for p in reply.get("points") or () if isinstance(p, dict)]
     buckets = [b for b in reply.get("buckets") or () if isinstance(b, dict)]
+    lines = lines or {}
     if fmt == "jsonl":
+        points = [{**p, "line": lines[p["step"]]} if p.get("step") in lines else p for p in points]
         yield from _jsonl(points, buckets)
     elif fmt == "csv":
         yield from _csv(points, buckets)
     else:
         yield from _table(points, buckets)
+        spiked = [p["step"] for p in points if p.get("spike") and p.get("step") in lines]
+        if spiked:
+            yield ""
+            yield "spikes the watch caught:"
+            for step in spiked:
+                skipped = " (its update skipped)" if _point(points, step).get("skipped") else ""
+                yield f"  {lines[step]}{skipped}"
+
+
+def _point(points: list[dict[str, Any]], step: int) -> dict[str, Any]:
+    return next(p for p in points if p.get("step") == step)
 
 
 def _num(x: Any) -> str:

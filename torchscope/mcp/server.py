@@ -40,6 +40,7 @@ from torchscope.mcp.sources import Recordings, SourceError, looks_like_job, sour
 from torchscope.protocol import endpoints as ep
 from torchscope.protocol.breakpoints import BreakpointError, parse_break_spec
 from torchscope.protocol.client import SessionClient, SessionRefused, SessionUnreachable
+from torchscope.protocol.codec import ProtocolError
 from torchscope.protocol.frames import one_line
 from torchscope.protocol.policies import POLICIES
 from torchscope.protocol.runtime import EndpointError
@@ -87,6 +88,7 @@ _EXPECTED = (
     EndpointError,
     SessionUnreachable,
     SessionRefused,
+    ProtocolError,  # a request the client cannot send (a number out of range)
 )
 
 
@@ -242,25 +244,47 @@ def build_server(*, record_timeout_cap: float = 600.0) -> MCPServer:
 
     @tool()
     def history(
-        job: Job = None,
+        job: Annotated[
+            int | str | None,
+            Field(
+                description="a job (its pid or control endpoint; omitted: the only running "
+                "job) or a recording (a trace file path)"
+            ),
+        ] = None,
         since: Annotated[int | None, Field(ge=-1, description="only steps after this")] = None,
         last: Annotated[int, Field(ge=1, le=500, description="the newest N steps")] = 50,
     ) -> dict[str, Any]:
-        """A running job's loss per step (and, with the watch on, its gradient norm and the
-        largest module norms), traced or not: the run's history, as `torchscope history`."""
-        reply = _ask(jobs, job, "history", since=since, max_points=last)
-        points = [p for p in reply.get("points") or () if isinstance(p, dict)][-last:]
-        for p in points:
-            norms = p.pop("module_norms", None)
-            if isinstance(norms, dict) and norms:
-                top = sorted(norms.items(), key=lambda kv: -_mag(kv[1]))[:3]
-                p["top_module_norms"] = dict(top)
-            p.pop("update_ratios", None)
+        """A run's loss per step (and, with the watch on, its gradient norm and the
+        largest module norms), traced or not: the run's history, as `torchscope history`,
+        of a running job or a recording. A step the watch flagged as a loss spike has
+        `spike: true` and the spike's `line`; `skipped: true` where its update was skipped
+        (the watch's skip policies, a loss scaler)."""
+        text = None if job is None else str(job).strip() or None
+        lines: dict[int, str] = {}
+        if text is not None and not looks_like_job(text):
+            try:
+                recorded = recordings.get(text)
+                reply, lines = views.recorded_history(recorded.step_table_events())
+            except SourceError as exc:
+                raise Refusal(str(exc)) from None
+            if since is not None:
+                reply["points"] = [p for p in reply["points"] if p["step"] > since]
+        else:
+            reply = _ask(jobs, job, "history", since=since, max_points=last)
+            try:  # the spikes' lines: from this server's link to the job, when it has one
+                control = ep.resolve(text).control
+            except EndpointError:
+                control = None
+            link = next((k for k in jobs.known() if k.record.control == control), None)
+            for a in link.alerts() if link is not None else ():
+                if a.get("what") == "spike" and type(a.get("step")) is int:
+                    lines.setdefault(a["step"], str(a.get("message") or ""))
+        points, older = views.history_view(reply, lines, last)
         out: dict[str, Any] = {"step": reply.get("step"), "points": points}
         if reply.get("pending"):
             out["pending"] = f"{reply['pending']} steps still on the device"
-        if reply.get("buckets"):
-            out["older"] = f"{len(reply['buckets'])} folded buckets of older steps not shown"
+        if older:
+            out["older"] = older
         return out
 
     @tool()
@@ -386,7 +410,9 @@ def build_server(*, record_timeout_cap: float = 600.0) -> MCPServer:
     ) -> dict[str, Any]:
         """Where NaN/Inf first appeared: one alert per origin (op, module, source file:line,
         step, rank) with its consequences counted, origins first; over several ranks, the
-        job's origins and the ranks each reached."""
+        job's origins and the ranks each reached. A loss spike the watch caught is one too
+        (`what: spike`): its `message` is the spike's line, `spike` its figures (loss,
+        grad_norm, their medians and spreads over the window, `lead`, `on_spike`)."""
         text = str(target).strip()
         if looks_like_job(text):
             srcs: list[Any] = [source(text)]
@@ -406,7 +432,9 @@ def build_server(*, record_timeout_cap: float = 600.0) -> MCPServer:
         if notes:
             head["notes"] = notes
         if not out["total"]:
-            head["note"] = "no NaN/Inf alert" + (f" in step {step}" if step is not None else "")
+            head["note"] = "no NaN/Inf or spike alert" + (
+                f" in step {step}" if step is not None else ""
+            )
         return {**head, **out}
 
     @tool()
@@ -801,10 +829,6 @@ def _stepper(link: JobLink, waited: str | None = None) -> dict[str, Any]:
     if waited:
         out["waited"] = waited
     return out
-
-
-def _mag(x: Any) -> float:
-    return abs(x) if isinstance(x, (int, float)) and math.isfinite(x) else math.inf
 
 
 def _side(ev: Any) -> dict[str, Any] | None:

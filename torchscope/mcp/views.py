@@ -8,12 +8,14 @@ pattern that finds a row in the UI finds it here.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from torchscope.analysis.render import compact_stat, shape_text
 from torchscope.analysis.trace import fold_alerts, is_tally, job_origins
+from torchscope.analysis.updates import recorded_history
 from torchscope.protocol.events import ALERT, GRAD, GRAPH, OP, Event, number_text
 from torchscope.tui.model.format import short_name, source_cell
 from torchscope.tui.model.rows import KIND, SEQ
@@ -29,8 +31,10 @@ __all__ = [
     "alerts_view",
     "event_view",
     "graph_view",
+    "history_view",
     "page",
     "pause_view",
+    "recorded_history",
     "rows_view",
     "steps_view",
     "summary_view",
@@ -383,6 +387,8 @@ def _alert_item(a: Event, rank: int | None) -> dict[str, Any]:
     for key in ("what", "where", "module", "source", "param", "node_id", "event_seq"):
         if a.get(key) not in (None, ""):
             item[key] = a[key]
+    if isinstance(a.get("spike"), dict):  # a loss spike's figures, and what the job did
+        item["spike"] = dict(a["spike"])
     if a.get("name"):
         item["op"] = short_name(str(a["name"]))
     item["origin"] = a.get("origin") is not None
@@ -393,6 +399,34 @@ def _alert_item(a: Event, rank: int | None) -> dict[str, Any]:
         if a.get(key):
             item[key] = a[key]
     return item
+
+
+def history_view(
+    reply: dict[str, Any], lines: dict[int, str], last: int
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The newest ``last`` points of a history reply, each with its 3 largest module norms
+    (not all of them), and a spike's ``line`` where the watch flagged one; and a note on the
+    folded older steps (None when none)."""
+    points = [dict(p) for p in reply.get("points") or () if isinstance(p, dict)][-last:]
+    for p in points:
+        norms = p.pop("module_norms", None)
+        if isinstance(norms, dict) and norms:
+            top = sorted(norms.items(), key=lambda kv: -_mag(kv[1]))[:3]
+            p["top_module_norms"] = dict(top)
+        p.pop("update_ratios", None)
+        line = lines.get(p.get("step")) if p.get("spike") else None
+        if line:
+            p["line"] = line
+    buckets = reply.get("buckets") or ()
+    older = f"{len(buckets)} folded buckets of older steps not shown" if buckets else None
+    return points, older
+
+
+def _mag(x: Any) -> float:
+    """A norm's size for ordering: a non-finite one first (where to look)."""
+    if not isinstance(x, (int, float)):
+        return -1.0
+    return abs(x) if math.isfinite(x) else math.inf
 
 
 def alerts_view(

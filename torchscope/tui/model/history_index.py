@@ -94,6 +94,10 @@ class HistoryIndex:
         self.loss = SeriesIndex()
         self.grad_norm = SeriesIndex()
         self.buckets: list[Bucket] = []
+        # the steps the watch flagged as a loss spike, and those whose update was skipped
+        # (the watch's on_spike/on_nan="skip", a loss scaler), in step order: the plot's marks
+        self.spikes: list[int] = []
+        self.skips: list[int] = []
         self.version = 0
         self._modules: dict[str, SeriesIndex] | None = None
         self._modules_upto = 0  # points read into the module series
@@ -122,6 +126,22 @@ class HistoryIndex:
         i = bisect.bisect_left(self.steps, step)
         return self.points[i] if i < len(self.steps) and self.steps[i] == step else None
 
+    @property
+    def marked(self) -> bool:
+        """Whether any step held is a spike or had its update skipped."""
+        return bool(self.spikes or self.skips)
+
+    def marks_in(self, a: int, b: int) -> tuple[bool, bool, bool]:
+        """For steps ``a`` <= step < ``b``: (a spike whose update was applied, a spike whose
+        update was skipped, a skipped update that was no spike)."""
+        spikes, skips = self.spikes, self.skips
+        i, j = bisect.bisect_left(spikes, a), bisect.bisect_left(spikes, b)
+        k, m = bisect.bisect_left(skips, a), bisect.bisect_left(skips, b)
+        if i == j and k == m:
+            return False, False, False
+        spiked, skipped = set(spikes[i:j]), set(skips[k:m])
+        return bool(spiked - skipped), bool(spiked & skipped), bool(skipped - spiked)
+
     def run_end(self, i: int, hi: int) -> int:
         """The end (exclusive, at most ``hi``) of the run of consecutive steps at ``i``."""
         return bisect.bisect_right(self._runs, self._runs[i], lo=i, hi=hi)
@@ -142,6 +162,8 @@ class HistoryIndex:
             self._dropped += k
             for s in (self.loss, self.grad_norm, *(self._modules or {}).values()):
                 s.drop_before(first)
+            for marks in (self.spikes, self.skips):
+                del marks[: bisect.bisect_left(marks, first)]
             self._modules_upto = max(0, self._modules_upto - k)
         if dirty_from is not None and self.steps and dirty_from <= self.steps[-1]:
             self._truncate(bisect.bisect_left(self.steps, dirty_from))
@@ -160,6 +182,10 @@ class HistoryIndex:
             self.steps.append(step)
             self.loss.append(step, p.loss)
             self.grad_norm.append(step, p.grad_norm)
+            if p.spike:
+                self.spikes.append(step)
+            if p.skipped:
+                self.skips.append(step)
 
     def _truncate(self, k: int) -> None:
         if k >= len(self.steps):
@@ -168,6 +194,8 @@ class HistoryIndex:
         del self.points[k:], self.steps[k:], self._runs[k:]
         for s in (self.loss, self.grad_norm, *(self._modules or {}).values()):
             s.drop_from(step)
+        for marks in (self.spikes, self.skips):
+            del marks[bisect.bisect_left(marks, step) :]
         self._modules_upto = min(self._modules_upto, k)
 
     def module_series(self) -> dict[str, SeriesIndex]:

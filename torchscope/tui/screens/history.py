@@ -68,6 +68,7 @@ class HistoryScreen(Screen[None]):
         self.start_step = step  # where the cursor starts (the step list's row), else the last
         self._asking: str | None = None  # "at" or "when" while the input is open
         self._seen = (-1, -1)  # (id of the index, its version) last shown
+        self._spike_said = False  # the note shows a spike's line (the cursor is on it)
 
     def compose(self) -> ComposeResult:
         with Vertical(id="history-body"):
@@ -123,6 +124,24 @@ class HistoryScreen(Screen[None]):
     @on(HistoryPlot.CursorMoved)
     def _cursor_moved(self, event: HistoryPlot.CursorMoved) -> None:
         self.heatmap.cursor = event.step
+        self._spike_note(event.step)
+
+    def _spike_note(self, step: int) -> None:
+        """On a step the watch flagged as a spike, its line (the alert's) under the plot."""
+        line = next(
+            (
+                str(a.get("message"))
+                for a in self.store.alerts
+                if a.get("what") == "spike" and a.get("step") == step
+            ),
+            None,
+        )
+        if line is not None:
+            self.say(line)
+            self._spike_said = True
+        elif self._spike_said:
+            self.say("")
+            self._spike_said = False
 
     @on(ModuleHeatmap.BlowUpSelected)
     def _blow_up(self, event: ModuleHeatmap.BlowUpSelected) -> None:

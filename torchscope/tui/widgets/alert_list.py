@@ -24,7 +24,27 @@ from torchscope.tui.lanes import JobAlerts
 from torchscope.tui.model.format import check_passed, check_text, is_check, short_name, short_source
 
 
+def is_spike(alert: Event) -> bool:
+    """A loss spike the watch caught (``what: "spike"``): no op or line made it, so it is
+    listed with its line (the figures against the run's recent steps) and counted apart."""
+    return alert.get("what") == "spike"
+
+
+def spike_label(alert: Event) -> str:
+    """``  80 SPIKE loss 24.5 vs 0.291 ± 0.15 over the last 80 steps; ... · update skipped``:
+    the watch's line after its ``loss spike at step 80:`` and what the job did about it."""
+    message = str(alert.get("message") or "")
+    head, sep, rest = message.partition(": ")
+    text = rest if sep and " spike at step " in head else message
+    figures = alert.get("spike")
+    policy = figures.get("on_spike") if isinstance(figures, dict) else None
+    then = {"skip": " · update skipped", "stop": " · job stopped"}.get(str(policy), "")
+    return f"{alert.get('step', '-')!s:>4} SPIKE {text}{then}"
+
+
 def alert_label(alert: Event, cwd: str | None = None) -> str:
+    if is_spike(alert):
+        return spike_label(alert)
     if is_check(alert):
         where = {"forward": "fwd", "backward": "bwd"}.get(str(alert.get("where")), "")
         name = short_name(str(alert.get("name", "?")))
@@ -62,7 +82,7 @@ def group_alerts(alerts: list[Event]) -> list[tuple[Event, list[Event]]]:
     groups: list[tuple[Event, list[Event]]] = []
     last: tuple[Event, list[Event]] | None = None  # the latest NaN/Inf group
     for alert in fold_alerts(alerts):
-        if is_check(alert):
+        if is_check(alert) or is_spike(alert):  # stands alone: no origin, no knock-on
             groups.append((alert, []))
             continue
         if alert.get("origin") is not None:
@@ -170,16 +190,19 @@ def job_rows(job: JobAlerts) -> tuple[list[AlertRow], str]:
     rows = [row for _, group in entries for row in group]
     # The subtitle counts bad values across the job: each origin with its consequences
     # everywhere (an arrival here is one of them), and this rank's other alerts.
-    nan = [(h, k) for h, k in rest if not is_check(h)]
+    nan = [(h, k) for h, k in rest if not is_check(h) and not is_spike(h)]
+    spikes = sum(is_spike(h) for h, _ in rest)
     arrived = sum(is_arrival(h) for h, _ in nan)
     own = len(origins) + len(nan) - arrived
     total = sum(1 + int(o["job_consequences"]) for o in origins)
     total += sum(1 + knock_on_count(h, k) for h, k in nan)
-    checks = len(rest) - len(nan)
+    checks = len(rest) - len(nan) - spikes
     heads = [f"{own} origin{'s' * (own != 1)}"] if own or not arrived else []
     if arrived:
         heads.append(f"{arrived} arrival{'s' * (arrived != 1)}")
     parts = [f"job: {', '.join(heads)} · {total}"] if total else []
+    if spikes:
+        parts.append(f"{spikes} spike{'s' * (spikes != 1)}")
     if checks:
         parts.append(f"{checks} check{'s' * (checks != 1)}")
     return rows, " · ".join(parts)
@@ -222,8 +245,9 @@ def plain_rows(alerts: list[Event], cwd: str | None = None) -> tuple[list[AlertR
     shortened against ``cwd``)."""
     groups = group_alerts(alerts)
     rows = [AlertRow(("seq", o.get("seq")), group_label(o, k, cwd), o, k, o) for o, k in groups]
-    nan = [g for g in groups if not is_check(g[0])]
-    checks = len(groups) - len(nan)
+    nan = [g for g in groups if not is_check(g[0]) and not is_spike(g[0])]
+    spikes = sum(is_spike(g[0]) for g in groups)
+    checks = len(groups) - len(nan) - spikes
     arrived = sum(is_arrival(g[0]) for g in nan)
     own = len(nan) - arrived
     total = sum(1 + knock_on_count(*g) for g in nan)
@@ -236,6 +260,8 @@ def plain_rows(alerts: list[Event], cwd: str | None = None) -> tuple[list[AlertR
         if arrived:
             heads.append(f"{arrived} arrival{'s' * (arrived != 1)}")
         parts.append(f"{', '.join(heads)} · {total}")
+    if spikes:
+        parts.append(f"{spikes} spike{'s' * (spikes != 1)}")
     if checks:
         parts.append(f"{checks} check{'s' * (checks != 1)}")
     return rows, " · ".join(parts)

@@ -179,6 +179,21 @@ def axis_text(start: int, end: int, width: int) -> str:
 
 SERIES = (("loss", "loss"), ("|g|", "grad_norm"))
 
+#: The marks row under the plots (shown once a step is marked): a spike the watch caught
+#: whose update was applied, one whose update it skipped, an update skipped for another
+#: reason (the watch's on_nan="skip", a loss scaler). The plot's subtitle is their legend.
+SPIKE, SPIKE_SKIPPED, SKIPPED = "▲", "△", "\u00d7"  # (a multiplication sign)
+LEGEND = f"{SPIKE} spike  {SPIKE_SKIPPED} spike, update skipped  {SKIPPED} update skipped"
+
+
+def mark_of(applied: bool, refused: bool, skipped: bool) -> str:
+    """One cell of the marks row: the most telling of its steps' marks, else a space."""
+    if refused:
+        return SPIKE_SKIPPED
+    if applied:
+        return SPIKE
+    return SKIPPED if skipped else " "
+
 
 class HistoryPlot(HistoryFrame):
     """Loss and global gradient norm over the run (see the module's docstring)."""
@@ -195,6 +210,8 @@ class HistoryPlot(HistoryFrame):
     HistoryPlot > .history-plot--cursor { background: $boost; text-style: bold; }
     HistoryPlot > .history-plot--nan { color: $error; text-style: bold; }
     HistoryPlot > .history-plot--readout { text-style: bold; }
+    HistoryPlot > .history-plot--spike { color: $error; text-style: bold; }
+    HistoryPlot > .history-plot--skipped { color: $warning; }
     """
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
@@ -205,6 +222,8 @@ class HistoryPlot(HistoryFrame):
         "history-plot--cursor",
         "history-plot--nan",
         "history-plot--readout",
+        "history-plot--spike",
+        "history-plot--skipped",
     }
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -294,6 +313,7 @@ class HistoryPlot(HistoryFrame):
         if (self.cursor is None or not lo <= self.cursor < hi) and index.last_step is not None:
             self.cursor = index.last_step
         self._frame_key = None
+        self.border_subtitle = LEGEND if index.marked else ""
         self.refresh()
 
     def data_changed(self) -> None:
@@ -490,8 +510,10 @@ class HistoryPlot(HistoryFrame):
                 parts.append(f"|g| {short_num(p.grad_norm, 9)}")
             if p.scale is not None:  # a loss scaler's step: its scale, and whether it updated
                 parts.append(f"scale {short_num(p.scale, 9)}")
-                if p.skipped:
-                    parts.append("update skipped by the scaler")
+            if p.spike:  # the watch caught a spike (refused under on_spike="skip")
+                parts.append("spike, update skipped" if p.skipped else "spike")
+            elif p.skipped and p.scale is not None:
+                parts.append("update skipped by the scaler")
             elif p.skipped:  # refused by the watch (on_nan="skip")
                 parts.append("update skipped")
             parts.append("traced" if p.traced else "not traced")
@@ -533,7 +555,8 @@ class HistoryPlot(HistoryFrame):
             for label, attr in SERIES
             if getattr(self.index, attr) or any(getattr(b, attr).hi is not None for b in buckets)
         ]
-        rows = height - 2
+        marked = self.index.marked
+        rows = height - 2 - marked
         if not shown or rows < 2 or width <= GUTTER + 1:
             empty = Strip([Segment(" no history yet", base + st["axis"])])
             lines.append(empty.adjust_cell_length(width, base))
@@ -556,10 +579,28 @@ class HistoryPlot(HistoryFrame):
                         r, prow, label, log, lo, hi, bits[r], cols, colour, st, base, cursor_x
                     )
                 )
+        if marked:
+            lines.append(self._marks_line(start, end, pw, st, base, cursor_x))
         axis = " " * GUTTER + axis_text(start, end, pw)
         lines.append(Strip([Segment(axis, base + st["axis"])]).adjust_cell_length(width, base))
         self.draw_ms = (time.perf_counter() - t0) * 1000
         return lines
+
+    def _marks_line(
+        self, start: int, end: int, pw: int, st: dict[str, Style], base: Style, cursor_x: int | None
+    ) -> Strip:
+        """The marks row: each cell's spike or skipped update (see :data:`LEGEND`)."""
+        span, n = max(1, end - start), pw * 2
+        segs = [Segment("marks".rjust(GUTTER - 1) + "│", base + st["axis"])]
+        for x in range(pw):
+            a = start + 2 * x * span // n
+            b = max(a + 1, start + (2 * x + 2) * span // n)
+            ch = mark_of(*self.index.marks_in(a, b))
+            style = base + (st["skipped"] if ch == SKIPPED else st["spike"])
+            if x == cursor_x:
+                style = style + st["cursor"]
+            segs.append(Segment(ch, style))
+        return Strip(segs).simplify()
 
     def _panel_line(
         self,

@@ -705,6 +705,12 @@ class MainScreen(Screen[None]):
         self.alerts.set_alerts(self.store.alerts, self.host.job_alerts())
 
     def on_alert_list_jump(self, event: AlertList.Jump) -> None:
+        step = event.alert.get("step")
+        if event.alert.get("what") == "spike" and type(step) is int:
+            # A spike names no event (the watch reads figures, not ops): its step on the
+            # history plot, among the run's other steps.
+            self.sharing.history(step)
+            return
         self.jump_to_alert(event.alert)
 
     def on_alert_list_jump_to_lane(self, event: AlertList.JumpToLane) -> None:

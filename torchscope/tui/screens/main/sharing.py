@@ -84,12 +84,14 @@ class Sharing:
             preview = preview[:59] + "…"
         self.main.notify(f"copied {what}: {preview}", timeout=4)
 
-    def history(self) -> None:
-        """The run's history (loss, |g|, per-module norms); from it, arm a live job."""
+    def history(self, step: int | None = None) -> None:
+        """The run's history (loss, |g|, per-module norms); from it, arm a live job. The
+        cursor starts on ``step``, else on the step list's row."""
         m = self.main
         now = m.host.status.get("step") if m.live else None
         steps = m.steps
         row = steps.row_step(steps.cursor) if steps.cursor >= 0 else None
+        row = step if step is not None else row
         m.app.push_screen(
             HistoryScreen(
                 m.store,
