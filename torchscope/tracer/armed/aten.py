@@ -14,6 +14,11 @@ the forward inside a backward node), or the torch.func transform the op ran unde
 
 The tracer's own reductions run under the pipeline's lock: a call made while this thread holds
 it is torchscope's, never recorded.
+
+A few backward formulas compute other values while any dispatch mode is on the stack
+(tracer/armed/aten_formulas.py): their nodes run with the mode off and are recorded whole, one
+event labelled ``whole node`` (``WholeNodes``), so that the job computes what it computes
+untraced.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torchscope.protocol.breakpoints import AFTER, BEFORE
 from torchscope.protocol.events import ATEN, Event, all_finite
 from torchscope.tracer.armed.alerts import made_here
+from torchscope.tracer.armed.aten_formulas import BACKWARD_NODES, WHOLE_NODE
 from torchscope.tracer.armed.backward import NODE_ID, NODE_MOD, NODE_SRC, node_name
 from torchscope.tracer.armed.calls import has_inf_scalar, iter_tensors, result_tensors
 from torchscope.tracer.armed.collectives import KERNEL_PREFIXES, WAIT_KERNEL, kernel_group_size
@@ -265,6 +271,41 @@ class AtenRecorder(Recorder):
                 self.pipeline.add(event)
         return event
 
+    def record_whole(self, t0: int, grad_outputs: tuple, grad_inputs: tuple) -> None:
+        """The node running now, recorded whole (its aten calls ran with the mode off): what
+        it received in, what it sends on out. From its post-hook."""
+        t1 = time.perf_counter_ns()
+        node = _current_node()
+        if node is None:
+            return
+        md: Any = node.metadata  # a property (a dict); torch's stub declares it a method
+        module = md.get(NODE_MOD, "")
+        if not self._everywhere and not self.scope.search(module):
+            return
+        event = Event(
+            kind=ATEN,
+            seq=None,
+            step=self.state.step_index,
+            name=node_name(node),
+            module=module,
+            source=md.get(NODE_SRC),
+            op_seq=None,
+            node_id=md.get(NODE_ID),
+            node=node_name(node),
+            label=WHOLE_NODE,
+            inputs=None,
+            outputs=None,
+            duration_us=(t1 - t0) / 1000,
+            thread=THIS_THREAD.name,
+        )
+        summaries = self.summaries
+        with self.recording:
+            summary_of = summaries.summary_of
+            event["inputs"] = [None if g is None else summary_of(g) for g in grad_outputs]
+            event["outputs"] = [None if g is None else summary_of(g) for g in grad_inputs]
+            event["seq"] = self.next_seq()
+            self.pipeline.add(event)
+
     def stub(self, func: Any) -> Event:
         """A call's identity before it runs (where an aten: breakpoint stops before it)."""
         node = _current_node()
@@ -435,3 +476,62 @@ class AtenScope:
             self._mode.__exit__(None, None, None)
             return True
         return False
+
+
+class WholeNodes:
+    """The backward nodes whose formula PyTorch picks by whether a dispatch mode is on
+    (aten_formulas.BACKWARD_NODES): their pre-hook takes the aten mode off this thread's stack
+    when it is the only mode there, their post-hook puts it back and records the node whole.
+    The hooks run on the thread that runs the node (CUDA's device threads included), and the
+    engine restores the thread's modes after each node, so a node that raises leaves none
+    off. A scoped aten level never pushes its mode for them (``scoped_enter``)."""
+
+    nodes = BACKWARD_NODES
+
+    def __init__(self, mode: AtenMode, recorder: AtenRecorder) -> None:
+        self._mode = mode
+        self._recorder = recorder
+        self._local = threading.local()
+
+    def _open(self) -> list:
+        opened = getattr(self._local, "opened", None)
+        if opened is None:
+            opened = self._local.opened = []
+        return opened
+
+    def node_enter(self, grad_outputs: Any) -> None:
+        off = (
+            torch._C._len_torch_dispatch_stack() == 1
+            and torch._C._get_dispatch_stack_at(0) is self._mode
+        )
+        if off:
+            torch._C._pop_torch_dispatch_stack(None)
+        # (node, mode taken off, recorded whole, start); another mode on: the job takes the
+        # subclass branch too, and the node's calls are recorded as usual.
+        self._open().append((_current_node_id(), off, off, time.perf_counter_ns()))
+
+    def scoped_enter(self, grad_outputs: Any) -> None:
+        """A node in a scoped level's modules: its mode is not pushed; recorded whole."""
+        self._open().append((_current_node_id(), False, True, time.perf_counter_ns()))
+
+    def node_exit(self, grad_inputs: Any, grad_outputs: Any) -> None:
+        opened = self._open()
+        nid = _current_node_id()
+        while opened:  # a node that raised never reached here: its entry is dropped
+            oid, popped, whole, t0 = opened.pop()
+            if oid == nid:
+                break
+        else:
+            return
+        if popped:
+            torch._C._push_on_torch_dispatch_stack(self._mode)
+        if whole:
+            try:
+                self._recorder.record_whole(t0, grad_outputs, grad_inputs)
+            except Exception as exc:
+                self._recorder.report_error("aten call", exc)
+
+
+def _current_node_id() -> int | None:
+    node = _current_node()
+    return None if node is None else node.metadata.get(NODE_ID)  # type: ignore[attr-defined]

@@ -98,6 +98,8 @@ class NodeHooks:
         on_grad = recorder.on_batched_grad if batched else recorder.on_grad
         param_name = recorder.param_name
         scoped = recorder.aten_scope
+        whole = recorder.whole_nodes
+        whole_nodes = whole.nodes if whole is not None else ()
         # Node.metadata is a property (a dict); torch's stub declares it a method.
         md: Any
         nmd: Any
@@ -165,7 +167,17 @@ class NodeHooks:
             else:
                 hook = partial(on_grad, info)
             handles.append(node.register_hook(hook))
-            if scoped is not None and scoped.covers(info["module"]):
+            if name in whole_nodes:
+                # A formula a dispatch mode changes: run without the aten level's mode, and
+                # recorded whole (tracer/armed/aten.py, WholeNodes).
+                assert whole is not None
+                if scoped is None:
+                    handles.append(node.register_prehook(whole.node_enter))
+                    handles.append(node.register_hook(whole.node_exit))
+                elif scoped.covers(info["module"]):
+                    handles.append(node.register_prehook(whole.scoped_enter))
+                    handles.append(node.register_hook(whole.node_exit))
+            elif scoped is not None and scoped.covers(info["module"]):
                 # A scoped aten level: its mode on the stack while this node's kernels run.
                 handles.append(node.register_prehook(scoped.node_enter))
                 handles.append(node.register_hook(scoped.node_exit))
@@ -196,6 +208,7 @@ class BackwardRecorder(Recorder):
         # with the aten level on: what runs under such a node is the engine's own summing).
         self.done_nodes: set[int] | None = None
         self.aten_scope: Any = None  # AtenScope: a scoped aten level's hooks on its nodes
+        self.whole_nodes: Any = None  # WholeNodes: the aten level's nodes recorded whole
         self.scaled = False  # the backward in progress is of a loss scaler's scaled loss
 
     def begin_step(self) -> None:

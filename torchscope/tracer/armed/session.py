@@ -30,7 +30,13 @@ from torchscope.protocol.codec import PROTOCOL_VERSION
 from torchscope.protocol.events import ERROR, SESSION, STEP, Event
 from torchscope.protocol.tracefile import per_rank_path
 from torchscope.tracer.armed import caller_warnings
-from torchscope.tracer.armed.aten import AtenMode, AtenRecorder, AtenScope, aten_scope
+from torchscope.tracer.armed.aten import (
+    AtenMode,
+    AtenRecorder,
+    AtenScope,
+    WholeNodes,
+    aten_scope,
+)
 from torchscope.tracer.armed.backward import BackwardRecorder
 from torchscope.tracer.armed.compiled import CompiledCalls, arm_compiled_functions
 from torchscope.tracer.armed.forward import ForwardMode, ForwardRecorder
@@ -264,6 +270,8 @@ class Tracer:
                 *parts, **ids, scope=self.aten_scope, done_nodes=done
             )
             mode = AtenMode(aten)
+            # The nodes whose formula a dispatch mode would change run without it.
+            self.backward.whole_nodes = WholeNodes(mode, aten)
             if self.aten_scope.pattern:
                 self.aten_scoped = self.backward.aten_scope = AtenScope(
                     mode, self.aten_scope, self.modules
