@@ -2,6 +2,7 @@
 
     python benchmarks/ranks.py            # about a minute on 2 cores
     python benchmarks/ranks.py --quick    # a smoke run (noisy numbers)
+    python benchmarks/ranks.py --batchnorm  # a BatchNorm first: DDP broadcasts it every forward
 
 Each setting runs the MLP of ``workloads.py`` (batch 64 per rank) in rounds that interleave an
 untraced block and a block under the agent as ``torchscope run --steps all --no-live`` starts
@@ -9,9 +10,11 @@ it (``Agent(ServeOptions(steps="all", live=False))``, garbage collection on): on
 with no process group, then 2 ranks (gloo, CPU) under ``torchrun --standalone`` with the
 model in ``DistributedDataParallel``. Under torchrun the agent also records DDP's
 synchronised gradients after each backward, publishes and compares the replicas'
-fingerprint after each update, and meets the other rank before each ``backward()``
-(the command line holds every rank traced); those are timed apart, per step, as
-controlled columns (wall time inside those functions, included in the traced step).
+fingerprint after each update, and meets the other rank before each ``backward()`` and
+before each forward in which DDP communicates (with ``--batchnorm``: DDP broadcasts the
+running statistics at every forward; the command line holds every rank traced); those are
+timed apart, per step, as controlled columns (wall time inside those functions, included in
+the traced step).
 
 Both ranks share this machine's cores, so the 2-rank rows are slower per step than the
 single process whatever the tracer does: compare ratios, not milliseconds.
@@ -31,16 +34,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def worker(steps: int, rounds: int) -> None:
+def worker(steps: int, rounds: int, batchnorm: bool) -> None:
     sys.path.insert(0, str(HERE))
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     from workloads import make_mlp
 
-    from torchscope.tracer import ranks
+    from torchscope.tracer import rank_checks, ranks
     from torchscope.tracer.agent import Agent, ServeOptions
-    from torchscope.tracer.armed import session
+    from torchscope.tracer.armed import backward
 
     torch.set_num_threads(1)
     multi = "RANK" in os.environ
@@ -50,6 +53,8 @@ def worker(steps: int, rounds: int) -> None:
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     w = make_mlp()
     model = w.model
+    if batchnorm:
+        model = torch.nn.Sequential(torch.nn.BatchNorm1d(256), model)
     if multi:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -62,7 +67,7 @@ def worker(steps: int, rounds: int) -> None:
         F.mse_loss(model(x), y).backward()
         opt.step()
 
-    spent = {"synced": 0.0, "fingerprint": 0.0}
+    spent = {"synced": 0.0, "fingerprint": 0.0, "meet": 0.0}
 
     def timed(cls: type, name: str, key: str) -> None:
         original = getattr(cls, name)
@@ -76,8 +81,9 @@ def worker(steps: int, rounds: int) -> None:
 
         setattr(cls, name, wrapper)
 
-    timed(session.Tracer, "_ddp_synced_grads", "synced")
-    timed(Agent, "_check_replicas", "fingerprint")
+    timed(backward.BackwardRecorder, "_ddp_synced_grads", "synced")
+    timed(rank_checks.RankChecks, "check_replicas", "fingerprint")
+    timed(ranks.RankGate, "meet", "meet")
     gates: list = []
     for_job = ranks.RankGate.for_job.__func__
 
@@ -121,6 +127,7 @@ def worker(steps: int, rounds: int) -> None:
         "synced_us": spent["synced"] / traced_steps * 1e6,
         "fingerprint_us": spent["fingerprint"] / traced_steps * 1e6,
         "gate_wait_ms": sum(g.waited for g in gates) / traced_steps * 1e3,
+        "meet_ms": spent["meet"] / traced_steps * 1e3,
         "meetings": sum(g.meetings for g in gates) / traced_steps,
     }
     sys.stdout.write("RESULT " + json.dumps(out) + "\n")
@@ -142,15 +149,16 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--batchnorm", action="store_true", help="a BatchNorm1d before the MLP")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.quick:
         args.steps, args.rounds = 5, 2
     if args.worker:
-        worker(args.steps, args.rounds)
+        worker(args.steps, args.rounds, args.batchnorm)
         return 0
     me = [str(Path(__file__).resolve()), "--worker", "--steps", str(args.steps)]
-    me += ["--rounds", str(args.rounds)]
+    me += ["--rounds", str(args.rounds), *(["--batchnorm"] if args.batchnorm else [])]
     t0 = time.monotonic()
     single = _results([sys.executable, *me])
     multi = _results(
@@ -164,16 +172,17 @@ def main() -> int:
             *me,
         ]
     )
+    bn = "BatchNorm1d(256), then " if args.batchnorm else ""
     print(
-        f"MLP 8x(Linear 256, GELU, LayerNorm), batch 64 per rank, {args.rounds} rounds of "
+        f"{bn}MLP 8x(Linear 256, GELU, LayerNorm), batch 64 per rank, {args.rounds} rounds of "
         f"{args.steps} steps per setting; run --steps all --no-live as the traced setting\n"
     )
     print(
         "| setting | untraced ms/step | traced ms/step | traced (paired ratio) | "
         "DDP synced-grad record µs/step | replica fingerprint µs/step | "
-        "waiting for the other rank ms/step (meetings/step) |"
+        "meeting the other rank ms/step (meetings/step) | of which waiting ms/step |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for label, rows in (("one process", single), ("torchrun, 2 ranks, DDP", multi)):
         for row in sorted(rows, key=lambda r: r["rank"] or 0):
             who = label if row["rank"] is None else f"{label}: rank {row['rank']}"
@@ -183,9 +192,10 @@ def main() -> int:
                 f"{row['paired']:.2f}x | "
                 + (
                     f"{row['synced_us']:.0f} | {row['fingerprint_us']:.0f} | "
-                    f"{row['gate_wait_ms']:.2f} ({row['meetings']:.0f}) |"
+                    f"{row['meet_ms']:.2f} ({row['meetings']:.0f}) | "
+                    f"{row['gate_wait_ms']:.2f} |"
                     if ddp
-                    else "- | - | - |"
+                    else "- | - | - | - |"
                 )
             )
     print(f"\n(wall {time.monotonic() - t0:.0f} s)")
