@@ -434,9 +434,22 @@ class Request:
 def build_request(request_id: int, cmd: str, **args: Any) -> bytes:
     """Encode a request, checking it with the same rules the tracer applies."""
     msg = {"v": VERSION, "id": request_id, "cmd": cmd, **args}
-    raw = pack(msg)
+    try:
+        raw = pack(msg)
+    except (OverflowError, TypeError, ValueError) as exc:  # 2**64, an object, a deep nest
+        bad = next((k for k, v in args.items() if not _packs(v)), None)
+        what = f"{bad!r} ({_short(args[bad])})" if bad is not None else "the request"
+        raise RequestError(f"{cmd}: {what} cannot be sent: {exc}", request_id) from None
     parse_request(raw)  # fail here, with the same one line, rather than in a round trip
     return raw
+
+
+def _packs(value: Any) -> bool:
+    try:
+        pack(value)
+    except (OverflowError, TypeError, ValueError):
+        return False
+    return True
 
 
 def parse_request(raw: bytes) -> Request:

@@ -697,7 +697,7 @@ def stepping_commands(stepper: Stepper, current_step: Callable[[], int]) -> dict
                 task.finished.wait(EVALUATE_WAIT_S)  # a Python loop stops within milliseconds
                 return task.answer()
             if not args.get("expr"):
-                raise BreakpointError(f"{name}: an expression, please")
+                raise BreakpointError("an expression, please")  # the reply names the command
             budget = args.get("budget")
             try:
                 budget = stepper.eval_budget if budget is None else check_budget(budget, "budget")
