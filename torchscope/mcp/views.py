@@ -414,7 +414,8 @@ def history_view(
             top = sorted(norms.items(), key=lambda kv: -_mag(kv[1]))[:3]
             p["top_module_norms"] = dict(top)
         p.pop("update_ratios", None)
-        line = lines.get(p.get("step")) if p.get("spike") else None
+        step = p.get("step")
+        line = lines.get(step) if p.get("spike") and type(step) is int else None
         if line:
             p["line"] = line
     buckets = reply.get("buckets") or ()
