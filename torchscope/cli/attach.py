@@ -27,7 +27,7 @@ def _torchscope_attach(result_path):
     import sys
     try:
         from torchscope.tracer.agent import attach_here
-    except Exception as exc:
+    except Exception as exc:  # runs inside the job: any failure is reported back, never raised
         message = "torchscope is not importable in this job's environment (%s)" % exc
     else:
         try:

@@ -194,13 +194,13 @@ def cmd_record(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, old_term)
         if not client.ended:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # the job may be gone: what was written stays
                 tail = seen.ask()
                 if tail:
                     writer.write(tail)
                     written += len(tail)
         if holder is not None and not done and not client.ended:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # a gone job needs no disarm; the lease does it
                 client.request("disarm", timeout=1.0)  # the job goes dormant again
         writer.close()
         client.close()

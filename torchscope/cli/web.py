@@ -255,7 +255,7 @@ def unsupported() -> str:
         from importlib.metadata import version
 
         have = f"textual-serve {version('textual-serve')}"
-    except Exception:
+    except Exception:  # metadata missing or odd: the message only loses the version
         have = "this textual-serve"
     return (
         f"{have} has no Server.{SEAM}, where torchscope adds its token check: "

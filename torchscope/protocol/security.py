@@ -181,7 +181,7 @@ def _valid_key(key: bytes | None) -> bool:
         return False
     try:
         return len(z85.decode(key)) == 32
-    except Exception:
+    except Exception:  # z85 raises ValueError or others on junk: not a key either way
         return False
 
 

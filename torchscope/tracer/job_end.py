@@ -87,7 +87,7 @@ def _in_shell(ip: Any) -> bool:
 
     try:
         ip.set_custom_exc((WatchStop,), handler)
-    except Exception:
+    except Exception:  # an IPython without custom handlers: the plain traceback shows instead
         return False
     return True
 
@@ -114,6 +114,7 @@ def _exit(code: int) -> NoReturn:
 
     shutdown = getattr(threading, "_shutdown", None)
     if shutdown is not None:
+        # Leaving the job: each part is tried, none may keep the process from exiting.
         with contextlib.suppress(Exception):
             shutdown()
     with contextlib.suppress(Exception):

@@ -27,7 +27,7 @@ def shell() -> Any:
         return None
     try:
         return ipython.get_ipython()
-    except Exception:
+    except Exception:  # a half-imported or odd IPython: then no notebook
         return None
 
 
@@ -71,12 +71,12 @@ def after_this_cell(then: Callable[[], None]) -> bool:
         return False
 
     def once(*_: Any) -> None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # already unregistered (a shell reset)
             events.unregister("post_run_cell", once)
         then()
 
     try:
         events.register("post_run_cell", once)
-    except Exception:
+    except Exception:  # no cell events in this shell: the caller acts at once instead
         return False
     return True

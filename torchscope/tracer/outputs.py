@@ -78,7 +78,7 @@ class Outputs:
     def emit(self, events: list[Event]) -> None:
         """Straight to every sink (no pipeline: nothing to summarise or check)."""
         for sink in self.sinks:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # a failing sink reports itself; others go on
                 sink(events)
 
     def close(self) -> None:

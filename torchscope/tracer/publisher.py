@@ -238,7 +238,7 @@ class EventPublisher:
                 self._poked = True
                 # Non-blocking; a full buffer (OSError) means the thread is awake anyway.
                 self._wake_w.send(b"\0")
-        except Exception:
+        except Exception:  # OSError on a closed pipe at exit included
             pass  # never into the job
 
     def _encoded(self, events: list[Any]) -> list[bytes]:
@@ -246,7 +246,7 @@ class EventPublisher:
         as dropped by the caller, said once) and the others go on."""
         try:
             return [pack(e) for e in events]
-        except Exception:
+        except Exception:  # msgpack raises several types; sort out the bad events one by one
             out = []
             for e in events:
                 try:
@@ -325,7 +325,7 @@ class EventPublisher:
             return
         self._closed = True
         self._accepting = False
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # at interpreter exit atexit may be gone
             atexit.unregister(self.close)
         self._stop.set()
         self._poke()
@@ -406,7 +406,7 @@ class EventPublisher:
                 if path is not None:
                     self._bound_ipc.append(str(path))
             self.endpoints = (actual[0], actual[1])
-        except BaseException as exc:
+        except BaseException as exc:  # kept and raised in the job's thread by start()
             self._start_error = exc
             for sock in (pub, router):
                 if sock is not None:
@@ -586,6 +586,7 @@ class EventPublisher:
                 continue
             client = envelope[0]  # ROUTER's id of the UI's connection
             if self.on_request is not None:
+                # the agent's bookkeeping of who asked: never costs the reply
                 with contextlib.suppress(Exception):
                     self.on_request(client, req.cmd)
             try:

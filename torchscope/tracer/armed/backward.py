@@ -228,7 +228,7 @@ class BackwardRecorder(Recorder):
                 roots = root_tensors(call, args, kwargs)
                 # The loss's summary as the op that made it left it; all or nothing is shown.
                 known = [s for s in map(self.summaries.memo.get, roots) if s is not None]
-            except Exception:
+            except Exception:  # odd arguments to backward(): the stub shows no loss
                 roots, known = [], []
             stub = self.op_stub(call, known if len(known) == len(roots) else [], user_frame(1))
             call_args = {"args": args, "kwargs": kwargs}  # for expressions at the pause
@@ -472,13 +472,13 @@ def _edited(now: list, given: tuple) -> tuple | None:
 def _ddp_world(ddp: Any) -> int | None:
     try:
         return int(ddp.process_group.size())
-    except Exception:
+    except Exception:  # no group on this wrapper: ask the default group
         pass
     try:
         import torch.distributed as dist
 
         return int(dist.get_world_size())  # FSDP2: its mesh spans the default group here
-    except Exception:
+    except Exception:  # no process group: the size is unknown
         return None
 
 

@@ -67,7 +67,7 @@ def group_size(name: str, args: tuple, kwargs: dict) -> int | None:
         bound = _bind(name, args, kwargs)
         group = bound.arguments.get("group") if bound is not None else kwargs.get("group")
         return dist.get_world_size(group) if dist.is_initialized() else None
-    except Exception:
+    except Exception:  # a group torch no longer knows: the size is only shown
         return None
 
 
@@ -127,13 +127,13 @@ def kernel_group_size(args: tuple, kwargs: dict) -> int | None:
         if isinstance(value, torch.ScriptObject):  # c10d ops pass the group boxed
             try:
                 return dist.ProcessGroup.unbox(value).size()
-            except Exception:
+            except Exception:  # not a boxed group after all: try the next argument
                 continue
     for value in reversed(values):  # the group name comes after the reduce op's name
         if isinstance(value, str):
             try:
                 group = dist.distributed_c10d.GroupName(value)  # a NewType: the str itself
                 return dist.distributed_c10d._resolve_process_group(group).size()
-            except Exception:
+            except Exception:  # a string that names no group: try the next argument
                 continue
     return None

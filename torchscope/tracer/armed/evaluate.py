@@ -172,7 +172,7 @@ class Evaluator:
         expr = args["expr"]
         try:
             _code(expr.strip())  # a logpoint's, at every hit: compiled once
-        except Exception:
+        except Exception:  # compile() raises several types: the check below words it
             try:
                 check_expression(expr)  # says why in one line
             except ExpressionError as exc:

@@ -348,5 +348,5 @@ def _fsdp_params(module: nn.Module) -> list:
         # torch's Module stub types any attribute a Tensor or a Module: not a method.
         state = module._get_fsdp_state()  # type: ignore[operator]
         return [p for group in state._fsdp_param_groups for p in group.fsdp_params]
-    except Exception:
+    except Exception:  # FSDP's private state changed shape across versions: none known
         return []

@@ -75,7 +75,7 @@ def _forget_in_child() -> None:
     global _current
     tracer, _current = _current, None
     if tracer is not None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # forked child: the parent's tracer is not ours
             tracer.abandon()
 
 
@@ -590,7 +590,7 @@ class Tracer:
         message = self._report_once(where, exc)
         if message is None or self.pipeline is None:
             return
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # reporting the error must not raise another
             self.emit(
                 Event(
                     kind=ERROR,
