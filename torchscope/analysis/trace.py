@@ -12,14 +12,21 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableSequence
 from typing import Any
 
-from torchscope.protocol.events import ALERT, ERROR, GRAD, GRAPH, OP, SESSION, STEP, Event
+from torchscope.protocol.events import (
+    ALERT,
+    CONSEQUENCES,
+    ERROR,
+    GRAD,
+    GRAPH,
+    OP,
+    SESSION,
+    STEP,
+    Event,
+)
 from torchscope.protocol.tracefile import TraceReader
 
 __all__ = ["CONSEQUENCES", "Trace", "fold_alerts", "job_origins", "load_trace"]
 
-# ``where`` of an alert that updates the count of an earlier origin's consequences (the
-# tracer's step-end tally): folded into that origin by ``fold_alerts``.
-CONSEQUENCES = "consequences"
 
 
 def is_tally(alert: Event) -> bool:

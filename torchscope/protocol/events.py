@@ -240,7 +240,13 @@ _SUMMARY_TYPES: dict[str, frozenset] = {
     "external": _BOOL_OR_NONE,
     "nested": _BOOL_OR_NONE,
 }
-_STAT_FIELDS = frozenset(("min", "max", "mean", "std", "norm", "nan", "inf"))
+# A tensor summary's ``stats``: its float figures, then its counts of NaN and Inf elements.
+VALUE_STATS = ("min", "max", "mean", "std", "norm")
+STAT_KEYS = (*VALUE_STATS, "nan", "inf")
+_STAT_FIELDS = frozenset(STAT_KEYS)
+# ``where`` of an alert that updates the count of an earlier origin's consequences (the
+# tracer's step-end tally), not an alert of its own.
+CONSEQUENCES = "consequences"
 _NUMBER = frozenset((int, float, bool, _NONE))  # bool: values of a bool tensor
 
 

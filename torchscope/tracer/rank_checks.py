@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from torchscope.analysis.trace import CONSEQUENCES
+from torchscope.protocol.events import CONSEQUENCES
 from torchscope.protocol.events import ALERT, Event
 from torchscope.tracer.ranks import RankFingerprints, RankOrigins, job_store, say_line, speaker
 

@@ -39,7 +39,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from torchscope.analysis.trace import CONSEQUENCES
+from torchscope.protocol.events import CONSEQUENCES
 from torchscope.protocol.events import ALERT, ATEN, GRAD, OP, STEP, Event, all_finite
 from torchscope.tracer.armed.calls import overwrites_first_input
 

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from torchscope.analysis.trace import CONSEQUENCES
+from torchscope.protocol.events import CONSEQUENCES
 from torchscope.protocol.breakpoints import (
     AFTER,
     BEFORE,
