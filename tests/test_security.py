@@ -24,6 +24,7 @@ import zmq
 from live_events import ops, session_event
 from sessions import _nothing_left, some_events  # noqa: F401
 
+from torchscope.cli.keys import cmd_keys
 from torchscope.protocol import endpoints as ep
 from torchscope.protocol import security
 from torchscope.protocol.client import SessionClient, SessionUnreachable, reachable_endpoint
@@ -195,15 +196,15 @@ def test_keys_dir_location(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
 
 def test_cli_keys(monkeypatch, tmp_path: Path, capsys) -> None:
     monkeypatch.setenv(security.ENV_KEYS_DIR, str(tmp_path / "k"))
-    assert security.cli_keys(argparse.Namespace(force=False)) == 0
+    assert cmd_keys(argparse.Namespace(force=False)) == 0
     out = capsys.readouterr().out
     assert str(tmp_path / "k") in out
     assert "TORCHSCOPE_BIND=tcp://0.0.0.0:5555 torchscope run train.py" in out
     assert "scp -p" in out and "authorized_clients" in out
-    assert security.cli_keys(argparse.Namespace(force=False)) == 2
+    assert cmd_keys(argparse.Namespace(force=False)) == 2
     err = capsys.readouterr().err
     assert err.startswith("torchscope: error: CURVE keys already exist") and err.count("\n") == 1
-    assert security.cli_keys(argparse.Namespace(force=True)) == 0
+    assert cmd_keys(argparse.Namespace(force=True)) == 0
 
 
 # -- binding ----------------------------------------------------------------------------------

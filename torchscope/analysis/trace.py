@@ -28,7 +28,6 @@ from torchscope.protocol.tracefile import TraceReader
 __all__ = ["CONSEQUENCES", "Trace", "fold_alerts", "job_origins", "load_trace"]
 
 
-
 def is_tally(alert: Event) -> bool:
     """An update of an origin's consequences, not an alert of its own."""
     return alert.get("where") == CONSEQUENCES

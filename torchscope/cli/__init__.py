@@ -253,9 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             return cmd_demo(args)
         if args.command == "keys":
-            from torchscope.protocol.security import cli_keys
+            from torchscope.cli.keys import cmd_keys
 
-            return cli_keys(args)
+            return cmd_keys(args)
         if args.command == "record":
             return cmd_record(args)
         if args.command == "attach":

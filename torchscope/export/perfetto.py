@@ -38,6 +38,7 @@ from torchscope.protocol.events import (
     PAUSE,
     RESUME,
     SESSION,
+    STAT_KEYS,
     STEP,
     Event,
 )
@@ -45,7 +46,6 @@ from torchscope.protocol.jsontext import json_safe
 
 TRAIN_TID = 1
 PAUSE_TID = 999  # its own track, after any autograd threads
-STAT_KEYS = ("min", "max", "mean", "std", "norm", "nan", "inf")
 NODE_NS = 1_000  # nominal duration of a backward node: not recorded
 
 

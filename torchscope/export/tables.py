@@ -18,13 +18,12 @@ import math
 from collections.abc import Iterable
 from typing import IO, Any
 
-from torchscope.protocol.events import GRAD, KINDS, OP, Event
+from torchscope.protocol.events import GRAD, KINDS, OP, STAT_KEYS, Event
 from torchscope.protocol.jsontext import json_safe
 
 TENSOR = "tensor"
 TABLE_KINDS = (*KINDS, TENSOR)
 MAX_TENSORS = 4
-STAT_KEYS = ("min", "max", "mean", "std", "norm", "nan", "inf")
 SUMMARY_COLUMNS = ("shape", "dtype", "device", "param", *STAT_KEYS, "values")
 # kind -> list field -> column prefix (looked up by ``ev.get("kind")``: None for no kind)
 _FLAT: dict[str | None, dict[str, str]] = {

@@ -37,7 +37,6 @@ import os
 import secrets
 import shutil
 import stat
-import sys
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -630,17 +629,6 @@ def generate_and_describe(
     )
 
 
-def cli_keys(args: Any) -> int:
-    """``torchscope keys [--force]``: make keys and say how to use them; 2 on failure."""
-    try:
-        text = generate_and_describe(force=bool(getattr(args, "force", False)))
-    except SecurityError as exc:
-        print(f"torchscope: error: {exc}", file=sys.stderr)
-        return 2
-    print(text)
-    return 0
-
-
 __all__ = [
     "AUTHORIZED_DIR",
     "ENV_KEYS_DIR",
@@ -649,7 +637,6 @@ __all__ = [
     "SecurityError",
     "ServerKeys",
     "SessionKeys",
-    "cli_keys",
     "configure_client",
     "configure_server",
     "find_session_keys",

@@ -21,8 +21,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from torchscope.protocol.events import CONSEQUENCES
-from torchscope.protocol.events import ALERT, Event
+from torchscope.protocol.events import ALERT, CONSEQUENCES, Event
 from torchscope.tracer.ranks import RankFingerprints, RankOrigins, job_store, say_line, speaker
 
 ORIGIN_LOOKUPS = 20  # step boundaries to look for another rank's origin of an arrival

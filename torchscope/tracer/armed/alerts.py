@@ -39,8 +39,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from torchscope.protocol.events import CONSEQUENCES
-from torchscope.protocol.events import ALERT, ATEN, GRAD, OP, STEP, Event, all_finite
+from torchscope.protocol.events import ALERT, ATEN, CONSEQUENCES, GRAD, OP, STEP, Event, all_finite
 from torchscope.tracer.armed.calls import overwrites_first_input
 
 FIRST_CONSEQUENCES = 5  # consequences an origin lists in words; the rest are counted

@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from torchscope.protocol.events import CONSEQUENCES
 from torchscope.protocol.breakpoints import (
     AFTER,
     BEFORE,
@@ -56,7 +55,7 @@ from torchscope.protocol.breakpoints import (
     BreakpointError,
     first_hit,
 )
-from torchscope.protocol.events import ATEN, GRAD, OP, Event
+from torchscope.protocol.events import ATEN, CONSEQUENCES, GRAD, OP, Event
 from torchscope.tui.model.format import is_check
 from torchscope.tui.model.rows import (
     FLAG_INF_OUT,
