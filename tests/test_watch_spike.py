@@ -394,6 +394,107 @@ def test_nan_policy_stays_the_nans():
     assert [d["what"] for d in w.detections] == ["spike"]
 
 
+def train_too_fast(steps: int, ctx=None, lr: float = 1.0):
+    """A regression MLP under SGD with a learning rate far too large: its loss grows by
+    orders of magnitude a step until it is Inf (5.04, 2.74, 10.1, 57.9, 2.11e8, inf)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    with ctx if ctx is not None else _nothing():
+        for step in range(steps):
+            x = torch.randn(32, 16, generator=torch.Generator().manual_seed(1000 + step))
+            loss = F.mse_loss(model(x), x[:, :1] * 2)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return losses
+
+
+def test_a_divergence_is_said_as_such_before_the_first_inf():
+    plain = train_too_fast(8)
+    first_inf = next(i for i, v in enumerate(plain) if not math.isfinite(v))
+    w, lines = watch(spikes=True)
+    train_too_fast(8, w)
+    diverging = [(d["step"], d) for d in w.detections if d["what"] == "spike"]
+    assert diverging, lines
+    step, det = diverging[0]
+    assert step < first_inf and det["lead"] == "divergence"
+    # The gradient norm grew first (1.76 -> 195 from step 0), then the loss (from step 1).
+    said = [x for x in lines if "diverging" in x]
+    assert said[0].startswith("torchscope: diverging since step 0: gradient norm \u00d7")
+    assert said[1].startswith(
+        "torchscope: diverging since step 1: loss \u00d7426 per step (2.74 \u2192 2.11e8 "
+        "over 3 steps); gradient norm "
+    )
+    # Said before the NaN watch's own Inf line.
+    assert lines.index(said[1]) < next(i for i, x in enumerate(lines) if "Inf first" in x)
+    assert any(x.startswith("torchscope: a divergence from step 3 lasted") for x in lines)
+
+
+def test_a_divergence_stops_the_job_under_stop_before_the_inf():
+    w, lines = watch(spikes=True, on_spike="stop")
+    with pytest.raises(WatchStop) as info:
+        train_too_fast(8, w)
+    assert info.value.detection["diverging"] == 0 and info.value.detection["step"] == 3
+    assert lines[0].startswith("torchscope: diverging since step 0")
+
+
+def test_growing_attention_logits_are_named_at_the_attention_module_before_any_nan():
+    """A large learning rate on the attention's input projections only (queries, keys and
+    values): the gradient norm spikes, the attention module is among those named, before
+    any NaN; the batch is not out of range, and the weights, not the batch, did it."""
+    torch.manual_seed(0)
+    model = TinyLM()
+    qk = [p for n, p in model.named_parameters() if "in_proj" in n]
+    rest = [p for n, p in model.named_parameters() if "in_proj" not in n]
+    opt = torch.optim.AdamW([{"params": rest}, {"params": qk, "lr": 1.0}], lr=3e-3)
+    gen = torch.Generator().manual_seed(3)
+    w, lines = watch(spikes=True, on_spike="stop")
+    with pytest.raises(WatchStop) as info, w:
+        for _ in range(60):
+            start = torch.randint(0, 32, (8, 1), generator=gen)
+            seq = (start + torch.arange(17)) % 32
+            noise = torch.randint(0, 32, seq.shape, generator=gen)
+            seq = torch.where(torch.rand(seq.shape, generator=gen) < 0.1, noise, seq)
+            loss = F.cross_entropy(model(seq[:, :-1]).reshape(-1, 32), seq[:, 1:].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    det = info.value.detection
+    assert det["what"] == "spike" and det["lead"] == "gradient norm"
+    named = [m for m, _ in det["spike"]["modules"]]
+    assert any(m.endswith("self_attn (MultiheadAttention)") for m in named), lines[0]
+    assert "self_attn (MultiheadAttention) \u00d7" in lines[0]
+    assert not any("the inputs of" in x for x in lines)  # token ids: no float input
+    assert lines[-1].endswith("the weights did it, not the batch")
+
+
+def test_the_spike_settings_come_from_the_spec():
+    from torchscope.tracer.steps import StepSpecError, parse_watch_spec
+
+    spec = parse_watch_spec("nan,spike:sigmas=8,window=64,warmup=4")
+    assert spec.spike and spec.spike_kwargs() == {"sigmas": 8.0, "window": 64, "warmup": 4}
+    assert parse_watch_spec("spike:ratio=3,grad_ratio=20").spike_kwargs() == {
+        "min_ratio": 3.0,
+        "grad_ratio": 20.0,
+    }
+    s = Spikes(**parse_watch_spec("spike:window=16,warmup=4").spike_kwargs())
+    assert (s.window, s.warmup, s.sigmas) == (16, 4, 6.0)
+    for bad, said in (
+        ("window=64", "settings follow spike"),
+        ("spike:alpha=1", "the spike watch takes sigmas, ratio"),
+        ("spike:warmup=200", "2 <= warmup <= window"),
+        ("spike:sigmas=0", "sigmas needs a number above 0"),
+        ("spike:window=1.5", "window needs a whole number"),
+    ):
+        with pytest.raises(StepSpecError, match=said):
+            parse_watch_spec(bad)
+
+
 # -- torchscope run --watch spike -------------------------------------------------------------
 JOB = """\
 import torch

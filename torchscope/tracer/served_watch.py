@@ -196,13 +196,15 @@ class ServedWatch:
         self._caught_live(det)
         if (
             det is None
+            or (det.get("what") == "spike" and text != det.get("message"))
             or (det.get("reproduced") and not det.get("loop_code"))
             or det.get("last_step") != det.get("step")
             or det.get("skipped")
         ):
             # A reproduced replay recorded its own alert (the loop's code is not replayed:
             # its origin is alerted here); a "lasted" summary, a skipped
-            # update (on_nan="skip") are notes on the detection alerted already.
+            # update (on_nan="skip"), a spike's lines after its first are notes on the
+            # detection alerted already.
             return
         alert = rank_alert(
             self.next_seq(),

@@ -484,7 +484,7 @@ class StepCheck:
         figures = (
             spike.to_dict()
             if spike is not None
-            else {"loss": loss, "grad_norm": grad_norm, "lead": "loss"}
+            else {"loss": loss, "grad_norm": grad_norm, "lead": "divergence"}
         )
         det: dict[str, Any] = {
             "step": step,
@@ -712,5 +712,6 @@ def bad_words(run: dict[str, Any]) -> str:
     """What a bad stretch is, in its lines: "NaN/Inf", "a gradient norm above the limit",
     "a loss spike" (or "a gradient norm spike")."""
     if run["what"] == SPIKE:
-        return f"a {run.get('lead', 'loss')} spike"
+        lead = run.get("lead", "loss")
+        return "a divergence" if lead == "divergence" else f"a {lead} spike"
     return "a gradient norm above the limit" if run["what"] == GRADNORM else "NaN/Inf"
