@@ -79,3 +79,29 @@ def test_every_page_is_in_the_site_navigation():
     nav = (ROOT / "mkdocs.yml").read_text()
     pages = [p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")]
     assert [p for p in pages if p not in nav] == []
+
+
+def test_the_watch_guide_opens_with_what_its_example_prints():
+    """The watch guide's first example is run as shown; its stderr lines (but the pid) are the
+    guide's."""
+    pytest.importorskip("torch")
+    import re
+    import subprocess
+    import sys
+
+    guide = (ROOT / "docs" / "guides" / "watch.md").read_text()
+    command = re.search(r"```sh\n(torchscope run [^\n]+)\n```", guide).group(1)
+    shown = re.search(r"```text\n(.*?)```", guide, re.S).group(1).splitlines()
+    res = subprocess.run(
+        [sys.executable, "-m", "torchscope", *command.split()[1:]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 3, res.stderr[-2000:]
+
+    def said(lines):
+        return [re.sub(r"tui \d+", "tui PID", x) for x in lines if x.startswith("torchscope")]
+
+    assert said(res.stderr.splitlines()) == said(shown)

@@ -86,6 +86,7 @@ def test_an_option_not_given_has_its_declared_default_and_live_is_on():
         (["--values", "x", "a.py"], "--values takes a count"),
         (["--values", "-1", "a.py"], "--values takes a count"),
         (["--max-skips", "1.5", "a.py"], "--max-skips takes a count"),
+        (["--values", "²", "a.py"], "--values takes a count"),  # a digit, but not ASCII
         (["--lease", "0", "a.py"], "--lease must be a number of seconds above 0"),
         (["--eval-budget", "soon", "a.py"], "--eval-budget takes seconds"),
         (["--on-spike", "halt", "a.py"], "--on-spike takes continue, pause, stop, skip"),

@@ -171,7 +171,7 @@ def _take(opts: RunOptions, option: Any, flag: str, value: str, rest: Any) -> No
             raise UsageError(f"{flag} takes {', '.join(POLICIES)}, not {value!r}")
         opts.given[option.name] = value
     elif option.metavar == "N":
-        if not value.isdigit():
+        if not (value.isascii() and value.isdigit()):
             raise UsageError(f"{flag} takes a count (a whole number, 0 or more), not {value!r}")
         opts.given[option.name] = int(value)
     elif option.metavar == "SECONDS":
