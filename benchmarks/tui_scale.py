@@ -114,8 +114,8 @@ def strip_index(src: Path, dst: Path) -> None:
 async def _first_screen(path: str) -> dict:
     base_rss = rss_mb()
     t0 = time.perf_counter()
+    from torchscope.session.items import Progress
     from torchscope.tui.app import TorchscopeApp
-    from torchscope.tui.model.items import Progress
     from torchscope.tui.sources.file import FileSource
 
     progress_calls = []

@@ -275,7 +275,7 @@ def test_a_ui_whose_hold_lapsed_arms_the_job_again(tmp_path):
     events for good, and a pause never came)."""
     import threading
 
-    from torchscope.tui.sources.inbox import Inbox
+    from torchscope.session.inbox import Inbox
     from torchscope.tui.sources.live import LiveSource
 
     script = write_job(tmp_path, steps=2000, sleep=0.02)

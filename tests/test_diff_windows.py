@@ -68,7 +68,10 @@ def test_diff_align_relative_on_the_command_line(tmp_path: Path):
     def diff(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", "torchscope", "diff", "a.tsc", "b.tsc", *args],
-            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
 
     plain = diff()

@@ -26,7 +26,10 @@ def test_dump_kind_history_is_one_line_per_step(tmp_path: Path):
         w.write(events)
     res = subprocess.run(
         [sys.executable, "-m", "torchscope", "dump", "t.tsc", "--kind", "history"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()

@@ -72,7 +72,10 @@ class Terminal:
 
     def wait(self, window: int, cond: Callable[[str], object], what: str) -> str:
         return self.tmux.wait(
-            f"e2e:{window}", cond, what=f"{what} (window {window})", timeout=TIMEOUT,
+            f"e2e:{window}",
+            cond,
+            what=f"{what} (window {window})",
+            timeout=TIMEOUT,
             explain=self.logs,
         )
 

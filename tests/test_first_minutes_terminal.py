@@ -44,9 +44,22 @@ def late_recording(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("late")
     (where / "job.py").write_text(JOB)
     subprocess.run(
-        [sys.executable, "-m", "torchscope", "run", "--quiet", "--record", "t.tsc",
-         "--steps", "250-251", "job.py"],
-        cwd=where, check=True, timeout=300, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "torchscope",
+            "run",
+            "--quiet",
+            "--record",
+            "t.tsc",
+            "--steps",
+            "250-251",
+            "job.py",
+        ],
+        cwd=where,
+        check=True,
+        timeout=300,
+        capture_output=True,
     )
     return where / "t.tsc"
 
@@ -83,7 +96,10 @@ def test_a_nodes_both_sides_fit_at_120x40(tmp_path: Path, tmux: TmuxServer):
     (tmp_path / "job.py").write_text(GATED)
     subprocess.run(
         [sys.executable, "-m", "torchscope", "run", "--quiet", "--record", "t.tsc", "job.py"],
-        cwd=tmp_path, check=True, timeout=300, capture_output=True,
+        cwd=tmp_path,
+        check=True,
+        timeout=300,
+        capture_output=True,
     )
     open_ui(tmux, (120, 40), tmp_path)
     tmux.wait("ui", "Tensor.mul", what="the step's ops")

@@ -97,10 +97,13 @@ def test_a_nan_made_by_one_ranks_loop_code_is_named_at_its_op_and_line(tmp_path)
     assert "rank 1 step 6" not in out  # stopped before the bad update
     line = next(i for i, s in enumerate(JOB.read_text().splitlines(), 1) if "sqrt(loss" in s)
     (made,) = [s for s in err.splitlines() if s.startswith("torchscope[rank 1]: NaN")]
-    assert made.startswith(
-        f"torchscope[rank 1]: NaN first appears at step 6 in torch.sqrt (forward) at "
-        f"fsdp2_nan.py:{line}, in the training loop's code"
-    ) or f"/fsdp2_nan.py:{line}, in the training loop's code" in made, made
+    assert (
+        made.startswith(
+            f"torchscope[rank 1]: NaN first appears at step 6 in torch.sqrt (forward) at "
+            f"fsdp2_nan.py:{line}, in the training loop's code"
+        )
+        or f"/fsdp2_nan.py:{line}, in the training loop's code" in made
+    ), made
 
 
 def test_the_watch_on_the_other_rank_says_the_nan_came_through_the_reduce_scatter(tmp_path):

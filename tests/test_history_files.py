@@ -21,8 +21,8 @@ from tui_pilot import sync, until
 
 from torchscope.protocol.events import HISTORY
 from torchscope.protocol.tracefile import TraceReader
-from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.model.items import (
+from torchscope.session.inbox import Inbox
+from torchscope.session.items import (
     Counts,
     ErrorMessage,
     HistoryBatch,
@@ -31,10 +31,10 @@ from torchscope.tui.model.items import (
     StepPart,
     WholeStep,
 )
-from torchscope.tui.model.store import EventStore
+from torchscope.session.store import EventStore
+from torchscope.tui.app import TorchscopeApp
 from torchscope.tui.screens.history import HistoryScreen
 from torchscope.tui.sources.file import FileSource
-from torchscope.tui.sources.inbox import Inbox
 
 STEPS = 70  # more than two of the agent's batches (32 points): several history events
 WINDOW = (50, 51, 52)  # the --steps window of the later recording

@@ -138,10 +138,15 @@ def test_protocol_imports_nothing_of_torchscope_outside_it() -> None:
 
 @pytest.mark.parametrize(
     ("subpackage", "allowed"),
-    [("tracer", ("protocol", "tracer", "analysis")), ("tui", ("protocol", "tui", "analysis"))],
+    [
+        ("tracer", ("protocol", "tracer", "analysis")),
+        ("tui", ("protocol", "tui", "analysis", "session")),
+        ("session", ("protocol", "analysis", "session")),
+    ],
 )
 def test_dependencies_point_inward(subpackage: str, allowed: tuple[str, ...]) -> None:
-    """The tracer never imports the UI, the UI never the tracer (it runs without torch)."""
+    """The tracer never imports the UI, the UI never the tracer (it runs without torch); the
+    session layer imports neither front end."""
     ok = tuple(f"torchscope.{a}" for a in allowed)
     wrong = {
         f"{module_name(p)} -> {m}"
@@ -152,9 +157,10 @@ def test_dependencies_point_inward(subpackage: str, allowed: tuple[str, ...]) ->
     assert wrong == set()
 
 
-# The UI's data layer, free of textual (and torch): what ``torchscope mcp`` shares with the UI
-# (its model's rows, search and filter, its stepper view, its step counts), so the two agree.
-TUI_DATA = ("tui.model", "tui.sources.countpass")
+# The session layer, free of textual (and torch): what both front ends, the terminal UI and
+# ``torchscope mcp``, know about a session (its rows, search and filter, the stepper's view,
+# its step counts), so the two agree.
+SESSION = ("session",)
 
 
 def _files_of(dotted: str) -> list[pathlib.Path]:
@@ -173,10 +179,10 @@ def _external_imports(path: pathlib.Path) -> set[str]:
     return found
 
 
-def test_mcp_reads_only_the_protocol_analysis_and_the_uis_data_layer() -> None:
+def test_mcp_reads_only_the_protocol_analysis_and_the_session_layer() -> None:
     """The MCP server runs where the UI does (no torch): it imports the protocol, the analysis
-    and the UI's textual-free data layer, never the tracer, the CLI or the screens."""
-    ok = tuple(f"torchscope.{a}" for a in ("protocol", "analysis", "mcp", *TUI_DATA))
+    and the session layer, never the tracer, the CLI or the terminal UI."""
+    ok = tuple(f"torchscope.{a}" for a in ("protocol", "analysis", "mcp", *SESSION))
     mcp = list((PACKAGE / "mcp").rglob("*.py"))
     assert mcp
     wrong = {
@@ -188,28 +194,40 @@ def test_mcp_reads_only_the_protocol_analysis_and_the_uis_data_layer() -> None:
     assert wrong == set()
     heavy = {
         f"{module_name(p)} -> {m}"
-        for p in [*mcp, *(f for d in TUI_DATA for f in _files_of(d))]
+        for p in [*mcp, *(f for d in SESSION for f in _files_of(d))]
         for m in _external_imports(p)
         if m in ("torch", "textual", "rich", "numpy")
     }
     assert heavy == set()
 
 
-def test_the_uis_model_needs_no_source_screen_or_widget() -> None:
-    """The UI's model is what a source feeds and a screen reads: it imports neither, nor
-    textual or torch (the MCP server shares it)."""
-    model = list((PACKAGE / "tui" / "model").rglob("*.py"))
-    assert model
+def test_the_session_layer_needs_no_front_end_textual_or_torch() -> None:
+    """The session layer is what a source feeds and a screen or an MCP tool reads: it imports
+    neither front end, nor textual or torch."""
+    layer = list((PACKAGE / "session").rglob("*.py"))
+    assert layer
     wrong = {
         f"{module_name(p)} -> {m}"
-        for p in model
+        for p in layer
         for m in imports_of(p)
-        if m.startswith("torchscope.tui") and not m.startswith("torchscope.tui.model")
+        if m.startswith(("torchscope.tui", "torchscope.mcp", "torchscope.tracer"))
     }
     heavy = {
         f"{module_name(p)} -> {m}"
-        for p in model
+        for p in layer
         for m in _external_imports(p)
         if m in ("torch", "textual", "rich", "numpy")
     }
     assert wrong == set() and heavy == set()
+
+
+def test_the_two_front_ends_never_import_each_other() -> None:
+    """The terminal UI and the MCP server share the session layer, not each other's code."""
+    wrong = {
+        f"{module_name(p)} -> {m}"
+        for a, b in (("tui", "mcp"), ("mcp", "tui"))
+        for p in (PACKAGE / a).rglob("*.py")
+        for m in imports_of(p)
+        if m == f"torchscope.{b}" or m.startswith(f"torchscope.{b}.")
+    }
+    assert wrong == set()

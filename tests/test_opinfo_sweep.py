@@ -155,26 +155,30 @@ def cases(full: bool) -> Iterator[tuple[Any, torch.dtype, list]]:
 
 
 def sweep(full: bool, levels: dict[str, Callable[[], Any]]) -> dict[str, Any]:
-    """Each case untraced, then under each level: the figures and the differing cases."""
-    figures: dict[str, Any] = {"ops": 0, "samples": 0, "seconds": {}}
-    differ: dict[str, list[str]] = {name: [] for name in levels}
+    """Every case untraced, then every case under each level (one trace each): the figures
+    and the cases that differ."""
     t0 = time.perf_counter()
-    for op, dtype, got in cases(full):
-        if not got:
-            continue
-        figures["ops"] += 1
-        figures["samples"] += len(got)
-        if op.name in UNINITIALIZED:
-            continue
-        plain = [run(op, s) for s in got]
-        for name, level in levels.items():
-            with level() as tr:
-                traced = [run(op, s) for s in got]
-            assert not tr.errors, (op_key(op), tr.errors)
-            for i, (a, b) in enumerate(zip(plain, traced, strict=True)):
-                if not same(a, b):
-                    differ[name].append(f"{op_key(op)} {dtype} sample {i}")
-    figures["seconds"] = round(time.perf_counter() - t0, 1)
+    todo = [(op, dtype, got) for op, dtype, got in cases(full) if got]
+    ops = {op_key(op) for op, _, _ in todo}
+    n = sum(len(got) for _, _, got in todo)
+    todo = [case for case in todo if case[0].name not in UNINITIALIZED]
+
+    def run_all() -> list[list[tuple]]:
+        return [[run(op, s) for s in got] for op, _, got in todo]
+
+    plain = run_all()
+    differ: dict[str, list[str]] = {}
+    for name, level in levels.items():
+        with level() as tr:
+            traced = run_all()
+        assert not tr.errors, tr.errors
+        differ[name] = [
+            f"{op_key(op)} {dtype} sample {i}"
+            for (op, dtype, _), a_s, b_s in zip(todo, plain, traced, strict=True)
+            for i, (a, b) in enumerate(zip(a_s, b_s, strict=True))
+            if not same(a, b)
+        ]
+    figures = {"ops": len(ops), "samples": n, "seconds": round(time.perf_counter() - t0, 1)}
     return {"figures": figures, "differ": differ}
 
 
@@ -187,6 +191,7 @@ LEVELS: dict[str, Callable[[], Any]] = {
 @pytest.mark.timeout(900)
 def test_opinfo_ops_compute_the_same_traced_at_both_levels():
     result = sweep(FULL, LEVELS)
+    print(result["figures"])
     assert result["differ"] == {"function": [], "aten": []}, result
 
 

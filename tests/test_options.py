@@ -98,4 +98,3 @@ def test_a_bad_flag_is_one_line(argv, words):
     with pytest.raises(UsageError) as err:
         parse_run(argv)
     assert words in str(err.value) and "\n" not in str(err.value)
-

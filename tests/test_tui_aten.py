@@ -6,10 +6,10 @@ from __future__ import annotations
 from tui_pilot import SIZE, notes_of, sync, until
 
 from torchscope.protocol.events import ATEN, GRAD, OP
+from torchscope.session.rows import AtenRow
+from torchscope.session.store import EventStore
 from torchscope.tui.app import TorchscopeApp
 from torchscope.tui.demo.synthetic import make_trace
-from torchscope.tui.model.rows import AtenRow
-from torchscope.tui.model.store import EventStore
 from torchscope.tui.sources.scripted import ScriptedSource
 
 
@@ -324,7 +324,7 @@ async def test_paused_before_an_aten_call_shows_it_pending_where_its_op_will_com
 
 # -- copy and compare -----------------------------------------------------------------------------
 def test_copy_and_break_here_of_an_aten_call_name_the_call():
-    from torchscope.tui.model.stepper_view import spec_from_event, spec_text
+    from torchscope.session.stepper_view import spec_from_event, spec_text
     from torchscope.tui.screens.copy import copy_choices
 
     call = next(e for e in aten_trace() if e.get("seq") == 2)

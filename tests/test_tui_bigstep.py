@@ -8,14 +8,14 @@ import pytest
 from tui_pilot import SIZE, shows, sync, until
 
 from torchscope.protocol.tracefile import TraceWriter
+from torchscope.session.inbox import Inbox
+from torchscope.session.items import StepAbort, StepIndex, StepPart
+from torchscope.session.rows import prepare
+from torchscope.session.steps import LOADING, ON_DISK, RESIDENT
+from torchscope.session.store import EventStore
 from torchscope.tui.app import TorchscopeApp
 from torchscope.tui.demo.synthetic import iter_trace, make_trace
-from torchscope.tui.model.items import StepAbort, StepIndex, StepPart
-from torchscope.tui.model.rows import prepare
-from torchscope.tui.model.steps import LOADING, ON_DISK, RESIDENT
-from torchscope.tui.model.store import EventStore
 from torchscope.tui.sources.file import FileSource
-from torchscope.tui.sources.inbox import Inbox
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +145,7 @@ def test_loading_gives_way_to_another_step(huge_step):
 def test_count_pass_finds_loss_and_gradient_norm():
     import math
 
-    from torchscope.tui.sources.countpass import Counter
+    from torchscope.session.countpass import Counter
 
     events = make_trace(3, 4, nan_step=2)
     counter = Counter()

@@ -17,9 +17,9 @@ import pytest
 from tui_pilot import sync, until
 
 from torchscope.protocol.events import Event
+from torchscope.session.format import plural, short_path, source_cell
 from torchscope.tui.app import TorchscopeApp
 from torchscope.tui.demo.synthetic import make_trace
-from torchscope.tui.model.format import plural, short_path, source_cell
 from torchscope.tui.sources.scripted import ScriptedSource
 from torchscope.tui.widgets.op_timeline import Columns
 from torchscope.tui.widgets.step_list import short_num

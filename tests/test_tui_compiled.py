@@ -12,10 +12,10 @@ from typing import Any
 from tui_pilot import SIZE, notes_of, sync, until
 
 from torchscope.protocol.events import ALERT, GRAD, OP
+from torchscope.session.store import EventStore
 from torchscope.tui.app import TorchscopeApp
 from torchscope.tui.demo.fakejob import FakeJob
 from torchscope.tui.keys import STEPPING, help_sections
-from torchscope.tui.model.store import EventStore
 from torchscope.tui.screens.help import HelpScreen
 from torchscope.tui.sources.live import LiveSource
 from torchscope.tui.sources.scripted import ScriptedSource

@@ -183,9 +183,9 @@ async def test_p_and_e_on_a_recording(tmp_path: Path):
 async def test_a_breakpoint_with_an_action_from_the_breakpoint_list():
     """``B``, then a condition ending with ``,log:EXPR``: the job gets a breakpoint with an
     action (it logs at each hit instead of pausing), listed as it was typed."""
+    from torchscope.session.stepper_view import spec_text
     from torchscope.tui.demo.fakejob import FakeJob
     from torchscope.tui.demo.synthetic import make_trace
-    from torchscope.tui.model.stepper_view import spec_text
     from torchscope.tui.screens.breakpoints import BreakpointsScreen
 
     job = FakeJob(make_trace(steps=1))

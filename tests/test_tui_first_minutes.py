@@ -67,9 +67,7 @@ def _panel_text(app, widget) -> str:
     """What the screen shows inside a widget's region."""
     region = widget.content_region
     lines = app.screen_text().splitlines()
-    return "\n".join(
-        line[region.x : region.right] for line in lines[region.y : region.bottom]
-    )
+    return "\n".join(line[region.x : region.right] for line in lines[region.y : region.bottom])
 
 
 @sync

@@ -12,11 +12,11 @@ import pytest
 from tui_pilot import SIZE, sync, until
 
 from torchscope.protocol.events import GRAD
+from torchscope.session import module_norms
+from torchscope.session.format import fnum
+from torchscope.session.store import EventStore
 from torchscope.tui.app import TorchscopeApp
 from torchscope.tui.demo.synthetic import make_trace
-from torchscope.tui.model import module_norms
-from torchscope.tui.model.format import fnum
-from torchscope.tui.model.store import EventStore
 from torchscope.tui.sources.file import FileSource
 from torchscope.tui.sources.scripted import ScriptedSource
 from torchscope.tui.widgets import graph_tree

@@ -17,11 +17,11 @@ from textual.app import App, ComposeResult
 from tui_pilot import sync, until
 
 from torchscope.protocol.history import HISTORY, RunHistory, StepPoint
+from torchscope.session.items import HistoryBatch, Reply, WholeStep
+from torchscope.session.rows import prepare
+from torchscope.session.store import EventStore
 from torchscope.tui.app import TorchscopeApp
 from torchscope.tui.demo.synthetic import make_trace
-from torchscope.tui.model.items import HistoryBatch, Reply, WholeStep
-from torchscope.tui.model.rows import prepare
-from torchscope.tui.model.store import EventStore
 from torchscope.tui.screens.history import NEEDS_LIVE, ArmAtStep, ArmWhen, HistoryScreen
 from torchscope.tui.sources.scripted import ScriptedSource
 from torchscope.tui.widgets.history_plot import (

@@ -11,11 +11,11 @@ from tui_pilot import notes_of, shows, sync, until
 
 from torchscope.protocol.events import Event
 from torchscope.protocol.tracefile import TraceWriter
+from torchscope.session.format import count_text, fit_numbers
+from torchscope.session.items import NewSession
 from torchscope.tui.app import TorchscopeApp
 from torchscope.tui.demo.fakejob import FakeJob
 from torchscope.tui.demo.synthetic import make_trace
-from torchscope.tui.model.format import count_text, fit_numbers
-from torchscope.tui.model.items import NewSession
 from torchscope.tui.sources.file import FileSource
 from torchscope.tui.sources.scripted import ScriptedSource
 from torchscope.tui.widgets.op_timeline import Columns

@@ -16,11 +16,11 @@ from tui_pilot import shows, sync, until
 
 from torchscope.protocol.events import OP
 from torchscope.protocol.tracefile import TraceWriter
+from torchscope.session.align import row_key
 from torchscope.tui.app import TorchscopeApp
 from torchscope.tui.demo.fakejob import FakeJob
 from torchscope.tui.demo.synthetic import make_trace
 from torchscope.tui.lanes import lane_labels
-from torchscope.tui.model.align import row_key
 from torchscope.tui.screens.compare import CompareScreen
 from torchscope.tui.sources.file import FileSource
 from torchscope.tui.sources.live import LiveSource
@@ -374,7 +374,7 @@ def test_bad_input_among_several_is_one_line_and_exit_2_before_the_screen(tmp_pa
 
 def test_row_keys_follow_diffs_alignment(tmp_path: Path):
     from torchscope.analysis.align import group_by_step
-    from torchscope.tui.model.store import EventStore
+    from torchscope.session.store import EventStore
 
     events = rank_trace(0, 2)
     store = EventStore()
@@ -478,7 +478,7 @@ async def test_ranks_that_start_after_the_ui_join_it(monkeypatch):
 
 
 def test_compare_table_two_columns_says_what_diff_would_and_a_lone_nan_is_the_outlier():
-    from torchscope.tui.model.compare import Column, build_table
+    from torchscope.session.compare import Column, build_table
 
     events = make_trace(2, 1, nan_step=1)
     node = next(e for e in events if e["kind"] == "grad" and e["step"] == 0)

@@ -1,4 +1,4 @@
-"""Stepping through a recording (torchscope.tui.model.replay_cursor): s/S, n/N, c/C and breakpoints
+"""Stepping through a recording (torchscope.session.replay_cursor): s/S, n/N, c/C and breakpoints
 move a paused cursor through real recordings, loading steps from the file on request."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import torch
 import torchscope
 from torchscope.protocol.breakpoints import BreakpointError
 from torchscope.protocol.events import ATEN, GRAD, OP
-from torchscope.tui.model.replay_cursor import (
+from torchscope.session.inbox import Inbox
+from torchscope.session.replay_cursor import (
     KEYS,
     Landed,
     NeedStep,
@@ -24,12 +25,11 @@ from torchscope.tui.model.replay_cursor import (
     Stay,
     first_origin,
 )
-from torchscope.tui.model.rows import FLAG_NAN_OUT, FLAGS, KIND, NAME, SEQ
-from torchscope.tui.model.stepper_view import StepperView
-from torchscope.tui.model.steps import ON_DISK
-from torchscope.tui.model.store import EventStore
+from torchscope.session.rows import FLAG_NAN_OUT, FLAGS, KIND, NAME, SEQ
+from torchscope.session.stepper_view import StepperView
+from torchscope.session.steps import ON_DISK
+from torchscope.session.store import EventStore
 from torchscope.tui.sources.file import FileSource
-from torchscope.tui.sources.inbox import Inbox
 
 STEPS = 4
 NAN_STEP = 2

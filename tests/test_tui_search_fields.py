@@ -9,9 +9,9 @@ import json
 
 from tui_pilot import SIZE, sync, until
 
+from torchscope.session.format import short_name, source_cell
 from torchscope.tui.app import TorchscopeApp
 from torchscope.tui.demo.synthetic import make_trace
-from torchscope.tui.model.format import short_name, source_cell
 from torchscope.tui.sources.scripted import ScriptedSource
 
 # The synthetic model, its linear layers renamed so that one module path is a prefix of

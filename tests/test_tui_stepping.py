@@ -19,16 +19,16 @@ from textual.widgets import Input
 from tui_pilot import SIZE, notes_of, shows, sync, until
 
 from torchscope.protocol.breakpoints import parse_break_spec
-from torchscope.tui.app import TorchscopeApp
-from torchscope.tui.demo.fakejob import FakeJob
-from torchscope.tui.demo.synthetic import make_trace
-from torchscope.tui.model.stepper_view import (
+from torchscope.session.stepper_view import (
     REPLAY_REFUSAL,
     StepperView,
     spec_from_event,
     spec_text,
     tensor_choices,
 )
+from torchscope.tui.app import TorchscopeApp
+from torchscope.tui.demo.fakejob import FakeJob
+from torchscope.tui.demo.synthetic import make_trace
 from torchscope.tui.screens.breakpoints import BreakHereScreen, BreakpointsScreen
 from torchscope.tui.sources.base import CommandRefused
 from torchscope.tui.sources.file import FileSource
@@ -574,8 +574,8 @@ async def test_live_source_asks_state_on_connect_pings_and_relays_refusals():
 
 
 def test_live_source_refuses_commands_while_not_connected():
-    from torchscope.tui.model.items import Refused
-    from torchscope.tui.sources.inbox import Inbox
+    from torchscope.session.inbox import Inbox
+    from torchscope.session.items import Refused
 
     class Never:
         def connect(self, target, timeout):
@@ -737,7 +737,7 @@ async def test_a_real_job_paused_at_a_nan_step_then_continue(tmp_path: Path):
 
 
 def test_the_pause_story_says_why_and_where_in_one_line():
-    from torchscope.tui.model.stepper_view import StepperView, pause_story
+    from torchscope.session.stepper_view import StepperView, pause_story
 
     view = StepperView()
     view.breakpoints = [{"id": 1, "nan": "nan"}, {"id": 2, "op": "^torch\\.sqrt$"}]
@@ -778,7 +778,7 @@ def test_the_pause_story_says_why_and_where_in_one_line():
 def test_a_nan_pause_says_so_before_the_ui_has_the_jobs_breakpoints():
     """The pause carries the breakpoint that made it: the first words are right even when
     the state reply with the job's list of breakpoints has not arrived."""
-    from torchscope.tui.model.stepper_view import StepperView, pause_story
+    from torchscope.session.stepper_view import StepperView, pause_story
 
     log = {
         "kind": "op",

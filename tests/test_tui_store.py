@@ -12,15 +12,15 @@ import pytest
 
 from torchscope.protocol.events import Event
 from torchscope.protocol.tracefile import TraceReader, TraceWriter
+from torchscope.session.format import range_bar, source_context, sparkline, stat_text
+from torchscope.session.inbox import Inbox
+from torchscope.session.items import Counts, Events, Progress, Status, StepIndex
+from torchscope.session.rows import FLAG_NAN_IN, FLAG_NAN_OUT, Row, make_item, prepare
+from torchscope.session.steps import EVICTED, ON_DISK, RESIDENT
+from torchscope.session.store import EventStore
 from torchscope.tui.demo.synthetic import make_trace
-from torchscope.tui.model.format import range_bar, source_context, sparkline, stat_text
-from torchscope.tui.model.items import Counts, Events, Progress, Status, StepIndex
-from torchscope.tui.model.rows import FLAG_NAN_IN, FLAG_NAN_OUT, Row, make_item, prepare
-from torchscope.tui.model.steps import EVICTED, ON_DISK, RESIDENT
-from torchscope.tui.model.store import EventStore
 from torchscope.tui.sources.base import SourceError
 from torchscope.tui.sources.file import FileSource
-from torchscope.tui.sources.inbox import Inbox
 from torchscope.tui.sources.live import LiveSource
 from torchscope.tui.sources.open import open_source
 from torchscope.tui.sources.scripted import ScriptedSource

@@ -9,10 +9,10 @@ import math
 from tui_pilot import SIZE, sync, until
 
 from torchscope.protocol.events import Event
+from torchscope.session.format import first_bad, index_text, value_rows
 from torchscope.tui.app import TorchscopeApp
 from torchscope.tui.demo.fakejob import FakeJob
 from torchscope.tui.demo.synthetic import make_trace
-from torchscope.tui.model.format import first_bad, index_text, value_rows
 from torchscope.tui.sources.scripted import ScriptedSource
 
 NAN = math.nan
@@ -142,7 +142,7 @@ async def test_bang_while_paused_searches_the_tensor_page_by_page_and_shows_the_
 
 @sync
 async def test_live_steps_show_loss_and_grad_norm_as_a_recording_does():
-    from torchscope.tui.sources.countpass import Counter
+    from torchscope.session.countpass import Counter
 
     trace = make_trace(4, 2, nan_step=2)
     counter = Counter()

@@ -44,12 +44,6 @@ def _clean():
     assert torch.Tensor.backward is ORIGINAL_TENSOR_BACKWARD
 
 
-
-
-
-
-
-
 # -- models ----------------------------------------------------------------------------------
 class SqrtNet(nn.Module):
     """NaN in the forward: sqrt of a negative, at the step whose batch has one."""
@@ -168,8 +162,6 @@ def first_alert(tr, step: int, where: str):
 
 def quiet() -> list[str]:
     return []
-
-
 
 
 # -- tests -----------------------------------------------------------------------------------

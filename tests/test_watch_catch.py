@@ -142,6 +142,7 @@ def test_stop_refuses_the_same_bad_update_every_time_it_is_run_again():
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert lines[0].startswith("torchscope: NaN first appears at step 0 in ")
     # The stopped update did not end its step: the same step, refused again.
-    assert lines[1:3] == [
-        "torchscope: still NaN/Inf at step 0 (first at step 0): stopped before the update"
-    ] * 2
+    assert (
+        lines[1:3]
+        == ["torchscope: still NaN/Inf at step 0 (first at step 0): stopped before the update"] * 2
+    )

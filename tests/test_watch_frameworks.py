@@ -33,14 +33,6 @@ def _clean():
     assert torch.autograd.backward is ORIGINAL_AUTOGRAD_BACKWARD
 
 
-
-
-
-
-
-
-
-
 # -- Lightning: the Trainer's closure, under `torchscope run` ---------------------------------
 def lightning_origin() -> str:
     """``.../lightning_nan.py:N``, N the line of the job's NaN origin."""

@@ -38,8 +38,18 @@ class TmuxServer:
     ) -> None:
         """A detached session of ``size`` (columns, rows) running the shell line ``command``."""
         where = ("-c", str(cwd)) if cwd is not None else ()
-        args = ("new-session", "-d", "-s", name, "-x", str(size[0]), "-y", str(size[1]),
-                *where, command)
+        args = (
+            "new-session",
+            "-d",
+            "-s",
+            name,
+            "-x",
+            str(size[0]),
+            "-y",
+            str(size[1]),
+            *where,
+            command,
+        )
         try:
             self(*args)
         except subprocess.CalledProcessError as e:

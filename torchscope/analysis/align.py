@@ -140,7 +140,7 @@ def aten_keyed(events: Iterable[dict]) -> Iterator[tuple[Any, tuple, dict]]:
     in event order. ``engine sum`` is True for the engine's sum of the gradients a node sent
     with another path's (``accumulate``), False for the node's own kernels and an op's calls;
     the occurrence counts the earlier calls of the same step, parent, engine sum and name.
-    The UI's compare view keys its aten rows the same way (``tui.model.align``)."""
+    The UI's compare view keys its aten rows the same way (``torchscope.session.align``)."""
     events = events if isinstance(events, list) else list(events)
     parents = _Parents(events)
     return _numbered(

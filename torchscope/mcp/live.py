@@ -3,7 +3,7 @@
 A :class:`JobLink` connects (subscribing, then a snapshot: no gap), keeps the events it
 receives in a bounded buffer (the analysis tools read a live job from it), and follows the
 job's stepper (``pause``/``resume`` events, the ``state`` every stepping reply carries: the
-UI's :class:`~torchscope.tui.model.stepper_view.StepperView`).
+UI's :class:`~torchscope.session.stepper_view.StepperView`).
 
 Once the agent drives the job (a breakpoint, pause, step...), the link *holds* it as a UI
 does: armed (traced from its next step boundary) and a ``ping`` every second, the lease that
@@ -31,7 +31,7 @@ from torchscope.protocol.client import SessionClient, SessionRefused, SessionUnr
 from torchscope.protocol.codec import ProtocolError
 from torchscope.protocol.events import ALERT, DORMANT, PAUSE, RESUME, SESSION, Event
 from torchscope.protocol.runtime import EndpointError
-from torchscope.tui.model.stepper_view import StepperView, pause_key
+from torchscope.session.stepper_view import StepperView, pause_key
 
 __all__ = ["JobError", "JobLink", "Jobs"]
 

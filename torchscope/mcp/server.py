@@ -44,7 +44,7 @@ from torchscope.protocol.codec import ProtocolError
 from torchscope.protocol.frames import one_line
 from torchscope.protocol.policies import POLICIES
 from torchscope.protocol.runtime import EndpointError
-from torchscope.tui.model.stepper_view import pause_key
+from torchscope.session.stepper_view import pause_key
 
 __all__ = ["build_server", "main"]
 

@@ -2,7 +2,7 @@
 
 Pure functions over events (no SDK, no sockets, no files), so a recording and a live job
 answer alike. The timeline's rows, search and filter are the UI model's own
-(:mod:`torchscope.tui.model`: ``StepData.haystack``, ``compile_filter``, ``CallHits``), so a
+(:mod:`torchscope.session`: ``StepData.haystack``, ``compile_filter``, ``CallHits``), so a
 pattern that finds a row in the UI finds it here.
 """
 
@@ -17,13 +17,13 @@ from torchscope.analysis.render import compact_stat, shape_text
 from torchscope.analysis.trace import fold_alerts, is_tally, job_origins
 from torchscope.analysis.updates import recorded_history
 from torchscope.protocol.events import ALERT, GRAD, GRAPH, OP, Event, number_text
-from torchscope.tui.model.format import short_name, source_cell
-from torchscope.tui.model.rows import KIND, SEQ
-from torchscope.tui.model.search import CallHits, compile_filter
-from torchscope.tui.model.stepper_view import bad_kind, event_name, pause_story, spec_text
-from torchscope.tui.model.steps import StepData
-from torchscope.tui.model.store import EventStore
-from torchscope.tui.sources.countpass import Counter
+from torchscope.session.countpass import Counter
+from torchscope.session.format import short_name, source_cell
+from torchscope.session.rows import KIND, SEQ
+from torchscope.session.search import CallHits, compile_filter
+from torchscope.session.stepper_view import bad_kind, event_name, pause_story, spec_text
+from torchscope.session.steps import StepData
+from torchscope.session.store import EventStore
 
 __all__ = [
     "MAX_LIMIT",

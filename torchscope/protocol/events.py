@@ -247,6 +247,9 @@ _STAT_FIELDS = frozenset(STAT_KEYS)
 # ``where`` of an alert that updates the count of an earlier origin's consequences (the
 # tracer's step-end tally), not an alert of its own.
 CONSEQUENCES = "consequences"
+# ``what`` of an alert that compares a compiled call with its eager re-run (an eager check),
+# and the field of an op of that re-run naming the compiled call's seq.
+EAGER_CHECK = "eager_check"
 _NUMBER = frozenset((int, float, bool, _NONE))  # bool: values of a bool tensor
 
 

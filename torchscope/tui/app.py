@@ -40,12 +40,13 @@ from textual.signal import Signal
 from textual.worker import Worker
 
 from torchscope.protocol.breakpoints import BreakpointError
+from torchscope.session.inbox import Inbox
+from torchscope.session.items import ErrorMessage, NewSession
+from torchscope.session.rate import RateMeter
+from torchscope.session.replay_cursor import ReplayBreakpoints, first_origin
+from torchscope.session.store import EventStore
 from torchscope.tui.keys import Hint, bindings, hint
 from torchscope.tui.lanes import STEPPING, JobAlerts, Lane, job_alerts, lane_labels, rank_lanes
-from torchscope.tui.model.items import ErrorMessage, NewSession
-from torchscope.tui.model.rate import RateMeter
-from torchscope.tui.model.replay_cursor import ReplayBreakpoints, first_origin
-from torchscope.tui.model.store import EventStore
 from torchscope.tui.screens.help import HelpScreen
 from torchscope.tui.screens.host import (
     Applied,
@@ -58,7 +59,6 @@ from torchscope.tui.screens.host import (
 )
 from torchscope.tui.screens.main import MainScreen
 from torchscope.tui.sources.base import CommandRefused, EventSource
-from torchscope.tui.sources.inbox import Inbox
 from torchscope.tui.sources.live import LiveSource
 
 #: Called with (ok, result or one-line refusal) when a command's answer arrives (re-exported).

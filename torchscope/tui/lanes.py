@@ -3,7 +3,7 @@
 Each source is a :class:`Lane`: its own source, inbox, store and status, so each rank keeps
 its own step list, alerts and stepper state; the app shows one lane at a time and switches
 between them keeping the position (same step, same op aligned as ``torchscope diff`` aligns
-two recordings: :mod:`torchscope.tui.model.align`).
+two recordings: :mod:`torchscope.session.align`).
 
 - :func:`lane_labels`: what the source bar calls each lane ("rank 1", "B.tsc").
 - :func:`job_alerts`: every rank's alerts, for the alerts list's view of the whole job (each
@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchscope.protocol.events import Event
-from torchscope.tui.model.items import StepIndex
-from torchscope.tui.model.rate import RateMeter
-from torchscope.tui.model.replay_cursor import ReplayBreakpoints
-from torchscope.tui.model.stepper_view import pause_key
-from torchscope.tui.model.store import EventStore
+from torchscope.session.inbox import Inbox
+from torchscope.session.items import StepIndex
+from torchscope.session.rate import RateMeter
+from torchscope.session.replay_cursor import ReplayBreakpoints
+from torchscope.session.stepper_view import pause_key
+from torchscope.session.store import EventStore
 from torchscope.tui.sources.base import EventSource
-from torchscope.tui.sources.inbox import Inbox
 
 __all__ = [
     "STEPPING",

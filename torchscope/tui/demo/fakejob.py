@@ -25,9 +25,9 @@ from typing import Any
 
 from torchscope.protocol.breakpoints import AFTER, BEFORE, Breakpoint, BreakpointError, first_hit
 from torchscope.protocol.events import GRAD, OP, PAUSE, RESUME, Event
-from torchscope.tui.model.items import Refused, Reply
-from torchscope.tui.model.rows import prepare
-from torchscope.tui.sources.inbox import Inbox
+from torchscope.session.inbox import Inbox
+from torchscope.session.items import Refused, Reply
+from torchscope.session.rows import prepare
 from torchscope.tui.sources.scripted import ScriptedSource
 
 __all__ = ["FakeJob"]

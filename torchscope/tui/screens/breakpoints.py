@@ -18,8 +18,8 @@ from textual.widgets import Button, Checkbox, DataTable, Input, OptionList, Stat
 from textual.widgets.option_list import Option
 
 from torchscope.protocol.breakpoints import BreakpointError, parse_break_spec
-from torchscope.tui.model.format import short_name, short_source
-from torchscope.tui.model.stepper_view import event_name, spec_from_event, spec_text
+from torchscope.session.format import short_name, short_source
+from torchscope.session.stepper_view import event_name, spec_from_event, spec_text
 from torchscope.tui.screens.host import Host, host_of, subscribe
 
 CHOICES = (

@@ -1,6 +1,6 @@
 """``x``: the selected op or backward node side by side — across the open sources (the ranks of
 a job, recordings), or against the op ``X`` marked (another step, or another source) — with
-each tensor's stats per column and the outlier marked (see :mod:`torchscope.tui.model.compare`).
+each tensor's stats per column and the outlier marked (see :mod:`torchscope.session.compare`).
 
 Columns are aligned as ``torchscope diff`` aligns (step, op name, module path, occurrence). A
 step that a source has not in memory is asked for; its column says "loading" until it comes.
@@ -21,9 +21,9 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from torchscope.protocol.events import ATEN
-from torchscope.tui.model.align import describe_key, find_key
-from torchscope.tui.model.compare import Column, CompareTable, build_table
-from torchscope.tui.model.steps import EVICTED, LOADING, ON_DISK
+from torchscope.session.align import describe_key, find_key
+from torchscope.session.compare import Column, CompareTable, build_table
+from torchscope.session.steps import EVICTED, LOADING, ON_DISK
 from torchscope.tui.screens.host import Applied, Host, host_of, subscribe
 
 if TYPE_CHECKING:

@@ -21,8 +21,8 @@ from textual.widgets.option_list import Option
 
 from torchscope.protocol.events import GRAD, Event
 from torchscope.protocol.jsontext import to_jsonl
-from torchscope.tui.model.format import unravel
-from torchscope.tui.model.stepper_view import event_name, spec_from_event, spec_text
+from torchscope.session.format import unravel
+from torchscope.session.stepper_view import event_name, spec_from_event, spec_text
 
 #: (key, what, text): what the menu offers; ``what`` is also the notification's wording.
 Choice = tuple[str, str, str]

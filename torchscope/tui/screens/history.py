@@ -29,7 +29,7 @@ from textual.screen import Screen
 from textual.widgets import Input, Static
 
 from torchscope.protocol.history import parse_condition
-from torchscope.tui.model.store import EventStore
+from torchscope.session.store import EventStore
 from torchscope.tui.screens.host import ArmAtStep, ArmWhen
 from torchscope.tui.widgets.history_plot import HistoryPlot
 from torchscope.tui.widgets.module_heatmap import ModuleHeatmap

@@ -23,9 +23,9 @@ from torchscope.tui.keys import Hint
 if TYPE_CHECKING:
     from textual.dom import DOMNode
 
+    from torchscope.session.rate import RateMeter
+    from torchscope.session.store import Changes, EventStore
     from torchscope.tui.lanes import JobAlerts, Lane
-    from torchscope.tui.model.rate import RateMeter
-    from torchscope.tui.model.store import Changes, EventStore
     from torchscope.tui.sources.base import EventSource
 
 #: Called with (ok, result or one-line refusal) when a command's answer arrives.

@@ -2,7 +2,7 @@
 tell the sources apart.
 
 An :class:`EventSource` runs on one worker thread (``run``) and hands everything to an
-:class:`~torchscope.tui.sources.inbox.Inbox`: event batches (already turned into store rows, so
+:class:`~torchscope.session.inbox.Inbox`: event batches (already turned into store rows, so
 the UI thread only appends), whole steps it was asked to load, status changes and progress. The
 UI asks for a step with ``request_step`` (thread-safe); the answer arrives through the inbox.
 Commands to the job (pause, step, breakpoints, inspect: ``command``) travel the same way: the
@@ -24,8 +24,8 @@ import queue
 import threading
 from typing import Any
 
-from torchscope.tui.model.stepper_view import REPLAY_REFUSAL
-from torchscope.tui.sources.inbox import Inbox
+from torchscope.session.inbox import Inbox
+from torchscope.session.stepper_view import REPLAY_REFUSAL
 
 __all__ = ["CommandRefused", "EventSource", "SourceError", "session_status"]
 
@@ -71,7 +71,7 @@ class EventSource:
 
     def request_step(self, step: int) -> None:
         """Ask for all events of ``step``; answered with an inbox ``WholeStep`` (or
-        ``StepPart`` items), or ``Unavailable`` (:mod:`torchscope.tui.model.items`).
+        ``StepPart`` items), or ``Unavailable`` (:mod:`torchscope.session.items`).
         Thread-safe."""
         self._requests.put(step)
 

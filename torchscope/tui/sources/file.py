@@ -22,7 +22,9 @@ from typing import Any
 
 from torchscope.protocol.events import HISTORY, SESSION, Event
 from torchscope.protocol.tracefile import TraceFileError, TraceReader
-from torchscope.tui.model.items import (
+from torchscope.session.countpass import count_passes, read_records
+from torchscope.session.inbox import Inbox
+from torchscope.session.items import (
     Counts,
     ErrorMessage,
     HistoryBatch,
@@ -32,10 +34,8 @@ from torchscope.tui.model.items import (
     StepIndex,
     WholeStep,
 )
-from torchscope.tui.model.rows import NO_STEP, prepare, step_of
+from torchscope.session.rows import NO_STEP, prepare, step_of
 from torchscope.tui.sources.base import EventSource, session_status
-from torchscope.tui.sources.countpass import count_passes, read_records
-from torchscope.tui.sources.inbox import Inbox
 
 __all__ = ["FileSource"]
 
@@ -170,7 +170,7 @@ class FileSource(EventSource):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "torchscope.tui.sources.countpass", self.path],
+                [sys.executable, "-m", "torchscope.session.countpass", self.path],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,

@@ -15,11 +15,11 @@ from typing import Any
 
 from torchscope.protocol.events import DORMANT, SESSION
 from torchscope.protocol.tracefile import TraceFileError, TraceReader
-from torchscope.tui.model.items import NewSession, Refused, Reply, Unavailable, WholeStep
-from torchscope.tui.model.rows import prepare
+from torchscope.session.countpass import LiveOverview
+from torchscope.session.inbox import Inbox
+from torchscope.session.items import NewSession, Refused, Reply, Unavailable, WholeStep
+from torchscope.session.rows import prepare
 from torchscope.tui.sources.base import EventSource, session_status
-from torchscope.tui.sources.countpass import LiveOverview
-from torchscope.tui.sources.inbox import Inbox
 
 __all__ = ["LiveSource"]
 

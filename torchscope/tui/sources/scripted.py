@@ -13,11 +13,11 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from torchscope.protocol.events import SESSION, Event
-from torchscope.tui.model.items import Unavailable, WholeStep
-from torchscope.tui.model.rows import prepare, step_of
+from torchscope.session.countpass import LiveOverview
+from torchscope.session.inbox import Inbox
+from torchscope.session.items import Unavailable, WholeStep
+from torchscope.session.rows import prepare, step_of
 from torchscope.tui.sources.base import EventSource, session_status
-from torchscope.tui.sources.countpass import LiveOverview
-from torchscope.tui.sources.inbox import Inbox
 
 __all__ = ["ScriptedSource"]
 

@@ -20,8 +20,9 @@ from textual.widgets.option_list import Option
 from torchscope.analysis.render import job_origin_text
 from torchscope.analysis.trace import fold_alerts, job_origins
 from torchscope.protocol.events import Event
+from torchscope.session.checks import check_passed, is_check
+from torchscope.session.format import check_text, short_name, short_source
 from torchscope.tui.lanes import JobAlerts
-from torchscope.tui.model.format import check_passed, check_text, is_check, short_name, short_source
 
 
 def is_spike(alert: Event) -> bool:

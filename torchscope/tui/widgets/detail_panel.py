@@ -32,18 +32,15 @@ from textual.message import Message
 from textual.widgets import Static
 
 from torchscope.protocol.events import ATEN, OP, Event
-from torchscope.tui import glyphs
-from torchscope.tui.model.format import (
+from torchscope.session.checks import check_passed, eager_of, is_check
+from torchscope.session.format import (
     call_label,
-    check_passed,
     check_text,
     compact_stat,
-    eager_of,
     first_bad,
     fnum,
     index_text,
     is_bad,
-    is_check,
     label_meaning,
     range_bar,
     resolve_source,
@@ -54,10 +51,11 @@ from torchscope.tui.model.format import (
     sparkline,
     value_rows,
 )
-from torchscope.tui.model.rows import FLAG_ACCUMULATE, FLAGS, NAME, SEQ, AtenRow, PendingRow, Row
-from torchscope.tui.model.stepper_view import ValuesView, pause_key
-from torchscope.tui.model.steps import StepData
-from torchscope.tui.model.store import EventStore
+from torchscope.session.rows import FLAG_ACCUMULATE, FLAGS, NAME, SEQ, AtenRow, PendingRow, Row
+from torchscope.session.stepper_view import ValuesView, pause_key
+from torchscope.session.steps import StepData
+from torchscope.session.store import EventStore
+from torchscope.tui import glyphs
 from torchscope.tui.widgets.alert_list import knock_on_count
 
 _MAX_VALUES = 64  # small values shown in rows; more: the first ones and "…"

@@ -19,7 +19,7 @@ parameter for AccumulateGrad, the op that created it, its module and ``file:line
 
 ``M`` shows the nodes by module instead, as a module tree (``blocks`` > ``blocks.0`` >
 ``blocks.0.attn``): each module with a heat bar and the norm of the gradients its parameters
-received in the step (see :mod:`torchscope.tui.model.module_norms`), and a sparkline of that norm
+received in the step (see :mod:`torchscope.session.module_norms`), and a sparkline of that norm
 over the steps in memory.
 """
 
@@ -38,11 +38,11 @@ from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
 from torchscope.protocol.events import Event
-from torchscope.tui.model import module_norms
-from torchscope.tui.model.format import SPARK, compact_stat, fnum, plural, short_name, source_cell
-from torchscope.tui.model.search import FieldPattern
-from torchscope.tui.model.steps import StepData
-from torchscope.tui.model.store import EventStore
+from torchscope.session import module_norms
+from torchscope.session.format import SPARK, compact_stat, fnum, plural, short_name, source_cell
+from torchscope.session.search import FieldPattern
+from torchscope.session.steps import StepData
+from torchscope.session.store import EventStore
 
 _CHAIN_CAP = 500  # nodes shown at once along one chain; "… more" entries move the window
 # A step's graphs with at most this many nodes in all open with every branch expanded.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from textual.strip import Strip
 from textual.widget import Widget
 
-from torchscope.tui.model.history_index import HistoryIndex
+from torchscope.session.history_index import HistoryIndex
 
 
 class HistoryFrame(Widget, can_focus=True):

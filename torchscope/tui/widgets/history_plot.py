@@ -37,7 +37,7 @@ from textual.reactive import reactive
 from textual.strip import Strip
 
 from torchscope.protocol.history import Bucket, StepPoint
-from torchscope.tui.model.history_index import HistoryIndex, SeriesIndex
+from torchscope.session.history_index import HistoryIndex, SeriesIndex
 from torchscope.tui.widgets.history_frame import HistoryFrame
 from torchscope.tui.widgets.step_list import short_num
 

@@ -26,7 +26,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.strip import Strip
 
-from torchscope.tui.model.history_index import HistoryIndex, SeriesIndex
+from torchscope.session.history_index import HistoryIndex, SeriesIndex
 from torchscope.tui.widgets.history_frame import HistoryFrame
 from torchscope.tui.widgets.step_list import short_num
 from torchscope.tui.widgets.virtual_list import fit

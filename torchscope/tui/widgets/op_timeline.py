@@ -38,8 +38,7 @@ from textual.events import Click, MouseScrollUp
 from textual.message import Message
 
 from torchscope.protocol.events import ATEN, GRAD, OP
-from torchscope.tui import glyphs
-from torchscope.tui.model.format import (
+from torchscope.session.format import (
     event_tag,
     fit_numbers,
     shapes_text,
@@ -48,7 +47,7 @@ from torchscope.tui.model.format import (
     source_cell,
     stat_text,
 )
-from torchscope.tui.model.rows import (
+from torchscope.session.rows import (
     FLAG_INF_IN,
     FLAG_INF_OUT,
     FLAG_NAN_IN,
@@ -63,9 +62,10 @@ from torchscope.tui.model.rows import (
     Rec,
     Row,
 )
-from torchscope.tui.model.search import CallHits, FieldPattern, NameMatch
-from torchscope.tui.model.steps import StepData
-from torchscope.tui.model.store import EventStore
+from torchscope.session.search import CallHits, FieldPattern, NameMatch
+from torchscope.session.steps import StepData
+from torchscope.session.store import EventStore
+from torchscope.tui import glyphs
 from torchscope.tui.widgets.virtual_list import Cell, VirtualList, fit, rfit
 
 

@@ -11,9 +11,9 @@ from textual.content import Content
 from textual.markup import escape
 from textual.widgets import Static
 
+from torchscope.session.format import plural
+from torchscope.session.stepper_view import StepperView, pause_story
 from torchscope.tui import glyphs
-from torchscope.tui.model.format import plural
-from torchscope.tui.model.stepper_view import StepperView, pause_story
 
 
 def _rate(x: float) -> str:

@@ -6,7 +6,7 @@ steps that are not in memory. Once known, the step's loss (the value at the root
 backward: blank before that runs) and global gradient norm come first, with a bar scaling that
 norm against every step's (a spike stands out), and the panel's subtitle is a sparkline of
 the norms across all steps: a replay's count pass finds them (see countpass), a live session's
-source as the events stream in (``sources.countpass.LiveOverview``, the same counter).
+source as the events stream in (``torchscope.session.countpass.LiveOverview``, the same counter).
 
 Where traced steps are not consecutive (152 then 164: the job ran untraced between, dormant
 or attached later), a dim row between them says so (``… 11 steps not traced``, shorter where
@@ -23,10 +23,10 @@ import bisect
 import math
 
 from torchscope.protocol.history import Bucket, StepPoint
-from torchscope.tui.model.format import SPARK
-from torchscope.tui.model.history_index import HistoryIndex
-from torchscope.tui.model.steps import EVICTED, LOADING, ON_DISK
-from torchscope.tui.model.store import EventStore
+from torchscope.session.format import SPARK
+from torchscope.session.history_index import HistoryIndex
+from torchscope.session.steps import EVICTED, LOADING, ON_DISK
+from torchscope.session.store import EventStore
 from torchscope.tui.widgets.virtual_list import Cell, VirtualList, fit, rfit
 
 #: Below this width the overview columns push out the op and node counts.

@@ -21,10 +21,10 @@ if TYPE_CHECKING:
     from textual.widget import Widget
     from textual.worker import Worker
 
-    from torchscope.tui.model.rows import PendingRow, Row
-    from torchscope.tui.model.search import FieldPattern
-    from torchscope.tui.model.stepper_view import ValuesView
-    from torchscope.tui.model.store import EventStore
+    from torchscope.session.rows import PendingRow, Row
+    from torchscope.session.search import FieldPattern
+    from torchscope.session.stepper_view import ValuesView
+    from torchscope.session.store import EventStore
     from torchscope.tui.screens.host import Host
     from torchscope.tui.widgets.alert_list import AlertList
     from torchscope.tui.widgets.detail_panel import DetailPanel

@@ -10,8 +10,8 @@ from typing import Any
 from textual.widgets import Input
 
 from torchscope.protocol.expressions import ExpressionError, answer_text, evaluate_kept
-from torchscope.tui.model.rows import PendingRow
-from torchscope.tui.model.stepper_view import pause_key
+from torchscope.session.rows import PendingRow
+from torchscope.session.stepper_view import pause_key
 from torchscope.tui.screens.main.context import MainContext
 
 #: Values an answer shows at most (the job's ``count``).

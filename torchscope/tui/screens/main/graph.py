@@ -7,7 +7,7 @@ from __future__ import annotations
 from textual.widgets import Tree
 
 from torchscope.protocol.events import GRAD, OP
-from torchscope.tui.model.format import plural
+from torchscope.session.format import plural
 from torchscope.tui.screens.main.context import Location, MainContext
 
 

@@ -3,8 +3,8 @@ Which keys depends on the pause, live or recording, the focused panel and the so
 
 from __future__ import annotations
 
+from torchscope.session.rows import FLAG_INF_IN, FLAG_INF_OUT, FLAG_NAN_IN, FLAG_NAN_OUT
 from torchscope.tui.keys import Hint, hint
-from torchscope.tui.model.rows import FLAG_INF_IN, FLAG_INF_OUT, FLAG_NAN_IN, FLAG_NAN_OUT
 from torchscope.tui.screens.main.context import MainContext
 
 # A row's NaN/Inf flags (its other flags, FLAG_ACCUMULATE, say nothing of its values).

@@ -5,7 +5,7 @@ the source bar. Which lane is shown, the scope of commands and the mark are the 
 
 from __future__ import annotations
 
-from torchscope.tui.model.align import describe_key, find_key, row_key
+from torchscope.session.align import describe_key, find_key, row_key
 from torchscope.tui.screens.compare import CompareScreen, CompareSpec
 from torchscope.tui.screens.host import LaneSwitch
 from torchscope.tui.screens.main.context import MainContext

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 
 from torchscope.protocol.events import GRAD, OP, Event
-from torchscope.tui.model.format import short_name
-from torchscope.tui.model.rows import AtenRow, PendingRow, Row
+from torchscope.session.format import short_name
+from torchscope.session.rows import AtenRow, PendingRow, Row
 from torchscope.tui.screens.main.context import Location, MainContext
 from torchscope.tui.widgets.detail_panel import Link
 

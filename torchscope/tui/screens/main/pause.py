@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from torchscope.protocol.events import ATEN, GRAD, OP
-from torchscope.tui.model.rows import PendingRow, Row
-from torchscope.tui.model.stepper_view import (
+from torchscope.session.rows import PendingRow, Row
+from torchscope.session.stepper_view import (
     ValuesView,
     pause_event,
     pause_key,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 
-from torchscope.tui.model.search import FieldPattern
+from torchscope.session.search import FieldPattern
 from torchscope.tui.screens.main.context import MainContext
 
 
@@ -207,13 +207,13 @@ class ExportPath(PromptMode):
         self.confirmed: str | None = None  # the existing file the user was warned about
 
     def opened(self, screen: MainContext) -> str:
-        from torchscope.tui.model.export_view import default_path
+        from torchscope.session.export_view import default_path
 
         assert screen.current_step is not None
         return default_path(screen.current_step, screen.timeline.pattern is not None)
 
     def submitted(self, screen: MainContext, text: str) -> None:
-        from torchscope.tui.model.export_view import clean_path, snapshot, write_jsonl
+        from torchscope.session.export_view import clean_path, snapshot, write_jsonl
 
         prompt = screen.filter
         path = clean_path(text)

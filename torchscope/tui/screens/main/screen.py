@@ -1,6 +1,6 @@
 """The one screen, for live sessions and replays alike.
 
-It reads only the app's :class:`~torchscope.tui.model.store.EventStore` and asks the source
+It reads only the app's :class:`~torchscope.session.store.EventStore` and asks the source
 for steps that are not in memory (``request_step``); whether a file or a socket answers is not
 its concern. ``apply_changes`` runs on the app's ``applied`` signal, once per batch.
 
@@ -37,17 +37,17 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Input, Label, OptionList, ProgressBar, Tree
 
 from torchscope.protocol.events import Event
-from torchscope.tui import keys
-from torchscope.tui.keys import Hint, bindings
-from torchscope.tui.model.format import plural
-from torchscope.tui.model.rows import (
+from torchscope.session.format import plural
+from torchscope.session.rows import (
     PendingRow,
     Row,
 )
-from torchscope.tui.model.search import FieldPattern, compile_filter
-from torchscope.tui.model.stepper_view import ValuesView
-from torchscope.tui.model.steps import EVICTED, LOADING, ON_DISK
-from torchscope.tui.model.store import Changes, EventStore
+from torchscope.session.search import FieldPattern, compile_filter
+from torchscope.session.stepper_view import ValuesView
+from torchscope.session.steps import EVICTED, LOADING, ON_DISK
+from torchscope.session.store import Changes, EventStore
+from torchscope.tui import keys
+from torchscope.tui.keys import Hint, bindings
 from torchscope.tui.screens.host import Applied, Host, Redraw, subscribe
 from torchscope.tui.screens.main.context import Asked, Location
 from torchscope.tui.screens.main.evaluate import Evaluate

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import bisect
 
-from torchscope.tui.model.format import plural
+from torchscope.session.format import plural
 from torchscope.tui.screens.main.context import MainContext
 
 

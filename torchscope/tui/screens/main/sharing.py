@@ -5,9 +5,9 @@ live job is armed."""
 from __future__ import annotations
 
 from torchscope.protocol.events import GRAD
-from torchscope.tui.model.format import short_name
-from torchscope.tui.model.rows import PendingRow
-from torchscope.tui.model.stepper_view import event_name
+from torchscope.session.format import short_name
+from torchscope.session.rows import PendingRow
+from torchscope.session.stepper_view import event_name
 from torchscope.tui.screens.copy import CopyScreen, copy_choices
 from torchscope.tui.screens.history import HistoryScreen
 from torchscope.tui.screens.main.context import MainContext

@@ -1,5 +1,5 @@
 """The stepping keys: space, s, n, c to a live job; in a recording the same keys (and S, N, C
-back) move its cursor (:mod:`torchscope.tui.model.replay_cursor`); ``@`` / ``E`` ask the job's
+back) move its cursor (:mod:`torchscope.session.replay_cursor`); ``@`` / ``E`` ask the job's
 next step traced more closely; ``b`` / ``B`` breakpoints."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import re
 from typing import Any
 
 from torchscope.protocol.breakpoints import BreakpointError
-from torchscope.tui.model.replay_cursor import Landed, NeedStep, ReplayCursor, Stay
-from torchscope.tui.model.rows import PendingRow
-from torchscope.tui.model.stepper_view import spec_text
-from torchscope.tui.model.store import Changes, EventStore
+from torchscope.session.replay_cursor import Landed, NeedStep, ReplayCursor, Stay
+from torchscope.session.rows import PendingRow
+from torchscope.session.stepper_view import spec_text
+from torchscope.session.store import Changes, EventStore
 from torchscope.tui.screens.breakpoints import BreakHereScreen, BreakpointsScreen
 from torchscope.tui.screens.main.context import Asked, Location, MainContext
 

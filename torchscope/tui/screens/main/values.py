@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchscope.protocol.events import GRAD
-from torchscope.tui.model.stepper_view import (
+from torchscope.session.stepper_view import (
     ValuesView,
     default_choice,
     pause_key,
@@ -134,7 +134,7 @@ class Values:
         self._recorded_nan()
 
     def _recorded_nan(self) -> None:
-        from torchscope.tui.model.format import first_bad, index_text
+        from torchscope.session.format import first_bad, index_text
 
         ev = self.main.detail.event
         if not ev:
@@ -178,7 +178,7 @@ class Values:
             self.main.detail.scroll_to(y=max(0, line - 4), animate=False)
 
     def _search_nan(self, values: ValuesView) -> None:
-        from torchscope.tui.model.format import first_bad, index_text
+        from torchscope.session.format import first_bad, index_text
 
         assert values.choice is not None  # first_nan() searches a chosen tensor only
         group, index, summary = values.choice

@@ -21,8 +21,8 @@ from torchscope.analysis.render import render
 from torchscope.protocol import codec
 from torchscope.protocol.events import Event
 from torchscope.protocol.output import replacing
-from torchscope.tui.model.rows import RAW, SEQ, Rec
-from torchscope.tui.model.steps import StepData
+from torchscope.session.rows import RAW, SEQ, Rec
+from torchscope.session.steps import StepData
 
 __all__ = ["default_path", "snapshot", "write_jsonl"]
 

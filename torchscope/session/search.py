@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from itertools import islice
 
-from torchscope.tui.model.rows import NAME, NODE_ID, OP_SEQ, SEQ, Rec, seq_key
-from torchscope.tui.model.steps import StepData
+from torchscope.session.rows import NAME, NODE_ID, OP_SEQ, SEQ, Rec, seq_key
+from torchscope.session.steps import StepData
 
 __all__ = ["CallHits", "FieldPattern", "NameMatch", "compile_filter"]
 

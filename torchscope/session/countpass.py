@@ -5,7 +5,7 @@ each step has is only known by decoding every chunk: seconds to minutes for a la
 on a thread, each chunk's decode holds the GIL for tens of milliseconds and the UI stutters;
 done here, in its own process, it also runs on another core.
 
-    python -m torchscope.tui.sources.countpass FILE
+    python -m torchscope.session.countpass FILE
 
 (what :class:`~torchscope.tui.sources.file.FileSource` runs) writes length-prefixed msgpack
 records to stdout::
@@ -43,10 +43,10 @@ from typing import IO, Any, Protocol
 from torchscope.protocol import codec
 from torchscope.protocol.events import ALERT, ATEN, GRAD, GRAPH, HISTORY, OP, SESSION, Event
 from torchscope.protocol.tracefile import ChunkInfo, TraceFileError, TraceReader
-from torchscope.tui.model.items import Overview
-from torchscope.tui.model.module_norms import grad_norm_of
-from torchscope.tui.model.rows import NO_STEP, step_of
-from torchscope.tui.sources.inbox import Inbox
+from torchscope.session.inbox import Inbox
+from torchscope.session.items import Overview
+from torchscope.session.module_norms import grad_norm_of
+from torchscope.session.rows import NO_STEP, step_of
 
 _LEN = struct.Struct("<I")
 _BIG = 2**63
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     out = sys.stdout.buffer
     if len(args) != 1:
-        write_record(out, {"error": "usage: python -m torchscope.tui.sources.countpass FILE"})
+        write_record(out, {"error": "usage: python -m torchscope.session.countpass FILE"})
         return 2
     try:
         with TraceReader(args[0]) as reader:

@@ -1,7 +1,7 @@
 """The UI's model of a trace: events indexed by step, with bounded memory.
 
 No textual imports here (and no torch): sources fill an
-:class:`~torchscope.tui.sources.inbox.Inbox` from a worker thread, and the app drains it on a
+:class:`~torchscope.session.inbox.Inbox` from a worker thread, and the app drains it on a
 timer and applies it to an :class:`EventStore` on the UI thread.
 
 Op, node and aten call events are kept as compact records (see :mod:`.rows`). Aten calls are
@@ -33,9 +33,9 @@ from torchscope.protocol.events import (
     Event,
 )
 from torchscope.protocol.history import HISTORY, Bucket, RunHistory, StepPoint
-from torchscope.tui.model.format import is_check
-from torchscope.tui.model.history_index import HistoryIndex
-from torchscope.tui.model.items import (
+from torchscope.session.checks import is_check
+from torchscope.session.history_index import HistoryIndex
+from torchscope.session.items import (
     Answer,
     Counts,
     ErrorMessage,
@@ -55,9 +55,9 @@ from torchscope.tui.model.items import (
     Unavailable,
     WholeStep,
 )
-from torchscope.tui.model.rows import KIND, RAW, SEQ, STEP_, Rec, Row, prepare, step_of
-from torchscope.tui.model.stepper_view import StepperView
-from torchscope.tui.model.steps import (
+from torchscope.session.rows import KIND, RAW, SEQ, STEP_, Rec, Row, prepare, step_of
+from torchscope.session.stepper_view import StepperView
+from torchscope.session.steps import (
     EVICTED,
     LOADING,
     LOSS_KNOWN,

@@ -1,8 +1,8 @@
 """What a source tells the store, one frozen dataclass per kind of news.
 
-A source's worker thread puts these in its :class:`~torchscope.tui.sources.inbox.Inbox`; the
+A source's worker thread puts these in its :class:`~torchscope.session.inbox.Inbox`; the
 UI thread drains them and hands them to :meth:`EventStore.apply
-<torchscope.tui.model.store.EventStore.apply>`, which tells them apart with ``match``. They
+<torchscope.session.store.EventStore.apply>`, which tells them apart with ``match``. They
 live here, beside the store that reads them, so that the model needs nothing of the sources.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeAlias
 
 from torchscope.protocol.events import Event
-from torchscope.tui.model.rows import Rec
+from torchscope.session.rows import Rec
 
 __all__ = [
     "Answer",

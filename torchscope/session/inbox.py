@@ -7,8 +7,8 @@ from collections import deque
 from typing import Any
 
 from torchscope.protocol.events import Event
-from torchscope.tui.model.items import Events, InboxItem, Status, StepPart
-from torchscope.tui.model.rows import Rec
+from torchscope.session.items import Events, InboxItem, Status, StepPart
+from torchscope.session.rows import Rec
 
 __all__ = ["Inbox"]
 
@@ -16,7 +16,7 @@ __all__ = ["Inbox"]
 class Inbox:
     """Thread-safe hand-off from a source's worker thread to the UI thread.
 
-    A source puts items (one dataclass per kind of news: :mod:`torchscope.tui.model.items`);
+    A source puts items (one dataclass per kind of news: :mod:`torchscope.session.items`);
     the app drains all of them on its timer and applies them to its store in one batch.
 
     ``max_pending`` bounds buffered events: past it, ``put_events`` refuses the batch (the

@@ -2,7 +2,7 @@
 ranks of a job, recordings) or per step (a marked op against the current one), its tensors'
 stats in rows, the outlier marked.
 
-Columns are aligned by the caller (:func:`torchscope.tui.model.align.find_key`: step, op name,
+Columns are aligned by the caller (:func:`torchscope.session.align.find_key`: step, op name,
 module path and occurrence, as ``torchscope diff`` aligns). Here, per tensor and stat, each
 column is judged against the median of the columns: a column whose NaN/Inf count others do not
 share, or whose norm or mean lies beyond ``atol + rtol * scale`` of the median (``diff``'s
@@ -23,7 +23,7 @@ from typing import Any
 
 from torchscope.analysis.diff import STAT_KEYS, Options, compare_events
 from torchscope.protocol.events import ATEN, GRAD, OP, Event, number_text
-from torchscope.tui.model.stepper_view import event_name
+from torchscope.session.stepper_view import event_name
 
 __all__ = ["Cell", "Column", "CompareTable", "build_table"]
 

@@ -56,8 +56,8 @@ from torchscope.protocol.breakpoints import (
     first_hit,
 )
 from torchscope.protocol.events import ATEN, CONSEQUENCES, GRAD, OP, Event
-from torchscope.tui.model.format import is_check
-from torchscope.tui.model.rows import (
+from torchscope.session.checks import is_check
+from torchscope.session.rows import (
     FLAG_INF_OUT,
     FLAG_NAN_OUT,
     FLAGS,
@@ -68,9 +68,9 @@ from torchscope.tui.model.rows import (
     SOURCE,
     Rec,
 )
-from torchscope.tui.model.stepper_view import spec_text
-from torchscope.tui.model.steps import EVICTED, StepData
-from torchscope.tui.model.store import EventStore
+from torchscope.session.stepper_view import spec_text
+from torchscope.session.steps import EVICTED, StepData
+from torchscope.session.store import EventStore
 
 __all__ = [
     "KEYS",

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchscope.protocol.events import ATEN, GRAD, OP, Event
-from torchscope.tui.model.format import short_name, source_cell
-from torchscope.tui.model.rows import (
+from torchscope.session.format import short_name, source_cell
+from torchscope.session.rows import (
     FLAG_ACCUMULATE,
     FLAGS,
     KIND,

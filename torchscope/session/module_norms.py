@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from torchscope.protocol import codec
-from torchscope.tui.model.steps import StepData
-from torchscope.tui.model.store import EventStore
+from torchscope.session.steps import StepData
+from torchscope.session.store import EventStore
 
 __all__ = [
     "MODEL_OWN",

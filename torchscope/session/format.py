@@ -14,20 +14,17 @@ from typing import Any
 
 from torchscope.analysis.render import compact_stat, shape_text, short_source
 from torchscope.protocol.events import ATEN, number_text
+from torchscope.session.checks import eager_of
 
 __all__ = [
     "CALL_LABELS",
-    "EAGER_CHECK",
     "SPARK",
     "call_label",
     "call_tag",
-    "check_passed",
     "check_text",
     "compact_stat",
-    "eager_of",
     "event_tag",
     "fnum",
-    "is_check",
     "label_meaning",
     "mean_std",
     "plural",
@@ -185,28 +182,10 @@ def call_tag(ev: Any) -> str:
     return f"[{label if len(label) <= _TAG_MAX else label[: _TAG_MAX - 1] + '…'}]"
 
 
-# torch.compile: an op event with ``compiled: true`` is one call of a compiled module (its
-# backward node: CompiledFunctionBackward); with ``eager_check: <seq>``, an op of the eager
-# re-run of the compiled call with that seq. An alert with ``what: "eager_check"`` compares
-# the two: a check, not a NaN/Inf origin.
-EAGER_CHECK = "eager_check"
+# torch.compile: the timeline's tags of a compiled module's call and of its eager re-run
+# (see checks.py).
 COMPILED_TAG = "[compiled]"
 EAGER_TAG = "[eager]"
-
-
-def is_check(alert: Any) -> bool:
-    """An eager check's report (compiled against eager), not a NaN/Inf alert."""
-    return isinstance(alert, dict) and alert.get("what") == EAGER_CHECK
-
-
-def check_passed(alert: Any) -> bool:
-    """An eager check whose every difference is within tolerance."""
-    diffs = alert.get("differences")
-    return (
-        isinstance(diffs, list)
-        and bool(diffs)
-        and all(isinstance(d, dict) and d.get("within") is True for d in diffs)
-    )
 
 
 def check_text(alert: Any) -> str:
@@ -214,12 +193,6 @@ def check_text(alert: Any) -> str:
     message = str(alert.get("message") or "")
     head = f"{alert.get('name')} against its eager run: "
     return message[len(head) :] if message.startswith(head) else message
-
-
-def eager_of(ev: Any) -> int | None:
-    """The seq of the compiled call an op of an eager re-run re-ran, or None."""
-    seq = ev.get(EAGER_CHECK) if isinstance(ev, dict) else None
-    return seq if type(seq) is int else None
 
 
 def event_tag(ev: Any) -> str:

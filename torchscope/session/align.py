@@ -11,9 +11,9 @@ from typing import Any
 
 from torchscope.analysis.align import keyed
 from torchscope.protocol.events import ATEN, GRAD, OP
-from torchscope.tui.model.rows import FLAG_ACCUMULATE, FLAGS, KIND, NAME, AtenRow, Row
-from torchscope.tui.model.steps import StepData
-from torchscope.tui.model.store import EventStore
+from torchscope.session.rows import FLAG_ACCUMULATE, FLAGS, KIND, NAME, AtenRow, Row
+from torchscope.session.steps import StepData
+from torchscope.session.store import EventStore
 
 __all__ = ["describe_key", "find_key", "row_key"]
 

@@ -91,7 +91,7 @@ def pause_story(pause: dict, stepper: StepperView | None = None) -> str:
     breakpoint at the value's origin, ``breakpoint 2 (op:^F.gelu$): F.gelu · …`` for another,
     ``stepped: …``, ``paused: …``; ``before`` when the event has not run yet."""
     from torchscope.analysis.render import compact_stat
-    from torchscope.tui.model.format import short_name, source_cell
+    from torchscope.session.format import short_name, source_cell
 
     ev = pause_event(pause)
     reason = str(pause.get("reason") or "paused")
