@@ -33,6 +33,7 @@ def test_state_at_a_pause_after_release_and_when_the_job_is_gone(tmp_path: Path)
                 state = await ok(client, "state", job=job.pid)
                 assert state["step"] == paused["step"] == state["paused"]["step"], state
                 assert state["held"] and state["paused"]["seq"] == paused["seq"]
+                assert state["tracing"] == "traced", state  # paused: traced, whatever came before
 
                 let_go = await ok(client, "release", job=job.pid)
                 assert let_go["paused"] is None and not let_go["held"], let_go

@@ -29,7 +29,7 @@ from typing import Any
 from torchscope.protocol import endpoints as ep
 from torchscope.protocol.client import SessionClient, SessionRefused, SessionUnreachable
 from torchscope.protocol.codec import ProtocolError
-from torchscope.protocol.events import ALERT, DORMANT, PAUSE, RESUME, SESSION, Event
+from torchscope.protocol.events import ALERT, DORMANT, PAUSE, RESUME, SESSION, TRACED, Event
 from torchscope.protocol.runtime import EndpointError
 from torchscope.session.stepper_view import StepperView, pause_key
 
@@ -251,7 +251,8 @@ class JobLink:
             "pid": self.pid,
             "rank": self.rank,
             "step": self.step,
-            "tracing": c.tracing,
+            # A paused job is traced, whatever the last heartbeat said before the pause.
+            "tracing": TRACED if self.paused is not None else c.tracing,
             "held": self.held,
             "script": self.session.get("script"),
             "gone": self.gone,
