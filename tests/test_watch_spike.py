@@ -69,6 +69,21 @@ def test_the_line_names_the_modules_that_jumped_most():
     assert spike.top_modules() == [("blocks.0.fc", 30.0), ("head", 4.0)]
 
 
+def test_the_deepest_module_that_carries_the_jump_comes_first():
+    """The embedding and the root model's own parameters before the attention carry its jump
+    back (within 2x of the largest): the attention, deepest, is named first; a module whose
+    jump is far smaller stays behind by its ratio."""
+    s = Spikes()
+    names = ("Net", "emb", "body.layers.0.attn", "body.layers.0.fc", "head")
+    for step in range(20):
+        s.took(step, 1.0, 1.0, (names, [1.0, 1.0, *[1.0] * 5], 2))
+    now = [34.0**2, 33.0**2, 32.0**2, 3.0**2, 10.0**2]
+    spike = s.took(20, 1.0, 30.0, (names, [1.0, 1.0, *now], 2))
+    assert spike is not None and spike.lead == "gradient norm"
+    assert [p for p, _ in spike.top_modules()] == ["body.layers.0.attn", "Net", "emb"]
+    assert [p for p, _ in spike.top_modules(5)][3:] == ["head", "body.layers.0.fc"]
+
+
 def test_bad_settings():
     with pytest.raises(ValueError):
         Spikes(window=10, warmup=20)
@@ -445,8 +460,10 @@ def test_a_divergence_stops_the_job_under_stop_before_the_inf():
 
 def test_growing_attention_logits_are_named_at_the_attention_module_before_any_nan():
     """A large learning rate on the attention's input projections only (queries, keys and
-    values): the gradient norm spikes, the attention module is among those named, before
-    any NaN; the batch is not out of range, and the weights, not the batch, did it."""
+    values): the gradient norm spikes, before any NaN; the attention module is named first,
+    ahead of the embedding and the root model's positional embedding, which jumped as much
+    (they only carry its gradient back); the batch is not out of range, and the weights,
+    not the batch, did it."""
     torch.manual_seed(0)
     model = TinyLM()
     qk = [p for n, p in model.named_parameters() if "in_proj" in n]
@@ -467,8 +484,8 @@ def test_growing_attention_logits_are_named_at_the_attention_module_before_any_n
     det = info.value.detection
     assert det["what"] == "spike" and det["lead"] == "gradient norm"
     named = [m for m, _ in det["spike"]["modules"]]
-    assert any(m.endswith("self_attn (MultiheadAttention)") for m in named), lines[0]
-    assert "self_attn (MultiheadAttention) \u00d7" in lines[0]
+    assert named[0] == "model.body.layers.0.self_attn (MultiheadAttention)", lines[0]
+    assert "jumped most: model.body.layers.0.self_attn (MultiheadAttention) \u00d7" in lines[0]
     assert not any("the inputs of" in x for x in lines)  # token ids: no float input
     assert lines[-1].endswith("the weights did it, not the batch")
 

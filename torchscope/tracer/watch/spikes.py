@@ -53,6 +53,7 @@ WARMUP = 8  # figures in the window before a step is judged
 LASTING = 16  # spiked steps in a row that make a new level: the window starts again
 TOP_MODULES = 3  # modules named in the line
 MAD_SIGMA = 1.4826  # MAD -> sigma for normal noise
+CARRIED = 2.0  # modules whose gradient norm jumped within this factor of the largest jump
 
 # (module names, the check's row, where the modules' squared norms start in it)
 ModuleRow = tuple[Sequence[str], Sequence[float], int]
@@ -106,13 +107,27 @@ class Spike:
 
     def top_modules(self, n: int = TOP_MODULES) -> list[tuple[str, float]]:
         """The modules whose gradient norm jumped most against their own median over the
-        window: ``(path, ratio)``, largest first."""
+        window: ``(path, ratio)``. Those whose jump is within ``CARRIED`` of the largest
+        carry the same jump, and the deepest of them in the module tree comes first: a
+        module's gradient flows back into the modules before it, so a jump made inside (the
+        attention's query/key projections) shows as large in the embedding and in the root
+        model's own parameters (a positional embedding), which only carry it. Then by
+        ratio."""
         ratios = [
             (path, now / med)
             for path, now, med in self.modules
             if med > 0 and math.isfinite(now) and math.isfinite(med) and now > med
         ]
-        ratios.sort(key=lambda r: -r[1])
+        if not ratios:
+            return []
+        top = max(r for _, r in ratios)
+
+        def rank(item: tuple[str, float]) -> tuple[bool, int, float]:
+            path, ratio = item
+            carried = ratio * CARRIED >= top
+            return (not carried, -_depth(path) if carried else 0, -ratio)
+
+        ratios.sort(key=rank)
         return ratios[:n]
 
     def to_dict(self) -> dict[str, float | int | str]:
@@ -244,6 +259,12 @@ class Spikes:
             if past:
                 out.append((name, now, _median_sorted(past)))
         return out
+
+
+def _depth(path: str) -> int:
+    """How deep a module is in its model's tree (``blocks.0.attn``: 2; the root model's own
+    parameters, named by its class, and the model's children: 0)."""
+    return path.count(".")
 
 
 def _norm(square: float) -> float:
