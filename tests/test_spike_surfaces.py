@@ -157,3 +157,67 @@ async def test_the_ui_lists_the_spike_and_marks_it_on_the_history_plot(runs):
         await pilot.press("left")
         await until(pilot, lambda: plot.cursor is not None and plot.cursor < BAD)
         await until(pilot, lambda: not note.display, what="the note gone off the spike")
+
+
+# -- --on-spike pause through torchscope run, a client continues it ----------------------------
+SPIKE_JOB = Path(__file__).parent / "jobs" / "spike_batch.py"
+SPIKE_BAD = 40
+
+
+def step_losses(stdout: str) -> list[str]:
+    return [line.split()[2] for line in stdout.splitlines() if line.startswith("step ")]
+
+
+def test_run_on_spike_pause_holds_at_the_module_that_jumped_and_a_client_continues_it(tmp_path):
+    """``torchscope run --watch spike --on-spike pause --hold``: at the bad batch the job says
+    at once on stderr where the spike comes from and that it is paused, in the replay, before
+    the first module whose output jumped; a client sees the pause there and continues it; the
+    job ends with exit 0 and the losses of the same run under ``--on-spike continue``."""
+    from torchscope.protocol.client import SessionClient
+
+    job = [str(SPIKE_JOB), "--bad", str(SPIKE_BAD)]
+    run = [sys.executable, "-m", "torchscope", "run", "--watch", "spike"]
+    proc = subprocess.Popen(
+        [*run, "--on-spike", "pause", "--hold", *job],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        assert proc.stderr is not None and proc.stdout is not None
+        said: list[str] = []
+        while not (said and said[-1].startswith("torchscope: paused at ")):
+            line = proc.stderr.readline()  # the job holds there (--hold): this line comes
+            assert line, "the job ended before it paused: " + "".join(said)
+            said.append(line.rstrip("\n"))
+        assert said[-4].startswith(f"torchscope: loss spike at step {SPIKE_BAD}: loss ")
+        assert said[-2].startswith(
+            "torchscope: the first module whose output jumped: model.0 (Linear), norm "
+        )
+        (at,) = [i for i, s in enumerate(SPIKE_JOB.read_text().splitlines(), 1) if "model(x)" in s]
+        model_call = f"{SPIKE_JOB}:{at}"
+        assert said[-1].startswith(
+            f"torchscope: paused at torch.nn.functional.linear (before) at {model_call} by "
+            f"breakpoint 1; attach: torchscope tui {proc.pid}; waits for a UI (--hold)"
+        ), said[-1]
+        with SessionClient() as client:
+            client.connect(str(proc.pid))
+            paused = client.request("state", timeout=30)["state"]["paused"]
+            assert paused is not None, "the client does not see the pause"
+            event = paused["event"]
+            assert (event["step"], event["module"], event["name"]) == (
+                SPIKE_BAD, "0", "torch.nn.functional.linear"
+            ), paused  # fmt: skip
+            client.request("continue", timeout=30)
+        out = proc.stdout.read()
+        err = proc.stderr.read()
+        assert proc.wait(timeout=300) == 0, err[-3000:]
+    finally:
+        proc.kill()
+    assert "Traceback" not in err
+    went_on = cli("run", "--watch", "spike", "--on-spike", "continue", *job, cwd=tmp_path)
+    assert went_on.returncode == 0, went_on.stderr[-3000:]
+    assert f"loss spike at step {SPIKE_BAD}" in went_on.stderr
+    losses = step_losses(out)
+    assert len(losses) == 50 and losses == step_losses(went_on.stdout)
