@@ -191,6 +191,10 @@ def test_run_on_spike_pause_holds_at_the_module_that_jumped_and_a_client_continu
             line = proc.stderr.readline()  # the job holds there (--hold): this line comes
             assert line, "the job ended before it paused: " + "".join(said)
             said.append(line.rstrip("\n"))
+        assert said[0].startswith(
+            f"torchscope: running {SPIKE_JOB} dormant, watching every step (spike, then "
+            "continue; on a spike: pause)"
+        ), said[0]
         assert said[-4].startswith(f"torchscope: loss spike at step {SPIKE_BAD}: loss ")
         assert said[-2].startswith(
             "torchscope: the first module whose output jumped: model.0 (Linear), norm "

@@ -326,7 +326,10 @@ def cmd_run(opts: RunOptions) -> int:
         held = agent.options.held_steps()
         what = f"tracing {target} (steps: {held.text})" if held else f"running {target} dormant"
         if opts.watch:
-            what += f", watching every step ({opts.watch}, then {opts.on_nan})"
+            from torchscope.tracer.watch.report import watching_words
+
+            words = watching_words(opts.watch, opts.on_nan, opts.on_spike)
+            what += f", watching every step ({words})"
         where = f", recording to {agent.options.record}" if opts.record else ""
         if agent.publisher is not None:
             attach = "live" if held else "attach"

@@ -51,7 +51,10 @@ def serve(options: Options) -> Agent:
         held = options.held_steps()
         what = f"tracing steps {held.text}" if held else "dormant"
         if options.watch:
-            what += f", watching every step ({options.watch}, then {options.on_nan})"
+            from torchscope.tracer.watch.report import watching_words
+
+            words = watching_words(options.watch, options.on_nan, options.on_spike)
+            what += f", watching every step ({words})"
         attach = f"; attach: torchscope tui {os.getpid()}" if agent.publisher else ""
         print(f"torchscope: serving this job, {what}{attach}", file=sys.stderr)
     return agent

@@ -18,6 +18,19 @@ def job_rank() -> int | None:
     return None
 
 
+def watching_words(watch: str, on_nan: str, on_spike: str) -> str:
+    """What a job says it watches, and what it does then: ``nan,spike, then continue; on a
+    spike: pause`` (the spike's policy where it differs)."""
+    from torchscope.tracer.steps import parse_watch_spec
+
+    text = f"{watch}, then {on_nan}"
+    try:
+        spike = parse_watch_spec(watch).spike
+    except Exception:
+        spike = False
+    return f"{text}; on a spike: {on_spike}" if spike and on_spike != on_nan else text
+
+
 def print_report(text: str) -> None:
     say_line(text)  # already says who (and which rank)
 
