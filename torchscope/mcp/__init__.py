@@ -8,8 +8,11 @@ bounded answers:
   answers in the UI's words (no SDK, no I/O);
 - :mod:`~torchscope.mcp.sources`: what those tools read: a recording (a trace file) or a live
   job this server follows (:mod:`~torchscope.mcp.live`: its connection, lease and commands);
-- :mod:`~torchscope.mcp.server`: the tools themselves, on the ``mcp`` SDK
-  (``torchscope-debugger[mcp]``), imported only by the ``mcp`` command.
+- :mod:`~torchscope.mcp.tools`: the tools themselves, by group (the running jobs, what
+  happened, stepping, a paused job), each group registered on the server through a small
+  shared context;
+- :mod:`~torchscope.mcp.server`: the server, on the ``mcp`` SDK (``torchscope-debugger[mcp]``),
+  its tools composed from the groups; imported only by the ``mcp`` command.
 
 Imports neither torch nor textual: an agent on a laptop reads a cluster job's recordings.
 """
