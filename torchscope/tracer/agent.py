@@ -42,7 +42,6 @@ from typing import Any
 from torchscope.protocol.codec import MAX_MESSAGE_BYTES, pack
 from torchscope.protocol.events import ARMING, DORMANT, HISTORY, TRACED, TRACING, Event
 from torchscope.protocol.history import parse_condition
-from torchscope.tracer import backward_calls
 from torchscope.tracer.armed.aten import aten_scope
 from torchscope.tracer.armed.modules import is_fsdp2
 from torchscope.tracer.armed.session import DrivenBy, Tracer, current_tracer, session_event
@@ -87,7 +86,7 @@ def current_clock() -> StepClock | None:
 ServeOptions = Options
 
 
-class Agent(ServedWatch):
+class Agent:
     """One per process (see :func:`serve`). ``start()`` on the training thread."""
 
     def __init__(self, options: Options | None = None) -> None:
@@ -97,7 +96,6 @@ class Agent(ServedWatch):
         self.next_seq = itertools.count().__next__
         self.clock = StepClock(self, backward_steps=True)
         self.tracer: Tracer | None = None
-        self.watch: Any = None  # NanWatch, with --watch
         self.outputs = Outputs()
         self.holders = Holders(lambda: self.stepper, self._say)
         self.ranks = RankChecks(self.emit, self.next_seq)
@@ -105,19 +103,15 @@ class Agent(ServedWatch):
         self.armed_periods = 0  # how often it armed (tests, benchmarks)
         self.traced_steps = 0
         self.last_step: str | None = None  # traced to the end: "empty" or "ran"
-        # A watch switched on or off from outside, applied at the next step boundary (the
-        # watch hooks the training thread): (spec or None, on_nan).
-        self._watch_request: tuple[str | None, str] | None = None
         self._in_job = job_id() is not None  # a torchrun rank: it shares its endpoint
         self._multi_rank = os.environ.get("WORLD_SIZE", "1") != "1"
         self._periods: AgreedPeriods | None = None  # when UI-armed ranks meet
         self._no_periods = False  # the store failed once: UI-armed ranks trace ungated
-        self._watch_listening: backward_calls.Listening | None = None
         self._blocked_said = False
-        self._catching: Any = None  # the hold tracing steps until a NaN/Inf comes back
         # The training thread, asked at every backward(): read without a Python call.
         self.history = HistoryCollector(functools.partial(operator.attrgetter("owner"), self.clock))
         self._history_listening: Any = None  # HistoryCollector.listen()
+        self.served_watch = _served_watch(self)
 
     @property
     def stepper(self) -> Stepper | None:
@@ -138,6 +132,17 @@ class Agent(ServedWatch):
     @property
     def sinks(self) -> list:
         return self.outputs.sinks
+
+    @property
+    def watch(self) -> Any:
+        """The NaN watch (a NanWatch) while the job watches, else None."""
+        return self.served_watch.watch
+
+    def watch_setting(self) -> tuple[str | None, str]:
+        return self.served_watch.watch_setting()
+
+    def request_watch(self, spec: str | None, on_nan: str, now: bool = False) -> None:
+        self.served_watch.request_watch(spec, on_nan, now)
 
     # -- lifecycle (training thread) -----------------------------------------------------------
     def start(self) -> Agent:
@@ -184,7 +189,7 @@ class Agent(ServedWatch):
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _forget_in_child(ref))
         if opts.watch:
-            self._start_watch()  # after the clock: its optimizer hook runs first
+            self.served_watch.start()  # after the clock: its optimizer hook runs first
         self.started = True
         _agent = self
         self.boundary(self.clock.step)  # step 0 begins now: the command line may hold it
@@ -224,7 +229,7 @@ class Agent(ServedWatch):
                 "ranks": self.ranks.cmd_ranks,
                 "disarm": self._cmd_disarm,
                 "detach": self._cmd_detach,
-                "watch": self._cmd_watch,
+                "watch": self.served_watch.cmd_watch,
                 "history": self._cmd_history,
             }
         )
@@ -255,17 +260,13 @@ class Agent(ServedWatch):
         if not self.started:
             return
         self.started = False
-        if self.watch is not None:
-            with contextlib.suppress(Exception):
-                self.watch.remove()
+        self.served_watch.remove()
         if self._history_listening is not None:
             self._history_listening.remove()
             self._history_listening = None
         self.history.finish()
         self.ranks.last_word()
-        if self._watch_listening is not None:
-            self._watch_listening.remove()
-            self._watch_listening = None
+        self.served_watch.stop_listening()
         try:
             self._disarm(ended=True)
             self.clock.remove()
@@ -293,9 +294,7 @@ class Agent(ServedWatch):
             self._history_listening.remove()
             self._history_listening = None
         self.history.drop()
-        if self.watch is not None:
-            with contextlib.suppress(Exception):
-                self.watch.remove()
+        self.served_watch.remove()
         self.outputs = Outputs()
 
     # -- step clock (training thread) ----------------------------------------------------------
@@ -393,7 +392,7 @@ class Agent(ServedWatch):
         """The step before ``step`` gets its point; holds waiting on a condition are tested
         on the points that arrived (only here, never per op)."""
         history = self.history
-        refused, spike = self.watch_marks(step - 1)
+        refused, spike = self.served_watch.marks(step - 1)
         skipped = self.clock.counted_by == BY_SCALER or refused  # a loss scaler's skip too
         added = (
             history.step_ends(step, skipped=skipped, spike=spike) if self.options.history else []
@@ -507,7 +506,7 @@ class Agent(ServedWatch):
         tracer.start()
         self.tracer = tracer
         self.armed_periods += 1
-        self._watch_breakpoints()
+        self.served_watch.add_breakpoints()
         self._say_holders(f"tracing from step {step}")
 
     def _disarm(self, hold: StepHold | None = None, ended: bool = False) -> None:
@@ -635,7 +634,7 @@ class Agent(ServedWatch):
                     f"when: {when!r} is tested on the run's history, which this job does "
                     "not keep (served with history=False)"
                 )
-            if condition.metric == "gradnorm" and self.watch is None and not self._watch_request:
+            if condition.metric == "gradnorm" and not self.served_watch.will_watch():
                 raise ValueError(
                     f"when: {when!r} needs the gradient norm, which only the watch "
                     "computes (torchscope watch PID, or run --watch nan)"
@@ -687,6 +686,26 @@ class Agent(ServedWatch):
         if self.options.quiet and not force:
             return
         say(text)
+
+
+def _served_watch(agent: Agent) -> ServedWatch:
+    """The agent's NaN watch, given what it needs of the agent: its options, clock, holders
+    and history; its tracer, stepper and sinks as they are when asked; its emit and say."""
+    return ServedWatch(
+        agent.options,
+        agent.clock,
+        agent.holders,
+        agent.history,
+        tracer=lambda: agent.tracer,
+        stepper=lambda: agent.stepper,
+        sinks=lambda: agent.sinks,
+        next_seq=agent.next_seq,
+        emit=agent.emit,
+        on_alert=agent._on_alert,
+        say=agent._say,
+        arm_between_cells=agent.arm_between_cells,
+        multi_rank=agent._multi_rank,
+    )
 
 
 def _fit_reply(reply: dict[str, Any]) -> dict[str, Any]:

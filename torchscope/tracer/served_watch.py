@@ -2,6 +2,10 @@
 the watch itself). Switched on and off from outside (``torchscope watch PID``, a second
 ``serve()``) at the job's next ``backward()``; its replays record into the job's file and UIs;
 a detection it could not place holds the next steps traced to catch it live.
+
+The agent holds one :class:`ServedWatch`, given what it needs of the agent (its options, its
+clock, holders and history, its tracer, stepper and sinks as they are, its emit and say), and
+calls it.
 """
 
 from __future__ import annotations
@@ -31,40 +35,63 @@ WATCH_TRACE_STEPS = 10
 
 
 class ServedWatch:
-    """The agent's NaN watch (mixed into ``Agent``)."""
+    """The agent's NaN watch: the agent holds one, gives it what it needs and calls it."""
 
-    # Set by Agent.
-    options: Options
-    clock: StepClock
-    tracer: Tracer | None
-    watch: Any
-    holders: Holders
-    history: HistoryCollector
-    next_seq: Callable[[], int]
-    _watch_request: tuple[str | None, str] | None
-    _watch_listening: backward_calls.Listening | None
-    _catching: Any
-    _multi_rank: bool
+    def __init__(
+        self,
+        options: Options,
+        clock: StepClock,
+        holders: Holders,
+        history: HistoryCollector,
+        *,
+        tracer: Callable[[], Tracer | None],
+        stepper: Callable[[], Stepper | None],
+        sinks: Callable[[], list],
+        next_seq: Callable[[], int],
+        emit: Callable[[Event], None],
+        on_alert: Callable[[], Any],
+        say: Callable[[str], None],
+        arm_between_cells: Callable[[], None],
+        multi_rank: bool,
+    ) -> None:
+        """``options``: the job's, read and switched here (``watch``, ``on_nan``, ...);
+        ``tracer``, ``stepper``, ``sinks``: the agent's as they are now; ``on_alert``: where
+        a replay's alerts go besides the sinks; ``say``: one line to the job's stderr."""
+        self.options = options
+        self.clock = clock
+        self.holders = holders
+        self.history = history
+        self._tracer = tracer
+        self._stepper = stepper
+        self._sinks = sinks
+        self.next_seq = next_seq
+        self.emit = emit
+        self._on_alert = on_alert
+        self._say = say
+        self._arm_between_cells = arm_between_cells
+        self._multi_rank = multi_rank
+        self.watch: Any = None  # NanWatch, while it watches
+        # A watch switched on or off from outside, applied at the job's next backward() (the
+        # watch hooks the training thread): (spec or None, on_nan).
+        self._watch_request: tuple[str | None, str] | None = None
+        self._watch_listening: backward_calls.Listening | None = None
+        self._catching: Any = None  # the hold tracing steps until a NaN/Inf comes back
 
-    @property
-    def stepper(self) -> Stepper | None:
-        raise NotImplementedError
+    def remove(self) -> None:
+        """The watch's hooks go (the job ends; a forked child drops them)."""
+        if self.watch is not None:
+            with contextlib.suppress(Exception):
+                self.watch.remove()
 
-    @property
-    def sinks(self) -> list:
-        raise NotImplementedError
+    def stop_listening(self) -> None:
+        """No more waiting for a ``backward()`` to switch the watch at."""
+        if self._watch_listening is not None:
+            self._watch_listening.remove()
+            self._watch_listening = None
 
-    def emit(self, event: Event) -> None:
-        raise NotImplementedError
-
-    def _on_alert(self) -> Any:
-        raise NotImplementedError
-
-    def _say(self, text: str, force: bool = False) -> None:
-        raise NotImplementedError
-
-    def arm_between_cells(self) -> None:
-        raise NotImplementedError
+    def will_watch(self) -> bool:
+        """Whether a watch runs, or one was asked for (it computes the gradient norm)."""
+        return self.watch is not None or self._watch_request is not None
 
     # The switch happens at the job's next backward(): not at a step boundary, which may run
     # inside torch's loop over the optimizer hooks (installing the watch adds some), nor in a
@@ -94,7 +121,7 @@ class ServedWatch:
                 self.watch = None
             self.options.watch, self.options.on_nan = spec, on_nan
             if spec:
-                self._start_watch()
+                self.start()
                 self._say(
                     f"watching every step from step {self.clock.step} ({spec}, then {on_nan})"
                 )
@@ -103,7 +130,7 @@ class ServedWatch:
         except Exception as exc:
             self._say(f"internal error switching the NaN watch: {type(exc).__name__}: {exc}")
 
-    def _cmd_watch(self, args: dict[str, Any], client: bytes) -> dict[str, Any]:
+    def cmd_watch(self, args: dict[str, Any], client: bytes) -> dict[str, Any]:
         from torchscope.tracer.steps import parse_watch
 
         spec = args.get("spec")
@@ -132,7 +159,7 @@ class ServedWatch:
             return self._watch_request
         return self.options.watch, self.options.on_nan
 
-    def watch_marks(self, step: int) -> tuple[bool, bool]:
+    def marks(self, step: int) -> tuple[bool, bool]:
         """What the watch did at ``step``, for its history point: (its update refused:
         ``on_nan``/``on_spike="skip"``, a loss spike caught there)."""
         watch = self.watch
@@ -140,7 +167,8 @@ class ServedWatch:
             return False, False
         return watch.skipped_step == step, watch.spiked_step == step
 
-    def _start_watch(self) -> None:
+    def start(self) -> None:
+        """Watch as the options say (a first ``serve()``, ``run --watch``, a switch)."""
         from torchscope.tracer.steps import parse_watch_spec
         from torchscope.tracer.watch.nan_watch import NanWatch
         from torchscope.tracer.watch.spikes import Spikes
@@ -156,7 +184,7 @@ class ServedWatch:
             tracer_factory=self._replay_tracer,
             step_of=lambda: self.clock.step,
             report=self._watch_report,
-            replay_wanted=lambda: self.tracer is None,
+            replay_wanted=lambda: self._tracer() is None,
             live_origin=self._live_origin,
             on_unreproduced=self._trace_after_unreproduced,
             backward_checks=True,  # a job that updates by hand is checked after backward()
@@ -172,15 +200,15 @@ class ServedWatch:
             keep=False,
             optimizer_ops=True,
             aten=REPLAY_ATEN,
-            sinks=self.sinks,
-            driven=DrivenBy(self.stepper, step, self.next_seq),
+            sinks=self._sinks(),
+            driven=DrivenBy(self._stepper(), step, self.next_seq),
             on_alert=self._on_alert(),
         ).start()
         return tracer
 
     def _live_origin(self) -> dict[str, Any] | None:
         """The first NaN/Inf origin the armed tracer found in the current step, or None."""
-        pipeline = getattr(self.tracer, "pipeline", None)
+        pipeline = getattr(self._tracer(), "pipeline", None)
         if pipeline is None:
             return None
         with pipeline.lock:
@@ -237,7 +265,7 @@ class ServedWatch:
             return  # already tracing to catch it
         self._catching = self.holders.add("watch", remaining=WATCH_TRACE_STEPS)
         if stops:  # the stopped step runs again in a later cell: traced from the next cell
-            after_this_cell(self.arm_between_cells)
+            after_this_cell(self._arm_between_cells)
         which = "the kernel runs " if stops else ""
         self._say(
             f"tracing the next {WATCH_TRACE_STEPS} steps {which}in full to catch it live (it "
@@ -252,11 +280,11 @@ class ServedWatch:
         elif holder is not None:
             self._catching = holder
 
-    def _watch_breakpoints(self) -> None:
+    def add_breakpoints(self) -> None:
         """``on_nan="pause"`` in a traced step: the live tracer stops where the NaN/Inf first
         appears, before the update, as the watch's replay would (breakpoints the watch owns,
         gone when the tracing ends)."""
-        watch, stepper = self.watch, self.stepper
+        watch, stepper = self.watch, self._stepper()
         if watch is None or watch.on_nan != "pause" or stepper is None:
             return
         for what in ("nan", "inf"):
