@@ -43,51 +43,65 @@ def _is_tracer_test(request: pytest.FixtureRequest) -> bool:
     return module is not None and module.__name__.rsplit(".", 1)[-1].startswith("test_tracer_")
 
 
-@pytest.fixture(autouse=True)
-def _tracer_isolation(request: pytest.FixtureRequest):
-    """One CPU thread, and after each tracer test: no tracer left running, no mode left on the
-    torch function stack, no global module or optimizer hooks left behind."""
-    if not _is_tracer_test(request):
-        yield
-        return
+def _armed_state() -> dict[str, object]:
+    """What arming a job in this process changes and disarming must restore: modes on torch's
+    stacks, global module and optimizer hooks, ``torch.autograd.backward``."""
     import torch
     from torch.nn.modules import module as module_mod
     from torch.optim import optimizer as optim_mod
 
+    return {
+        "torch function mode(s) on the stack": torch._C._len_torch_function_stack(),
+        "torch dispatch mode(s) on the stack": torch._C._len_torch_dispatch_stack(),
+        "global forward hooks": len(module_mod._global_forward_hooks),
+        "global forward pre-hooks": len(module_mod._global_forward_pre_hooks),
+        "global backward hooks": len(module_mod._global_backward_hooks),
+        "optimizer step hooks": len(optim_mod._global_optimizer_post_hooks),
+        "optimizer step pre-hooks": len(optim_mod._global_optimizer_pre_hooks),
+        "torch.autograd.backward": torch.autograd.backward,
+    }
+
+
+@pytest.fixture(autouse=True)
+def _tracer_isolation(request: pytest.FixtureRequest):
+    """After every test that has torch loaded (any test may arm a job in this process: the
+    tracer's, the watch's, stepping, MCP): no agent or tracer left running, no mode left on
+    torch's stacks, no global module or optimizer hooks left behind, ``backward`` unwrapped.
+    Tracer tests also run on one CPU thread."""
+    if _is_tracer_test(request):
+        import torch
+
+        torch.set_num_threads(1)
+    before = _armed_state() if "torch" in sys.modules else None
+    yield
+    if "torch" not in sys.modules:
+        return
+    import torch
+
     from torchscope.tracer import agent, backward_calls
     from torchscope.tracer.armed import session
 
-    torch.set_num_threads(1)
-    backward_fn = torch.autograd.backward
-    fwd_hooks = len(module_mod._global_forward_hooks)
-    pre_hooks = len(module_mod._global_forward_pre_hooks)
-    opt_hooks = len(optim_mod._global_optimizer_post_hooks)
-    opt_pre_hooks = len(optim_mod._global_optimizer_pre_hooks)
-    yield
     problems = []
     if agent.current_agent() is not None:
         agent.current_agent().stop()
         problems.append("an agent was left running")
-    if torch.autograd.backward is not backward_fn or (
-        backward_calls.installed() and backward_fn is torch.autograd.backward
-    ):
-        problems.append("torch.autograd.backward left wrapped")
     if session.current_tracer() is not None:
         session.current_tracer().stop()
         problems.append("a tracer was left running")
-    n = torch._C._len_torch_function_stack()
-    if n:
-        while torch._C._len_torch_function_stack():
-            torch._C._pop_torch_function_stack()
-        problems.append(f"{n} torch function mode(s) left on the stack")
-    if len(module_mod._global_forward_hooks) != fwd_hooks:
-        problems.append("global forward hooks left behind")
-    if len(module_mod._global_forward_pre_hooks) != pre_hooks:
-        problems.append("global forward pre-hooks left behind")
-    if len(optim_mod._global_optimizer_post_hooks) != opt_hooks:
-        problems.append("optimizer step hooks left behind")
-    if len(optim_mod._global_optimizer_pre_hooks) != opt_pre_hooks:
-        problems.append("optimizer step pre-hooks left behind")
+    after = _armed_state()
+    if before is None:  # torch came with the test: nothing armed before it was imported
+        before = {k: 0 if isinstance(v, int) else v for k, v in after.items()}
+    if after["torch.autograd.backward"] is not before["torch.autograd.backward"] or (
+        backward_calls.installed()
+    ):
+        problems.append("torch.autograd.backward left wrapped")
+    for what, n in after.items():
+        if isinstance(n, int) and n != before[what]:
+            problems.append(f"{what}: {before[what]} before the test, {n} after")
+    while torch._C._len_torch_function_stack() > before["torch function mode(s) on the stack"]:
+        torch._C._pop_torch_function_stack()
+    while torch._C._len_torch_dispatch_stack() > before["torch dispatch mode(s) on the stack"]:
+        torch._C._pop_torch_dispatch_stack()
     assert not problems, "; ".join(problems)
 
 
