@@ -96,6 +96,48 @@ def test_imports_under_type_checking_count() -> None:
     assert "torchscope.tui.lanes" in imports_of(PACKAGE / "tui" / "screens" / "host.py")
 
 
+MAIN = "torchscope.tui.screens.main"
+#: the main screen's feature controllers: each sees the screen through its own narrow protocol
+FEATURE_CONTROLLERS = ("shown_step", "alerts", "panels", "run_history")
+
+
+def test_the_main_screens_parts_never_import_the_screen() -> None:
+    """screen.py holds the keys and the layout and hands its parts what they use; a part that
+    imported the screen (or its package, which imports it) would see all of it."""
+    parts = [
+        p
+        for p in (PACKAGE / "tui" / "screens" / "main").glob("*.py")
+        if p.name not in ("screen.py", "__init__.py")
+    ]
+    assert len(parts) >= 10
+    wrong = {
+        f"{module_name(p)} -> {m}"
+        for p in parts
+        for m in imports_of(p)
+        if m in (MAIN, f"{MAIN}.screen")
+    }
+    assert wrong == set()
+
+
+def test_feature_controllers_see_a_narrow_screen() -> None:
+    """A feature controller declares what it uses of the screen (its own protocol), never the
+    whole ``MainContext``, and imports no other part of the screen: what it needs of another
+    part it is handed."""
+    main = PACKAGE / "tui" / "screens" / "main"
+    wrong: set[str] = set()
+    for name in FEATURE_CONTROLLERS:
+        path = main / f"{name}.py"
+        source = path.read_text()
+        if "MainContext" in source:
+            wrong.add(f"{name} names MainContext")
+        wrong |= {
+            f"{name} -> {m}"
+            for m in imports_of(path)
+            if m.startswith(f"{MAIN}.") and m != f"{MAIN}.context"
+        }
+    assert wrong == set()
+
+
 # Sizes a reader can hold: a class of the tracer, a file of the UI.
 MAX_TRACER_CLASS_LINES = 600
 MAX_TUI_FILE_LINES = 1200

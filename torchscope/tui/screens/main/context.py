@@ -6,6 +6,11 @@ key bar's hints, the prompt's modes) each hold a ``MainContext``, which
 them, nor the screen: they all import it, so there is no circle between the screen and its
 parts. A helper reaches another one through the screen's
 methods listed here, never directly.
+
+The feature controllers (shown_step.py: the step shown and following the newest; alerts.py:
+the alerts list; panels.py: the layout and ``+``; run_history.py: ``H``) do not see all of
+this: each declares the few members it uses as its own protocol, and is handed the other
+helpers' methods it calls.
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ if TYPE_CHECKING:
     from torchscope.tui.widgets.graph_tree import GraphTree
     from torchscope.tui.widgets.op_timeline import OpTimeline
     from torchscope.tui.widgets.status_bar import StatusBar
-    from torchscope.tui.widgets.step_list import StepList
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,6 @@ class MainContext(Protocol):
     def live(self) -> bool: ...
 
     # -- widgets -----------------------------------------------------------------------------
-    steps: StepList
     timeline: OpTimeline
     graph: GraphTree
     detail: DetailPanel
@@ -83,7 +86,7 @@ class MainContext(Protocol):
     center: str  # "timeline" or "graph"
     follow: bool
     values: ValuesView | None
-    history: list[Location]  # jumps backspace goes back over
+    back_stack: list[Location]  # jumps backspace goes back over
     pending: Location | None  # a jump waiting for its step to load
     search: FieldPattern | None
     asked: Asked | None

@@ -1,5 +1,5 @@
 """Where the main screen is and how it moves: jumps (enter, the detail's links, alerts), the
-history that backspace walks, and the ``:`` go-to line."""
+back stack that backspace walks, and the ``:`` go-to line."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torchscope.session.rows import AtenRow, PendingRow, Row
 from torchscope.tui.screens.main.context import Location, MainContext
 from torchscope.tui.widgets.detail_panel import Link
 
-_HISTORY = 64  # jumps backspace can go back over
+_BACK_STACK = 64  # jumps backspace can go back over
 
 COMMAND_HELP = ":12 step · :#1234 event seq · :node 57 node id"
 
@@ -40,8 +40,8 @@ class Navigation:
         if record:
             here = self.here()
             if here is not None:
-                m.history.append(here)
-                del m.history[:-_HISTORY]
+                m.back_stack.append(here)
+                del m.back_stack[:-_BACK_STACK]
         if loc.step != m.current_step:
             m.set_follow(False)
             m.show_step(loc.step)
@@ -153,10 +153,10 @@ class Navigation:
 
     def back(self) -> None:
         m = self.main
-        if not m.history:
+        if not m.back_stack:
             m.notify("no earlier jump to go back to", timeout=2)
             return
-        self.go(m.history.pop(), record=False)
+        self.go(m.back_stack.pop(), record=False)
 
     # -- : command line ----------------------------------------------------------------------
     def run_command(self, text: str) -> str | None:

@@ -7,7 +7,9 @@ its concern. ``apply_changes`` runs on the app's ``applied`` signal, once per ba
 The screen holds its widgets, what it shows and the key bindings; the work of each group of
 keys is a helper next to it (navigation.py, stepping.py, pause.py, values.py, evaluate.py,
 search.py, graph.py, sharing.py, lanes.py; the prompt's modes in prompt.py), each given the
-screen as a :class:`~.context.MainContext`. The app is a
+screen as a :class:`~.context.MainContext`, or a feature controller (shown_step.py: the step
+shown and following the newest; alerts.py: the alerts list; panels.py: the layout and ``+``;
+run_history.py: ``H``), each given only what it uses of the screen. The app is a
 :class:`~torchscope.tui.screens.host.Host`: the screen calls it through that protocol and
 follows its signals (``applied``, ``restarted``, ``lane_switch``, ``redraw``).
 
@@ -36,7 +38,6 @@ from textual.reactive import var
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Input, Label, OptionList, ProgressBar, Tree
 
-from torchscope.protocol.events import Event
 from torchscope.session.format import plural
 from torchscope.session.rows import (
     PendingRow,
@@ -44,21 +45,23 @@ from torchscope.session.rows import (
 )
 from torchscope.session.search import FieldPattern, compile_filter
 from torchscope.session.stepper_view import ValuesView
-from torchscope.session.steps import EVICTED, LOADING, ON_DISK
 from torchscope.session.store import Changes, EventStore
-from torchscope.tui import keys
 from torchscope.tui.keys import Hint, bindings
 from torchscope.tui.screens.host import Applied, Host, Redraw, subscribe
+from torchscope.tui.screens.main.alerts import AlertsView
 from torchscope.tui.screens.main.context import Asked, Location
 from torchscope.tui.screens.main.evaluate import Evaluate
 from torchscope.tui.screens.main.graph import GraphView
 from torchscope.tui.screens.main.hints import key_hints
 from torchscope.tui.screens.main.lanes import LaneView
 from torchscope.tui.screens.main.navigation import Navigation
+from torchscope.tui.screens.main.panels import Panels
 from torchscope.tui.screens.main.pause import PauseMarks
 from torchscope.tui.screens.main.prompt import MODES
+from torchscope.tui.screens.main.run_history import RunHistoryPlot
 from torchscope.tui.screens.main.search import Search
 from torchscope.tui.screens.main.sharing import Sharing
+from torchscope.tui.screens.main.shown_step import ShownStep
 from torchscope.tui.screens.main.stepping import Stepping
 from torchscope.tui.screens.main.values import Values
 from torchscope.tui.widgets.alert_list import AlertList
@@ -87,14 +90,8 @@ class MainScreen(Screen[None]):
         self.at_origin = at_origin
         self.values: ValuesView | None = None
         self.current_step: int | None = None
-        #: the step a recording opened on by itself, until the user moves: when its counts
-        #: show it holds no op or node (steps before a recorder armed the job, which hold
-        #: only the session and the run's history), the first traced step replaces it
-        self._opened_on: int | None = None
-        self.history: list[Location] = []
+        self.back_stack: list[Location] = []
         self.pending: Location | None = None
-        self._progress_visible = False
-        self._count_progress: tuple[float, float, str] | None = None
         self._detail_pending = False
         self._detail_pending_over: tuple | None = None  # the detail's subject at the last move
         self.ready = False
@@ -102,6 +99,8 @@ class MainScreen(Screen[None]):
         # what @ / E asked of the job's next step: (text, answered, the job's step then)
         self.asked: Asked | None = None
         self.expressions: list[str] = []
+        self.shown = ShownStep(self)
+        self.panels = Panels(self, resized=self.shown.sparkline)
         self.nav = Navigation(self)
         self.stepping = Stepping(self)
         self.pause = PauseMarks(self)
@@ -111,6 +110,10 @@ class MainScreen(Screen[None]):
         self.lane_view = LaneView(self)
         self.graph_view = GraphView(self)
         self.sharing = Sharing(self)
+        self.history_plot = RunHistoryPlot(self)
+        self.alert_view = AlertsView(
+            self, jump=self.nav.jump_to_alert, plot_at=self.history_plot.open
+        )
 
     @property
     def store(self) -> EventStore:
@@ -149,6 +152,9 @@ class MainScreen(Screen[None]):
         self.switch = self.query_one(ContentSwitcher)
         self.status_bar = self.query_one(StatusBar)
         self.key_bar = self.query_one(KeyBar)
+        self.progress_row = self.query_one("#progress-row")
+        self.progress_label = self.query_one("#progress-label", Label)
+        self.progress_bar = self.query_one(ProgressBar)
         self.steps.bind_store(self.store)
         self.steps.border_title = "Steps"
         self.alerts.border_title = "Alerts"
@@ -178,7 +184,7 @@ class MainScreen(Screen[None]):
                 self.refresh_status()
             self.lane_view.land_aligned()
         elif (ch.alerts_added or ch.session) and self.host.multi:
-            self.refresh_alerts()  # the job's view of the alerts holds every rank's
+            self.alert_view.refresh()  # the job's view of the alerts holds every rank's
             if ch.alerts_added and not self.host.lanes[applied.lane].live:
                 self.stepping.open_at_first_origin()  # the job's origin may be on this rank
 
@@ -202,7 +208,7 @@ class MainScreen(Screen[None]):
     def restart(self) -> None:
         """Start over on a fresh store (the followed job began a new run)."""
         self.current_step = None
-        self.history = []
+        self.back_stack = []
         self.pending = None
         self.pause.forget()
         self.values = None
@@ -210,7 +216,7 @@ class MainScreen(Screen[None]):
         self.steps.bind_store(self.store)
         self.set_class(self.store.has_aten, "-aten")
         self.steps.refresh_rows()
-        self.refresh_alerts()  # the old run's alerts went with its store
+        self.alert_view.refresh()  # the old run's alerts went with its store
         if self.center == "graph":
             self.center = "timeline"
         self.detail.show_message("select an op or a backward node")
@@ -218,79 +224,30 @@ class MainScreen(Screen[None]):
         self.refresh_title()
         self.refresh_status()
 
-    #: Below these widths the layout changes: the detail goes under the timeline (stacked:
-    #: both get the full width), narrower side panels, then (compact) the steps/alerts
-    #: column folds away (shown alone while it has the focus).
-    WIDE = 150
-    NARROW = 120
-    COMPACT = 100
-
     def watch_center(self, center: str) -> None:
         if self.ready:
             self.switch.current = center
 
+    # -- the panels: width, + maximise, help (panels.py) -------------------------------------
     def on_resize(self) -> None:
-        width = self.size.width
-        self.set_class(self.COMPACT <= width < self.WIDE, "-stacked")
-        self.set_class(width < self.NARROW, "-narrow")
-        self.set_class(width < self.COMPACT, "-compact")
-        self._side_for_focus()
-        self.call_after_refresh(self._steps_sparkline)
-
-    def _side_for_focus(self) -> None:
-        focused = self.focused
-        side = focused is not None and focused in (self.steps, self.alerts)
-        self.set_class(side and self.has_class("-compact"), "-side")
+        self.panels.resize()
 
     def on_descendant_blur(self, event: events.DescendantBlur) -> None:
-        self.call_after_refresh(self._side_for_focus)
-
-    MAX_CLASSES = ("-max-center", "-max-detail", "-max-steps", "-max-alerts")
+        self.call_after_refresh(self.panels.side_for_focus)
 
     @property
     def maximised(self) -> str | None:
-        """Which panel ``+`` maximised ("center", "detail", "steps", "alerts"), if any."""
-        return next((c[5:] for c in self.MAX_CLASSES if self.has_class(c)), None)
+        return self.panels.maximised
 
     def action_maximize_panel(self) -> None:
-        """lazygit's ``+``: the focused panel takes the whole screen; again (or esc): back."""
-        if self.maximised is not None:
-            self._restore()
-            return
-        focus = self.focused
-        if focus is self.detail or (focus is not None and self.detail in focus.ancestors):
-            panel = "detail"
-        elif focus is self.steps:
-            panel = "steps"
-        elif focus is self.alerts:
-            panel = "alerts"
-        else:
-            panel = "center"
-        self.add_class(f"-max-{panel}")
-        self.refresh_status()
-        self.call_after_refresh(self._steps_sparkline)
-
-    def _restore(self) -> None:
-        self.remove_class(*self.MAX_CLASSES)
-        self.refresh_status()
-        self.call_after_refresh(self._steps_sparkline)
+        self.panels.maximize()
 
     def hints(self) -> list[Hint]:
         """The key bar, most useful first (it shows what fits)."""
         return key_hints(self, maximised=self.maximised is not None, ready=self.ready)
 
     def help_section(self) -> str | None:
-        """The help's section for the focused panel (``?`` shows it right after stepping)."""
-        focus = self.focused
-        if focus is self.graph:
-            return keys.GRAPH
-        if focus is self.detail:
-            return keys.DETAIL
-        if focus is self.alerts:
-            return keys.ALERTS
-        if focus is self.timeline:
-            return keys.TIMELINE
-        return None
+        return self.panels.help_section()
 
     def refresh_title(self) -> None:
         step = self.current_step
@@ -323,43 +280,9 @@ class MainScreen(Screen[None]):
             if isinstance(cwd, str):
                 for w in (self.timeline, self.graph, self.detail, self.alerts):
                     w.cwd = cwd
-        if ch.steps_added or ch.steps_changed or ch.evicted or ch.removed:
-            self.set_class(store.has_aten, "-aten")  # room for the steps' aten call counts
-            self.steps.refresh_rows()
-            self._steps_sparkline()
-        if self.current_step in ch.removed:  # an empty trailing step, dropped
-            self.current_step = None
-            if self.pending is not None and self.pending.step in ch.removed:
-                self.pending = None
-        if self.current_step is None and store.order:
-            newest = store.newest_step
-            first = newest if self.follow and newest is not None else store.order[0]
-            self.show_step(first)
-            self._opened_on = None if self.live else first
-        elif (
-            self.follow
-            and store.newest_step is not None
-            and (store.newest_step != self.current_step)
-        ):
-            self.show_step(store.newest_step)
-        if self._opened_on is not None and (ch.steps_changed or ch.loaded):
-            self._open_on_a_traced_step()
-        step = self.current_step
-        if step is not None:
-            if step in ch.loaded or step in ch.started:
-                self.show_step(step, keep_position=True)
-            elif step in ch.evicted and store.data(step) is None:
-                self.show_step(step)  # its load was given up: ask again
-            elif step in ch.events_changed:
-                self.timeline.data_changed()
-                if self.center == "graph":
-                    self.graph.set_step(store, store.data(step))
-            elif step in ch.steps_changed:
-                info = store.info(step)
-                if info is not None and info.state == EVICTED and store.data(step) is None:
-                    self.show_step(step)
+        step = self.shown.apply(ch)
         if ch.alerts_added:
-            self.refresh_alerts()
+            self.alert_view.refresh()
         if self.pending is not None and self.pending.step in ch.loaded:
             loc, self.pending = self.pending, None
             self.nav.land(loc)
@@ -367,12 +290,7 @@ class MainScreen(Screen[None]):
             if ch.alerts_added:
                 self.stepping.open_at_first_origin()
             self.stepping.loaded(ch)
-        if ch.progress is not None:
-            self._count_progress = ch.progress
-        elif ch.progress_done:
-            self._count_progress = None
-        if ch.progress is not None or ch.progress_done or ch.events_changed or ch.evicted:
-            self._update_progress()
+        self.shown.progress(ch)
         for err in ch.errors:
             self.notify(err, severity="error", timeout=8)
         if step is not None and (step in ch.steps_changed or step in ch.events_changed):
@@ -413,166 +331,28 @@ class MainScreen(Screen[None]):
             return None
         return f"asked: {text}"
 
-    def _steps_sparkline(self, *, force: bool = False) -> None:
-        """The steps panel's subtitle: gradient norms (or losses) across all steps."""
-        key = (self.store.overview_version, len(self.store.order), self.steps.size.width)
-        if key == getattr(self, "_spark_key", None) and not force:
-            return
-        self._spark_key = key
-        self.steps.border_subtitle = self.steps.sparkline(max(0, self.steps.size.width - 6))
-
-    def _update_progress(self) -> None:
-        """The progress row: the shown step streaming in, else the source's own progress (a
-        scan, the count pass)."""
-        step = self.current_step
-        loading = self.store.loading.get(step) if step is not None else None
-        if loading is not None and step is not None:
-            done, total, events = loading
-            info = self.store.info(step)
-            expect = info.n_events if info is not None and info.counted else 0
-            if expect >= events > 0:
-                self._show_progress(
-                    f"loading step {step}: {events:,} of {expect:,} events", events, expect
-                )
-            else:
-                self._show_progress(
-                    f"loading step {step}: {events:,} events, part {done} of {total}", done, total
-                )
-        elif self._count_progress is not None:
-            counted, of, label = self._count_progress
-            self._show_progress(label, counted, of)
-        else:
-            self._show_progress(None)
-
-    def _show_progress(self, label: str | None, done: float = 0, total: float = 0) -> None:
-        row = self.query_one("#progress-row")
-        if label is None:
-            row.display = False
-            self._progress_visible = False
-            return
-        row.display = True
-        self._progress_visible = True
-        self.query_one("#progress-label", Label).update(label)
-        self.query_one(ProgressBar).update(total=max(total, 1), progress=done)
-
-    # -- steps -------------------------------------------------------------------------------
-    def _open_on_a_traced_step(self) -> None:
-        """Move a recording opened on an empty step to its first step with ops or nodes."""
-        store, opened = self.store, self._opened_on
-        if self.current_step != opened:  # the user moved, or an origin was opened
-            self._opened_on = None
-            return
-        info = store.info(opened) if opened is not None else None
-        if info is None or not info.counted:
-            return
-        if info.n_ops or info.nodes or info.n_aten:
-            self._opened_on = None
-            return
-        for step in store.order:
-            later = store.info(step)
-            if later is None or not later.counted:
-                return  # not known yet: wait for the count pass
-            if later.n_ops or later.nodes or later.n_aten:
-                self._opened_on = None
-                self.show_step(step)
-                return
-
+    # -- the shown step and following the newest (shown_step.py) ----------------------------
     def show_step(self, step: int, *, keep_position: bool = False) -> None:
-        store = self.store
-        if step not in store:
-            return
-        self.current_step = step
-        store.pin({step})
-        self.steps.select_step(step)
-        data = store.data(step)
-        message = ""
-        if data is None:
-            if self.request_step(step):
-                message = f"loading step {step}…"
-            else:
-                message = (
-                    f"step {step} is no longer in memory "
-                    "(the UI keeps the newest steps; record the job to replay older ones)"
-                )
-        keep = self.timeline.current_row() if keep_position else None
-        self.timeline.set_step(store, step, data, message)
-        if keep is not None:
-            self.timeline.select(keep.kind, keep.seq, center=True)
-        if self.center == "graph":
-            self.graph.set_step(store, data, message)
-        self.sync_pause_marks()
-        if data is None and self.timeline.pending is None:
-            self.detail.show_message(message)
-        elif data is not None and self.timeline.row_count() == 0:
-            self.detail.show_message(self.timeline.empty_text())
-        self.refresh_title()
-        self._update_progress()
-        self.refresh_status()
+        self.shown.show(step, keep_position=keep_position)
 
     def request_step(self, step: int) -> bool:
-        """Ask the source for a step that is not in memory (a step already loading is not
-        asked again). False when it cannot come back: evicted from a live job's stream."""
-        store, source = self.store, self.host.source
-        info = store.info(step)
-        if info is None:
-            return False
-        if info.state == LOADING:
-            return True
-        if info.state == ON_DISK or (info.state == EVICTED and source.can_reload):
-            store.mark_loading(step)
-            source.request_step(step)
-            self.steps.refresh_rows()
-            return True
-        return False
+        return self.shown.request(step)
 
     def action_prev_step(self) -> None:
-        self._step_by(-1)
+        self.shown.step_by(-1)
 
     def action_next_step(self) -> None:
-        self._step_by(1)
+        self.shown.step_by(1)
 
-    def _step_by(self, delta: int) -> None:
-        order = self.store.order
-        if not order:
-            return
-        i = self.store.step_index(self.current_step) if self.current_step is not None else None
-        i = 0 if i is None else max(0, min(len(order) - 1, i + delta))
-        self.set_follow(False)
-        self.show_step(order[i])
-
-    # -- follow ------------------------------------------------------------------------------
     def set_follow(self, on: bool) -> None:
-        self.follow = on and self.live
+        self.shown.set_follow(on)
 
     def watch_follow(self, on: bool) -> None:
-        if not self.ready:
-            return
-        self.timeline.follow = on
-        if on and self.store.newest_step is not None:
-            if self.store.newest_step != self.current_step:
-                self.show_step(self.store.newest_step)
-            self.timeline.data_changed()
-        self.refresh_title()
-        self.refresh_status()
+        if self.ready:
+            self.shown.follow_changed(on)
 
     def action_follow(self) -> None:
-        """Follow the newest step (live). Pressed while following, it stays on (any move in
-        the timeline turns it off; ``end`` or ``f`` turn it on again)."""
-        if not self.live:
-            self.notify(
-                "f follows a live job's newest step; a recording does not grow "
-                "([ ] or :N move between steps)",
-                timeout=4,
-            )
-            return
-        if self.follow:
-            newest = self.store.newest_step
-            if newest is not None and newest != self.current_step:
-                self.show_step(newest)
-            self.timeline.data_changed()  # back to the newest row
-            self.notify("following the newest step (any move stops it)", timeout=2)
-            return
-        self.set_follow(True)
+        self.shown.follow_key()
 
     def on_op_timeline_follow_changed(self, event: OpTimeline.FollowChanged) -> None:
         self.set_follow(event.following)
@@ -580,12 +360,8 @@ class MainScreen(Screen[None]):
     # -- list events -------------------------------------------------------------------------
     def on_virtual_list_highlighted(self, event: VirtualList.Highlighted) -> None:
         if event.widget is self.steps:
-            # the cursor's step, not the message's row: rows may have come in before it since
-            step = self.steps.current_step
-            if event.user and step is not None and step != self.current_step:
-                if step != self.store.newest_step:
-                    self.set_follow(False)
-                self.show_step(step)
+            if event.user:
+                self.shown.from_step_list()
         elif event.widget is self.timeline:
             if event.user:
                 self.show_detail()
@@ -634,7 +410,7 @@ class MainScreen(Screen[None]):
     def action_escape(self) -> None:
         """Back to the timeline, from wherever: a maximised panel, the graph, a side panel."""
         if self.maximised is not None:
-            self._restore()
+            self.panels.restore()
             return
         if self.center == "graph":
             self.show_timeline()
@@ -675,53 +451,27 @@ class MainScreen(Screen[None]):
     def on_tree_node_selected(self, event: Tree.NodeSelected) -> None:
         self.graph_view.node_selected(event)
 
-    # -- alerts ------------------------------------------------------------------------------
+    # -- alerts (alerts.py) -----------------------------------------------------------------
     def action_alerts(self) -> None:
-        if not self.alerts.rows:  # this lane's, or the job's when its ranks are open
-            self.notify("no alerts: no NaN/Inf has appeared", timeout=3)
-        self.alerts.focus()
+        self.alert_view.key()
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
-        # Only while the user is in the list: a new alert highlights itself, and must not take
-        # the detail away from the event being looked at (or the job's pause).
-        if event.control is self.alerts and self.alerts.has_focus:
-            self._show_alert(event.option_index)
+        if event.control is self.alerts:
+            self.alert_view.highlighted(event.option_index)
 
     def on_descendant_focus(self, event: events.DescendantFocus) -> None:
-        if event.widget is self.alerts and self.alerts.highlighted is not None:
-            self._show_alert(self.alerts.highlighted)
-        self._side_for_focus()
+        if event.widget is self.alerts:
+            self.alert_view.focused()
+        self.panels.side_for_focus()
         if self.ready:
             self.key_bar.show(self.hints())
 
-    def _show_alert(self, index: int) -> None:
-        if 0 <= index < len(self.alerts.alerts):
-            origin = self.alerts.alerts[index]
-            self.detail.show_alert(origin, self.alerts.knock_on_of(origin))
-
-    def refresh_alerts(self) -> None:
-        """The alerts list: this lane's alerts, or with the ranks of a job open, the job's
-        view (each origin once, every rank's alerts)."""
-        self.alerts.set_alerts(self.store.alerts, self.host.job_alerts())
-
     def on_alert_list_jump(self, event: AlertList.Jump) -> None:
-        step = event.alert.get("step")
-        if event.alert.get("what") == "spike" and type(step) is int:
-            # A spike names no event (the watch reads figures, not ops): its step on the
-            # history plot, among the run's other steps.
-            self.sharing.history(step)
-            return
-        self.jump_to_alert(event.alert)
+        self.alert_view.jump(event.alert)
 
     def on_alert_list_jump_to_lane(self, event: AlertList.JumpToLane) -> None:
-        """An origin another rank made: show that rank's lane, then its event (no alignment
-        with the op left: the jump says where to land)."""
         event.stop()
-        self.host.select_lane(event.lane, align=False)
-        self.jump_to_alert(event.alert)
-
-    def jump_to_alert(self, alert: Event) -> None:
-        self.nav.jump_to_alert(alert)
+        self.alert_view.jump_to_lane(event.lane, event.alert)
 
     # -- search, filter, go to, export: the prompt (its modes: prompt.py) ------------------
     def open_prompt(self, name: str) -> None:
@@ -813,7 +563,7 @@ class MainScreen(Screen[None]):
             return
         self.open_prompt("export")
 
-    # -- y, H (sharing.py) -------------------------------------------------------------------
+    # -- y (sharing.py), H (run_history.py) --------------------------------------------------
     def selected_event(self) -> tuple[dict | None, str | None]:
         return self.sharing.selected_event()
 
@@ -821,7 +571,7 @@ class MainScreen(Screen[None]):
         self.sharing.copy()
 
     def action_history(self) -> None:
-        self.sharing.history()
+        self.history_plot.open()
 
     # -- misc --------------------------------------------------------------------------------
     def action_stat_mode(self) -> None:

@@ -1,6 +1,5 @@
 """What leaves the main screen: ``y`` copies the selected event (or alert, or the values
-fetched at the pause) to the clipboard (OSC 52); ``H`` opens the run's history, from which a
-live job is armed."""
+fetched at the pause) to the clipboard (OSC 52)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ from torchscope.session.format import short_name
 from torchscope.session.rows import PendingRow
 from torchscope.session.stepper_view import event_name
 from torchscope.tui.screens.copy import CopyScreen, copy_choices
-from torchscope.tui.screens.history import HistoryScreen
 from torchscope.tui.screens.main.context import MainContext
 
 
@@ -83,20 +81,3 @@ class Sharing:
         if len(preview) > 60:
             preview = preview[:59] + "…"
         self.main.notify(f"copied {what}: {preview}", timeout=4)
-
-    def history(self, step: int | None = None) -> None:
-        """The run's history (loss, |g|, per-module norms); from it, arm a live job. The
-        cursor starts on ``step``, else on the step list's row."""
-        m = self.main
-        now = m.host.status.get("step") if m.live else None
-        steps = m.steps
-        row = steps.row_step(steps.cursor) if steps.cursor >= 0 else None
-        row = step if step is not None else row
-        m.app.push_screen(
-            HistoryScreen(
-                m.store,
-                live=m.live,
-                job_step=now if type(now) is int else None,
-                step=row,
-            )
-        )

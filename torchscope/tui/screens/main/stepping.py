@@ -108,7 +108,7 @@ class Stepping:
         key = id(m.store)
         if key in self._opened or not m.at_origin:
             return
-        if m.history or m.store.stepper.paused is not None:
+        if m.back_stack or m.store.stepper.paused is not None:
             self._opened.add(key)
             return
         landed = self._cursor().open()
