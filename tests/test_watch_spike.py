@@ -485,6 +485,7 @@ def test_growing_attention_logits_are_named_at_the_attention_module_before_any_n
     assert det["what"] == "spike" and det["lead"] == "gradient norm"
     named = [m for m, _ in det["spike"]["modules"]]
     assert named[0] == "model.body.layers.0.self_attn (MultiheadAttention)", lines[0]
+    assert set(named[1:]) == {"model.emb (Embedding)", "model (TinyLM)"}, lines[0]  # .pos
     assert "jumped most: model.body.layers.0.self_attn (MultiheadAttention) \u00d7" in lines[0]
     assert not any("the inputs of" in x for x in lines)  # token ids: no float input
     assert lines[-1].endswith("the weights did it, not the batch")

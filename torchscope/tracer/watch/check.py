@@ -28,7 +28,6 @@ from torchscope.tracer.watch.norms import (
     GRADNORM,
     INF,
     NAN,
-    OTHER,
     ModuleNorms,
     confirm,
     norm_of,
@@ -469,13 +468,7 @@ class StepCheck(SpikeCheck):
         lines: list[str] = []
         origin: dict[str, Any] = {}
         if spike is not None:
-            try:
-                named = self._naming_roots()
-                for path, ratio in spike.top_modules():
-                    text = module_text({"module": path}, *named) if path != OTHER else None
-                    modules.append((text or path, ratio))
-            except Exception as exc:
-                self._error("naming the modules", exc)
+            modules = self._jumped_modules(spike)
             lines.append(spike_line(spike, who, modules))
             origin = self._spike_origin(who, lines)
         if diverging is not None:

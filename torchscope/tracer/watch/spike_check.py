@@ -12,12 +12,13 @@ import torch
 from torchscope.tracer.errors import ReportOnce
 from torchscope.tracer.ranks import speaker
 from torchscope.tracer.watch.naming import bound_name, module_text
+from torchscope.tracer.watch.norms import OTHER
 
 if TYPE_CHECKING:
     from torchscope.tracer.armed.session import Tracer
     from torchscope.tracer.watch.capture import Call
     from torchscope.tracer.watch.spike_origin import SpikeSources
-    from torchscope.tracer.watch.spikes import Spikes
+    from torchscope.tracer.watch.spikes import Spike, Spikes
 
 
 class SpikeCheck:
@@ -39,6 +40,22 @@ class SpikeCheck:
 
     def _say(self, line: str) -> None:
         raise NotImplementedError
+
+    def _jumped_modules(self, spike: Spike) -> list[tuple[str, float]]:
+        """The modules whose gradient norms jumped most, as the spike's line names them:
+        ``(model.fc2 (Linear), ratio)``; a root model's own parameters (a positional
+        embedding) as the model, ``model (TinyLM)``."""
+        modules: list[tuple[str, float]] = []
+        try:
+            named = self._naming_roots()
+            for path, ratio in spike.top_modules():
+                text = None
+                if path != OTHER:
+                    text = module_text({"module": path}, *named) or _root_text(path, named[0])
+                modules.append((text or path, ratio))
+        except Exception as exc:
+            self._error("naming the modules", exc)
+        return modules
 
     def _spike_sources(self) -> SpikeSources:
         from torchscope.tracer.watch.spike_origin import SpikeSources
@@ -122,3 +139,13 @@ class SpikeCheck:
                 f'{speaker()}: on_spike="pause" has no UI or stepper to pause for: the job goes '
                 'on as under "continue"'
             )
+
+
+def _root_text(path: str, roots: list[tuple[torch.nn.Module, torch.nn.Module]]) -> str | None:
+    """``model (TinyLM)``: the top-level module whose own parameters the module norms name
+    by its class (``path``), or None where no root has that class."""
+    for root in roots:
+        if type(root[1]).__name__ == path:
+            name = bound_name(root)
+            return f"{name} ({path})" if name else None
+    return None
