@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -273,3 +274,27 @@ def test_the_two_front_ends_never_import_each_other() -> None:
         if m == f"torchscope.{b}" or m.startswith(f"torchscope.{b}.")
     }
     assert wrong == set()
+
+
+_BROAD = re.compile(
+    r"except (Exception|BaseException)( as \w+)?:|suppress\((Exception|BaseException)\)"
+)
+_REPORTS = re.compile(
+    r"\b(say|_say|print|report|record|error|warn|notify|log)\w*\(|\braise\b|\bexc\b"
+)
+
+
+def test_every_broad_handler_says_why_or_reports() -> None:
+    """A handler that catches everything either reports what it caught, re-raises, or says in
+    a comment (on its line, the line before or its first line) why nothing is lost."""
+    silent = []
+    for p in PACKAGE.rglob("*.py"):
+        lines = p.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if not _BROAD.search(line):
+                continue
+            near = [line, lines[i - 1].strip() if i else "", *lines[i + 1 : i + 2]]
+            if any("#" in x for x in near) or _REPORTS.search(" ".join(lines[i + 1 : i + 4])):
+                continue
+            silent.append(f"{module_name(p)}:{i + 1}: {line.strip()}")
+    assert silent == []

@@ -256,7 +256,7 @@ def latest_loss(client: Any, timeout: float) -> str:
     """The job's newest loss, for ``ls`` ("-": none yet, or a job that keeps no history)."""
     try:
         reply = client.request("history", timeout=timeout, max_points=0)
-    except Exception:
+    except Exception:  # an old or busy job: ls shows none
         return "-"
     latest = reply.get("latest")
     return _num(latest.get("loss")) if isinstance(latest, dict) else "-"

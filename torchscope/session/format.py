@@ -293,7 +293,7 @@ def source_context(
     path, line = found
     try:
         lines = linecache.getlines(path)
-    except Exception:
+    except Exception:  # an unreadable source file: no context
         return None
     if not lines or line < 1 or line > len(lines):
         return None

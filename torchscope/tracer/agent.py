@@ -310,10 +310,10 @@ class Agent:
         ranks = self.ranks
         publisher = self.outputs.publisher
         if ranks.rank_records is None and self._in_job and publisher is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # no store yet: shared later
                 ranks.share_endpoint(publisher.record.to_dict())
         if ranks.arrivals:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # tried again at the next boundary
                 ranks.match_arrivals()
         self._history_at_boundary(step)
         holders = self.holders
@@ -335,7 +335,7 @@ class Agent:
             history.traced_now = False
             return
         if self.tracer is not None and self.tracer.modules.has_ddp:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # no DDP roots known: none marked
                 roots = self.tracer.modules.ddp_roots()
                 ranks.check_replicas(step, [m for m in roots if not is_fsdp2(m)])
         try:
@@ -439,7 +439,7 @@ class Agent:
         for sink in self.sinks:
             if sink is publisher and not publisher.subscribed:
                 continue
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # a sink reports its own failure
                 sink([event])
 
     def steps_seen(self) -> tuple[int, int]:
@@ -727,7 +727,7 @@ def _fit_reply(reply: dict[str, Any]) -> dict[str, Any]:
 def _on_sigterm(signum: int, frame: Any) -> None:
     agent = _agent
     if agent is not None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # the job is ending anyway
             agent.stop()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
@@ -737,7 +737,7 @@ def _forget_in_child(ref: weakref.ref[Agent]) -> None:
     global _agent
     agent = ref()
     if agent is not None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # the job is ending anyway
             agent.abandon()
     _agent = None
 
@@ -772,7 +772,7 @@ def optimizer_step_count() -> int:
             for state in obj.state.values():
                 step = state.get("step") if isinstance(state, dict) else None
                 if step is not None:
-                    with contextlib.suppress(Exception):
+                    with contextlib.suppress(Exception):  # an odd optimizer state: not a step
                         best = max(best, int(step))
     return best
 

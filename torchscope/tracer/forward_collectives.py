@@ -54,7 +54,7 @@ def ddp_communicates(ddp: Any) -> bool:
             and not ddp._has_rebuilt_buckets
             and (ddp.static_graph or not ddp.find_unused_parameters)
         )
-    except Exception:
+    except Exception:  # DDP's internals moved: meet to be safe
         return True
 
 
@@ -78,7 +78,7 @@ class ForwardCollectives:
                     kind = _kind(m)
                     if kind is not None:
                         found.append((weakref.ref(m), kind))
-            except Exception:
+            except Exception:  # an odd module: not a wrapper we know
                 pass
             with contextlib.suppress(TypeError):  # not weakly referable: looked at again
                 self._inside[module] = found

@@ -117,9 +117,9 @@ def _exit(code: int) -> NoReturn:
         # Leaving the job: each part is tried, none may keep the process from exiting.
         with contextlib.suppress(Exception):
             shutdown()
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # exiting regardless
         atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # exiting regardless
             stream.flush()
     os._exit(code)

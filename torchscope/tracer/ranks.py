@@ -48,7 +48,7 @@ def speaker() -> str:
 def say_line(text: str) -> None:
     """One line on stderr in one write (ranks sharing a terminal must not interleave it);
     a closed or broken stderr is not the job's problem."""
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # a broken stderr: not the job's problem
         sys.stderr.write(text + "\n")
         sys.stderr.flush()
 
@@ -91,7 +91,7 @@ def job_store() -> tuple[Any, int, int] | None:
         from torch.distributed import distributed_c10d
 
         return distributed_c10d._get_default_store(), dist.get_rank(), world
-    except Exception:
+    except Exception:  # no c10d store: ranks cannot meet
         return None
 
 
@@ -106,9 +106,9 @@ def pg_timeout_seconds() -> float | None:
             return None
         pg = dist.distributed_c10d._get_default_group()
         for device in ("cuda", "cpu"):
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # another backend: try the next
                 return pg._get_backend(torch.device(device)).options._timeout.total_seconds()
-    except Exception:
+    except Exception:  # a timeout we cannot read: none said
         pass
     return None
 
@@ -258,7 +258,7 @@ class RankPauses:
 
     def tell(self, where: str | None) -> None:
         """This rank paused at ``where``; None: it went on (never raises)."""
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a store gone: the meeting waits on
             key = f"torchscope/paused/{self.rank}"
             if where is not None:
                 self.store.set(key, where)
@@ -380,7 +380,7 @@ class RankGate:
         """The other ranks paused now ({} when the store cannot say: the meeting goes on)."""
         try:
             return self.pauses.paused()
-        except Exception:
+        except Exception:  # a store that cannot answer
             return {}
 
     def _paused_outside(self, key: str, pause: PauseInWait) -> int:
@@ -436,11 +436,11 @@ class JobUiSignal:
         """Whether a UI reached some rank of the job (False when the store cannot answer)."""
         try:
             return bool(self._connected().check([self.key]))
-        except Exception:
+        except Exception:  # a store that cannot answer
             return False
 
     def announce(self) -> None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a store gone: other ranks ask again
             self._connected().set(self.key, "1")
 
 

@@ -80,7 +80,7 @@ class ServedWatch:
     def remove(self) -> None:
         """The watch's hooks go (the job ends; a forked child drops them)."""
         if self.watch is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # hooks gone with their modules
                 self.watch.remove()
 
     def stop_listening(self) -> None:

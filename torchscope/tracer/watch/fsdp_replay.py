@@ -54,7 +54,7 @@ def agree(step: int, replaying: bool, say: Callable[[str], None]) -> str | None:
     keys = [f"{key}/{r}" for r in range(world)]
     try:
         store.wait(keys, datetime.timedelta(seconds=wait))
-    except Exception:
+    except Exception:  # a timeout or a store gone
         return f"not every rank found step {step} bad within {wait:.0f} s"
     words = [store.get(k) for k in keys]
     if any(w != b"1" for w in words):

@@ -191,7 +191,7 @@ def bound_name(objects: Iterable[nn.Module]) -> str | None:
             if name is not None:
                 return name
         return None
-    except Exception:
+    except Exception:  # frames of odd objects: class name
         return None
     finally:
         del frames, frame

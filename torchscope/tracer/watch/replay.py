@@ -286,7 +286,7 @@ class Replay:
             stepper = tracer.stepper
             for bp in bps:
                 if stepper is not None:
-                    with contextlib.suppress(Exception):
+                    with contextlib.suppress(Exception):  # gone already: nothing to undo
                         stepper.delete_breakpoint(bp)
             try:
                 tracer.stop()
@@ -681,7 +681,7 @@ def _holds_nonfinite(node: Any) -> bool:
             continue
         try:
             value = getattr(node, attr)
-        except Exception:
+        except Exception:  # a node's odd attribute: skipped
             continue
         for t in value if isinstance(value, (list, tuple)) else (value,):
             if (

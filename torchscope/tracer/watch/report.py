@@ -26,7 +26,7 @@ def watching_words(watch: str, on_nan: str, on_spike: str) -> str:
     text = f"{watch}, then {on_nan}"
     try:
         spike = parse_watch_spec(watch).spike
-    except Exception:
+    except Exception:  # a spec refused earlier
         spike = False
     return f"{text}; on a spike: {on_spike}" if spike and on_spike != on_nan else text
 

@@ -205,7 +205,7 @@ class FileSource(EventSource):
         with contextlib.suppress(OSError):
             if proc.poll() is None:
                 proc.kill()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # killed above: a zombie only
             proc.wait(timeout=5)
         if proc.stdout is not None:
             proc.stdout.close()

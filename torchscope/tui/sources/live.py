@@ -168,7 +168,7 @@ class LiveSource(EventSource):
         boundary). A job that cannot be armed (a ``trace(live=True)`` block) is traced anyway."""
         try:
             result = self.client.request("arm", timeout=self.timeout)
-        except Exception:
+        except Exception:  # a gone job: its end comes as news
             return
         self._armed = True
         if isinstance(result.get("tracing"), str):
@@ -181,7 +181,7 @@ class LiveSource(EventSource):
         c = self.client
         if c is None or getattr(c, "ended", False) or not getattr(c, "alive", True):
             return
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a gone job needs no disarm
             c.request("disarm", timeout=0.5)
 
     def _ask_state(self, inbox: Inbox) -> None:
@@ -189,14 +189,14 @@ class LiveSource(EventSource):
         (no one waits for it). A job without step-through control refuses: nothing to say."""
         try:
             result = self.client.request("state", timeout=self.timeout)
-        except Exception:
+        except Exception:  # a gone job: its end comes as news
             return
         inbox.put(Reply(0, "state", {}, result))
 
     def _close_client(self) -> None:
         client, self.client = self.client, None
         if client is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # closing: nothing left to tell
                 client.close()
 
     def _job_gone(self) -> bool:

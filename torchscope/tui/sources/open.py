@@ -115,7 +115,7 @@ def _ranks_through_the_job(record: Any) -> list[Any] | None:
             hello = client.connect(record, timeout=2.0)
             listed = client.request("ranks")["ranks"]
         ranks = [ep.SessionRecord.from_dict(r) for r in listed]
-    except Exception:
+    except Exception:  # not a ranked job: opened alone
         return None
     reached = hello.get("rank")
     for r in ranks:
@@ -142,7 +142,7 @@ def dialable(endpoint: str, host: str) -> str:
         return endpoint
     try:
         bound, port = split_tcp(endpoint)
-    except Exception:
+    except Exception:  # not tcp: kept as given
         return endpoint
     if bound not in _ANY_HOSTS or port is None:
         return endpoint
