@@ -55,24 +55,28 @@ def test_a_rank_held_before_its_forward_past_the_group_timeout_kills_neither(tmp
             said = (
                 f"torchscope[rank 0]: waiting before DistributedDataParallel.forward at step {at}"
             )
-            line = waiting = None
+            line = waiting = beat = None
             # A fixed time, on purpose: the pause must outlast the process group's timeout,
             # a real-time clock inside the other rank's collective (another process): no
             # condition of ours can stand for it. Meanwhile both UIs keep their leases, and
             # what rank 0 says and shows is looked at.
-            while time.monotonic() - held < HOLD or line is None or waiting is None:
+            while time.monotonic() - held < HOLD or None in (line, waiting, beat):
                 assert time.monotonic() < deadline, f"rank 0: {waiting}, {seen.err[-3000:]}"
                 ui1.request("ping")
                 # What a UI on rank 0 sees: it waits, before which call, for which rank, why.
                 shown = ui0.request("state")["state"].get("waiting")
                 if shown is not None and "1" in shown.get("paused", {}):
                     waiting = shown
+                ui0.recv(timeout_ms=50)  # ... and its heartbeats carry the same
+                if ui0.waiting is not None and "1" in ui0.waiting.get("paused", {}):
+                    beat = ui0.waiting
                 line = next((x for x in seen.err.splitlines() if x.startswith(said)), None)
                 time.sleep(0.2)
             assert "rank 1 is paused at torch.randn" in line, line
             assert waiting["before"] == "DistributedDataParallel.forward", waiting
             assert (waiting["step"], waiting["here"], waiting["of"]) == (at, 1, 2), waiting
             assert waiting["paused"]["1"].startswith("torch.randn (before) at "), waiting
+            assert beat["before"] == waiting["before"] and beat["step"] == at, beat
             assert ui1.request("state")["state"]["paused"] is not None
             pace.unlink()  # the rest of the job need not wait
             ui1.request("continue")

@@ -494,3 +494,19 @@ def test_compare_table_two_columns_says_what_diff_would_and_a_lone_nan_is_the_ou
     table = build_table([Column("A", 0, dict(node)), Column("B", 0, bad), Column("C", 0, None)])
     assert table.outlier == 1 and "NaN/Inf" in table.why
     assert table.columns[2].event is None and not table.aligned
+
+
+def test_the_bar_says_which_rank_waits_for_a_paused_one():
+    """A rank held in a meeting of the ranks by a paused one (its heartbeats carry
+    ``waiting``) is named in the source bar with the rank it waits for."""
+    from types import SimpleNamespace
+
+    from torchscope.tui.widgets.source_bar import waiting_text
+
+    wait = {"before": "DistributedDataParallel.forward", "step": 7, "here": 1, "of": 2}
+    held = SimpleNamespace(live=True, status={"waiting": {**wait, "paused": {"1": "torch.randn"}}})
+    assert waiting_text(held, "rank 0") == "rank 0 waits for rank 1"
+    unknown = SimpleNamespace(live=True, status={"waiting": wait})
+    assert waiting_text(unknown, "rank 0") == "rank 0 waits for the other ranks"
+    running = SimpleNamespace(live=True, status={"waiting": None})
+    assert waiting_text(running, "rank 0") == ""

@@ -254,6 +254,8 @@ class JobLink:
             # A paused job is traced, whatever the last heartbeat said before the pause.
             "tracing": TRACED if self.paused is not None else c.tracing,
             "held": self.held,
+            # held in a meeting of the ranks by a paused one: before what, who is paused where
+            "waiting": c.waiting,
             "script": self.session.get("script"),
             "gone": self.gone,
         }

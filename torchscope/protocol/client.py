@@ -47,6 +47,7 @@ from torchscope.protocol.events import Event
 from torchscope.protocol.frames import (
     BYE,
     EVENTS,
+    HEARTBEAT,
     build_request,
     check_result,
     parse_frame,
@@ -181,6 +182,7 @@ class SessionClient:
         self._sent = None
         self.step = None
         self.tracing = None
+        self.waiting: dict[str, Any] | None = None  # the meeting this rank is held in, if any
         self._last_seen = None
 
     def _uses_curve(self, endpoint: str) -> bool:
@@ -317,6 +319,9 @@ class SessionClient:
             self.step = d["step"]
         if isinstance(d.get("tracing"), str):
             self.tracing = d["tracing"]
+        if d.get("type") == HEARTBEAT:  # a rank held in a meeting says what it waits for
+            wait = d.get("waiting")
+            self.waiting = wait if isinstance(wait, dict) else None
 
     # -- events ---------------------------------------------------------------------------------
     def recv(self, timeout_ms: int = 100) -> list[dict[str, Any]]:

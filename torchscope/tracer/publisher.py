@@ -532,6 +532,11 @@ class EventPublisher:
             tracing=self.tracing_state(),
         )
         msg["sent"] = self.events_sent
+        from torchscope.tracer.ranks import waiting  # a plain read of what this rank waits for
+
+        wait = waiting()
+        if wait is not None:  # a rank held in a meeting by a paused one: UIs show it
+            msg["waiting"] = wait
         self._send(pub, pack(msg))
 
     def _send(self, pub: zmq.Socket, data: bytes) -> bool:

@@ -283,6 +283,9 @@ class LiveSource(EventSource):
         status: dict[str, Any] = {}
         if "paused" in frame:
             status["paused"] = bool(frame["paused"])
+        if frame.get("type") == "heartbeat":  # a rank held in a meeting by a paused one
+            wait = frame.get("waiting")
+            status["waiting"] = wait if isinstance(wait, dict) else None
         state = frame.get("state")
         if isinstance(state, dict) and "paused" in state:
             status["paused"] = bool(state["paused"])

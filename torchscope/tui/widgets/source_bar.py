@@ -51,6 +51,21 @@ def pg_timeout(lanes: list[Lane]) -> float | None:
     return None
 
 
+def waiting_text(lane: Lane, label: str) -> str:
+    """ "rank 0 waits for rank 1" while a lane's rank is held in a meeting of the ranks by a
+    paused one (its heartbeats say so); "" otherwise."""
+    wait = lane.status.get("waiting") if lane.live else None
+    if not isinstance(wait, dict):
+        return ""
+    paused = wait.get("paused")
+    who = (
+        ", ".join(f"rank {r}" for r in sorted(paused, key=str))
+        if isinstance(paused, dict) and paused
+        else "the other ranks"
+    )
+    return f"{escape(label)} waits for {escape(who)}"
+
+
 class SourceBar(Static):
     DEFAULT_CSS = """
     SourceBar {
@@ -117,6 +132,9 @@ class SourceBar(Static):
                 style = "$error" if since > 0.8 * timeout else "$warning"
                 text = f"[{style}]{text} of {duration_text(timeout)} pg timeout[/]"
             parts.append((2, text))
+        waits = [waiting_text(lane, label) for lane, label in zip(lanes, labels, strict=True)]
+        if any(waits):
+            parts.append((2, f"[$warning]{'; '.join(w for w in waits if w)}[/]"))
         self._parts = parts
         self.text = Content.from_markup(" │ ".join(m for _, m in parts)).plain
         self._render_parts()
