@@ -46,6 +46,7 @@ ROWS = {
     "dormant": "torchscope run (dormant, live, nobody attached)",
     "watch": "torchscope run --watch nan",
     "watch_noloop": "torchscope run --watch nan, loop code unrecorded (diagnostic)",
+    "watch_spike": "torchscope run --watch nan,spike",
 }
 TRACING_ROWS = ("floor", "traced", "trace")
 WARMUP = 5
@@ -71,6 +72,7 @@ def inner(row: str, workload: str, steps: int) -> None:
         "dormant": lambda: served(),
         "watch": lambda: served(watch="nan"),
         "watch_noloop": lambda: loop_unrecorded(served(watch="nan")),
+        "watch_spike": lambda: served(watch="nan,spike"),
     }[row]
 
     def loop(n: int) -> None:
