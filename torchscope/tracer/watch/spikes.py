@@ -13,6 +13,10 @@ when either is):
 - the window: the figures of the last ``window`` (128) good steps, the median ``m`` and the
   robust spread ``s = 1.4826 * MAD`` (the median absolute deviation, scaled to be sigma for
   normal noise) of them;
+- for the loss, ``s`` is the larger of that and its upper tail's spread, ``(q95 - m) /
+  1.645`` (the window's 95th percentile; sigma for normal noise): a loss whose batches vary
+  with a heavy upper tail (a regression's few hard samples, 5x the median now and then) is
+  not a spike within it;
 - the loss spiked when it is above ``m + sigmas * s`` (``sigmas`` 6) *and* at least
   ``min_ratio`` (2) times ``m``: a flat loss whose spread is tiny does not alarm at a small
   wobble;
@@ -53,6 +57,7 @@ WARMUP = 8  # figures in the window before a step is judged
 LASTING = 16  # spiked steps in a row that make a new level: the window starts again
 TOP_MODULES = 3  # modules named in the line
 MAD_SIGMA = 1.4826  # MAD -> sigma for normal noise
+UPPER_Q, UPPER_Z = 0.95, 1.645  # the loss's upper-tail spread: its 95th percentile, in sigmas
 CARRIED = 2.0  # modules whose gradient norm jumped within this factor of the largest jump
 
 # (module names, the check's row, where the modules' squared norms start in it)
@@ -88,6 +93,12 @@ class _Figure:
 
     def sigma(self, median: float) -> float:
         return MAD_SIGMA * _median_sorted(sorted(abs(v - median) for v in self.sorted))
+
+    def upper_sigma(self, median: float) -> float:
+        """The spread of the window's upper tail: (its 95th percentile - the median) / 1.645,
+        sigma for normal noise, larger where the tail is heavy."""
+        values = self.sorted
+        return (values[round(UPPER_Q * (len(values) - 1))] - median) / UPPER_Z
 
 
 @dataclass
@@ -234,7 +245,8 @@ class Spikes:
         grad_up = grad_norm > self.grad_ratio * gm
         if not (loss_up or grad_up):
             return None
-        ls, gs = self._loss.sigma(lm), self._grad.sigma(gm)
+        ls = max(self._loss.sigma(lm), self._loss.upper_sigma(lm))
+        gs = self._grad.sigma(gm)
         loss_up = loss_up and loss > lm + self.sigmas * ls
         grad_up = grad_up and grad_norm > gm + self.sigmas * gs
         if not (loss_up or grad_up):
