@@ -568,9 +568,10 @@ def status_frame(
     pid: int,
     t: float,
     tracing: str | None = None,
+    waiting: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A heartbeat or bye frame."""
-    return {
+    """A heartbeat or bye frame; ``waiting``: the meeting of the ranks this rank is held in."""
+    out = {
         "tracing": tracing,
         "v": VERSION,
         "type": kind,
@@ -582,6 +583,9 @@ def status_frame(
         "pid": pid,
         "t": t,
     }
+    if waiting is not None:
+        out["waiting"] = waiting
+    return out
 
 
 _FRAME_COMMON = fields(

@@ -70,6 +70,7 @@ from torchscope.protocol.frames import (
     parse_request,
     status_frame,
 )
+from torchscope.tracer.ranks import waiting
 
 # Subscriptions whose topic starts with this byte are client tokens, not interest in data:
 # 0xC1 is never the first byte of a msgpack message, so no frame ever matches them.
@@ -530,13 +531,9 @@ class EventPublisher:
             pid=self.pid,
             t=time.time(),
             tracing=self.tracing_state(),
+            waiting=waiting(),  # a rank held in a meeting by a paused one: UIs show it
         )
         msg["sent"] = self.events_sent
-        from torchscope.tracer.ranks import waiting  # a plain read of what this rank waits for
-
-        wait = waiting()
-        if wait is not None:  # a rank held in a meeting by a paused one: UIs show it
-            msg["waiting"] = wait
         self._send(pub, pack(msg))
 
     def _send(self, pub: zmq.Socket, data: bytes) -> bool:
