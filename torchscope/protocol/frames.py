@@ -571,7 +571,7 @@ def status_frame(
     waiting: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A heartbeat or bye frame; ``waiting``: the meeting of the ranks this rank is held in."""
-    out = {
+    out: dict[str, Any] = {
         "tracing": tracing,
         "v": VERSION,
         "type": kind,
