@@ -396,7 +396,7 @@ async def test_one_ui_over_both_ranks_of_a_real_torchrun_job(tmp_path: Path):
     pytest.importorskip("torch")
     import time
 
-    from ranks import NAN_JOB, torchrun
+    from ranks import NAN_JOB, ended_well, torchrun
 
     from torchscope.protocol import endpoints as ep
 
@@ -450,7 +450,7 @@ async def test_one_ui_over_both_ranks_of_a_real_torchrun_job(tmp_path: Path):
         out, err = job.communicate(timeout=60)
     finally:
         job.kill()
-    assert job.returncode == 0, err[-3000:]
+    assert ended_well(job, err), err[-3000:]  # or gloo's abort at exit
     assert len([line for line in out.splitlines() if line.startswith("rank ")]) == 12  # 2 x 6
 
 
