@@ -694,23 +694,31 @@ def _holds_nonfinite(node: Any) -> bool:
     return False
 
 
-def _cut(obj: Any, depth: int = 0) -> Any:
-    """``obj`` with every tensor that has a ``grad_fn`` (the output of an earlier call, or of
-    loop code) replaced by a leaf with the same numbers: each replayed call's graph ends at its
-    own inputs, never reaching into the step's own graph (maybe freed, never ours to run)."""
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any], depth: int = 0) -> Any:
+    """``obj`` with ``fn`` applied to each tensor in it (in tuples, lists and plain dicts, three
+    levels deep; named tuples and other objects are kept as they are)."""
     if isinstance(obj, torch.Tensor):
-        if obj.grad_fn is None:
-            return obj
-        return obj.detach().requires_grad_(obj.requires_grad)
+        return fn(obj)
     if depth >= 3:
         return obj
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_cut(v, depth + 1) for v in obj)
+        return tuple(map_tensors(v, fn, depth + 1) for v in obj)
     if isinstance(obj, list):
-        return [_cut(v, depth + 1) for v in obj]
+        return [map_tensors(v, fn, depth + 1) for v in obj]
     if type(obj) is dict:
-        return {k: _cut(v, depth + 1) for k, v in obj.items()}
+        return {k: map_tensors(v, fn, depth + 1) for k, v in obj.items()}
     return obj
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    return t if t.grad_fn is None else t.detach().requires_grad_(t.requires_grad)
+
+
+def _cut(obj: Any) -> Any:
+    """``obj`` with every tensor that has a ``grad_fn`` (the output of an earlier call, or of
+    loop code) replaced by a leaf with the same numbers: each replayed call's graph ends at its
+    own inputs, never reaching into the step's own graph (maybe freed, never ours to run)."""
+    return map_tensors(obj, _leaf)
 
 
 def _pipeline_of(tracer: Any) -> Any:

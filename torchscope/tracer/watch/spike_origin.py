@@ -47,7 +47,12 @@ from torchscope.tracer.eager import RngState, rng_state, set_rng_state
 from torchscope.tracer.in_place import running_eagerly
 from torchscope.tracer.watch.capture import tensors_in, versions_of
 from torchscope.tracer.watch.growth import figure
-from torchscope.tracer.watch.replay import Replay, _Untraced, isolated_optimizer_hooks
+from torchscope.tracer.watch.replay import (
+    Replay,
+    _Untraced,
+    isolated_optimizer_hooks,
+    map_tensors,
+)
 from torchscope.tracer.watch.spikes import MAD_SIGMA, _median_sorted
 
 if TYPE_CHECKING:
@@ -277,19 +282,9 @@ class _autocast:
             c.__exit__(*exc)
 
 
-def _detached(obj: Any, depth: int = 0) -> Any:
+def _detached(obj: Any) -> Any:
     """``obj`` with its tensors detached (the same storage: nothing copied, no graph held)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach()
-    if depth >= 3:
-        return obj
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_detached(v, depth + 1) for v in obj)
-    if isinstance(obj, list):
-        return [_detached(v, depth + 1) for v in obj]
-    if type(obj) is dict:
-        return {k: _detached(v, depth + 1) for k, v in obj.items()}
-    return obj
+    return map_tensors(obj, torch.Tensor.detach)
 
 
 def _site(site: tuple[str, int, str] | None) -> str:
