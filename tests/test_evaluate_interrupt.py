@@ -186,7 +186,7 @@ def test_mcp_release_interrupts_an_expression_and_the_job_runs_on(tmp_path: Path
     pytest.importorskip("mcp")
     import anyio
     from mcp import Client
-    from test_mcp import DORMANT, ok, until
+    from test_mcp import ok, until
 
     from torchscope.mcp.server import build_server
 
@@ -225,14 +225,7 @@ def test_mcp_release_interrupts_an_expression_and_the_job_runs_on(tmp_path: Path
         job.wait_losses(len(job.losses) + 3)
     finally:
         job.stop()
-    # bit-identical to the same script never paused (nor served)
-    reference = tmp_path / "plain.py"
-    reference.write_text(DORMANT.replace("range(100000)", f"range({len(job.losses)})"))
-    plain = subprocess.run(
-        [sys.executable, str(reference)], capture_output=True, text=True, timeout=300
-    )
-    assert plain.returncode == 0, plain.stderr[-2000:]
-    assert plain.stdout.splitlines() == job.lines[: len(job.losses)]
+    job.assert_as_never_paused(tmp_path)
 
 
 class LossJob:
@@ -279,3 +272,15 @@ class LossJob:
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait(30)
+
+    def assert_as_never_paused(self, tmp_path: Path) -> None:
+        """Its losses so far are bit-identical to the same script never paused (nor served)."""
+        from test_mcp import DORMANT
+
+        reference = tmp_path / "plain.py"
+        reference.write_text(DORMANT.replace("range(100000)", f"range({len(self.losses)})"))
+        plain = subprocess.run(
+            [sys.executable, str(reference)], capture_output=True, text=True, timeout=300
+        )
+        assert plain.returncode == 0, plain.stderr[-2000:]
+        assert plain.stdout.splitlines() == self.lines[: len(self.losses)]

@@ -8,8 +8,6 @@ Examples are few and derandomized (the same every run); waits are on conditions.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -290,14 +288,7 @@ def test_fuzzed_arguments_on_a_paused_job_leave_it_untouched(tmp_path: Path) -> 
     finally:
         job.stop()
     assert not any("Traceback" in line for line in job.err), "".join(job.err)[-3000:]
-    # bit-identical to the same script never paused (nor served)
-    reference = tmp_path / "plain.py"
-    reference.write_text(DORMANT.replace("range(100000)", f"range({len(job.losses)})"))
-    plain = subprocess.run(
-        [sys.executable, str(reference)], capture_output=True, text=True, timeout=300
-    )
-    assert plain.returncode == 0, plain.stderr[-2000:]
-    assert plain.stdout.splitlines() == job.lines[: len(job.losses)]
+    job.assert_as_never_paused(tmp_path)
 
 
 @pytest.mark.parametrize("text", ["\u00b2", "\u0661\u0662", "\U0001d7e0"])
