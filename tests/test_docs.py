@@ -81,25 +81,27 @@ def test_every_page_is_in_the_site_navigation():
     assert [p for p in pages if p not in nav] == []
 
 
-def test_the_watch_guide_opens_with_what_its_example_prints():
-    """The watch guide's first example is run as shown; its stderr lines (but the pid) are the
+@pytest.mark.parametrize(("guide", "exit_code"), [("watch.md", 3), ("evaluate.md", 0)])
+def test_a_guide_opens_with_what_its_example_prints(guide, exit_code):
+    """A guide's first example is run as shown; its stderr lines (but the pid) are the
     guide's."""
     pytest.importorskip("torch")
     import re
+    import shlex
     import subprocess
     import sys
 
-    guide = (ROOT / "docs" / "guides" / "watch.md").read_text()
-    command = re.search(r"```sh\n(torchscope run [^\n]+)\n```", guide).group(1)
-    shown = re.search(r"```text\n(.*?)```", guide, re.S).group(1).splitlines()
+    text = (ROOT / "docs" / "guides" / guide).read_text()
+    command = re.search(r"```sh\n(torchscope run [^\n]+)\n```", text).group(1)
+    shown = re.search(r"```text\n(.*?)```", text, re.S).group(1).splitlines()
     res = subprocess.run(
-        [sys.executable, "-m", "torchscope", *command.split()[1:]],
+        [sys.executable, "-m", "torchscope", *shlex.split(command)[1:]],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert res.returncode == 3, res.stderr[-2000:]
+    assert res.returncode == exit_code, res.stderr[-2000:]
 
     def said(lines):
         return [re.sub(r"tui \d+", "tui PID", x) for x in lines if x.startswith("torchscope")]
