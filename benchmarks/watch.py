@@ -124,14 +124,15 @@ def held_per_step(w: Workload) -> dict[str, float]:
 
     def probe(optimizer, args, kwargs) -> None:
         watch = holder["watch"]
-        kept = [b.roots for b in watch._backwards if b.roots is not None]
-        inputs = [t for c in watch._calls for t in tensors_in((c.args, c.kwargs))]
+        kept = [b.roots for b in watch.captured.backwards if b.roots is not None]
+        inputs = [t for c in watch.captured.calls for t in tensors_in((c.args, c.kwargs))]
         seen["graph"] = sum(graph_saved_bytes(roots, inputs) for roots in kept)
-        seen["grads"] = watch._grad_bytes
+        seen["grads"] = watch.captured.grad_bytes
         seen["rng"] = sum(
-            c.rng[0].numel() + sum(s.numel() for s in (c.rng[1] or ())) for c in watch._calls
+            c.rng[0].numel() + sum(s.numel() for s in (c.rng[1] or ()))
+            for c in watch.captured.calls
         )
-        seen["calls"] = len(watch._calls)
+        seen["calls"] = len(watch.captured.calls)
         seen["inputs"] = sum(t.numel() * t.element_size() for t in inputs)
         seen["loop_ops"] = len(watch.loop.ops)
         seen["loop_bytes"] = watch.loop.held_bytes

@@ -511,7 +511,7 @@ def test_remove_leaves_nothing_behind():
     assert torch.autograd.backward is ORIGINAL_AUTOGRAD_BACKWARD
     assert torch.Tensor.backward is ORIGINAL_TENSOR_BACKWARD
     assert not backward_calls.installed()
-    assert w._calls == [] and w._backwards == []
+    assert w.captured.calls == [] and w.captured.backwards == []
 
 
 def test_errors_inside_the_watch_never_reach_the_job(capsys):

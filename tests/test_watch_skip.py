@@ -127,7 +127,7 @@ def test_a_one_off_nan_batch_is_skipped_as_if_it_had_never_been_there(kind, clos
     assert lines.index(det["message"]) < lines.index(
         f"torchscope: skipped the update of step {BAD}; training goes on"
     )
-    assert (w.updates_skipped, w.step) == (1, STEPS)  # the step counted, its update refused
+    assert (w.refusal.refused, w.step) == (1, STEPS)  # the step counted, its update refused
 
 
 def test_lbfgs_a_closure_called_several_times_a_step_is_skipped_once():
@@ -170,7 +170,7 @@ def test_bad_steps_in_a_row_are_each_refused_then_the_job_stops():
     (limit,) = [line for line in lines if "stopped before the update" in line]
     assert limit.startswith("torchscope: NaN/Inf at step 7, 5 bad steps in a row since step 3")
     assert limit == stop.value.detection["message"]
-    assert w.updates_skipped == 5
+    assert w.refusal.refused == 5
 
 
 def test_a_job_that_updates_by_hand_is_not_refused_and_says_so_once():
@@ -189,7 +189,7 @@ def test_a_job_that_updates_by_hand_is_not_refused_and_says_so_once():
         'torchscope: on_nan="skip" cannot refuse this update: the job makes it in its own '
         'code (no optimizer.step()); it goes on as under "continue"'
     ]
-    assert w.updates_skipped == 0
+    assert w.refusal.refused == 0
 
 
 def test_a_nan_the_model_made_under_a_loss_scaler_is_skipped_once():
@@ -216,7 +216,7 @@ def test_a_nan_the_model_made_under_a_loss_scaler_is_skipped_once():
     assert [line for line in lines if "skipped" in line] == [
         f"torchscope: skipped the update of step {BAD}; training goes on"
     ]
-    assert (w.updates_skipped, w.scaler_overflows, w.step) == (1, 0, STEPS)
+    assert (w.refusal.refused, w.loss_scaling.overflows, w.step) == (1, 0, STEPS)
 
 
 def test_bad_options():

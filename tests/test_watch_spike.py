@@ -358,7 +358,7 @@ def test_skip_refuses_the_spiked_update_and_training_ends_near_the_healthy_run()
     ref = train_mlp(left_out)
     w, lines = watch(spikes=True, on_spike="skip")
     skipped = train_mlp(batches(bad=BAD), w)
-    assert [d["step"] for d in w.detections] == [BAD] and w.updates_skipped == 1
+    assert [d["step"] for d in w.detections] == [BAD] and w.refusal.refused == 1
     assert lines[-1] == f"torchscope: skipped the update of step {BAD}; training goes on"
     # As if the batch had been left out (Adam's state untouched too), bit for bit...
     assert bits(skipped[:BAD] + skipped[BAD + 1 :]) == bits(ref)
@@ -372,7 +372,7 @@ def test_continue_reports_and_goes_on():
     losses = train_mlp(batches(bad=BAD), w)
     assert len(losses) == STEPS and [d["step"] for d in w.detections] == [BAD]
     assert lines[0].startswith(f"torchscope: loss spike at step {BAD}")
-    assert w.updates_skipped == 0
+    assert w.refusal.refused == 0
 
 
 def test_pause_holds_the_job_at_the_first_module_that_jumped(capfd):

@@ -165,7 +165,7 @@ class ServedWatch:
         watch = self.watch
         if watch is None:
             return False, False
-        return watch.skipped_step == step, watch.spiked_step == step
+        return watch.refusal.step == step, watch.spiked_step == step
 
     def start(self) -> None:
         """Watch as the options say (a first ``serve()``, ``run --watch``, a switch)."""

@@ -6,6 +6,7 @@ Shared by the watch (which captures) and the replay (which runs the captured cal
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -284,3 +285,17 @@ def _call_site() -> str | None:
     """``file:line`` (``cell 4, line 11`` in a notebook) of the user's ``backward()`` call."""
     frame = user_frame(2)
     return site_text(frame[0], frame[1]) if frame else None
+
+
+@dataclass
+class StepCaptures:
+    """What the watch has captured of the step so far (dropped when the step is checked)."""
+
+    calls: list[Call] = field(default_factory=list)  # the top-level module calls
+    backwards: list[Backward] = field(default_factory=list)  # the top-level backward() calls
+    pending: Call | None = None  # a top-level call whose forward is running
+    current_backward: Backward | None = None  # the backward() running now
+    overflow: bool = False  # more calls than the watch keeps (``max_calls``)
+    unseen_backward: bool = False  # a backward() whose roots the watch could not see
+    fsdp: bool = False  # a top-level call of an FSDP module: replayed by every rank together
+    grad_bytes: int = 0  # the output gradients held, against ``capture_bytes``

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +20,7 @@ from torchscope.tracer import scaler_calls
 from torchscope.tracer.clock import StepClock
 from torchscope.tracer.errors import ReportOnce
 from torchscope.tracer.ranks import speaker
-from torchscope.tracer.watch.capture import Backward, Call, replay_target
+from torchscope.tracer.watch.capture import Backward, StepCaptures, replay_target
 from torchscope.tracer.watch.growth import Growth
 from torchscope.tracer.watch.naming import module_text
 from torchscope.tracer.watch.norms import (
@@ -41,6 +40,8 @@ from torchscope.tracer.watch.stop import WatchStop
 if TYPE_CHECKING:
     from torchscope.tracer.armed.session import Tracer
     from torchscope.tracer.watch.loop_code import LoopOps
+    from torchscope.tracer.watch.refusal import UpdateRefusal
+    from torchscope.tracer.watch.scaling import LossScaling
 
 
 class StepCheck(SpikeCheck):
@@ -65,33 +66,20 @@ class StepCheck(SpikeCheck):
     norms: ModuleNorms
     installed: bool
     _replaying: bool
-    _unseen_backward: bool
-    _fsdp_step: bool
     max_calls: int
     tracer_factory: Callable[[int], Tracer] | None
     _owner: int
-    _calls: list[Call]
-    _backwards: list[Backward]
-    _current_backward: Backward | None
-    _overflow: bool
+    captured: StepCaptures
     _error: ReportOnce
     _clock: StepClock | None
     _started_at: int
-    _skips: int
-    _scaled: tuple[torch.Tensor, list[torch.Tensor], Any] | None
     _checked_at_backward: bool
-    scaler_overflows: int
-    _last_scaled_loss: float | None
-    _last_scaler: weakref.ref | None
-    _step_scale: float | None
+    loss_scaling: LossScaling
     _bad_run: dict[str, Any] | None
     loop: LoopOps
     _still_bad: dict[str, Any] | None
     _growth: Growth | None = None  # the last steps' loss and gradient norm (made at first)
-    max_skips: int
-    skipped_step: int | None
-    _bad_in_row: int
-    updates_skipped: int
+    refusal: UpdateRefusal  # "skip": which updates are refused
 
     @property
     def step(self) -> int:
@@ -111,35 +99,16 @@ class StepCheck(SpikeCheck):
     def loss_scaled(self, scaler: Any, outputs: Any, scaled: Any) -> None:
         if not self.installed or self._replaying or threading.get_ident() != self._owner:
             return
-        if isinstance(scaled, torch.Tensor) and isinstance(outputs, torch.Tensor):
-            self._scaled = (scaled, [outputs], scaler)
-        else:
-            self._scaled = None  # several outputs scaled at once: read as the job passes them
-
-    def _take_scaled(self, roots: list[torch.Tensor]) -> tuple[list[torch.Tensor], Any] | None:
-        """The unscaled loss and its scaler, when ``roots`` is what the scaler returned."""
-        scaled, self._scaled = self._scaled, None
-        if scaled is None or len(roots) != 1 or roots[0] is not scaled[0]:
-            return None
-        return scaled[1], scaled[2]
+        self.loss_scaling.scaled(scaler, outputs, scaled)
 
     def _scaled_backward(self) -> Backward | None:
         """The step's last backward() when a loss scaler scaled its root, with its scale."""
-        rec = self._backwards[-1] if self._backwards else None
+        rec = self.captured.backwards[-1] if self.captured.backwards else None
         if rec is None or rec.scaler is None:
             return None
         if rec.scale is None:
             rec.scale = scaler_calls.scale_of(rec.scaler)
         return rec
-
-    def _note_scaled(self, rec: Backward, values: list[torch.Tensor]) -> None:
-        """What the skip line says later: the last loss and the scaler (no sync: read off
-        the loss already read, when it is one value)."""
-        self._last_scaler = weakref.ref(rec.scaler)
-        self._last_scaled_loss = None
-        if len(values) == 1 and values[0].numel() == 1 and values[0].device.type == "cpu":
-            with torch._C.DisableTorchFunction():
-                self._last_scaled_loss = float(values[0])
 
     def _scaler_overflow(self, rec: Backward | None) -> bool:
         """Whether the step's non-finite gradients are the loss scaler's: its loss is finite
@@ -165,22 +134,6 @@ class StepCheck(SpikeCheck):
                 return all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
         finally:
             self._replaying = False
-
-    def _say_skips(self) -> None:
-        """Once per stretch: the scaler has skipped many steps in a row (the classic AMP
-        failure: a NaN every step, the scale falling towards zero)."""
-        last = self._last_scaled_loss
-        loss = "" if last is None else f"; the loss is {last:.4g}"
-        scale = ""
-        scaler = self._last_scaler() if self._last_scaler is not None else None
-        if scaler is not None:
-            with contextlib.suppress(Exception):
-                scale = f" (its scale is now {scaler.get_scale():.3g})"
-        with contextlib.suppress(Exception):
-            self.report(
-                f"{speaker()}: the loss scaler skipped {self._skips} steps in a row{scale}"
-                f"{loss} (steps {self.step - self._skips}-{self.step - 1} made no update)"
-            )
 
     def _stop(self, detection: dict[str, Any] | None) -> WatchStop | None:
         """Under "stop", what to raise before the update: every bad update is refused, the
@@ -213,43 +166,12 @@ class StepCheck(SpikeCheck):
 
     def _skip(self, detection: dict[str, Any] | None) -> WatchStop | None:
         """Under "skip": a bad step (a detection, or a check that found the stretch still
-        bad: the weights stay clean, so each is the NaN made again) has its update refused,
-        said once per step: ``skipped_step`` names it, and the caller takes the gradients
-        away for the update. Past ``max_skips`` bad steps in a row, what "stop" raises. A
-        good step starts the count again."""
-        step = self.step
+        bad: the weights stay clean, so each is the NaN made again) has its update refused
+        (``refusal.step`` names it, and the caller takes the gradients away for the update);
+        past ``max_skips`` bad steps in a row, what "stop" raises."""
         run = detection if detection is not None else self._still_bad
-        if run is None:
-            if self.skipped_step != step:  # (a later closure call of a refused step: not good)
-                self._bad_in_row = 0
-            return None
-        if self.skipped_step == step:
-            return None  # checked again in the same update (LBFGS's closure): refused once
-        n = self._bad_in_row + 1  # this one included
-        if n > self.max_skips:
-            line = (
-                f"{speaker()}: {bad_words(run)} at step {step}, {n} bad steps in a row since step "
-                f"{step - n + 1} (at most {self.max_skips} updates skipped in a row): stopped "
-                "before the update"
-            )
-            with contextlib.suppress(Exception):
-                self.report(line)
-            # (not counted again: the same step run again, a notebook's cell, stops again)
-            return WatchStop({**run, "message": line, "step": step}, policy="skip")
-        self._bad_in_row = n
-        self.skipped_step = step
-        self.updates_skipped += 1
-        run["skipped"] = True
-        line = f"{speaker()}: skipped the update of step {step}; training goes on"
-        if n > 1:
-            line = (
-                f"{speaker()}: skipped the update of step {step}: still {bad_words(run)} ({n} bad "
-                f"steps in a row since step {step - n + 1}; {self.max_skips + 1} in a row stop "
-                "the job)"
-            )
-        with contextlib.suppress(Exception):
-            self.report(line)
-        return None
+        what = bad_words(run) if run is not None else ""
+        return self.refusal.decide(self.step, run, what, self.report)
 
     def check(self, params: Iterable[torch.Tensor] | None = None) -> dict[str, Any] | None:
         """Check the current gradients of ``params`` (default: the watched modules') and the
@@ -267,7 +189,7 @@ class StepCheck(SpikeCheck):
                 if g is not None:
                     with_grad.append(p)
                     grads.append(g)
-            values = [v for b in self._backwards for v in b.values]
+            values = [v for b in self.captured.backwards for v in b.values]
             if not grads and not values:
                 return None
             self.steps_checked += 1
@@ -277,9 +199,9 @@ class StepCheck(SpikeCheck):
             scale = scaled.scale if scaled is not None else None
             with torch.no_grad(), torch._C.DisableTorchFunction():
                 row = norms.read(with_grad, grads, values, scale)  # the step's one host sync
-            self._step_scale = None
+            self.loss_scaling.step_scale = None
             if scale is not None:
-                self._step_scale = row[-1]
+                self.loss_scaling.step_scale = row[-1]
                 row = unscaled(row[:-1], row[-1])
             grad_norm, loss_norm = row[0], row[1]
             norms.took(self.step, row)
@@ -288,14 +210,14 @@ class StepCheck(SpikeCheck):
                 growth = self._growth = Growth()
             growth.took(self.step, loss_norm, grad_norm)
             if scaled is not None:
-                self._note_scaled(scaled, values)
+                self.loss_scaling.note(scaled.scaler, values)
             what = None
             bad: list[int] = []
             in_loss = False
             if not (math.isfinite(grad_norm) and math.isfinite(loss_norm)):
                 what, bad, in_loss = confirm(grads, values)  # rare: a few more syncs
                 if what is not None and not in_loss and self._scaler_overflow(scaled):
-                    self.scaler_overflows += 1
+                    self.loss_scaling.overflows += 1
                     what = None  # the scaler's own: it skips the update and shrinks its scale
             if what is None and self.gradnorm is not None and grad_norm > self.gradnorm:
                 what = GRADNORM
@@ -308,7 +230,7 @@ class StepCheck(SpikeCheck):
                 if spike is not None or diverging is not None:
                     what = SPIKE
                 else:  # a good step: its batch's figures kept (see spike_origin)
-                    self._spike_sources().took(self._calls, self.step)
+                    self._spike_sources().took(self.captured.calls, self.step)
             self._still_bad = None
             run = self._bad_run
             if run is not None and (what is None or category(what) != category(run["what"])):
@@ -377,7 +299,7 @@ class StepCheck(SpikeCheck):
             "message": "",
             "repeats": 0,
             "last_step": step,
-            "scale": self._step_scale,  # the loss scaler's, when one scaled the step
+            "scale": self.loss_scaling.step_scale,  # the loss scaler's, when one scaled the step
             "optimizer_step": self._optimizer_step(step),
         }
         if what in (NAN, INF) and not self.replay_wanted():
@@ -444,7 +366,7 @@ class StepCheck(SpikeCheck):
         lines that called them, for :func:`~.naming.module_text`."""
         roots: dict[int, tuple[torch.nn.Module, torch.nn.Module]] = {}
         sites: dict[int, Any] = {}
-        for c in self._calls:
+        for c in self.captured.calls:
             roots.setdefault(id(c.target), (c.module, c.target))
             sites.setdefault(id(c.target), c.site)
         for m in self.roots:
@@ -506,7 +428,7 @@ class StepCheck(SpikeCheck):
             "lines": lines,
             "repeats": 0,
             "last_step": step,
-            "scale": self._step_scale,
+            "scale": self.loss_scaling.step_scale,
             "optimizer_step": self._optimizer_step(step),
             "growth": None,
             "unexplained": False,

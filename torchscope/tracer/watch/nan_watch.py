@@ -91,22 +91,22 @@ from torchscope.tracer.watch.capture import (
     Backward,
     Call,
     LoopMarks,
+    StepCaptures,
     tensors_in,
     versions_of,
 )
 from torchscope.tracer.watch.check import StepCheck
 from torchscope.tracer.watch.loop_code import LoopOps
 from torchscope.tracer.watch.norms import ModuleNorms
+from torchscope.tracer.watch.refusal import UpdateRefusal
 from torchscope.tracer.watch.report import print_report
 from torchscope.tracer.watch.roots import TopLevelCalls
+from torchscope.tracer.watch.scaling import LossScaling
 from torchscope.tracer.watch.spikes import Spikes
 from torchscope.tracer.watch.stop import MAX_SKIPS, POLICIES, WatchStop
 
 if TYPE_CHECKING:
     from torchscope.tracer.armed.session import Tracer
-
-# A loss scaler that skips this many steps in a row is said once (its scale is collapsing).
-SKIPS_TO_SAY = 20
 
 
 # -- the watch -------------------------------------------------------------------------------
@@ -183,24 +183,14 @@ class NanWatch(StepCheck):
                 raise ValueError(f"{name} must be one of {', '.join(POLICIES)}, not {policy!r}")
         if gradnorm is not None and not gradnorm > 0:
             raise ValueError("gradnorm must be a positive number")
-        if isinstance(max_skips, bool) or not isinstance(max_skips, int) or max_skips < 0:
-            raise ValueError(f"max_skips must be a count of steps (an int >= 0), not {max_skips!r}")
         self.gradnorm = gradnorm
         self.on_nan = on_nan
-        self.max_skips = max_skips
         # (an empty Spikes is falsy: it has a length)
         self.spikes = spikes if isinstance(spikes, Spikes) else Spikes() if spikes else None
         self.on_spike = on_spike
         self.spiked_step: int | None = None  # the last step a spike was caught at
         self._said_spike_pause = False
-        # Under "skip": the step whose update is refused (its checks in the update: LBFGS
-        # calls its closure several times), the bad steps in a row, the gradients taken away
-        # for the update (given back when it ends), and the updates refused in all.
-        self.skipped_step: int | None = None
-        self._bad_in_row = 0
-        self._held_grads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.updates_skipped = 0
-        self._said_no_skip = False  # a job that updates by hand: said once
+        self.refusal = UpdateRefusal(max_skips)  # under "skip": the updates refused
         self.capture_bytes = int(capture_bytes)
         self.tracer_factory = tracer_factory
         self._step_of = step_of
@@ -215,16 +205,8 @@ class NanWatch(StepCheck):
         self.detections: list[dict[str, Any]] = []
         self.steps_checked = 0
         self.installed = False
-        # per step
-        self._calls: list[Call] = []
-        self._backwards: list[Backward] = []
-        self._pending: Call | None = None
-        self._current_backward: Backward | None = None
-        self._overflow = False
-        self._unseen_backward = False  # a backward whose roots the watch could not see
-        self._fsdp_step = False  # a top-level call of an FSDP module this step
+        self.captured = StepCaptures()  # what the step has run so far, to replay it
         self._fsdp_modules: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
-        self._grad_bytes = 0
         # state
         self._owner = threading.get_ident()
         self._lock = threading.Lock()
@@ -240,17 +222,10 @@ class NanWatch(StepCheck):
         self._closure_update = False  # an optimizer.step(closure) is in progress
         self._listening: backward_calls.Listening | None = None
         self._scaling: scaler_calls.Listening | None = None
-        # The last ``scaler.scale(loss)`` of the step: (scaled, [loss], scaler), until the
-        # backward() it feeds begins.
-        self._scaled: tuple[torch.Tensor, list[torch.Tensor], Any] | None = None
         # A step checked when its scaled backward() ended: its update (or the scaler's skip)
         # ends it without another check.
         self._checked_at_backward = False
-        self.scaler_overflows = 0  # non-finite scaled gradients that were the scaler's
-        self._skips = 0  # scaler skips in a row
-        self._last_scaled_loss: float | None = None  # the unscaled loss of the last check
-        self._last_scaler: weakref.ref | None = None
-        self._step_scale: float | None = None  # the scale of the step being checked
+        self.loss_scaling = LossScaling()  # the job's loss scaler, as the watch sees it
         self._error = ReportOnce("the NaN watch", "the job continues")
         # The loop's own code between module calls (a loss function, torch.distributions),
         # recorded as it runs: a replay cannot run it again (see loop_code).
@@ -299,7 +274,7 @@ class NanWatch(StepCheck):
         if self._scaling is not None:
             self._scaling.remove()
             self._scaling = None
-        self._scaled = None
+        self.loss_scaling.forget_pending()
         self._checked_at_backward = False
         self._end_step(count=False)
         self._end_run()
@@ -330,28 +305,28 @@ class NanWatch(StepCheck):
         return self._owner
 
     def call_raised(self) -> None:
-        self._pending = None  # nothing of that call reaches a gradient
+        self.captured.pending = None  # nothing of that call reaches a gradient
 
     def report_error(self, what: str, exc: BaseException) -> None:
         self._error(what, exc)
 
     # -- capture -------------------------------------------------------------------------------
     def begin_call(self, module: nn.Module, args: tuple, kwargs: dict | None) -> None:
-        self._pending = None
-        if self._calls or self._backwards:
+        self.captured.pending = None
+        if self.captured.calls or self.captured.backwards:
             self.loop.pause()  # the module's own ops are the replay's
         else:
             self.loop.clear()  # the step's first call (or an evaluation's): nothing before it
         if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
             return  # evaluation: nothing of it reaches a gradient
-        if len(self._calls) >= self.max_calls:
-            self._overflow = True
+        if len(self.captured.calls) >= self.max_calls:
+            self.captured.overflow = True
             return
         if self._is_fsdp(module):
             # Replayed only by every rank together (see fsdp_replay); no graph kept (its
             # backward would run FSDP's reduce-scatter again).
-            self._fsdp_step = True
-        self._pending = Call(module, args, dict(kwargs) if kwargs is not None else None)
+            self.captured.fsdp = True
+        self.captured.pending = Call(module, args, dict(kwargs) if kwargs is not None else None)
 
     @staticmethod
     def _is_training_call() -> bool:
@@ -366,13 +341,13 @@ class NanWatch(StepCheck):
         return known
 
     def end_call(self, module: nn.Module, kwargs: dict, output: Any) -> None:
-        call, self._pending = self._pending, None
+        call, self.captured.pending = self.captured.pending, None
         try:
             self._end_call(module, call, kwargs, output)
         finally:
             # The loop's code runs from here until the next call (after the watch's own
             # calls above: they are not the job's).
-            if self._calls or call is not None or self._is_training_call():
+            if self.captured.calls or call is not None or self._is_training_call():
                 self.loop.resume()
 
     def _end_call(self, module: nn.Module, call: Call | None, kwargs: dict, output: Any) -> None:
@@ -389,7 +364,7 @@ class NanWatch(StepCheck):
         for i, t in enumerate(outs if not self._is_fsdp(module) else ()):
             if t.requires_grad:
                 call.handles.append(t.register_hook(_grad_catcher(ref, call, i)))
-        self._calls.append(call)
+        self.captured.calls.append(call)
 
     def _keep_grad(self, call: Call, i: int, grad: torch.Tensor) -> None:
         if self._replaying or call.released or grad is None:
@@ -400,10 +375,10 @@ class NanWatch(StepCheck):
                 call.out_grads[i] = old + grad
                 return
             n = grad.numel() * grad.element_size()
-            if self._grad_bytes + n > self.capture_bytes:
+            if self.captured.grad_bytes + n > self.capture_bytes:
                 call.unit = True
                 return
-            self._grad_bytes += n
+            self.captured.grad_bytes += n
             call.grad_bytes += n
             call.out_grads[i] = grad
 
@@ -411,12 +386,12 @@ class NanWatch(StepCheck):
     def backward_begins(self, kwargs: dict[str, Any]) -> dict[str, Any] | None:
         if not self.installed or self._replaying or threading.get_ident() != self._owner:
             return None
-        self._current_backward = None
+        self.captured.current_backward = None
         self.loop.pause()  # the loop's forward ends here
         try:
             if "tensors" not in kwargs:
                 # Called with positional arguments we cannot see: no loss check, no graph kept.
-                self._unseen_backward = True
+                self.captured.unseen_backward = True
                 return None
             roots = kwargs["tensors"]
             roots = [roots] if isinstance(roots, torch.Tensor) else list(roots)
@@ -424,13 +399,13 @@ class NanWatch(StepCheck):
                 return None  # GradientEdge roots
             retain = kwargs.get("retain_graph")
             user_retains = bool(kwargs.get("create_graph")) if retain is None else bool(retain)
-            rec = Backward(roots, kwargs, user_retains, self._take_scaled(roots))
-            self._backwards.append(rec)
+            rec = Backward(roots, kwargs, user_retains, self.loss_scaling.take(roots))
+            self.captured.backwards.append(rec)
             self.loop.note_roots(rec.unscaled or roots)
-            self._current_backward = rec
-            if not self.keeping or self._fsdp_step:
+            self.captured.current_backward = rec
+            if not self.keeping or self.captured.fsdp:
                 return None
-            kept = [b for b in self._backwards if b.roots is not None]
+            kept = [b for b in self.captured.backwards if b.roots is not None]
             while len(kept) >= self.max_graphs and kept:
                 kept.pop(0).drop_graph()  # keep the latest micro-batch's graph
             if self.max_graphs <= 0:
@@ -441,7 +416,7 @@ class NanWatch(StepCheck):
             if self._compiled_roots():
                 # A graph compiled by inductor donates its buffers and refuses retain_graph:
                 # mark the loop code's nodes instead, to place an origin there.
-                rec.marks = LoopMarks(roots, [(c.seq_lo, c.seq_hi) for c in self._calls])
+                rec.marks = LoopMarks(roots, [(c.seq_lo, c.seq_hi) for c in self.captured.calls])
                 return None
             rec.roots = roots
             return {**kwargs, "retain_graph": True}
@@ -450,11 +425,11 @@ class NanWatch(StepCheck):
             return None
 
     def backward_ends(self, ok: bool) -> None:
-        rec, self._current_backward = self._current_backward, None
+        rec, self.captured.current_backward = self.captured.current_backward, None
         if rec is not None and not ok:
             rec.drop_graph()
             with contextlib.suppress(ValueError):
-                self._backwards.remove(rec)
+                self.captured.backwards.remove(rec)
         elif rec is not None and rec.scaler is not None:
             # Under a loss scaler the step is checked now: the scaler may skip the update
             # (no optimizer.step() to check at), and a NaN must be named in the step that
@@ -470,7 +445,7 @@ class NanWatch(StepCheck):
         """Whether a watched top-level module runs compiled (``torch.compile(model)`` or
         ``model.compile()``): its backward may not be retained."""
         # The step's own top-level calls too: on the first step the roots are still found.
-        for m in (*self._top.live_roots(), *(c.module for c in self._calls)):
+        for m in (*self._top.live_roots(), *(c.module for c in self.captured.calls)):
             if getattr(m, "_compiled_call_impl", None) is not None or hasattr(m, "_orig_mod"):
                 return True
         return False
@@ -503,36 +478,32 @@ class NanWatch(StepCheck):
             self._checked_at_backward = False
             # Refused at its scaled backward() ("skip"), and the scaler did not skip it (its
             # gradients are finite: a NaN in the loss alone): refused here.
-            if self.skipped_step == self.step:
-                self._take_grads(_params_of(args[0]))
+            if self.refusal.step == self.step:
+                self.refusal.take(_params_of(args[0]))
             self._end_step()  # checked when its scaled backward() ended
-            return bool(self._held_grads)
+            return self.refusal.holding
         if _closure_of(args, kwargs) is not None:
             self._closure_update = True
             return False
         self._check_update(_params_of(args[0]))
         # Gradients taken away ("skip") are given back when step() ends: if it raises, at
         # the clock's next module call (update_ends).
-        return bool(self._held_grads)
+        return self.refusal.holding
 
     def update_ends(self) -> None:
-        self._give_back_grads()
+        self.refusal.give_back()
         self._end_closure_update()  # a step(closure) that raised (or an unnumbered clock)
 
     def boundary(self, step: int) -> None:
         # The watch numbers steps with step_of (the agent's clock), else its own counter.
-        if self._held_grads:
-            self._give_back_grads()  # the refused update ended ("skip")
+        if self.refusal.holding:
+            self.refusal.give_back()  # the refused update ended ("skip")
         self._end_closure_update()
         if self._checked_at_backward:  # the scaler skipped the update: the step ends here
             self._checked_at_backward = False
             self._end_step()
-        if self._clock is not None and self._clock.counted_by == BY_SCALER:
-            self._skips += 1
-            if self._skips == SKIPS_TO_SAY:
-                self._say_skips()
-        else:
-            self._skips = 0
+        by_scaler = self._clock is not None and self._clock.counted_by == BY_SCALER
+        self.loss_scaling.step_ended(by_scaler, self.step, self.report)
 
     def _check_update(
         self, params: list[torch.Tensor], *, ends_step: bool = True, refuse: bool = True
@@ -546,8 +517,8 @@ class NanWatch(StepCheck):
         self.loop.pause()  # what runs from here is the watch's and the optimizer's, not the loop's
         try:
             stop = self._stop(self.check(params))
-            if stop is None and refuse and self.skipped_step == self.step:
-                self._take_grads(params)
+            if stop is None and refuse and self.refusal.step == self.step:
+                self.refusal.take(params)
         except Exception as exc:
             self._error("checking the step", exc)
         finally:
@@ -577,26 +548,6 @@ class NanWatch(StepCheck):
         if self.installed and not self._replaying:
             self._check_update(_params_of(optimizer), ends_step=False)
 
-    # -- "skip": the refused update's gradients ------------------------------------------------
-    def _take_grads(self, params: Iterable[torch.Tensor]) -> None:
-        """Take the gradients of ``params`` away for the update: torch's optimizers pass over
-        a parameter with no ``.grad`` and leave its state alone (momentum, Adam's moments and
-        step count), as if ``step()`` had not run. The latest taken of each parameter is
-        held (LBFGS calls its closure, checked each time, again within the step)."""
-        for p in params:
-            g = p.grad
-            if g is not None:
-                self._held_grads[id(p)] = (p, g)
-                p.grad = None
-
-    def _give_back_grads(self) -> None:
-        """The refused update ended: the gradients are back, as the job left them (where
-        it has made none since: a later closure call's, or the next step's, are its own)."""
-        held, self._held_grads = self._held_grads, {}
-        for p, g in held.values():
-            if p.grad is None:
-                p.grad = g
-
     def _end_closure_update(self) -> None:
         if self._closure_update:
             self._closure_update = False
@@ -616,14 +567,8 @@ class NanWatch(StepCheck):
             run = detection or self._still_bad
             if self.policy_for(run) != "skip":
                 stop = self._stop(detection)
-            elif run and not self._said_no_skip:
-                self._said_no_skip = True
-                option = "on_spike" if run["what"] == "spike" else "on_nan"
-                with contextlib.suppress(Exception):
-                    self.report(
-                        f'torchscope: {option}="skip" cannot refuse this update: the job makes '
-                        'it in its own code (no optimizer.step()); it goes on as under "continue"'
-                    )
+            elif run:
+                self.refusal.say_by_hand(run, self.report)
         finally:
             self._end_step(count=stop is None)  # a stopped update did not end its step
         if stop is not None:
@@ -640,7 +585,7 @@ class NanWatch(StepCheck):
         found, the step's top-level calls so far)."""
         modules = self._top.live_roots()
         if self._top.discovering:
-            modules += [c.module for c in self._calls]
+            modules += [c.module for c in self.captured.calls]
         return modules
 
     # -- step end ------------------------------------------------------------------------------
@@ -658,21 +603,13 @@ class NanWatch(StepCheck):
         self._top.look_again(*self._drop_captures())
 
     def _drop_captures(self) -> tuple[list[Call], bool]:
-        calls, self._calls = self._calls, []
-        for call in calls:
+        step, self.captured = self.captured, StepCaptures()
+        for call in step.calls:
             call.release()
         self.loop.clear()
-        for b in self._backwards:
+        for b in step.backwards:
             b.drop_graph()
-        had_backward = bool(self._backwards) or self._unseen_backward
-        self._backwards = []
-        self._pending = None
-        self._current_backward = None
-        self._grad_bytes = 0
-        self._overflow = False
-        self._unseen_backward = False
-        self._fsdp_step = False
-        return calls, had_backward
+        return step.calls, bool(step.backwards) or step.unseen_backward
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -720,7 +657,7 @@ def _watched_roots(ref: weakref.ref) -> Callable[[], list[nn.Module]]:
         watch = ref()
         if watch is None:
             return []
-        return [*watch.roots, *(c.module for c in watch._calls)]
+        return [*watch.roots, *(c.module for c in watch.captured.calls)]
 
     return roots
 

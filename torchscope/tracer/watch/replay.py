@@ -51,8 +51,8 @@ from torchscope.tracer.ranks import say
 from torchscope.tracer.watch import fsdp_replay
 from torchscope.tracer.watch.capture import (
     REPLAY_ATEN,
-    Backward,
     Call,
+    StepCaptures,
     tensors_in,
     versions_of,
 )
@@ -65,11 +65,7 @@ if TYPE_CHECKING:
 class ReplayedWatch(Protocol):
     """The watch, as a replay of its bad step reads it (tracer/watch/nan_watch.py)."""
 
-    _calls: list[Call]  # the step's top-level module calls
-    _backwards: list[Backward]  # its top-level backward() calls
-    _overflow: bool  # more calls than it keeps
-    _unseen_backward: bool  # a backward() it could not see
-    _fsdp_step: bool  # an FSDP module's top-level call: replayed by every rank together
+    captured: StepCaptures  # what the step ran: its top-level module and backward() calls
     _replaying: bool  # set while the replay runs (the watch ignores its own calls)
     max_calls: int
     on_nan: str
@@ -184,9 +180,9 @@ class Replay:
     def __init__(self, watch: ReplayedWatch, detection: dict[str, Any]) -> None:
         self.watch = watch
         self.det = detection
-        self.calls: list[Call] = list(watch._calls)
-        self.kept = [b for b in watch._backwards if b.roots is not None]
-        self.marked = [b for b in watch._backwards if b.marks is not None]
+        self.calls: list[Call] = list(watch.captured.calls)
+        self.kept = [b for b in watch.captured.backwards if b.roots is not None]
+        self.marked = [b for b in watch.captured.backwards if b.marks is not None]
         self.step = detection["step"]
         self.events: list[dict] = []
         self.tracer: Tracer | None = None
@@ -200,14 +196,14 @@ class Replay:
     # -- the whole replay ------------------------------------------------------------------
     def run(self) -> None:
         det, notes, watch = self.det, self.det["notes"], self.watch
-        if watch._overflow:
+        if watch.captured.overflow:
             notes.append(
                 f"more than {watch.max_calls} module calls this step: later ones not replayed"
             )
-        if watch._unseen_backward and not self.kept:
+        if watch.captured.unseen_backward and not self.kept:
             notes.append("backward() was called in a way the watch cannot see: no graph kept")
         self._read_loop()
-        if watch._fsdp_step or any(is_fsdp(c.target) for c in self.calls):
+        if watch.captured.fsdp or any(is_fsdp(c.target) for c in self.calls):
             det["fsdp"] = True  # said by the watch's line: whose forward made it
             loop = self.loop if self.loop is not None and not self.loop.entered else None
             why_not = fsdp_replay.agree(self.step, loop is None, say)
@@ -264,8 +260,8 @@ class Replay:
                 # The loss is non-finite and every module call replayed finite: the loop's
                 # own forward code made it (not re-run; with no graph kept, no node to show).
                 det.update(loop_forward=True, where="forward", outside_modules=True)
-                if watch._backwards:
-                    det["backward_source"] = watch._backwards[0].source
+                if watch.captured.backwards:
+                    det["backward_source"] = watch.captured.backwards[0].source
 
     @contextlib.contextmanager
     def _traced(self) -> Iterator[Tracer]:
@@ -536,7 +532,7 @@ class Replay:
         """Every captured module call replayed, and none made or took a NaN/Inf."""
         return (
             bool(self.calls)
-            and not self.watch._overflow
+            and not self.watch.captured.overflow
             and len(self.replayed) == len(self.calls)
             and self._first_alert(("forward", "input")) is None
         )

@@ -16,7 +16,7 @@ from torchscope.tracer.watch.norms import OTHER
 
 if TYPE_CHECKING:
     from torchscope.tracer.armed.session import Tracer
-    from torchscope.tracer.watch.capture import Call
+    from torchscope.tracer.watch.capture import StepCaptures
     from torchscope.tracer.watch.spike_origin import SpikeSources
     from torchscope.tracer.watch.spikes import Spike, Spikes
 
@@ -30,8 +30,7 @@ class SpikeCheck:
     _said_spike_pause: bool
     tracer_factory: Callable[[int], Tracer] | None
     replay_wanted: Callable[[], bool]
-    _calls: list[Call]
-    _fsdp_step: bool
+    captured: StepCaptures
     _error: ReportOnce
     _sources: SpikeSources | None = None  # the spike's batch figures (made at first)
 
@@ -73,7 +72,7 @@ class SpikeCheck:
         module whose output jumped against the last good step's batch at the same weights."""
         out: dict[str, Any] = {}
         sources = self._spike_sources()
-        calls = [c for c in self._calls if not c.released]
+        calls = [c for c in self.captured.calls if not c.released]
         if not calls:
             return out
         try:
@@ -86,7 +85,7 @@ class SpikeCheck:
                 out["inputs"] = got[1]
         except Exception as exc:
             self._error("reading the spike's batch", exc)
-        if self._fsdp_step or not self.replay_wanted():
+        if self.captured.fsdp or not self.replay_wanted():
             return out  # (replayed by every rank together only; traced live already)
         try:
             got = sources.module_line(self, calls, who, self._name_in_call)
@@ -101,7 +100,7 @@ class SpikeCheck:
         """``model.inp (Linear)``: the module at ``path`` in the step's ``index``-th distinct
         top-level module."""
         targets: list[torch.nn.Module] = []
-        for c in self._calls:
+        for c in self.captured.calls:
             if all(c.target is not t for t in targets):
                 targets.append(c.target)
         named, _ = self._naming_roots()
@@ -119,7 +118,7 @@ class SpikeCheck:
         pause = self.on_spike == "pause"
         if not (pause or self.tracer_factory is not None):
             return
-        if not self._calls or self._fsdp_step or not self.replay_wanted():
+        if not self.captured.calls or self.captured.fsdp or not self.replay_wanted():
             if pause:
                 self._say_no_spike_pause()
             return
