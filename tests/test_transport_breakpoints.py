@@ -54,7 +54,7 @@ def test_catastrophic_pattern_over_many_ops_is_fast() -> None:
     elapsed = time.perf_counter() - t0
     assert hits == 0
     # Python's re needs minutes here (2^24 paths per name); linear matching, milliseconds.
-    assert elapsed < 1.0, f"10,000 checks took {elapsed:.2f} s"
+    assert elapsed < 20, f"10,000 checks took {elapsed:.2f} s"  # milliseconds on a quiet machine
     assert bp.static_match(op("aten.someX", module="blocks_1.X"))  # still matches what it should
 
 
@@ -180,7 +180,9 @@ def test_control_replies_stay_fast_under_catastrophic_breakpoints(rt: Path) -> N
         stop.set()
         trainer.join(10)
         assert not trainer.is_alive()
-        assert worst < 0.25, f"a ping took {worst:.2f} s"
+        # Answered while the training thread checks ops (a starved publisher thread would
+        # answer at the ping's 5 s timeout, or not at all); about 10 ms on a quiet machine.
+        assert worst < 2.5, f"a ping took {worst:.2f} s"
         assert checked[0] > 1000, f"the training thread checked only {checked[0]} ops"
     finally:
         stop.set()
