@@ -32,7 +32,7 @@ from torchscope.tracer.watch.norms import (
     norm_of,
     unscaled,
 )
-from torchscope.tracer.watch.report import describe, job_rank
+from torchscope.tracer.watch.report import bad_words, describe, job_rank
 from torchscope.tracer.watch.spike_check import SpikeCheck
 from torchscope.tracer.watch.spikes import SPIKE, Spike, Spikes, spike_line
 from torchscope.tracer.watch.stop import WatchStop
@@ -170,8 +170,7 @@ class StepCheck(SpikeCheck):
         (``refusal.step`` names it, and the caller takes the gradients away for the update);
         past ``max_skips`` bad steps in a row, what "stop" raises."""
         run = detection if detection is not None else self._still_bad
-        what = bad_words(run) if run is not None else ""
-        return self.refusal.decide(self.step, run, what, self.report)
+        return self.refusal.decide(self.step, run, self.report)
 
     def check(self, params: Iterable[torch.Tensor] | None = None) -> dict[str, Any] | None:
         """Check the current gradients of ``params`` (default: the watched modules') and the
@@ -537,12 +536,3 @@ class StepCheck(SpikeCheck):
 
 def category(what: str) -> str:
     return what if what in (GRADNORM, SPIKE) else "nonfinite"
-
-
-def bad_words(run: dict[str, Any]) -> str:
-    """What a bad stretch is, in its lines: "NaN/Inf", "a gradient norm above the limit",
-    "a loss spike" (or "a gradient norm spike")."""
-    if run["what"] == SPIKE:
-        lead = run.get("lead", "loss")
-        return "a divergence" if lead == "divergence" else f"a {lead} spike"
-    return "a gradient norm above the limit" if run["what"] == GRADNORM else "NaN/Inf"

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from torchscope.tracer.ranks import speaker
+from torchscope.tracer.watch.report import bad_words
 from torchscope.tracer.watch.stop import MAX_SKIPS, WatchStop
 
 
@@ -34,12 +35,12 @@ class UpdateRefusal:
         self._said_by_hand = False
 
     def decide(
-        self, step: int, run: dict[str, Any] | None, what: str, report: Callable[[str], None]
+        self, step: int, run: dict[str, Any] | None, report: Callable[[str], None]
     ) -> WatchStop | None:
         """A checked ``step``: ``run`` is its detection, or the bad stretch it is still in
-        (None: good), ``what`` the stretch in words. A bad step's update is refused, said once
-        per step (LBFGS checks its closure several times a step); past ``max_skips`` in a row,
-        the ``WatchStop`` that "stop" raises is returned."""
+        (None: good). A bad step's update is refused, said once per step (LBFGS checks its
+        closure several times a step); past ``max_skips`` in a row, the ``WatchStop`` that
+        "stop" raises is returned."""
         if run is None:
             if self.step != step:  # (a later closure call of a refused step: not good)
                 self._in_row = 0
@@ -47,30 +48,29 @@ class UpdateRefusal:
         if self.step == step:
             return None  # checked again in the same update: refused once
         n = self._in_row + 1
+        in_row = f"{n} bad steps in a row since step {step - n + 1}"
+        stop = None
         if n > self.max_skips:
             line = (
-                f"{speaker()}: {what} at step {step}, {n} bad steps in a row since step "
-                f"{step - n + 1} (at most {self.max_skips} updates skipped in a row): stopped "
-                "before the update"
+                f"{speaker()}: {bad_words(run)} at step {step}, {in_row} (at most "
+                f"{self.max_skips} updates skipped in a row): stopped before the update"
             )
-            with contextlib.suppress(Exception):  # the report is the job's stderr or a sink
-                report(line)
             # (not counted again: the same step run again, a notebook's cell, stops again)
-            return WatchStop({**run, "message": line, "step": step}, policy="skip")
-        self._in_row = n
-        self.step = step
-        self.refused += 1
-        run["skipped"] = True
-        line = f"{speaker()}: skipped the update of step {step}; training goes on"
-        if n > 1:
-            line = (
-                f"{speaker()}: skipped the update of step {step}: still {what} ({n} bad "
-                f"steps in a row since step {step - n + 1}; {self.max_skips + 1} in a row stop "
-                "the job)"
-            )
+            stop = WatchStop({**run, "message": line, "step": step}, policy="skip")
+        else:
+            self._in_row = n
+            self.step = step
+            self.refused += 1
+            run["skipped"] = True
+            line = f"{speaker()}: skipped the update of step {step}; training goes on"
+            if n > 1:
+                line = (
+                    f"{speaker()}: skipped the update of step {step}: still {bad_words(run)} "
+                    f"({in_row}; {self.max_skips + 1} in a row stop the job)"
+                )
         with contextlib.suppress(Exception):  # the report is the job's stderr or a sink
             report(line)
-        return None
+        return stop
 
     @property
     def holding(self) -> bool:

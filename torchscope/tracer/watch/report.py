@@ -7,6 +7,7 @@ from typing import Any
 
 from torchscope.tracer.ranks import say_line
 from torchscope.tracer.watch.norms import GRADNORM, NAN
+from torchscope.tracer.watch.spikes import SPIKE
 
 
 def job_rank() -> int | None:
@@ -177,3 +178,12 @@ def loop_forward_line(det: dict[str, Any], who: str, noun: str, how: str) -> str
         "module calls (training-loop code: the loss is non-finite, the replayed modules' "
         f"outputs are not{at}){shows} — {how}"
     )
+
+
+def bad_words(run: dict[str, Any]) -> str:
+    """What a bad stretch is, in its lines: "NaN/Inf", "a gradient norm above the limit",
+    "a loss spike" (or "a gradient norm spike")."""
+    if run["what"] == SPIKE:
+        lead = run.get("lead", "loss")
+        return "a divergence" if lead == "divergence" else f"a {lead} spike"
+    return "a gradient norm above the limit" if run["what"] == GRADNORM else "NaN/Inf"
