@@ -45,7 +45,6 @@ import atexit
 import contextlib
 import itertools
 import os
-import socket
 import sys
 import threading
 import time
@@ -70,6 +69,7 @@ from torchscope.protocol.frames import (
     parse_request,
     status_frame,
 )
+from torchscope.tracer.pending_events import FORGET, Doorbell, PendingEvents
 from torchscope.tracer.ranks import waiting
 
 # Subscriptions whose topic starts with this byte are client tokens, not interest in data:
@@ -83,8 +83,6 @@ REQUESTS_PER_TURN = 100  # control messages handled before publishing again
 EVENTS_PER_TURN = 20_000  # events framed before looking at control again
 # How often the thread takes the queue while a UI reads (a frame's latency, at most).
 READER_TURN = 0.02
-# Queued by forget(): the ring drops what came before it. An empty batch, known by identity.
-_FORGET: list[bytes] = []
 
 
 class EventPublisher:
@@ -143,18 +141,16 @@ class EventPublisher:
         )
         self._register = register
         self.ring_size = max(0, int(ring))
-        self.max_pending = max(1, int(max_pending))
         self.frame_events = max(1, int(frame_events))
         self.sndhwm = max(1, int(sndhwm))
         self.heartbeat_interval = heartbeat
         self.close_linger_ms = close_linger_ms
 
-        # Counters, each written by one side only (no lost updates without a shared lock):
-        # the sink (under _lock) and the publisher thread. Read anywhere.
-        self.events_total = 0  # events handed to the sink
-        self._dropped_queue = 0  # sink side: pushed out of the bounded queue
-        self._dropped_encode = 0  # sink side: events the codec cannot encode
-        self._dropped_send = 0  # thread side: a send error
+        # The sink's queue to the publisher thread, and the doorbell that wakes the thread.
+        self._queue = PendingEvents(max_pending)
+        self._doorbell = Doorbell()
+        # Counters the publisher thread writes (the queue counts the sink's side). Read anywhere.
+        self._dropped_send = 0  # a send error
         self.frames_sent = 0  # messages handed to the events socket
         # Events handed to the events socket; frames carry it as "sent", so each UI can tell
         # how many events it missed (libzmq drops per subscriber and does not say).
@@ -168,20 +164,12 @@ class EventPublisher:
         # An agent's dormant / arming / traced, asked when a heartbeat or an answer says it.
         self.tracing_state: Callable[[], str | None] = lambda: None
 
-        self._lock = threading.Lock()
-        self._pending: deque[list[bytes]] = deque()  # batches of encoded events
-        self._pending_count = 0
         self._ring: deque[bytes] = deque(maxlen=self.ring_size)
         self._frame = 0  # number of the last message sent (or tried) on the events socket
         self._topics: set[bytes] = set()
         self._tokens: set[bytes] = set()
         self._has_subscriber = False
         self._errors_seen: set[str] = set()
-        # Wake-up: the sink pokes a socketpair the thread polls, at most once per turn.
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._poked = False
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
@@ -208,37 +196,10 @@ class EventPublisher:
             return
         try:
             total = len(events)
-            if total > self.max_pending:  # one giant batch: keep its newest part
-                events = events[-self.max_pending :]
-            packed = self._encoded(events)
-            n = len(packed)
-            with self._lock:
-                self.events_total += total
-                self._dropped_queue += total - len(events)
-                self._dropped_encode += len(events) - n
-                if not n:
-                    return
-                self._pending.append(packed)
-                self._pending_count += n
-                # Bounded: a publisher that cannot keep up loses the oldest events, counted.
-                forget = False
-                while self._pending_count > self.max_pending:
-                    old = self._pending.popleft()
-                    forget = forget or old is _FORGET
-                    self._pending_count -= len(old)
-                    self._dropped_queue += len(old)
-                if forget:  # still owed: everything before it is gone, the ring's old part too
-                    self._pending.appendleft(_FORGET)
-                # The thread takes the queue on its own turn: every READER_TURN seconds while a
-                # UI reads, at most 0.25 s on (or when a snapshot is asked for) while none
-                # does. Waking it per batch would make it fight the training thread for the
-                # GIL at every batch (hundreds a second on a small model); only a queue
-                # filling up wakes it early.
-                wake = self._pending_count > self.max_pending // 2
-            if wake and not self._poked:
-                self._poked = True
-                # Non-blocking; a full buffer (OSError) means the thread is awake anyway.
-                self._wake_w.send(b"\0")
+            if total > self._queue.limit:  # one giant batch: keep its newest part
+                events = events[-self._queue.limit :]
+            if self._queue.put(self._encoded(events), total):
+                self._doorbell.ring_once()
         except Exception:  # OSError on a closed pipe at exit included
             pass  # never into the job
 
@@ -262,8 +223,7 @@ class EventPublisher:
         last armed period; a UI that joins later starts from the next one)."""
         if not self._accepting:
             return
-        with self._lock:
-            self._pending.append(_FORGET)
+        self._queue.forget()
 
     def note_step(self, step: int) -> None:
         """The job's current step, reported by hello, snapshots and heartbeats."""
@@ -283,7 +243,7 @@ class EventPublisher:
         self._ready.wait()
         if self._start_error is not None:
             self._thread.join()
-            self._close_wake()
+            self._doorbell.close()
             self._closed = True
             err = self._start_error
             if isinstance(err, zmq.ZMQError):
@@ -329,7 +289,7 @@ class EventPublisher:
         with contextlib.suppress(Exception):  # at interpreter exit atexit may be gone
             atexit.unregister(self.close)
         self._stop.set()
-        self._poke()
+        self._doorbell.ring()
         if self._thread is not None:
             self._thread.join(timeout)
         if self._register and self.record.path:
@@ -340,7 +300,7 @@ class EventPublisher:
             # libzmq removes the socket files it created; this covers the cases it does not.
             with contextlib.suppress(OSError):
                 os.unlink(path)
-        self._close_wake()
+        self._doorbell.close()
 
     def __enter__(self) -> EventPublisher:
         return self.start()
@@ -352,12 +312,17 @@ class EventPublisher:
     def dropped(self) -> int:
         """Events no UI can get: pushed out of the bounded queue, or unencodable. What one UI
         lost because it read too slowly, it counts itself (``SessionClient.events_lost``)."""
-        return self._dropped_queue + self._dropped_encode + self._dropped_send
+        return self._queue.dropped + self._dropped_send
 
     @property
     def pending(self) -> int:
         """Events queued by the sink and not yet taken by the publisher thread."""
-        return self._pending_count
+        return self._queue.count
+
+    @property
+    def events_total(self) -> int:
+        """Events handed to the sink."""
+        return self._queue.total
 
     @property
     def running(self) -> bool:
@@ -436,8 +401,8 @@ class EventPublisher:
         poller = zmq.Poller()
         poller.register(pub, zmq.POLLIN)
         poller.register(router, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
-        wake_fd = self._wake_r.fileno()  # the poller reports plain sockets by descriptor
+        poller.register(self._doorbell.socket, zmq.POLLIN)
+        wake_fd = self._doorbell.socket.fileno()  # the poller reports plain sockets by descriptor
         next_beat = time.monotonic() + self.heartbeat_interval
         next_tick = 0.0
         busy = False
@@ -447,7 +412,7 @@ class EventPublisher:
                 wait = 0 if busy else max(0.0, min(turn, next_beat - time.monotonic()))
                 ready = dict(poller.poll(int(wait * 1000)))
                 if wake_fd in ready:
-                    self._drain_wake()
+                    self._doorbell.drain()
                 if pub in ready:
                     self._read_subscriptions(pub)
                 if router in ready:
@@ -476,20 +441,18 @@ class EventPublisher:
     # -- events --------------------------------------------------------------------------------
     def _pump(self, pub: zmq.Socket) -> bool:
         """Move queued events into the ring and out as frames; True if more are waiting."""
-        self._poked = False  # before taking: a sink call from now on pokes again
+        self._doorbell.turn()  # before taking: a sink call from now on rings again
         taken = 0
         buf: list[bytes] = []
         more = False
-        while True:
-            with self._lock:
-                if not self._pending:
-                    break
-                if taken >= EVENTS_PER_TURN:
-                    more = True
-                    break
-                batch = self._pending.popleft()
-                self._pending_count -= len(batch)
-            if batch is _FORGET:
+        while self._queue.waiting:
+            if taken >= EVENTS_PER_TURN:
+                more = True
+                break
+            batch = self._queue.take()
+            if batch is None:
+                break
+            if batch is FORGET:
                 # Events of ``buf`` are in the ring already: a snapshot's frame number covers
                 # them once sent, and a UI that joins from now on never sees them.
                 self._ring.clear()
@@ -657,22 +620,6 @@ class EventPublisher:
         return {"t": time.time()}
 
     # -- helpers -------------------------------------------------------------------------------
-    def _poke(self) -> None:
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"\0")
-
-    def _drain_wake(self) -> None:
-        try:
-            while self._wake_r.recv(4096):
-                pass
-        except OSError:
-            pass
-
-    def _close_wake(self) -> None:
-        for s in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                s.close()
-
     def _report(self, where: str, exc: BaseException) -> None:
         """Say a problem once per place and kind on stderr; never raise it."""
         self.errors += 1
