@@ -98,18 +98,21 @@ def test_imports_under_type_checking_count() -> None:
 
 
 MAIN = "torchscope.tui.screens.main"
-#: the main screen's feature controllers: each sees the screen through its own narrow protocol
-FEATURE_CONTROLLERS = ("shown_step", "alerts", "panels", "run_history")
+
+
+def main_screen_parts() -> list[pathlib.Path]:
+    """The main screen's parts: every module beside screen.py but the shared context."""
+    return [
+        p
+        for p in sorted((PACKAGE / "tui" / "screens" / "main").glob("*.py"))
+        if p.name not in ("screen.py", "__init__.py", "context.py")
+    ]
 
 
 def test_the_main_screens_parts_never_import_the_screen() -> None:
     """screen.py holds the keys and the layout and hands its parts what they use; a part that
     imported the screen (or its package, which imports it) would see all of it."""
-    parts = [
-        p
-        for p in (PACKAGE / "tui" / "screens" / "main").glob("*.py")
-        if p.name not in ("screen.py", "__init__.py")
-    ]
+    parts = main_screen_parts()
     assert len(parts) >= 10
     wrong = {
         f"{module_name(p)} -> {m}"
@@ -120,23 +123,71 @@ def test_the_main_screens_parts_never_import_the_screen() -> None:
     assert wrong == set()
 
 
-def test_feature_controllers_see_a_narrow_screen() -> None:
-    """A feature controller declares what it uses of the screen (its own protocol), never the
-    whole ``MainContext``, and imports no other part of the screen: what it needs of another
-    part it is handed."""
-    main = PACKAGE / "tui" / "screens" / "main"
+def test_each_part_of_the_main_screen_sees_a_narrow_screen() -> None:
+    """Every part declares what it uses of the screen as its own protocol (on top of the
+    three members of ``ScreenCore`` that all of them use), and imports no other part: what it
+    needs of another part it reaches through a screen method its protocol names, or is
+    handed."""
     wrong: set[str] = set()
-    for name in FEATURE_CONTROLLERS:
-        path = main / f"{name}.py"
-        source = path.read_text()
-        if "MainContext" in source:
-            wrong.add(f"{name} names MainContext")
+    for path in main_screen_parts():
+        name = path.stem
+        protocols = [c for c in ast.walk(ast.parse(path.read_text())) if is_protocol(c)]
+        if not protocols:
+            wrong.add(f"{name} declares no protocol of the screen")
         wrong |= {
             f"{name} -> {m}"
             for m in imports_of(path)
             if m.startswith(f"{MAIN}.") and m != f"{MAIN}.context"
         }
+    core = next(
+        c
+        for c in ast.walk(ast.parse((PACKAGE / "tui/screens/main/context.py").read_text()))
+        if is_protocol(c)
+    )
+    assert len(protocol_members(core)) <= 3
     assert wrong == set()
+
+
+def test_a_parts_protocol_names_only_what_the_part_uses() -> None:
+    """A member a part declares but never reads is width nobody needs: it would let the part
+    grow into the screen again unseen."""
+    unused = {
+        f"{path.stem}.{member}"
+        for path in main_screen_parts()
+        for member in unused_members(ast.parse(path.read_text()))
+    }
+    assert unused == set()
+
+
+def unused_members(tree: ast.Module) -> set[str]:
+    """``Protocol.member`` for each member of a protocol in ``tree`` read nowhere outside it."""
+    protocols = [c for c in ast.walk(tree) if is_protocol(c)]
+    inside = {id(n) for c in protocols for n in ast.walk(c)}
+    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and id(n) not in inside}
+    return {f"{c.name}.{m}" for c in protocols for m in protocol_members(c) - used}
+
+
+def is_protocol(node: ast.AST) -> bool:
+    return isinstance(node, ast.ClassDef) and any(
+        isinstance(b, ast.Name) and b.id == "Protocol" for b in node.bases
+    )
+
+
+def protocol_members(node: ast.ClassDef) -> set[str]:
+    return {
+        n.target.id if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) else n.name
+        for n in node.body
+        if isinstance(n, ast.FunctionDef)
+        or (isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name))
+    }
+
+
+def test_the_unused_member_check_finds_one() -> None:
+    tree = ast.parse(
+        "class S(Protocol):\n    a: int\n    def b(self) -> None: ...\n"
+        "def f(s: S) -> int:\n    return s.a\n"
+    )
+    assert unused_members(tree) == {"S.b"}
 
 
 # Sizes a reader can hold: a class of the tracer, a file of the UI.

@@ -1,7 +1,7 @@
 """The UI's modules never need each other round a circle (imports under TYPE_CHECKING count):
 the app imports the screens it pushes, and the screens reach the app only through the
-``Host`` protocol of screens/host.py; the main screen's helpers reach the screen only through
-``MainContext`` (screens/main/context.py)."""
+``Host`` protocol of screens/host.py; each part of the main screen reaches the screen only
+through its own protocol (built on ``ScreenCore``, screens/main/context.py)."""
 
 from __future__ import annotations
 

@@ -11,35 +11,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-if TYPE_CHECKING:
-    from textual.notifications import SeverityLevel
+from torchscope.tui.screens.main.context import ScreenCore
 
+if TYPE_CHECKING:
     from torchscope.protocol.events import Event
-    from torchscope.session.store import EventStore
     from torchscope.tui.screens.host import Host
     from torchscope.tui.widgets.alert_list import AlertList
     from torchscope.tui.widgets.detail_panel import DetailPanel
 
 
-class AlertsScreen(Protocol):
+class AlertsScreen(ScreenCore, Protocol):
     """The main screen, as its alerts list sees it."""
 
     host: Host
     alerts: AlertList
     detail: DetailPanel
-
-    @property
-    def store(self) -> EventStore: ...
-
-    def notify(
-        self,
-        message: str,
-        *,
-        title: str = "",
-        severity: SeverityLevel = "information",
-        timeout: float | None = None,
-        markup: bool = True,
-    ) -> None: ...
 
 
 class AlertsView:

@@ -5,16 +5,58 @@ only sends text and shows answers, and imports no torch."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from textual.widgets import Input
 
 from torchscope.protocol.expressions import ExpressionError, answer_text, evaluate_kept
 from torchscope.session.rows import PendingRow
 from torchscope.session.stepper_view import pause_key
-from torchscope.tui.screens.main.context import MainContext
+from torchscope.tui.screens.main.context import ScreenCore
 
 #: Values an answer shows at most (the job's ``count``).
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from textual.timer import Timer
+
+    from torchscope.session.rows import Row
+    from torchscope.session.stepper_view import ValuesView
+    from torchscope.tui.screens.host import Host
+    from torchscope.tui.widgets.filter_input import FilterInput
+
+
+class EvaluateScreen(ScreenCore, Protocol):
+    """The main screen, as ``p`` / ``e`` see it."""
+
+    expressions: list[str]  # p / e: what was typed, for ↑↓
+    filter: FilterInput
+    host: Host
+    values: ValuesView | None
+
+    def close_prompt(self) -> None: ...
+
+    def is_paused_row(self, row: Row | PendingRow) -> bool: ...
+
+    @property
+    def live(self) -> bool: ...
+
+    def open_prompt(self, name: str) -> None: ...
+
+    def refresh_status(self) -> None: ...
+
+    def select_paused(self) -> bool: ...
+
+    def set_timer(
+        self,
+        delay: float,
+        callback: Callable[[], Any] | None = None,
+        *,
+        name: str | None = None,
+        pause: bool = False,
+    ) -> Timer: ...
+
+
 ANSWER_VALUES = 16
 #: Expressions kept for ↑↓ (a shell's history, this UI's life).
 MAX_HISTORY = 200
@@ -38,7 +80,7 @@ class Asking:
 
 
 class Evaluate:
-    def __init__(self, main: MainContext) -> None:
+    def __init__(self, main: EvaluateScreen) -> None:
         self.main = main
         self.asking: Asking | None = None  # the one the box waits for
 

@@ -4,15 +4,36 @@ the detail following its cursor."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 from textual.widgets import Tree
 
 from torchscope.protocol.events import GRAD, OP
 from torchscope.session.format import plural
-from torchscope.tui.screens.main.context import Location, MainContext
+from torchscope.tui.screens.main.context import Location, ScreenCore
+
+if TYPE_CHECKING:
+    from torchscope.tui.widgets.detail_panel import DetailPanel
+    from torchscope.tui.widgets.graph_tree import GraphTree
+
+
+class GraphScreen(ScreenCore, Protocol):
+    """The main screen, as the graph view sees it."""
+
+    center: str  # "timeline" or "graph"
+    current_step: int | None
+    detail: DetailPanel
+    graph: GraphTree
+
+    def go(self, loc: Location, *, record: bool = True) -> None: ...
+
+    def refresh_status(self) -> None: ...
+
+    def select_in_timeline(self, kind: str | None, seq: int) -> bool: ...
 
 
 class GraphView:
-    def __init__(self, main: MainContext) -> None:
+    def __init__(self, main: GraphScreen) -> None:
         self.main = main
 
     def toggle(self) -> None:

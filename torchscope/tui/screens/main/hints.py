@@ -3,15 +3,43 @@ Which keys depends on the pause, live or recording, the focused panel and the so
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 from torchscope.session.rows import FLAG_INF_IN, FLAG_INF_OUT, FLAG_NAN_IN, FLAG_NAN_OUT
 from torchscope.tui.keys import Hint, hint
-from torchscope.tui.screens.main.context import MainContext
+from torchscope.tui.screens.main.context import ScreenCore
+
+if TYPE_CHECKING:
+    from textual.widget import Widget
+
+    from torchscope.session.search import FieldPattern
+    from torchscope.tui.screens.host import Host
+    from torchscope.tui.widgets.alert_list import AlertList
+    from torchscope.tui.widgets.detail_panel import DetailPanel
+    from torchscope.tui.widgets.graph_tree import GraphTree
+
+
+class HintsScreen(ScreenCore, Protocol):
+    """The main screen, as the key bar's hints see it."""
+
+    alerts: AlertList
+    detail: DetailPanel
+    graph: GraphTree
+    host: Host
+    search: FieldPattern | None
+
+    @property
+    def focused(self) -> Widget | None: ...
+
+    @property
+    def live(self) -> bool: ...
+
 
 # A row's NaN/Inf flags (its other flags, FLAG_ACCUMULATE, say nothing of its values).
 NAN_INF = FLAG_NAN_IN | FLAG_INF_IN | FLAG_NAN_OUT | FLAG_INF_OUT
 
 
-def key_hints(m: MainContext, *, maximised: bool, ready: bool) -> list[Hint]:
+def key_hints(m: HintsScreen, *, maximised: bool, ready: bool) -> list[Hint]:
     """The key bar of ``m`` (``maximised``: a panel has the whole screen; ``ready``: the
     widgets are mounted)."""
     live = m.live

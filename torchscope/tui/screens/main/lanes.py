@@ -5,14 +5,60 @@ the source bar. Which lane is shown, the scope of commands and the mark are the 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 from torchscope.session.align import describe_key, find_key, row_key
 from torchscope.tui.screens.compare import CompareScreen, CompareSpec
 from torchscope.tui.screens.host import LaneSwitch
-from torchscope.tui.screens.main.context import MainContext
+from torchscope.tui.screens.main.context import ScreenCore
+
+if TYPE_CHECKING:
+    from textual.app import App
+
+    from torchscope.tui.screens.host import Host
+    from torchscope.tui.widgets.alert_list import AlertList
+    from torchscope.tui.widgets.detail_panel import DetailPanel
+    from torchscope.tui.widgets.graph_tree import GraphTree
+
+
+class LanesScreen(ScreenCore, Protocol):
+    """The main screen, as the lanes (several sources) see it."""
+
+    alerts: AlertList
+    center: str  # "timeline" or "graph"
+    current_step: int | None
+    detail: DetailPanel
+    follow: bool
+    graph: GraphTree
+    host: Host
+
+    @property
+    def app(self) -> App[object]: ...
+
+    @property
+    def live(self) -> bool: ...
+
+    def refresh_sources(self) -> None: ...
+
+    def refresh_status(self) -> None: ...
+
+    def restart(self) -> None: ...
+
+    def select_in_timeline(self, kind: str | None, seq: int) -> bool: ...
+
+    def set_follow(self, on: bool) -> None: ...
+
+    def show_detail(self) -> None: ...
+
+    def show_graph(self, node: int | None = None) -> None: ...
+
+    def show_step(self, step: int, *, keep_position: bool = False) -> None: ...
+
+    def show_timeline(self) -> None: ...
 
 
 class LaneView:
-    def __init__(self, main: MainContext) -> None:
+    def __init__(self, main: LanesScreen) -> None:
         self.main = main
         #: (lane, step, alignment key, graph shown) the last switch still has to land on
         self._align: tuple[int, int, tuple | None, bool] | None = None

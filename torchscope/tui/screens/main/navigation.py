@@ -4,12 +4,36 @@ back stack that backspace walks, and the ``:`` go-to line."""
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, Protocol
 
 from torchscope.protocol.events import GRAD, OP, Event
 from torchscope.session.format import short_name
 from torchscope.session.rows import AtenRow, PendingRow, Row
-from torchscope.tui.screens.main.context import Location, MainContext
+from torchscope.tui.screens.main.context import Location, ScreenCore
 from torchscope.tui.widgets.detail_panel import Link
+
+if TYPE_CHECKING:
+    from torchscope.tui.widgets.graph_tree import GraphTree
+
+
+class NavigationScreen(ScreenCore, Protocol):
+    """The main screen, as jumps and the back stack see it."""
+
+    back_stack: list[Location]  # jumps backspace goes back over
+    center: str  # "timeline" or "graph"
+    current_step: int | None
+    follow: bool
+    graph: GraphTree
+    pending: Location | None  # a jump waiting for its step to load
+
+    def clear_filter(self) -> None: ...
+
+    def set_follow(self, on: bool) -> None: ...
+
+    def show_graph(self, node: int | None = None) -> None: ...
+
+    def show_step(self, step: int, *, keep_position: bool = False) -> None: ...
+
 
 _BACK_STACK = 64  # jumps backspace can go back over
 
@@ -17,7 +41,7 @@ COMMAND_HELP = ":12 step · :#1234 event seq · :node 57 node id"
 
 
 class Navigation:
-    def __init__(self, main: MainContext) -> None:
+    def __init__(self, main: NavigationScreen) -> None:
         self.main = main
 
     # -- jumps -------------------------------------------------------------------------------

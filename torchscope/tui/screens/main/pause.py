@@ -3,7 +3,7 @@ pending row), selecting it when the job pauses, and the values view of its tenso
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torchscope.protocol.events import ATEN, GRAD, OP
 from torchscope.session.rows import PendingRow, Row
@@ -13,11 +13,30 @@ from torchscope.session.stepper_view import (
     pause_key,
     tensor_choices,
 )
-from torchscope.tui.screens.main.context import MainContext
+from torchscope.tui.screens.main.context import ScreenCore
+
+if TYPE_CHECKING:
+    from torchscope.session.stepper_view import ValuesView
+
+
+class PauseScreen(ScreenCore, Protocol):
+    """The main screen, as the pause marks see it."""
+
+    center: str  # "timeline" or "graph"
+    current_step: int | None
+    values: ValuesView | None
+
+    def clear_filter(self) -> None: ...
+
+    def refresh_status(self) -> None: ...
+
+    def show_detail(self) -> None: ...
+
+    def show_step(self, step: int, *, keep_position: bool = False) -> None: ...
 
 
 class PauseMarks:
-    def __init__(self, main: MainContext) -> None:
+    def __init__(self, main: PauseScreen) -> None:
         self.main = main
         # one PendingRow per pause (the detail panel knows rows by identity)
         self._pending: tuple[Any, PendingRow] | None = None

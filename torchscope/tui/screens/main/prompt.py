@@ -22,9 +22,73 @@ edit           (nothing: a replacement)     the job takes it (or refuses in the 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torchscope.session.search import FieldPattern
-from torchscope.tui.screens.main.context import MainContext
+from torchscope.tui.screens.main.context import ScreenCore
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from textual.app import App
+    from textual.widget import Widget
+    from textual.worker import Worker
+
+    from torchscope.tui.widgets.filter_input import FilterInput
+    from torchscope.tui.widgets.graph_tree import GraphTree
+
+
+class PromptScreen(ScreenCore, Protocol):
+    """The main screen, as the prompt's modes see it."""
+
+    center: str  # "timeline" or "graph"
+    current_step: int | None
+    expressions: list[str]  # p / e: what was typed, for ↑↓
+    filter: FilterInput
+    graph: GraphTree
+    search: FieldPattern | None
+
+    @property
+    def app(self) -> App[object]: ...
+
+    def back_to_search_origin(self) -> None: ...
+
+    def cancel_evaluation(self) -> None: ...
+
+    def close_prompt(self) -> None: ...
+
+    def edit(self, text: str) -> None: ...
+
+    def evaluate(self, text: str) -> None: ...
+
+    @property
+    def focused(self) -> Widget | None: ...
+
+    def graph_title(self) -> None: ...
+
+    def matches(self) -> list[tuple[int, int]]: ...
+
+    def refresh_title(self) -> None: ...
+
+    def run_command(self, text: str) -> str | None: ...
+
+    def run_worker(
+        self,
+        work: Callable[[], Any],
+        name: str | None = "",
+        group: str = "default",
+        description: str = "",
+        exit_on_error: bool = True,
+        start: bool = True,
+        exclusive: bool = False,
+        thread: bool = False,
+    ) -> Worker[Any]: ...
+
+    def start_search(self) -> None: ...
+
+    def to_match(
+        self, direction: int, *, include_current: bool = False, origin: bool = False
+    ) -> bool: ...
 
 
 class PromptMode:
@@ -40,17 +104,17 @@ class PromptMode:
     def __repr__(self) -> str:
         return f"<prompt mode {self.name}>"
 
-    def opened(self, screen: MainContext) -> str:
+    def opened(self, screen: PromptScreen) -> str:
         """Called as the prompt opens; returns the text it starts with."""
         return ""
 
-    def typed(self, screen: MainContext, pattern: FieldPattern | None) -> None:
+    def typed(self, screen: PromptScreen, pattern: FieldPattern | None) -> None:
         """A valid regex was typed (None: the box is empty). Regex modes only."""
 
-    def submitted(self, screen: MainContext, text: str) -> None:
+    def submitted(self, screen: PromptScreen, text: str) -> None:
         screen.close_prompt()
 
-    def cancelled(self, screen: MainContext) -> None:
+    def cancelled(self, screen: PromptScreen) -> None:
         screen.close_prompt()
 
 
@@ -62,11 +126,11 @@ class TimelineSearch(PromptMode):
     )
     placeholder = "regex (any case), each field on its own: name · module · source"
 
-    def opened(self, screen: MainContext) -> str:
+    def opened(self, screen: PromptScreen) -> str:
         screen.start_search()
         return ""
 
-    def typed(self, screen: MainContext, pattern: FieldPattern | None) -> None:
+    def typed(self, screen: PromptScreen, pattern: FieldPattern | None) -> None:
         screen.search = pattern
         if pattern is None:
             screen.back_to_search_origin()
@@ -74,7 +138,7 @@ class TimelineSearch(PromptMode):
             screen.filter.error(f"no match for /{pattern.pattern}/ in this step")
         screen.refresh_title()
 
-    def submitted(self, screen: MainContext, text: str) -> None:
+    def submitted(self, screen: PromptScreen, text: str) -> None:
         prompt = screen.filter
         if prompt.has_class("-invalid") and not (prompt.border_title or "").startswith("no match"):
             screen.notify(prompt.border_title or "invalid regex", severity="error")
@@ -85,7 +149,7 @@ class TimelineSearch(PromptMode):
                 screen.notify(f"no match for /{screen.search.pattern}/ in this step", timeout=3)
             screen.refresh_title()
 
-    def cancelled(self, screen: MainContext) -> None:
+    def cancelled(self, screen: PromptScreen) -> None:
         screen.close_prompt()
         screen.search = None
         screen.back_to_search_origin()
@@ -99,22 +163,22 @@ class TimelineFilter(PromptMode):
         "regex (any case), each field on its own: name · module · source — only matches stay"
     )
 
-    def opened(self, screen: MainContext) -> str:
+    def opened(self, screen: PromptScreen) -> str:
         pattern = screen.timeline.pattern
         return pattern.pattern if pattern is not None else ""
 
-    def typed(self, screen: MainContext, pattern: FieldPattern | None) -> None:
+    def typed(self, screen: PromptScreen, pattern: FieldPattern | None) -> None:
         screen.timeline.set_filter(pattern)
         screen.refresh_title()
 
-    def submitted(self, screen: MainContext, text: str) -> None:
+    def submitted(self, screen: PromptScreen, text: str) -> None:
         prompt = screen.filter
         if prompt.has_class("-invalid"):
             screen.notify(prompt.border_title or "invalid regex", severity="error")
             return
         screen.close_prompt()
 
-    def cancelled(self, screen: MainContext) -> None:
+    def cancelled(self, screen: PromptScreen) -> None:
         screen.close_prompt()
         screen.timeline.set_filter(None)
         screen.refresh_title()
@@ -125,25 +189,25 @@ class GraphPrompt(PromptMode):
 
     placeholder = "regex (any case) over node name, node id, parameter, op, module, source"
 
-    def apply(self, screen: MainContext, pattern: FieldPattern | None) -> int:
+    def apply(self, screen: PromptScreen, pattern: FieldPattern | None) -> int:
         """Search or filter the graph's nodes; how many match."""
         raise NotImplementedError
 
-    def typed(self, screen: MainContext, pattern: FieldPattern | None) -> None:
+    def typed(self, screen: PromptScreen, pattern: FieldPattern | None) -> None:
         found = self.apply(screen, pattern)
         if pattern is not None and not found:
             screen.filter.error(f"no node matches /{pattern.pattern}/")
         screen.graph_title()
 
-    def submitted(self, screen: MainContext, text: str) -> None:
+    def submitted(self, screen: PromptScreen, text: str) -> None:
         self._back_to_graph(screen)
 
-    def cancelled(self, screen: MainContext) -> None:
+    def cancelled(self, screen: PromptScreen) -> None:
         self.apply(screen, None)
         self._back_to_graph(screen)
 
     @staticmethod
-    def _back_to_graph(screen: MainContext) -> None:
+    def _back_to_graph(screen: PromptScreen) -> None:
         screen.filter.ok()
         screen.filter.display = False
         screen.graph.focus()
@@ -154,12 +218,12 @@ class GraphSearch(GraphPrompt):
     name = "graph"
     title = "search the graph · enter: keep · ctrl+n/ctrl+p: next/prev node · esc: clear"
 
-    def opened(self, screen: MainContext) -> str:
+    def opened(self, screen: PromptScreen) -> str:
         screen.graph.set_search(None)
         screen.graph_title()
         return ""
 
-    def apply(self, screen: MainContext, pattern: FieldPattern | None) -> int:
+    def apply(self, screen: PromptScreen, pattern: FieldPattern | None) -> int:
         return screen.graph.set_search(pattern)
 
 
@@ -167,11 +231,11 @@ class GraphFilter(GraphPrompt):
     name = "graph-filter"
     title = "filter the graph · enter: keep · esc: clear"
 
-    def opened(self, screen: MainContext) -> str:
+    def opened(self, screen: PromptScreen) -> str:
         keep = screen.graph.node_filter
         return keep.pattern if keep is not None else ""
 
-    def apply(self, screen: MainContext, pattern: FieldPattern | None) -> int:
+    def apply(self, screen: PromptScreen, pattern: FieldPattern | None) -> int:
         return screen.graph.set_filter(pattern)
 
 
@@ -183,7 +247,7 @@ class GoTo(PromptMode):
     placeholder = ":12 step 12 · :#1234 event seq 1234 · :node 57 backward node id 57"
     regex = False
 
-    def submitted(self, screen: MainContext, text: str) -> None:
+    def submitted(self, screen: PromptScreen, text: str) -> None:
         prompt = screen.filter
         problem = screen.run_command(text)
         if problem:
@@ -206,13 +270,13 @@ class ExportPath(PromptMode):
     def __init__(self) -> None:
         self.confirmed: str | None = None  # the existing file the user was warned about
 
-    def opened(self, screen: MainContext) -> str:
+    def opened(self, screen: PromptScreen) -> str:
         from torchscope.session.export_view import default_path
 
         assert screen.current_step is not None
         return default_path(screen.current_step, screen.timeline.pattern is not None)
 
-    def submitted(self, screen: MainContext, text: str) -> None:
+    def submitted(self, screen: PromptScreen, text: str) -> None:
         from torchscope.session.export_view import clean_path, snapshot, write_jsonl
 
         prompt = screen.filter
@@ -260,14 +324,14 @@ class Evaluate(PromptMode):
     placeholder = "x[0, :8] · (x == 0).float().mean() · x.abs().argmax() · module.weight.norm()"
     regex = False
 
-    def submitted(self, screen: MainContext, text: str) -> None:
+    def submitted(self, screen: PromptScreen, text: str) -> None:
         screen.evaluate(text)
 
-    def cancelled(self, screen: MainContext) -> None:
+    def cancelled(self, screen: PromptScreen) -> None:
         screen.cancel_evaluation()  # one still running is interrupted: the job goes on
         screen.close_prompt()
 
-    def history(self, screen: MainContext) -> list[str]:
+    def history(self, screen: PromptScreen) -> list[str]:
         return screen.expressions
 
 
@@ -279,14 +343,14 @@ class Edit(PromptMode):
     placeholder = "x * 0 · x.clamp(-1, 1) · torch.nan_to_num(x) · grad_inputs[1] = x / 10"
     regex = False
 
-    def submitted(self, screen: MainContext, text: str) -> None:
+    def submitted(self, screen: PromptScreen, text: str) -> None:
         screen.edit(text)
 
-    def cancelled(self, screen: MainContext) -> None:
+    def cancelled(self, screen: PromptScreen) -> None:
         screen.cancel_evaluation()
         screen.close_prompt()
 
-    def history(self, screen: MainContext) -> list[str]:
+    def history(self, screen: PromptScreen) -> list[str]:
         return screen.expressions
 
 

@@ -5,11 +5,13 @@ for steps that are not in memory (``request_step``); whether a file or a socket 
 its concern. ``apply_changes`` runs on the app's ``applied`` signal, once per batch.
 
 The screen holds its widgets, what it shows and the key bindings; the work of each group of
-keys is a helper next to it (navigation.py, stepping.py, pause.py, values.py, evaluate.py,
-search.py, graph.py, sharing.py, lanes.py; the prompt's modes in prompt.py), each given the
-screen as a :class:`~.context.MainContext`, or a feature controller (shown_step.py: the step
-shown and following the newest; alerts.py: the alerts list; panels.py: the layout and ``+``;
-run_history.py: ``H``), each given only what it uses of the screen. The app is a
+keys is a part next to it (navigation.py, stepping.py, pause.py, values.py, evaluate.py,
+search.py, graph.py, sharing.py, lanes.py, the prompt's modes in prompt.py, and the feature
+controllers with state of their own: shown_step.py, the step shown and following the newest;
+alerts.py, the alerts list; panels.py, the layout and ``+``; run_history.py, ``H``). Each
+part sees the screen through its own protocol of what it uses (context.py's ``ScreenCore``
+and its own members), and reaches another part only through the screen's methods it names,
+or is handed them. The app is a
 :class:`~torchscope.tui.screens.host.Host`: the screen calls it through that protocol and
 follows its signals (``applied``, ``restarted``, ``lane_switch``, ``redraw``).
 

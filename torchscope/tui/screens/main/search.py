@@ -5,13 +5,36 @@ the same keys walk the graph's own search."""
 from __future__ import annotations
 
 import bisect
+from typing import TYPE_CHECKING, Protocol
 
 from torchscope.session.format import plural
-from torchscope.tui.screens.main.context import MainContext
+from torchscope.tui.screens.main.context import ScreenCore
+
+if TYPE_CHECKING:
+    from torchscope.session.search import FieldPattern
+    from torchscope.tui.widgets.graph_tree import GraphTree
+
+
+class SearchScreen(ScreenCore, Protocol):
+    """The main screen, as the search sees it."""
+
+    center: str  # "timeline" or "graph"
+    graph: GraphTree
+    search: FieldPattern | None
+
+    def graph_title(self) -> None: ...
+
+    def refresh_title(self) -> None: ...
+
+    def set_follow(self, on: bool) -> None: ...
+
+    def show_detail(self) -> None: ...
+
+    def show_timeline(self) -> None: ...
 
 
 class Search:
-    def __init__(self, main: MainContext) -> None:
+    def __init__(self, main: SearchScreen) -> None:
         self.main = main
         self._origin: tuple[str, int] | None = None
         self._match_cache: tuple[tuple, list[tuple[int, int]]] | None = None

@@ -3,16 +3,45 @@ fetched at the pause) to the clipboard (OSC 52)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 from torchscope.protocol.events import GRAD
 from torchscope.session.format import short_name
 from torchscope.session.rows import PendingRow
 from torchscope.session.stepper_view import event_name
 from torchscope.tui.screens.copy import CopyScreen, copy_choices
-from torchscope.tui.screens.main.context import MainContext
+from torchscope.tui.screens.main.context import ScreenCore
+
+if TYPE_CHECKING:
+    from textual.app import App
+    from textual.widget import Widget
+
+    from torchscope.session.rows import Row
+    from torchscope.session.stepper_view import ValuesView
+    from torchscope.tui.widgets.alert_list import AlertList
+    from torchscope.tui.widgets.graph_tree import GraphTree
+
+
+class SharingScreen(ScreenCore, Protocol):
+    """The main screen, as ``y`` sees it."""
+
+    alerts: AlertList
+    center: str  # "timeline" or "graph"
+    current_step: int | None
+    graph: GraphTree
+    values: ValuesView | None
+
+    @property
+    def app(self) -> App[object]: ...
+
+    @property
+    def focused(self) -> Widget | None: ...
+
+    def is_paused_row(self, row: Row | PendingRow) -> bool: ...
 
 
 class Sharing:
-    def __init__(self, main: MainContext) -> None:
+    def __init__(self, main: SharingScreen) -> None:
         self.main = main
 
     def selected_event(self) -> tuple[dict | None, str | None]:

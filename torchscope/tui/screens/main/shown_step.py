@@ -10,22 +10,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from torchscope.session.steps import EVICTED, LOADING, ON_DISK
+from torchscope.tui.screens.main.context import ScreenCore
 
 if TYPE_CHECKING:
-    from textual.notifications import SeverityLevel
     from textual.widget import Widget
     from textual.widgets import Label, ProgressBar
 
-    from torchscope.session.store import Changes, EventStore
+    from torchscope.session.store import Changes
     from torchscope.tui.screens.host import Host
     from torchscope.tui.screens.main.context import Location
     from torchscope.tui.widgets.detail_panel import DetailPanel
     from torchscope.tui.widgets.graph_tree import GraphTree
-    from torchscope.tui.widgets.op_timeline import OpTimeline
     from torchscope.tui.widgets.step_list import StepList
 
 
-class StepScreen(Protocol):
+class StepScreen(ScreenCore, Protocol):
     """The main screen, as the shown step sees it."""
 
     host: Host
@@ -34,7 +33,6 @@ class StepScreen(Protocol):
     follow: bool
     center: str  # "timeline" or "graph"
     steps: StepList
-    timeline: OpTimeline
     graph: GraphTree
     detail: DetailPanel
     progress_row: Widget
@@ -42,22 +40,9 @@ class StepScreen(Protocol):
     progress_bar: ProgressBar
 
     @property
-    def store(self) -> EventStore: ...
-
-    @property
     def live(self) -> bool: ...
 
     def set_class(self, add: bool, *class_names: str, update: bool = True) -> object: ...
-
-    def notify(
-        self,
-        message: str,
-        *,
-        title: str = "",
-        severity: SeverityLevel = "information",
-        timeout: float | None = None,
-        markup: bool = True,
-    ) -> None: ...
 
     def refresh_title(self) -> None: ...
 

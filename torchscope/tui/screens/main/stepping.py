@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torchscope.protocol.breakpoints import BreakpointError
 from torchscope.session.replay_cursor import Landed, NeedStep, ReplayCursor, Stay
@@ -14,11 +14,48 @@ from torchscope.session.rows import PendingRow
 from torchscope.session.stepper_view import spec_text
 from torchscope.session.store import Changes, EventStore
 from torchscope.tui.screens.breakpoints import BreakHereScreen, BreakpointsScreen
-from torchscope.tui.screens.main.context import Asked, Location, MainContext
+from torchscope.tui.screens.main.context import Asked, Location, ScreenCore
+
+if TYPE_CHECKING:
+    from textual.app import App
+
+    from torchscope.tui.screens.host import Host
+    from torchscope.tui.widgets.detail_panel import DetailPanel
+    from torchscope.tui.widgets.status_bar import StatusBar
+
+
+class SteppingScreen(ScreenCore, Protocol):
+    """The main screen, as stepping sees it."""
+
+    asked: Asked | None
+    at_origin: bool
+    back_stack: list[Location]  # jumps backspace goes back over
+    current_step: int | None
+    detail: DetailPanel
+    host: Host
+    status_bar: StatusBar
+
+    @property
+    def app(self) -> App[object]: ...
+
+    def go(self, loc: Location, *, record: bool = True) -> None: ...
+
+    @property
+    def live(self) -> bool: ...
+
+    def refresh_status(self) -> None: ...
+
+    def request_step(self, step: int) -> bool: ...
+
+    def selected_event(self) -> tuple[dict | None, str | None]: ...
+
+    def show_detail(self) -> None: ...
+
+    def sync_pause_marks(self) -> None: ...
 
 
 class Stepping:
-    def __init__(self, main: MainContext) -> None:
+    def __init__(self, main: SteppingScreen) -> None:
         self.main = main
         # a recording's cursor (its store, the cursor) and the move waiting for a step to load
         self._replay: tuple[EventStore, ReplayCursor] | None = None

@@ -3,7 +3,7 @@ slices, ``!`` finds the first NaN/Inf value (in the job's tensor, or the recorde
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torchscope.protocol.events import GRAD
 from torchscope.session.stepper_view import (
@@ -11,11 +11,42 @@ from torchscope.session.stepper_view import (
     default_choice,
     pause_key,
 )
-from torchscope.tui.screens.main.context import MainContext
+from torchscope.tui.screens.main.context import ScreenCore
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from torchscope.session.rows import PendingRow, Row
+    from torchscope.session.stepper_view import ValuesView
+    from torchscope.tui.screens.host import Host
+    from torchscope.tui.widgets.detail_panel import DetailPanel
+
+
+class ValuesScreen(ScreenCore, Protocol):
+    """The main screen, as the paused event's values see it."""
+
+    detail: DetailPanel
+    host: Host
+    values: ValuesView | None
+
+    def call_after_refresh(
+        self, callback: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> bool: ...
+
+    def is_paused_row(self, row: Row | PendingRow) -> bool: ...
+
+    @property
+    def live(self) -> bool: ...
+
+    def select_paused(self) -> bool: ...
+
+    def show_detail(self) -> None: ...
+
+    def values_for(self, pause: dict) -> ValuesView: ...
 
 
 class Values:
-    def __init__(self, main: MainContext) -> None:
+    def __init__(self, main: ValuesScreen) -> None:
         self.main = main
 
     def cycle(self) -> None:
