@@ -107,3 +107,35 @@ def test_a_guide_opens_with_what_its_example_prints(guide, exit_code):
         return [re.sub(r"tui \d+", "tui PID", x) for x in lines if x.startswith("torchscope")]
 
     assert said(res.stderr.splitlines()) == said(shown)
+
+
+def test_the_aten_guide_shows_what_its_example_dumps(tmp_path):
+    """The aten guide's example is run as shown (its recording in a scratch folder); the
+    nested log it shows is the one ``dump --aten`` prints."""
+    pytest.importorskip("torch")
+    import re
+    import shlex
+    import subprocess
+    import sys
+
+    text = (ROOT / "docs" / "guides" / "aten.md").read_text()
+    record, dump = re.search(
+        r"```sh\n(torchscope run [^\n]+)\n(torchscope dump [^\n]+)\n```", text
+    ).groups()
+    shown = re.search(r"```text\n(.*?)```", text, re.S).group(1)
+    recording = tmp_path / "seed.tsc"
+
+    def run(command: str) -> str:
+        argv = [str(recording) if a == "seed.tsc" else a for a in shlex.split(command)[1:]]
+        res = subprocess.run(
+            [sys.executable, "-m", "torchscope", *argv],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert res.returncode == 0, res.stderr[-2000:]
+        return res.stdout
+
+    run(record)
+    assert run(dump) == shown
