@@ -81,7 +81,9 @@ def test_every_page_is_in_the_site_navigation():
     assert [p for p in pages if p not in nav] == []
 
 
-@pytest.mark.parametrize(("guide", "exit_code"), [("watch.md", 3), ("evaluate.md", 0)])
+@pytest.mark.parametrize(
+    ("guide", "exit_code"), [("watch.md", 3), ("evaluate.md", 0), ("stepping.md", 0)]
+)
 def test_a_guide_opens_with_what_its_example_prints(guide, exit_code):
     """A guide's first example is run as shown; its stderr lines (but the pid) are the
     guide's."""

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchscope.analysis.render import short_source
 from torchscope.protocol.breakpoints import (
     AFTER,
     Breakpoint,
@@ -87,7 +88,7 @@ class PausePoint:
         name = ev.get("name") or ev.get("node") or "?"
         if ev.get("kind") == ATEN and (ev.get("node") or ev.get("op")):
             name += f" inside {ev.get('node') or ev.get('op')}"  # the node, or the op it runs for
-        source = ev.get("source")
+        source = short_source(ev.get("source"))  # as the job's own messages name it
         return f"{name} ({self.phase}){f' at {source}' if source else ''}"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from torchscope.analysis.render import short_source
 from torchscope.tracer.ranks import say_line
 from torchscope.tracer.watch.norms import GRADNORM, NAN
 from torchscope.tracer.watch.spikes import SPIKE
@@ -34,19 +35,6 @@ def watching_words(watch: str, on_nan: str, on_spike: str) -> str:
 
 def print_report(text: str) -> None:
     say_line(text)  # already says who (and which rank)
-
-
-def short_source(source: str | None) -> str | None:
-    if not source:
-        return source
-    path, sep, line = source.rpartition(":")
-    if not sep:
-        return source
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        rel = path
-    return f"{rel if not rel.startswith('..') else path}:{line}"
 
 
 def describe(det: dict[str, Any], rank: int | None = None) -> str:

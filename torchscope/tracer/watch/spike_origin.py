@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from torchscope.analysis.render import short_source
 from torchscope.tracer.eager import RngState, rng_state, set_rng_state
 from torchscope.tracer.in_place import running_eagerly
 from torchscope.tracer.watch.capture import tensors_in, versions_of
@@ -289,7 +290,6 @@ def _detached(obj: Any) -> Any:
 
 def _site(site: tuple[str, int, str] | None) -> str:
     from torchscope.tracer.armed.source import site_text
-    from torchscope.tracer.watch.report import short_source
 
     if not site:
         return ""
