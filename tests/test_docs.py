@@ -111,24 +111,26 @@ def test_a_guide_opens_with_what_its_example_prints(guide, exit_code):
     assert said(res.stderr.splitlines()) == said(shown)
 
 
-def test_the_aten_guide_shows_what_its_example_dumps(tmp_path):
-    """The aten guide's example is run as shown (its recording in a scratch folder); the
-    nested log it shows is the one ``dump --aten`` prints."""
+@pytest.mark.parametrize("guide", ["aten.md", "history.md"])
+def test_a_guide_shows_what_its_example_reads_back(guide, tmp_path):
+    """A guide whose example records a run and reads the recording back is run as shown (the
+    recording in a scratch folder); what it shows is what the reading prints."""
     pytest.importorskip("torch")
     import re
     import shlex
     import subprocess
     import sys
 
-    text = (ROOT / "docs" / "guides" / "aten.md").read_text()
-    record, dump = re.search(
-        r"```sh\n(torchscope run [^\n]+)\n(torchscope dump [^\n]+)\n```", text
+    text = (ROOT / "docs" / "guides" / guide).read_text()
+    record, read = re.search(
+        r"```sh\n(torchscope run [^\n]+)\n(torchscope [^\n]+)\n```", text
     ).groups()
+    name = re.search(r"--record (\S+)", record).group(1)
     shown = re.search(r"```text\n(.*?)```", text, re.S).group(1)
-    recording = tmp_path / "seed.tsc"
+    recording = tmp_path / name
 
     def run(command: str) -> str:
-        argv = [str(recording) if a == "seed.tsc" else a for a in shlex.split(command)[1:]]
+        argv = [str(recording) if a == name else a for a in shlex.split(command)[1:]]
         res = subprocess.run(
             [sys.executable, "-m", "torchscope", *argv],
             cwd=ROOT,
@@ -140,4 +142,61 @@ def test_the_aten_guide_shows_what_its_example_dumps(tmp_path):
         return res.stdout
 
     run(record)
-    assert run(dump) == shown
+    assert run(read) == shown
+
+
+def test_the_attach_guides_example_attaches_to_its_job(tmp_path):
+    """The attach guide's example, as a user types it: the job runs dormant and is listed,
+    ``record --next 3`` writes three traced steps, and the job says on stderr when it was
+    armed and when it went dormant again, three steps later."""
+    pytest.importorskip("torch")
+    import re
+    import shlex
+    import subprocess
+    import sys
+
+    text = (ROOT / "docs" / "guides" / "attach.md").read_text()
+    block = re.search(r"```sh\n(.*?)```", text, re.S).group(1)
+    start, listing, record = (line.split("#")[0].strip() for line in block.splitlines())
+    shown_pid = re.search(r"record (\d+)", record).group(1)
+    job = subprocess.Popen(
+        [sys.executable, "-m", "torchscope", *shlex.split(start.rstrip("& "))[1:]],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert job.stderr is not None
+    try:
+        said = job.stderr.readline()
+        assert said.startswith("torchscope: running examples/long_job.py dormant"), said
+
+        def torchscope(command: str) -> subprocess.CompletedProcess:
+            argv = [str(job.pid) if a == shown_pid else a for a in shlex.split(command)[1:]]
+            return subprocess.run(
+                [sys.executable, "-m", "torchscope", *argv],
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+
+        ls = torchscope(listing)
+        assert any(line.split()[:1] == [str(job.pid)] for line in ls.stdout.splitlines())
+        rec = torchscope(record)
+        assert rec.returncode == 0, rec.stderr
+        assert re.fullmatch(
+            r"torchscope: \d+ events, 3 traced steps written to t.tsc\n", rec.stderr
+        )
+        # the job lets go at its next step boundary, which may come after record's end
+        lines = [said]
+        while lines[-1] and "dormant again" not in lines[-1]:
+            lines.append(job.stderr.readline())
+    finally:
+        job.terminate()
+        job.communicate(timeout=60)
+    rest = "".join(lines)
+    armed = re.search(r"tracing from step (\d+) \(held by: record\)", rest)
+    dormant = re.search(r"dormant again at step (\d+) \(held by: nobody\)", rest)
+    assert armed and dormant, rest
+    assert int(dormant.group(1)) == int(armed.group(1)) + 3
