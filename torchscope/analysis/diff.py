@@ -481,7 +481,8 @@ def _source_line(source: Any, cwd: Any) -> str:
             if cand and os.path.isfile(cand):
                 text = linecache.getline(cand, int(line)).strip()
                 break
-    return f"{source}  {text}" if text else source
+    shown = short_source(source, cwd if isinstance(cwd, str) else None)  # as dump shows it
+    return f"{shown}  {text}" if text else shown
 
 
 def _event_lines(label: str, ev: Event | None, cwd: Any) -> Iterator[str]:
