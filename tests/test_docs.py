@@ -209,3 +209,29 @@ def test_the_attach_guides_example_attaches_to_its_job(tmp_path):
     dormant = re.search(r"dormant again at step (\d+) \(held by: nobody\)", rest)
     assert armed and dormant, rest
     assert int(dormant.group(1)) == int(armed.group(1)) + 3
+
+
+def test_the_ranks_guides_example_names_one_origin_across_ranks():
+    """The ranks guide's example under torchrun, as shown: each rank's lines are the guide's
+    (the two ranks' order varies; pids aside)."""
+    pytest.importorskip("torch")
+    import shlex
+
+    from ranks import ended_well, torchrun
+
+    text = (ROOT / "docs" / "guides" / "ranks.md").read_text()
+    command = re.search(r"```sh\n(torchrun [^\n]+)\n```", text)[1]
+    head = "torchrun --standalone --nproc_per_node 2 "
+    assert command.startswith(head)
+    shown = re.search(r"```text\n(.*?)```", text, re.S)[1].splitlines()
+    job = torchrun(*shlex.split(command[len(head) :]), cwd=ROOT, env={"OMP_NUM_THREADS": "1"})
+    try:
+        _, err = job.communicate(timeout=240)
+    finally:
+        job.kill()
+    assert ended_well(job, err), err[-3000:]
+
+    def said(lines: list[str]) -> list[str]:
+        return sorted(re.sub(r"tui \d+", "tui PID", x) for x in lines if x.startswith("torchscope"))
+
+    assert said(err.splitlines()) == said(shown)

@@ -70,6 +70,14 @@ def short_source(source: str | None, cwd: str | None = None) -> str:
     return f"{path}:{line}"
 
 
+def with_short_source(message: str, source: str | None, cwd: str | None = None) -> str:
+    """``message`` with ``source`` in it as :func:`short_source` writes it (an alert's message
+    keeps the full path; what shows it shortens it)."""
+    if not isinstance(source, str) or not source:  # another rank's record may lack it
+        return message
+    return message.replace(source, short_source(source, cwd))
+
+
 def text_line(ev: Event) -> str:
     kind = ev.get("kind")
     head = f"{ev.get('seq', '?'):>7} {ev.get('step', '-')!s:>5} "

@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from torchscope.analysis.render import with_short_source
 from torchscope.protocol.events import ALERT, CONSEQUENCES, Event
 from torchscope.tracer.ranks import RankFingerprints, RankOrigins, job_store, say_line, speaker
 
@@ -147,7 +148,12 @@ class RankChecks:
         elif alert.get("origin") is not None:
             origins.publish(
                 alert["step"],
-                {"origin": alert["origin"], "what": alert["what"], "message": alert["message"]},
+                {
+                    "origin": alert["origin"],
+                    "what": alert["what"],
+                    "message": alert["message"],
+                    "source": alert.get("source"),
+                },
             )
 
     def note_arrival(
@@ -179,7 +185,8 @@ class RankChecks:
                 alert = link_alert(self._next_seq(), step, what, rank, at, origin, arrival)
                 self._emit(alert)
                 if say:
-                    say_line(f"{speaker()}: {alert['message']}")
+                    said = with_short_source(alert["message"], origin.get("source"))
+                    say_line(f"{speaker()}: {said}")
 
     # -- DDP replicas --------------------------------------------------------------------------
     def check_replicas(self, step: int, roots: list[Any]) -> None:

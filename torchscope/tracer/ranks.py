@@ -129,7 +129,7 @@ class RankOrigins:
         self._published: list[int] = []
 
     def publish(self, step: int, origin: dict[str, Any]) -> None:
-        """``origin``: the origin alert's ``origin`` id, ``what`` and ``message``."""
+        """``origin``: the origin alert's ``origin`` id, ``what``, ``message`` and ``source``."""
         if step in self._published:
             return  # the first origin of a step is the one that matters
         self._published.append(step)

@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from torchscope.analysis.render import job_origin_text
+from torchscope.analysis.render import job_origin_text, with_short_source
 from torchscope.analysis.trace import fold_alerts, job_origins
 from torchscope.protocol.events import Event
 from torchscope.session.checks import check_passed, is_check
@@ -236,7 +236,7 @@ def _in_words_of(arrival: Event, origin: Event, job: JobAlerts) -> Event:
     if not isinstance(source, str) or not source or not isinstance(message, str):
         return arrival
     shown = Event(arrival)
-    shown["message"] = message.replace(source, short_source(source, job.cwds.get(origin["rank"])))
+    shown["message"] = with_short_source(message, source, job.cwds.get(origin["rank"]))
     return shown
 
 
