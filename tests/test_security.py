@@ -382,7 +382,10 @@ def test_other_clients_get_nothing(
     sub.connect(events)
     dealer = sockets(zmq.DEALER, stranger_keys)
     dealer.connect(control)
-    dealer.send(build_request(1, "ping"), zmq.NOBLOCK)
+    # A refused handshake drops the connection's queue: on a loaded machine it may be gone
+    # before the send, which then cannot queue at all. Either way nothing gets through.
+    with contextlib.suppress(zmq.Again):
+        dealer.send(build_request(1, "ping"), zmq.NOBLOCK)
     deadline = time.monotonic() + 0.6
     seq = 0
     while time.monotonic() < deadline:

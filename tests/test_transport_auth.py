@@ -7,6 +7,7 @@ the machine, a raw socket) gets anything: no reply, no frame, not one request re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -143,7 +144,10 @@ def test_without_the_session_keys_nothing_gets_through(
     dealer = raw(zmq.DEALER, keys)
     closing.append(dealer)
     dealer.connect(control)
-    dealer.send(build_request(1, "hello"), zmq.NOBLOCK)
+    # A refused handshake drops the connection's queue: on a loaded machine it may be gone
+    # before the send, which then cannot queue at all. Either way nothing gets through.
+    with contextlib.suppress(zmq.Again):
+        dealer.send(build_request(1, "hello"), zmq.NOBLOCK)
     deadline = time.monotonic() + 0.8
     seq = 0
     while time.monotonic() < deadline:
