@@ -1,8 +1,8 @@
 """A job that trains for a long while (a small MLP, about 20 steps a second), to attach to:
 
-    torchscope run examples/long_job.py &
-    torchscope ls
-    torchscope record PID --next 3 -o t.tsc
+torchscope run examples/long_job.py &
+torchscope ls
+torchscope record PID --next 3 -o t.tsc
 """
 
 import time

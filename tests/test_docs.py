@@ -82,22 +82,29 @@ def test_every_page_is_in_the_site_navigation():
 
 
 @pytest.mark.parametrize(
-    ("guide", "exit_code"), [("watch.md", 3), ("evaluate.md", 0), ("stepping.md", 0)]
+    ("guide", "exit_code", "needs"),
+    [
+        ("watch.md", 3, "torch"),
+        ("evaluate.md", 0, "torch"),
+        ("stepping.md", 0, "torch"),
+        ("frameworks.md", 3, "lightning"),
+    ],
 )
-def test_a_guide_opens_with_what_its_example_prints(guide, exit_code):
-    """A guide's first example is run as shown; its stderr lines (but the pid) are the
-    guide's."""
-    pytest.importorskip("torch")
+def test_a_guide_opens_with_what_its_example_prints(guide, exit_code, needs):
+    """A guide's first example (``torchscope run ...`` or ``python examples/...``) is run as
+    shown; its stderr lines (but the pid) are the guide's."""
+    pytest.importorskip(needs)
     import re
     import shlex
     import subprocess
     import sys
 
     text = (ROOT / "docs" / "guides" / guide).read_text()
-    command = re.search(r"```sh\n(torchscope run [^\n]+)\n```", text).group(1)
+    command = re.search(r"```sh\n((?:torchscope run|python) [^\n]+)\n```", text).group(1)
     shown = re.search(r"```text\n(.*?)```", text, re.S).group(1).splitlines()
+    program, *args = shlex.split(command)
     res = subprocess.run(
-        [sys.executable, "-m", "torchscope", *shlex.split(command)[1:]],
+        [sys.executable, *(["-m", "torchscope"] if program == "torchscope" else []), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
