@@ -111,11 +111,12 @@ def test_a_guide_opens_with_what_its_example_prints(guide, exit_code, needs):
         timeout=300,
     )
     assert res.returncode == exit_code, res.stderr[-2000:]
-
-    def said(lines):
-        return [re.sub(r"tui \d+", "tui PID", x) for x in lines if x.startswith("torchscope")]
-
     assert said(res.stderr.splitlines()) == said(shown)
+
+
+def said(lines: list[str]) -> list[str]:
+    """The torchscope lines among ``lines``, their pids written ``PID``."""
+    return [re.sub(r"tui \d+", "tui PID", x) for x in lines if x.startswith("torchscope")]
 
 
 @pytest.mark.parametrize(
@@ -238,7 +239,4 @@ def test_the_ranks_guides_example_names_one_origin_across_ranks():
         job.kill()
     assert ended_well(job, err), err[-3000:]
 
-    def said(lines: list[str]) -> list[str]:
-        return sorted(re.sub(r"tui \d+", "tui PID", x) for x in lines if x.startswith("torchscope"))
-
-    assert said(err.splitlines()) == said(shown)
+    assert sorted(said(err.splitlines())) == sorted(said(shown))
